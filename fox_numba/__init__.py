@@ -1,0 +1,8 @@
+"""fox_numba: walk-forward training of a distributional, branching-action DQN on order-book data.
+
+Hot work runs as Numba-CUDA kernels; Python drives. The data flow, stage by stage:
+market store (`market`) -> features (`features`) -> folds (`walkforward`) -> collect / train / evaluate
+(`agent`, on the GPU through `device` and `kernels`) -> HEALTH_DIAG and profiling (`diag`).
+"""
+
+__version__ = "0.1.0"

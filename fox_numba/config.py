@@ -1,0 +1,259 @@
+"""One typed config tree, with the help text of every field beside its default.
+
+`FoxConfig` holds one dataclass per stage (market, features, folds, env, network, learner, evaluation,
+run). A run starts from a preset (`default` for a GPU, `smoke` for the CPU simulator), then a TOML file,
+then `section.field=value` overrides from the command line; the resolved tree is written into every run
+folder (`config.toml`) so a run can be repeated exactly.
+
+Architectural constants that are not meant to be tuned (ISV slots, HEALTH_DIAG layout, the floors of
+adaptive multipliers) live beside the code that owns them, not here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import tomllib
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, get_type_hints
+
+from fox_numba.errors import ConfigError
+from fox_numba.io import atomic_write_text
+
+
+def opt(default: Any, help: str) -> Any:
+    """A config field: its default and the help text shown by `fox ... --help` and the docs table."""
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass
+class MarketConfig:
+    store: str = opt(
+        "default",
+        "HDF5 market store to train on, or 'default' for the embedded synthetic ES market "
+        "(built from data/default_market.toml on first use and cached).",
+    )
+    symbol: str = opt("ES", "Symbol inside the store.")
+    first_day: str = opt("", "First trading day to use, YYYY-MM-DD (empty: the store's first).")
+    last_day: str = opt("", "Last trading day to use, YYYY-MM-DD (empty: the store's last).")
+
+
+@dataclass
+class FeatureConfig:
+    n_features: int = opt(32, "Width of the per-bar feature vector the network sees.")
+    ofi_levels: int = opt(10, "Book levels summed into multi-level order-flow imbalance (1..10).")
+    clip_sigma: float = opt(5.0, "Normalised features are clipped to +-clip_sigma standard deviations.")
+
+
+@dataclass
+class FoldConfig:
+    n_folds: int = opt(4, "Number of walk-forward folds.")
+    train_days: int = opt(14, "Trading days in each fold's training window.")
+    val_days: int = opt(4, "Trading days in each fold's validation window.")
+    step_days: int = opt(4, "Days the windows advance from one fold to the next.")
+    anchored: bool = opt(False, "Anchored folds keep the training start at day 0; rolling folds slide it.")
+    purge_bars: int = opt(
+        30, "Bars dropped between the end of training and the start of validation (no label overlap)."
+    )
+
+
+@dataclass
+class EnvConfig:
+    n_envs: int = opt(1024, "Parallel environments stepped by one kernel launch.")
+    episode_bars: int = opt(240, "Bars per episode before an environment is reset to a new start.")
+    max_position: int = opt(4, "Largest absolute position in contracts (the Full magnitude).")
+    commission: float = opt(2.25, "Commission in dollars per contract per side.")
+    collect_steps: int = opt(256, "Environment steps per collect phase (per environment).")
+
+
+@dataclass
+class NetworkConfig:
+    hidden: int = opt(256, "Width of each hidden layer of the shared trunk.")
+    n_layers: int = opt(2, "Hidden layers in the shared trunk.")
+    n_atoms: int = opt(51, "Atoms of the C51 value distribution of each action.")
+    v_min: float = opt(-1.0, "Lower end of the base C51 support (rewards are scaled into it).")
+    v_max: float = opt(1.0, "Upper end of the base C51 support.")
+
+
+@dataclass
+class LearnerConfig:
+    batch_size: int = opt(8192, "Transitions per gradient step.")
+    buffer_size: int = opt(1 << 20, "Capacity of the GPU experience buffer, in transitions.")
+    steps_per_epoch: int = opt(1000, "Gradient steps per epoch.")
+    epochs: int = opt(5, "Epochs per fold.")
+    lr: float = opt(1e-4, "Adam base learning rate (before the cosine schedule and warm-up damping).")
+    lr_min_frac: float = opt(0.1, "Cosine schedule ends at lr * lr_min_frac.")
+    gamma: float = opt(0.99, "Discount factor.")
+    tau: float = opt(0.005, "Polyak averaging rate of the target network (tau_base).")
+    adam_beta1: float = opt(0.9, "Adam first-moment decay.")
+    adam_beta2: float = opt(0.999, "Adam second-moment decay.")
+    adam_eps: float = opt(1.5e-4, "Adam epsilon (Rainbow's value; guards the first steps of a fold).")
+    clip_ema_mult: float = opt(2.0, "Adaptive clip: clip_base = grad_norm_ema * clip_ema_mult.")
+
+
+@dataclass
+class EvaluationConfig:
+    chunk_bars: int = opt(512, "Bars per chunk of the validation backtest (one batched launch each).")
+    annualisation_days: int = opt(252, "Trading days per year used to annualise the daily Sharpe.")
+
+
+@dataclass
+class RunConfig:
+    out_dir: str = opt("runs", "Folder that receives one sub-folder per run.")
+    name: str = opt("", "Run name (empty: a timestamp).")
+    seed: int = opt(0, "Seed for every random stream (network init, environments, sampling).")
+    graphs: bool = opt(True, "Replay captured CUDA graphs on the GPU (False: launch eagerly, for debugging).")
+    diag_every: int = opt(50, "Gradient steps between HEALTH_DIAG snapshots.")
+
+
+@dataclass
+class FoxConfig:
+    market: MarketConfig = field(default_factory=MarketConfig)
+    features: FeatureConfig = field(default_factory=FeatureConfig)
+    folds: FoldConfig = field(default_factory=FoldConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
+    network: NetworkConfig = field(default_factory=NetworkConfig)
+    learner: LearnerConfig = field(default_factory=LearnerConfig)
+    evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+
+
+SECTIONS: tuple[str, ...] = tuple(f.name for f in fields(FoxConfig))
+
+# Presets are overrides of the dataclass defaults (which are the `default` preset, sized for one GPU).
+PRESETS: dict[str, dict[str, Any]] = {
+    "default": {},
+    # Small enough that a whole fold runs in minutes under the CUDA simulator on two CPU cores.
+    "smoke": {
+        "folds.n_folds": 2,
+        "env.n_envs": 16,
+        "env.episode_bars": 64,
+        "env.collect_steps": 32,
+        "network.hidden": 32,
+        "network.n_layers": 1,
+        "network.n_atoms": 21,
+        "learner.batch_size": 64,
+        "learner.buffer_size": 256,
+        "learner.steps_per_epoch": 4,
+        "learner.epochs": 2,
+        "evaluation.chunk_bars": 64,
+        "run.graphs": False,
+        "run.diag_every": 2,
+    },
+}
+
+
+def field_help(section: str, name: str) -> str:
+    """The help text of one field (`fox` options and the generated docs use it)."""
+    for f in fields(_section_type(section)):
+        if f.name == name:
+            return f.metadata["help"]
+    raise ConfigError(f"config has no field {section}.{name}")
+
+
+def _section_type(section: str) -> type:
+    if section not in SECTIONS:
+        raise ConfigError(f"config has no section '{section}' (sections: {', '.join(SECTIONS)})")
+    return get_type_hints(FoxConfig)[section]
+
+
+def _coerce(key: str, value: Any, kind: type) -> Any:
+    """Check `value` against the field's type; ints are accepted for float fields."""
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if kind is float and isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{key}: {value!r} is not a finite number")
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise ConfigError(f"{key}: expected {kind.__name__}, got {type(value).__name__} {value!r}")
+    return value
+
+
+def set_value(cfg: FoxConfig, key: str, value: Any) -> None:
+    """Set `section.field` on `cfg` in place, checking the name and the type."""
+    section, _, name = key.partition(".")
+    sec_type = _section_type(section)
+    hints = get_type_hints(sec_type)
+    if name not in hints:
+        known = ", ".join(hints)
+        raise ConfigError(f"config section '{section}' has no field '{name}' (fields: {known})")
+    setattr(getattr(cfg, section), name, _coerce(key, value, hints[name]))
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """Parse `section.field=value`; the value is read as a TOML literal, else taken as a string."""
+    key, sep, raw = text.partition("=")
+    if not sep or "." not in key:
+        raise ConfigError(f"override {text!r} is not of the form section.field=value")
+    try:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw
+    return key.strip(), value
+
+
+def apply_mapping(cfg: FoxConfig, data: dict[str, Any], origin: str) -> None:
+    """Apply a `{section: {field: value}}` mapping (a parsed TOML file) to `cfg`."""
+    for section, values in data.items():
+        if not isinstance(values, dict):
+            raise ConfigError(f"{origin}: '{section}' must be a table [{section}]")
+        for name, value in values.items():
+            try:
+                set_value(cfg, f"{section}.{name}", value)
+            except ConfigError as e:
+                raise ConfigError(f"{origin}: {e}") from None
+
+
+def load_config(
+    preset: str = "default", path: str | Path | None = None, overrides: list[str] | None = None
+) -> FoxConfig:
+    """Resolve a config: preset, then the TOML file at `path`, then `section.field=value` overrides."""
+    if preset not in PRESETS:
+        raise ConfigError(f"unknown preset '{preset}' (presets: {', '.join(PRESETS)})")
+    cfg = FoxConfig()
+    for key, value in PRESETS[preset].items():
+        set_value(cfg, key, value)
+    if path is not None:
+        path = Path(path)
+        try:
+            data = tomllib.loads(path.read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"{path}: config file not found") from None
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"{path}: not valid TOML: {e}") from None
+        apply_mapping(cfg, data, str(path))
+    for text in overrides or []:
+        set_value(cfg, *parse_override(text))
+    return cfg
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    raise TypeError(f"cannot write {type(value).__name__} to TOML")
+
+
+def to_toml(cfg: FoxConfig) -> str:
+    """The config as TOML, each field preceded by its help text; `load_config(path=...)` reads it back."""
+    lines: list[str] = []
+    for section in SECTIONS:
+        lines.append(f"[{section}]")
+        sec = getattr(cfg, section)
+        for f in fields(sec):
+            lines.append(f"# {f.metadata['help']}")
+            lines.append(f"{f.name} = {_toml_value(getattr(sec, f.name))}")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def to_dict(cfg: FoxConfig) -> dict[str, dict[str, Any]]:
+    return dataclasses.asdict(cfg)
+
+
+def write_config(cfg: FoxConfig, path: str | Path) -> Path:
+    """Write the resolved config atomically (temporary name, then rename)."""
+    return atomic_write_text(Path(path), to_toml(cfg))

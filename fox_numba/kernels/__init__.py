@@ -1,0 +1,1 @@
+"""Numba-CUDA kernels, one module per concern; each module registers its kernels in `registry`."""

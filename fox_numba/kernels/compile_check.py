@@ -1,0 +1,140 @@
+"""Compile every registered kernel to PTX for a real GPU (sm_90 by default), without needing one.
+
+The CUDA simulator runs kernels as Python and checks no types, so code that passes every simulator test
+can still be rejected by the GPU compiler (a kernel returning a value, a list in a kernel, a float64
+literal where a signature says float32...). This check imports every module of the package (and any
+extra files named on the command line), finds every `@cuda.jit` kernel, fails on kernels missing from
+`fox_numba.kernels.registry`, and compiles each registered signature with NVVM.
+
+    python -m fox_numba.kernels.compile_check [--cc 9.0] [extra_module.py ...]
+
+Exit codes: 0 all compiled; 1 a kernel failed to compile or is unregistered; 3 no CUDA toolkit (NVVM)
+is installed (`pip install 'fox_numba[cu13]'`); 4 run under the simulator, where nothing is compiled.
+Must run in a process without NUMBA_ENABLE_CUDASIM (the simulator switch is read once per process).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import os
+import pkgutil
+import sys
+import traceback
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+EXIT_OK, EXIT_FAILED, EXIT_NO_TOOLKIT, EXIT_SIMULATOR = 0, 1, 3, 4
+
+
+class _ComputeCapability:
+    """Answers the driver's compute-capability query on a machine with no GPU."""
+
+    def __init__(self, cc: tuple[int, int]) -> None:
+        self.compute_capability = cc
+
+
+def _prepare_compiler(cc: tuple[int, int]) -> str | None:
+    """Point numba at a fake device when no GPU is present; return an error text if NVVM is missing."""
+    from numba import cuda
+    from numba.cuda import dispatcher
+
+    if not cuda.is_available():
+        dispatcher.get_current_device = lambda: _ComputeCapability(cc)  # type: ignore[assignment]
+    try:
+        from numba.cuda.cudadrv.nvvm import NVVM
+
+        NVVM()
+    except Exception as e:  # the toolkit's absence surfaces as several exception types
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
+def _import_package_modules(package: str) -> list[ModuleType]:
+    root = importlib.import_module(package)
+    modules = [root]
+    for info in pkgutil.walk_packages(root.__path__, prefix=f"{package}."):
+        if info.name.endswith(".__main__"):
+            continue
+        modules.append(importlib.import_module(info.name))
+    return modules
+
+
+def _import_file(path: Path) -> ModuleType:
+    name = f"_compile_check_extra_{path.stem}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot import {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _kernels_defined_in(module: ModuleType) -> list[Any]:
+    """Global (non-device) CUDA kernels whose Python function is defined in `module`."""
+    from numba.cuda.dispatcher import CUDADispatcher
+
+    found = []
+    for value in vars(module).values():
+        if isinstance(value, CUDADispatcher) and not value.targetoptions.get("device", False):
+            if value.py_func.__module__ == module.__name__:
+                found.append(value)
+    return found
+
+
+def run(cc: tuple[int, int], extra: list[Path], out: Any = sys.stdout) -> int:
+    if os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0"):
+        print("compile_check: NUMBA_ENABLE_CUDASIM is set; the simulator compiles nothing", file=out)
+        return EXIT_SIMULATOR
+    missing = _prepare_compiler(cc)
+    if missing is not None:
+        print(
+            "compile_check: no CUDA toolkit (NVVM) found, install it with "
+            f"pip install 'fox_numba[cu13]' ({missing})",
+            file=out,
+        )
+        return EXIT_NO_TOOLKIT
+
+    from numba import cuda
+
+    from fox_numba.kernels.registry import KERNELS, kernel_name
+
+    modules = _import_package_modules("fox_numba") + [_import_file(p) for p in extra]
+    failures: list[str] = []
+    for module in modules:
+        for kernel in _kernels_defined_in(module):
+            if kernel_name(kernel) not in KERNELS:
+                failures.append(f"{kernel_name(kernel)}: not in the kernel registry (add @register(...))")
+    n_sigs = 0
+    for name, spec in sorted(KERNELS.items()):
+        for sig in spec.signatures:
+            n_sigs += 1
+            try:
+                cuda.compile_ptx(spec.py_func, sig, cc=cc)
+            except Exception as e:
+                detail = traceback.format_exception_only(type(e), e)[-1].strip()
+                failures.append(f"{name}{tuple(str(t) for t in sig)}: {detail}")
+    for line in failures:
+        print(f"FAILED {line}", file=out)
+    print(
+        f"compile_check: {len(KERNELS)} kernels, {n_sigs} signatures, sm_{cc[0]}{cc[1]}: "
+        f"{'OK' if not failures else f'{len(failures)} failed'}",
+        file=out,
+    )
+    return EXIT_FAILED if failures else EXIT_OK
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cc", default="9.0", help="compute capability to compile for (default 9.0)")
+    parser.add_argument("extra", nargs="*", type=Path, help="extra module files whose kernels to check")
+    args = parser.parse_args(argv)
+    major, minor = (int(x) for x in args.cc.split("."))
+    return run((major, minor), args.extra)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,99 @@
+"""The config tree: presets, TOML files, overrides, type checks, and the written round trip."""
+
+import tomllib
+from dataclasses import fields
+
+import pytest
+
+from fox_numba.config import (
+    PRESETS,
+    SECTIONS,
+    FoxConfig,
+    field_help,
+    load_config,
+    to_toml,
+    write_config,
+)
+from fox_numba.errors import ConfigError
+
+
+def test_every_field_has_help_text():
+    cfg = FoxConfig()
+    for section in SECTIONS:
+        for f in fields(getattr(cfg, section)):
+            assert len(field_help(section, f.name)) > 10, f"{section}.{f.name} needs a help text"
+
+
+def test_sections_are_the_stages():
+    assert SECTIONS == ("market", "features", "folds", "env", "network", "learner", "evaluation", "run")
+
+
+def test_smoke_preset_overrides_defaults():
+    smoke, default = load_config("smoke"), load_config("default")
+    assert smoke.learner.batch_size == PRESETS["smoke"]["learner.batch_size"] != default.learner.batch_size
+    assert smoke.learner.gamma == default.learner.gamma  # not overridden: stays at the default
+
+
+def test_file_then_overrides_apply_in_order(tmp_path):
+    path = tmp_path / "cfg.toml"
+    path.write_text("[learner]\nlr = 3e-4\ngamma = 0.95\n[env]\nn_envs = 8\n")
+    cfg = load_config("smoke", path, ["learner.lr=5e-4", "market.store=/tmp/es.h5", "run.graphs=true"])
+    assert cfg.learner.lr == 5e-4  # override wins over the file
+    assert cfg.learner.gamma == 0.95  # file wins over the preset
+    assert cfg.env.n_envs == 8
+    assert cfg.market.store == "/tmp/es.h5"  # bare strings need no quotes
+    assert cfg.run.graphs is True
+
+
+def test_int_accepted_for_float_field():
+    assert load_config(overrides=["learner.tau=1"]).learner.tau == 1.0
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("learner.lr=abc", "expected float"),
+        ("learner.batch_size=1.5", "expected int"),
+        ("learner.batch_size=true", "expected int"),
+        ("learner.nope=1", "has no field 'nope'"),
+        ("nosection.x=1", "no section 'nosection'"),
+        ("learner.lr", "not of the form"),
+        ("learner.lr=nan", "not a finite number"),
+    ],
+)
+def test_bad_overrides_are_refused_with_the_key(override, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(overrides=[override])
+
+
+def test_bad_file_names_the_file(tmp_path):
+    path = tmp_path / "bad.toml"
+    path.write_text("[learner]\nlr = 'fast'\n")
+    with pytest.raises(ConfigError, match=r"bad\.toml: learner\.lr: expected float"):
+        load_config(path=path)
+    path.write_text("[learner\n")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(path=path)
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(path=tmp_path / "missing.toml")
+
+
+def test_unknown_preset():
+    with pytest.raises(ConfigError, match="unknown preset 'huge'"):
+        load_config("huge")
+
+
+def test_written_config_reads_back_identically(tmp_path):
+    cfg = load_config("smoke", overrides=['market.store="a \\"quoted\\" path.h5"', "learner.lr=1.25e-5"])
+    path = write_config(cfg, tmp_path / "run" / "config.toml")
+    assert load_config("default", path) == cfg
+    assert "# Adam base learning rate" in path.read_text()
+    assert tomllib.loads(path.read_text())["learner"]["lr"] == 1.25e-5
+    assert list(tmp_path.joinpath("run").iterdir()) == [path]  # no temporary file left behind
+
+
+def test_to_toml_covers_every_field():
+    data = tomllib.loads(to_toml(FoxConfig()))
+    cfg = FoxConfig()
+    for section in SECTIONS:
+        assert set(data[section]) == {f.name for f in fields(getattr(cfg, section))}

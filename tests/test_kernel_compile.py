@@ -1,0 +1,62 @@
+"""Every registered kernel compiles to sm_90 PTX (in a subprocess without the simulator).
+
+The simulator checks no types, so this is the test that catches kernels the GPU compiler rejects. It
+fails rather than skips under CI when the CUDA toolkit (the `cu13` extra) is missing.
+"""
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from numba import cuda
+
+from fox_numba.kernels import registry
+
+FIXTURES = Path(__file__).parent / "compile_fixtures"
+EXIT_NO_TOOLKIT = 3
+
+
+def run_compile_check(*extra: Path) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "fox_numba.kernels.compile_check", *map(str, extra)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=1200,
+    )
+    if proc.returncode == EXIT_NO_TOOLKIT:
+        if os.environ.get("CI"):
+            pytest.fail(f"CUDA toolkit missing under CI: {proc.stdout}{proc.stderr}")
+        pytest.skip(f"no CUDA toolkit here (pip install 'fox_numba[cu13]'): {proc.stdout.strip()}")
+    return proc
+
+
+def test_every_package_kernel_compiles_for_sm90():
+    proc = run_compile_check()
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "sm_90: OK" in proc.stdout
+
+
+def test_kernel_the_simulator_accepts_is_rejected_by_the_gpu_compiler(monkeypatch):
+    monkeypatch.setattr(registry, "KERNELS", dict(registry.KERNELS))  # keep the fixture out of the registry
+    spec = importlib.util.spec_from_file_location("bad_return", FIXTURES / "bad_return.py")
+    bad = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bad)
+    x = cuda.to_device(np.arange(4, dtype=np.float32))
+    bad.scale_and_return[1, 4](x, np.int32(4))  # the simulator runs it
+    np.testing.assert_array_equal(x.copy_to_host(), [0, 2, 4, 6])
+
+    proc = run_compile_check(FIXTURES / "bad_return.py")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "FAILED" in proc.stdout and "scale_and_return" in proc.stdout
+
+
+def test_kernel_missing_from_the_registry_fails():
+    proc = run_compile_check(FIXTURES / "unregistered.py")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "double_in_place: not in the kernel registry" in proc.stdout
