@@ -1,5 +1,6 @@
 """The `fox` command line explains itself and fails plainly."""
 
+import dataclasses
 import subprocess
 import sys
 
@@ -7,6 +8,10 @@ import pytest
 from typer.testing import CliRunner
 
 from fox_numba.cli import app
+from fox_numba.market import default
+from fox_numba.market.store import write_store
+from fox_numba.market.synthetic import generate
+from fox_numba.market.synthetic_definition import load_definition
 
 runner = CliRunner()
 
@@ -57,9 +62,36 @@ def test_bad_override_exits_1_with_one_line():
     assert "Traceback" not in proc.stderr
 
 
-@pytest.mark.parametrize("command", [["collect"], ["train"], ["evaluate", "ckpt.npz"], ["profile"]], ids=" ".join)
-def test_stages_not_landed_say_so_and_exit_2(command):
-    proc = run_fox(*command, "--preset", "smoke")
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory):
+    """A one-day synthetic store, and the same day without its trades."""
+    market = generate(load_definition(default.default_definition_path()).with_overrides(days=1))
+    folder = tmp_path_factory.mktemp("stores")
+    full = write_store(folder / "full.h5", market.instrument, market.days)
+    no_trades = [dataclasses.replace(day, trades=None) for day in market.days]
+    return full, write_store(folder / "no_trades.h5", market.instrument, no_trades)
+
+
+STAGES = [["collect"], ["train"], ["evaluate", "ckpt.npz"], ["profile"]]
+
+
+@pytest.mark.parametrize("command", STAGES, ids=" ".join)
+def test_stages_not_landed_say_so_and_exit_2(command, stores):
+    proc = run_fox(*command, "--preset", "smoke", "--store", str(stores[0]))
     assert proc.returncode == 2, proc.stderr
     assert "is not available yet" in proc.stderr
     assert proc.stdout == ""
+
+
+@pytest.mark.parametrize("command", STAGES, ids=" ".join)
+def test_stages_refuse_a_store_without_trades(command, stores):
+    proc = run_fox(*command, "--preset", "smoke", "--store", str(stores[1]))
+    assert proc.returncode == 1, proc.stderr
+    assert "no trades data" in proc.stderr and "fox data import" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_stages_refuse_a_missing_store(tmp_path):
+    proc = run_fox("train", "--store", str(tmp_path / "nope.h5"))
+    assert proc.returncode == 1
+    assert proc.stderr.startswith(f"fox: error: {tmp_path / 'nope.h5'}: market store not found")

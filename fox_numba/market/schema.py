@@ -48,6 +48,9 @@ class Instrument:
     """Start of the regular session (HH:MM, local)."""
     session_close: str = "16:00"
     """End of the regular session (HH:MM, local)."""
+    day_roll: str = "18:00"
+    """Local time from which events belong to the next trading day (CME Globex opens the next day's
+    session at 18:00 New York time); "24:00" means the trading day is the calendar date."""
 
     @property
     def tick_fixed(self) -> int:

@@ -1,0 +1,81 @@
+"""Features of the book at a bar's close (spread, depth imbalance, microprice) and the bar's mean spread."""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from fox_numba.market.schema import NS_PER_MINUTE, UNDEF_PRICE
+
+_UNDEF = np.int64(UNDEF_PRICE)
+
+
+def resting_sizes(px: np.ndarray, sz: np.ndarray) -> np.ndarray:
+    """Sizes as float64 with empty levels (price UNDEF_PRICE) set to 0."""
+    return np.where(px == UNDEF_PRICE, 0.0, sz.astype(np.float64))
+
+
+def _imbalance(bid: np.ndarray, ask: np.ndarray) -> np.ndarray:
+    total = bid + ask
+    return np.divide(bid - ask, total, out=np.zeros_like(total), where=total > 0)
+
+
+def close_book_features(
+    bid_px: np.ndarray, bid_sz: np.ndarray, ask_px: np.ndarray, ask_sz: np.ndarray, tick_fixed: int
+) -> dict[str, np.ndarray]:
+    """Columns from each bar's close book ([n_bars, n_levels] fixed-point prices; both best levels set)."""
+    bid_q = resting_sizes(bid_px, bid_sz)
+    ask_q = resting_sizes(ask_px, ask_sz)
+    spread = (ask_px[:, 0] - bid_px[:, 0]) / tick_fixed
+    imbalance_l1 = _imbalance(bid_q[:, 0], ask_q[:, 0])
+    return {
+        "spread_close_ticks": spread,
+        "depth_imbalance_l1": imbalance_l1,
+        "depth_imbalance_l5": _imbalance(bid_q[:, :5].sum(axis=1), ask_q[:, :5].sum(axis=1)),
+        "depth_imbalance_l10": _imbalance(bid_q.sum(axis=1), ask_q.sum(axis=1)),
+        # microprice - mid = (ask - bid) / 2 * (bid size - ask size) / (bid size + ask size)
+        "microprice_offset_ticks": 0.5 * spread * imbalance_l1,
+    }
+
+
+@njit(cache=True)
+def _time_weighted_spread(
+    book_ts: np.ndarray,
+    best_bid: np.ndarray,
+    best_ask: np.ndarray,
+    bar_ts: np.ndarray,
+    enter: np.ndarray,
+    stop: np.ndarray,
+    out: np.ndarray,
+) -> None:
+    for b in range(bar_ts.shape[0]):
+        bar_end = bar_ts[b] + NS_PER_MINUTE
+        weighted = 0.0
+        weight = 0.0
+        for r in range(enter[b], stop[b]):
+            if best_bid[r] == _UNDEF or best_ask[r] == _UNDEF:
+                continue
+            end = book_ts[r + 1] if r + 1 < stop[b] else bar_end
+            w = float(end - max(book_ts[r], bar_ts[b]))
+            weighted += w * float(best_ask[r] - best_bid[r])
+            weight += w
+        out[b] = weighted / weight
+
+
+def mean_spread(
+    book_ts: np.ndarray,
+    best_bid: np.ndarray,
+    best_ask: np.ndarray,
+    bar_ts: np.ndarray,
+    enter: np.ndarray,
+    stop: np.ndarray,
+) -> np.ndarray:
+    """Time-weighted mean spread of each bar, in fixed-point price units (int64 ns timestamps).
+
+    Each book state weighs the time it rests inside [t, t + 60 s): from its timestamp (or the bar start,
+    for the state entering the bar) to the next row (or the bar end). States with an empty best level are
+    left out; the close book must be two-sided, which keeps the total weight positive.
+    """
+    out = np.empty(bar_ts.shape[0], dtype=np.float64)
+    _time_weighted_spread(book_ts, best_bid, best_ask, bar_ts, enter, stop, out)
+    return out

@@ -1,0 +1,333 @@
+"""Databento DBN importer: `mbp-10`, `trades` and `ohlcv-1m` files (DBN or DBN+zstd) to trading days.
+
+Files are decoded with `databento_dbn` and their records viewed as numpy structured arrays (DBN records
+are fixed-size C structs), so a day of MBP-10 converts without a Python loop per field.
+
+Decisions:
+- One instrument per import. `--instrument` names it by raw symbol (ESU4) or instrument_id; without it the
+  instrument with the most records in the earliest file is taken (ties: the first name), and the choice is
+  reported. Every file must hold it. Parent/continuous files, whose metadata maps one name to several
+  ids, name each child by its instrument_id.
+- Records keep the file's order (the exchange's sequence) and are never re-sorted: a decreasing
+  `ts_event` within the chosen instrument is an error naming the record.
+- `F_MAYBE_BAD_BOOK` (the feed lost packets, the book may be wrong): such MBP-10 records are dropped;
+  trades are kept, they are still executions.
+- `F_BAD_TS_RECV` (only `ts_recv` is unreliable): kept, the store uses `ts_event`; counted.
+- `F_SNAPSHOT` (book replay at a session start or a recovery): of each run of consecutive snapshot MBP-10
+  records only the last, complete state is kept; snapshot trade records are not executions and are dropped.
+- MBP-10 records that leave the 10-level book unchanged (trade and fill records, updates deeper than 10
+  levels) are dropped, except a last one that is later than the row before it (it extends the book's
+  time range): the store's `mbp10` holds book changes; executions come from `trades`.
+- Trades: `side` is the aggressor's side (Databento: 'B' buyer-initiated, 'A' seller-initiated, 'N' none)
+  and becomes +1 / -1 / 0.
+- Trading days: rows are split by `calendar.assign_days`; a day whose rows come from several files is
+  joined before it is validated, and it is complete once a later file starts after the day's end.
+  Days with trades but no `ohlcv-1m` file get bars built from the trades (`bars.bars_from_trades`).
+- A zstd file that is cut short (an interrupted download) is refused: the decoder alone would return
+  its first records as if the day had ended early.
+Rows in errors are 0-based record numbers of the file, counting every instrument's records.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import BinaryIO
+
+import databento_dbn as dbn
+import numpy as np
+
+from fox_numba.errors import InputError
+from fox_numba.market.calendar import assign_days, day_bounds
+from fox_numba.market.schema import SIDE_BUY, SIDE_NONE, SIDE_SELL, Bars, Instrument, MarketDay, Mbp10, Trades
+from fox_numba.market.sources import Sourced, bars_sourced, concat, unchanged_book_rows, validate_sourced
+from fox_numba.market.validate import UNDEF_TIMESTAMP
+
+DBN_SCHEMAS = {"mbp-10": "mbp10", "trades": "trades", "ohlcv-1m": "bars"}
+"""DBN schemas this importer reads -> store schema."""
+SUFFIXES = (".dbn", ".dbn.zst")
+
+_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+_CHUNK = 1 << 22
+_HEADER = [("length", "u1"), ("rtype", "u1"), ("publisher_id", "<u2"), ("instrument_id", "<u4"), ("ts_event", "<u8")]
+_MBP = [
+    ("price", "<i8"), ("size", "<u4"), ("action", "S1"), ("side", "S1"), ("flags", "u1"), ("depth", "u1"),
+    ("ts_recv", "<u8"), ("ts_in_delta", "<i4"), ("sequence", "<u4"),
+]  # fmt: skip
+_LEVEL = [("bid_px", "<i8"), ("ask_px", "<i8"), ("bid_sz", "<u4"), ("ask_sz", "<u4"), ("bid_ct", "<u4"), ("ask_ct", "<u4")]
+_OHLCV = [("open", "<i8"), ("high", "<i8"), ("low", "<i8"), ("close", "<i8"), ("volume", "<u8")]
+RECORD_FIELDS = {"mbp10": _HEADER + _MBP + [("levels", _LEVEL, (10,))], "trades": _HEADER + _MBP, "bars": _HEADER + _OHLCV}
+"""DBN record layouts (identical in DBN versions 1-3): MBP-10 368 B, trades 48 B, OHLCV 56 B."""
+RTYPES = {"mbp10": 0x0A, "trades": 0x00, "bars": 0x21}
+_ORDER = {"mbp10": 0, "trades": 1, "bars": 2}
+_ROOT = re.compile(r"^([A-Z0-9]+?)[FGHJKMNQUVXZ]\d{1,2}$")
+
+
+@dataclass
+class DbnFile:
+    """The header facts of one DBN file."""
+
+    path: Path
+    dbn_schema: str
+    schema: str
+    start: int
+    ts_out: bool
+    names: dict[int, str]
+    """instrument_id -> raw symbol (or the id itself where the metadata cannot tell children apart)."""
+
+
+@dataclass
+class DatabentoImport:
+    """DBN files read in time order as trading days of one instrument."""
+
+    files: list[DbnFile]
+    name: str
+    """The chosen instrument (raw symbol or instrument_id)."""
+    notes: list[str] = field(default_factory=list)
+    counts: Counter = field(default_factory=Counter)
+    _first: np.ndarray | None = None
+
+    @classmethod
+    def open(cls, paths: Sequence[Path], instrument: str | None = None) -> DatabentoImport:
+        """Read the headers of `paths` and choose the instrument."""
+        files = sorted((read_header(p) for p in paths), key=lambda f: (f.start, _ORDER[f.schema], str(f.path)))
+        first = read_records(files[0])
+        ids, n = np.unique(first["instrument_id"], return_counts=True)
+        have = Counter({files[0].names.get(int(i), str(i)): int(c) for i, c in zip(ids, n, strict=True)})
+        if instrument is None:
+            if not have:
+                raise InputError(files[0].path, "the file holds no records")
+            name = min(have, key=lambda k: (-have[k], k))
+            others = ", ".join(f"{k} {c:,}" for k, c in have.most_common() if k != name)
+            note = f"instrument {name}: {have[name]:,} records in {files[0].path.name}, the most"
+            notes = [note + (f" (others: {others}; choose with --instrument)" if others else "")]
+        else:
+            name, notes = instrument, [f"instrument {instrument} (chosen with --instrument)"]
+        return cls(files, name, notes, Counter(), first)
+
+    @property
+    def symbol(self) -> str:
+        """The contract's root (ES for ESU4), the store's default symbol."""
+        match = _ROOT.match(self.name)
+        return match.group(1) if match else self.name
+
+    def days(self, instrument: Instrument, progress: Callable[[str], None] | None = None) -> Iterator[MarketDay]:
+        """Validated trading days, each complete across files, with bars built from trades if none came."""
+        pending: dict[str, dict[str, list[Sourced]]] = {}
+        for k, f in enumerate(self.files):
+            yield from self._flush(pending, instrument, before=f.start)
+            if progress is not None:
+                progress(f"reading {f.path.name}")
+            records = self._first if k == 0 and self._first is not None else read_records(f)
+            rows = self._convert(f, records)
+            day_names, day_idx = assign_days(rows.data.ts_event, instrument)
+            for j, day in enumerate(day_names):
+                pending.setdefault(day, {}).setdefault(f.schema, []).append(rows.take(np.flatnonzero(day_idx == j)))
+        self._first = None
+        yield from self._flush(pending, instrument, before=None)
+
+    def summary(self) -> list[str]:
+        """The instrument choice and what the flags made the import drop or keep."""
+        words = {
+            "bad_book": "MBP-10 records flagged F_MAYBE_BAD_BOOK dropped",
+            "snapshot": "snapshot records dropped (last state of each snapshot kept)",
+            "unchanged": "MBP-10 records that left the 10-level book unchanged dropped",
+            "bad_ts_recv": "records flagged F_BAD_TS_RECV kept (ts_event is used)",
+        }
+        return self.notes + [f"{self.counts[k]:,} {w}" for k, w in words.items() if self.counts[k]]
+
+    def _flush(self, pending: dict, instrument: Instrument, before: int | None) -> Iterator[MarketDay]:
+        for day in sorted(pending):
+            if before is not None and day_bounds(day, instrument)[1] > before:
+                continue
+            parts = {schema: concat(p) for schema, p in pending.pop(day).items()}
+            labels = {s: f"{dbn_schema} {self.name}" for dbn_schema, s in DBN_SCHEMAS.items()}
+            if "bars" not in parts and "trades" in parts:
+                parts["bars"] = bars_sourced(parts["trades"])
+                labels["bars"] = f"bars built from trades {self.name}"
+            yield validate_sourced(day, parts, instrument, labels)
+
+    def _convert(self, f: DbnFile, records: np.ndarray) -> Sourced:
+        ids = [i for i, n in f.names.items() if n == self.name]
+        if not ids and self.name.isdigit():
+            ids = [int(self.name)]
+        selected = np.flatnonzero(np.isin(records["instrument_id"], ids))
+        if selected.size == 0:
+            present = sorted({f.names.get(int(i), str(i)) for i in np.unique(records["instrument_id"])})
+            raise InputError(f.path, f"no records for instrument {self.name} (the file holds {', '.join(present) or 'none'})")
+        rec = records[selected]
+        label = f"{f.dbn_schema} {self.name}"
+        ts = rec["ts_event"]
+        undefined = (ts == 0) | (ts == UNDEF_TIMESTAMP)
+        if undefined.any():
+            raise InputError(f.path, "undefined ts_event", group=label, field="ts_event", row=int(selected[np.argmax(undefined)]))
+        if f.schema == "bars":
+            return Sourced.one_file(Bars(**{c: rec[c] for c in ("ts_event", "open", "high", "low", "close", "volume")}), f.path, selected)
+        flags = rec["flags"]
+        self.counts["bad_ts_recv"] += int(np.count_nonzero(flags & dbn.F_BAD_TS_RECV))
+        keep = _mbp10_keep(rec, self.counts) if f.schema == "mbp10" else _trades_keep(flags, self.counts)
+        rec, selected = rec[keep], selected[keep]
+        _check_order(rec["ts_event"], selected, f.path, label)
+        if f.schema == "trades":
+            side = np.select([rec["side"] == b"B", rec["side"] == b"A"], [SIDE_BUY, SIDE_SELL], SIDE_NONE)
+            return Sourced.one_file(Trades(rec["ts_event"], rec["price"], rec["size"], side.astype(np.int8)), f.path, selected)
+        lv = rec["levels"]
+        book = Mbp10(rec["ts_event"], *(np.ascontiguousarray(lv[c]) for c in ("bid_px", "ask_px", "bid_sz", "ask_sz", "bid_ct", "ask_ct")))
+        return Sourced.one_file(book, f.path, selected)
+
+
+def read_header(path: Path) -> DbnFile:
+    """The metadata of a DBN file (only its first block is decoded)."""
+    with _open(path) as fh:
+        decoder = _decoder(fh.read(4))
+        while True:
+            chunk = fh.read(1 << 16)
+            try:
+                decoder.write(chunk)
+                out = decoder.decode()
+            except dbn.DBNError as e:
+                raise InputError(path, f"not a readable DBN file ({e})") from None
+            if out:
+                break
+            if not chunk:
+                raise InputError(path, "not a readable DBN file (no metadata)")
+    meta = out[0]
+    schema = None if meta.schema is None else str(meta.schema.value)
+    if schema not in DBN_SCHEMAS:
+        raise InputError(path, f"DBN schema {schema} is not imported (use {', '.join(DBN_SCHEMAS)})")
+    return DbnFile(path, schema, DBN_SCHEMAS[schema], int(meta.start), bool(meta.ts_out), _names(meta))
+
+
+def read_records(f: DbnFile) -> np.ndarray:
+    """All data records of the file as a structured array (file order, every instrument)."""
+    dtype = np.dtype(RECORD_FIELDS[f.schema] + ([("ts_out", "<u8")] if f.ts_out else []))
+    blobs: list[bytes] = []
+    with _open(f.path) as fh:
+        magic = fh.read(4)
+        if magic == _ZSTD_MAGIC and not _zstd_complete(fh):
+            raise InputError(f.path, "the zstd stream is cut short (an interrupted download?)")
+        fh.seek(4)
+        decoder = _decoder(magic)
+        while chunk := fh.read(_CHUNK):
+            try:
+                decoder.write(chunk)
+                out = decoder.decode()
+            except dbn.DBNError as e:
+                raise InputError(f.path, f"DBN decoding failed after record {len(blobs)} ({e})") from None
+            if out and isinstance(out[0], dbn.Metadata):
+                out = out[1:]
+            blobs.extend(map(bytes, out))
+        if decoder.buffer():
+            raise InputError(f.path, f"the file ends inside a record (after record {len(blobs) - 1})")
+    sizes = np.fromiter((len(b) for b in blobs), dtype=np.int64, count=len(blobs))
+    wrong = np.flatnonzero(sizes != dtype.itemsize)
+    if wrong.size:
+        raise InputError(f.path, f"record of {sizes[wrong[0]]} bytes, expected {dtype.itemsize} for {f.dbn_schema}", row=int(wrong[0]))
+    records = np.frombuffer(b"".join(blobs), dtype=dtype)
+    other = np.flatnonzero(records["rtype"] != RTYPES[f.schema])
+    if other.size:
+        raise InputError(f.path, f"record type {records['rtype'][other[0]]:#x} in a {f.dbn_schema} file", field="rtype", row=int(other[0]))
+    return records
+
+
+def find_files(folder: Path) -> list[Path]:
+    """The DBN files of a folder (not recursive), sorted by name."""
+    return sorted(p for p in folder.iterdir() if p.is_file() and p.name.endswith(SUFFIXES))
+
+
+def _mbp10_keep(rec: np.ndarray, counts: Counter) -> np.ndarray:
+    flags = rec["flags"]
+    snap = (flags & dbn.F_SNAPSHOT) != 0
+    keep = ~snap | ~np.r_[snap[1:], False]
+    counts["snapshot"] += int(np.count_nonzero(~keep))
+    bad = (flags & dbn.F_MAYBE_BAD_BOOK) != 0
+    counts["bad_book"] += int(np.count_nonzero(bad & keep))
+    keep &= ~bad
+    kept = np.flatnonzero(keep)
+    same = unchanged_book_rows(rec["levels"][kept], rec["ts_event"][kept])
+    counts["unchanged"] += int(np.count_nonzero(same))
+    keep[kept[same]] = False
+    return keep
+
+
+def _trades_keep(flags: np.ndarray, counts: Counter) -> np.ndarray:
+    snap = (flags & dbn.F_SNAPSHOT) != 0
+    counts["snapshot"] += int(np.count_nonzero(snap))
+    return ~snap
+
+
+def _check_order(ts: np.ndarray, records: np.ndarray, path: Path, label: str) -> None:
+    down = np.flatnonzero(ts[1:] < ts[:-1])
+    if down.size:
+        k = int(down[0]) + 1
+        raise InputError(
+            path,
+            f"ts_event decreases ({ts[k - 1]} then {ts[k]} ns); records of one instrument must be in event order",
+            group=label,
+            field="ts_event",
+            row=int(records[k]),
+        )
+
+
+def _names(meta: dbn.Metadata) -> dict[int, str]:
+    pairs: list[tuple[int, str]] = []
+    for key, intervals in meta.mappings.items():
+        for iv in intervals:
+            if iv["symbol"].isdigit():
+                pairs.append((int(iv["symbol"]), key))
+            elif key.isdigit():
+                pairs.append((int(key), iv["symbol"]))
+    per_name = Counter(name for _, name in set(pairs))
+    return {i: (name if per_name[name] == 1 else str(i)) for i, name in pairs}
+
+
+def _zstd_complete(fh: BinaryIO) -> bool:
+    """Whether a zstd file is whole frames to its last byte, read from the frame and block headers only.
+
+    The decoder yields the records of a cut-short stream without complaint; an interrupted download
+    must not pass for a day that ended early.
+    """
+    size = fh.seek(0, 2)
+    pos = 0
+    while pos < size:
+        fh.seek(pos)
+        head = fh.read(8)
+        magic = int.from_bytes(head[:4], "little")
+        if 0x184D2A50 <= magic <= 0x184D2A5F:  # a skippable frame
+            pos += 8 + int.from_bytes(head[4:8], "little")
+            continue
+        if head[:4] != _ZSTD_MAGIC or len(head) < 5:
+            return False
+        descriptor = head[4]
+        single_segment = (descriptor >> 5) & 1
+        content_size = (single_segment, 2, 4, 8)[descriptor >> 6]
+        pos += 5 + (1 - single_segment) + (0, 1, 2, 4)[descriptor & 3] + content_size
+        last = 0
+        while not last:
+            fh.seek(pos)
+            block = fh.read(3)
+            if len(block) < 3:
+                return False
+            header = int.from_bytes(block, "little")
+            last, kind, length = header & 1, (header >> 1) & 3, header >> 3
+            pos += 3 + (1 if kind == 1 else length)
+        pos += 4 * ((descriptor >> 2) & 1)
+    return pos == size
+
+
+def _open(path: Path) -> BinaryIO:
+    try:
+        return path.open("rb")
+    except OSError as e:
+        raise InputError(path, f"cannot read the file ({e.strerror})") from None
+
+
+def _decoder(magic: bytes) -> dbn.DBNDecoder:
+    """A decoder for plain or zstd-compressed DBN, told apart by the first bytes."""
+    compression = dbn.Compression.ZSTD if magic == _ZSTD_MAGIC else dbn.Compression.NONE
+    decoder = dbn.DBNDecoder(compression=compression)
+    decoder.write(magic)
+    return decoder

@@ -1,0 +1,249 @@
+"""The HDF5 market store: one file per market, one group per schema and trading day.
+
+Layout (version 1):
+    /                       attrs: layout_version, symbol, tick_size, point_value, price_scale, timezone,
+                                   session_open, session_close, day_roll, and the writer's own attrs
+    /{schema}/{YYYY-MM-DD}/ one dataset per column, dtypes from `schema.DTYPES`; MBP-10 book columns are
+                            [n, 10] (`bid_px[:, k]` is Databento's `bid_px_0k`); price datasets carry
+                            a `price_scale` attr. Chunked, byte-shuffled and LZF-compressed (h5py only).
+
+Every day is validated (`validate.validate_day`) before it is written and again when it is read. Writes
+go to a temporary file that is renamed over the target at the end, so an interrupted or rejected write
+leaves the previous store untouched.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import fields
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+from fox_numba.errors import InputError, MissingDataError
+from fox_numba.io import atomic_path
+from fox_numba.market.schema import (
+    DTYPES,
+    MANDATORY_SCHEMAS,
+    PRICE_SCALE,
+    SCHEMA_TYPES,
+    SCHEMAS,
+    Instrument,
+    MarketDay,
+    columns,
+    n_rows,
+)
+from fox_numba.market.validate import validate_day, validate_instrument
+
+LAYOUT_VERSION = 1
+CHUNK_ROWS = 1 << 14
+"""Rows per chunk (an MBP-10 price chunk is 16384 x 10 x 8 B = 1.3 MB before compression)."""
+
+PRICE_FIELDS = frozenset({"open", "high", "low", "close", "price", "bid_px", "ask_px"})
+INSTRUMENT_ATTRS = tuple(f.name for f in fields(Instrument))
+RESERVED_ATTRS = frozenset({"layout_version", "price_scale", *INSTRUMENT_ATTRS})
+
+IMPORT_HINT = {
+    "mbp10": "Databento mbp-10 DBN files, or LOBSTER message + orderbook CSV pairs",
+    "trades": "Databento trades DBN files, or LOBSTER message + orderbook CSV pairs",
+    "bars": "Databento ohlcv-1m DBN files (bars are also built from trades)",
+}
+
+
+def write_store(
+    path: str | Path,
+    instrument: Instrument,
+    days: Iterable[MarketDay],
+    *,
+    attrs: Mapping[str, str | int | float] | None = None,
+    extend: bool = False,
+    progress: Callable[[str], None] | None = None,
+) -> Path:
+    """Validate and write `days` to the store at `path`; return the path.
+
+    With `extend`, the existing store is copied and each incoming schema of a day replaces that schema
+    of that day (other schemas of the day are kept and checked against the new data). Pieces of the same
+    schema and day arriving in one call (a day split over two files) are joined in arrival order.
+    `attrs` go on the root group; their names must not clash with the layout's own.
+    """
+    path = Path(path)
+    clash = RESERVED_ATTRS & set(attrs or {})
+    if clash:
+        raise ValueError(f"attrs {sorted(clash)} are reserved by the store layout")
+    validate_instrument(instrument, path)
+    with atomic_path(path) as tmp:
+        if extend and path.exists():
+            with MarketStore(path) as old:
+                _check_same_instrument(path, old.instrument, instrument)
+            shutil.copyfile(path, tmp)
+            mode = "r+"
+        else:
+            mode = "w"
+        with h5py.File(tmp, mode) as f:
+            if mode == "w":
+                _write_instrument(f, instrument)
+            for key, value in (attrs or {}).items():
+                f.attrs[key] = value
+            written: set[tuple[str, str]] = set()
+            for day in days:
+                merged = _merge(f, day, written, path)
+                checked = validate_day(merged, instrument, path)
+                for schema in day.present():
+                    _write_schema(f, schema, day.day, getattr(checked, schema))
+                    written.add((schema, day.day))
+                if progress is not None:
+                    progress(f"wrote {day.day}: " + ", ".join(f"{s} {n_rows(getattr(checked, s)):,}" for s in day.present()))
+    return path
+
+
+class MarketStore:
+    """Read side of a store: instrument, root attrs, the days per schema, validated days."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise InputError(self.path, "no such market store (write one with `fox data synth` or `fox data import`)")
+        try:
+            self._file = h5py.File(self.path, "r")
+        except OSError:
+            raise InputError(self.path, "not an HDF5 file") from None
+        try:
+            version = self._file.attrs.get("layout_version")
+            if version != LAYOUT_VERSION:
+                raise InputError(self.path, f"store layout version {version} is not {LAYOUT_VERSION} (re-import or regenerate it)")
+            self.instrument = _read_instrument(self._file, self.path)
+        except InputError:
+            self._file.close()
+            raise
+        self.attrs: dict = {k: _plain(v) for k, v in self._file.attrs.items() if k not in RESERVED_ATTRS}
+
+    def __enter__(self) -> MarketStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def days(self, schema: str | None = None) -> list[str]:
+        """Trading days (sorted YYYY-MM-DD) holding `schema`, or any schema when None."""
+        names = [schema] if schema is not None else list(SCHEMAS)
+        found: set[str] = set()
+        for name in names:
+            if name in self._file:
+                found.update(self._file[name].keys())
+        return sorted(found)
+
+    def has(self, schema: str) -> bool:
+        return schema in self._file and len(self._file[schema]) > 0
+
+    def read_day(self, day: str, schemas: Sequence[str] = SCHEMAS) -> MarketDay:
+        """The requested schemas of `day` (absent ones are None), validated."""
+        unknown = [s for s in schemas if s not in SCHEMAS]
+        if unknown:
+            raise ValueError(f"unknown schemas {unknown}; the store holds {list(SCHEMAS)}")
+        if day not in self.days():
+            raise InputError(self.path, f"no trading day {day} in the store (it holds {_span(self.days())})")
+        out = MarketDay(day)
+        for schema in schemas:
+            if day in self._file.get(schema, {}):
+                setattr(out, schema, _read_schema(self._file, schema, day, self.path))
+        return validate_day(out, self.instrument, self.path)
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def require_schemas(path: str | Path, schemas: Sequence[str] = MANDATORY_SCHEMAS) -> None:
+    """Raise `MissingDataError` unless every trading day of the store has all `schemas`."""
+    with MarketStore(path) as store:
+        all_days = store.days()
+        problems = []
+        for schema in schemas:
+            have = set(store.days(schema))
+            lacking = [d for d in all_days if d not in have]
+            if not have:
+                problems.append((schema, f"no {schema} data"))
+            elif lacking:
+                problems.append((schema, f"no {schema} data on {len(lacking)} of {len(all_days)} days (first {lacking[0]})"))
+    if problems:
+        how = "; ".join(f"{msg} (add {IMPORT_HINT[s]} with `fox data import FILES... --out {path}`)" for s, msg in problems)
+        raise MissingDataError(f"{path}: {how}. Training needs MBP-10 book snapshots and trades on every day.")
+
+
+def _merge(f: h5py.File, day: MarketDay, written: set[tuple[str, str]], path: Path) -> MarketDay:
+    """The incoming day joined with what the file already holds for that day."""
+    merged = MarketDay(day.day)
+    for schema in SCHEMAS:
+        incoming = getattr(day, schema)
+        stored = day.day in f.get(schema, {})
+        if incoming is None:
+            if stored:
+                setattr(merged, schema, _read_schema(f, schema, day.day, path))
+        elif (schema, day.day) in written:
+            before = columns(_read_schema(f, schema, day.day, path))
+            joined = {k: np.concatenate([before[k], np.asarray(v, dtype=before[k].dtype)]) for k, v in columns(incoming).items()}
+            setattr(merged, schema, SCHEMA_TYPES[schema](**joined))
+        else:
+            setattr(merged, schema, incoming)
+    return merged
+
+
+def _write_schema(f: h5py.File, schema: str, day: str, record: object) -> None:
+    name = f"{schema}/{day}"
+    if name in f:
+        del f[name]
+    group = f.require_group(name)
+    for col, values in columns(record).items():
+        n = values.shape[0]
+        opts = {"chunks": (min(n, CHUNK_ROWS), *values.shape[1:]), "compression": "lzf", "shuffle": True} if n else {}
+        ds = group.create_dataset(col, data=values, **opts)
+        if col in PRICE_FIELDS:
+            ds.attrs["price_scale"] = PRICE_SCALE
+
+
+def _read_schema(f: h5py.File, schema: str, day: str, path: Path) -> object:
+    group = f[f"{schema}/{day}"]
+    cols = {}
+    for col in DTYPES[schema]:
+        if col not in group:
+            raise InputError(path, "missing dataset", group=f"/{schema}/{day}", field=col)
+        cols[col] = group[col][()]
+    return SCHEMA_TYPES[schema](**cols)
+
+
+def _write_instrument(f: h5py.File, instrument: Instrument) -> None:
+    f.attrs["layout_version"] = LAYOUT_VERSION
+    f.attrs["price_scale"] = PRICE_SCALE
+    for name in INSTRUMENT_ATTRS:
+        f.attrs[name] = getattr(instrument, name)
+
+
+def _read_instrument(f: h5py.File, path: Path) -> Instrument:
+    missing = [n for n in INSTRUMENT_ATTRS if n not in f.attrs]
+    if missing:
+        raise InputError(path, f"root attributes {missing} are missing", group="/")
+    if f.attrs["price_scale"] != PRICE_SCALE:
+        raise InputError(path, f"price_scale {f.attrs['price_scale']} is not {PRICE_SCALE}", group="/", field="price_scale")
+    instrument = Instrument(**{n: _plain(f.attrs[n]) for n in INSTRUMENT_ATTRS})
+    validate_instrument(instrument, path)
+    return instrument
+
+
+def _check_same_instrument(path: Path, have: Instrument, new: Instrument) -> None:
+    if have != new:
+        diff = ", ".join(f"{n} {getattr(have, n)!r} vs {getattr(new, n)!r}" for n in INSTRUMENT_ATTRS if getattr(have, n) != getattr(new, n))
+        raise InputError(path, f"the store holds another instrument than the one being added ({diff})", group="/")
+
+
+def _plain(value: object) -> object:
+    """HDF5 attribute values as plain Python scalars."""
+    if isinstance(value, bytes):
+        return value.decode()
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+def _span(days: list[str]) -> str:
+    return f"{days[0]} to {days[-1]}" if days else "no days"

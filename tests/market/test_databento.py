@@ -1,0 +1,320 @@
+"""Databento DBN import: real files from Databento and nautilus_trader, and files written here with
+databento-dbn's encoder (multi-day, unsorted, crossed, snapshots, bad-book and bad-ts flags)."""
+
+import io
+from datetime import date, datetime, timezone
+from pathlib import Path
+from types import SimpleNamespace
+
+import databento_dbn as dbn
+import numpy as np
+import pytest
+
+from fox_numba.errors import InputError
+from fox_numba.market.databento import DatabentoImport, read_header, read_records
+from fox_numba.market.schema import UNDEF_PRICE, Instrument
+
+FIXTURES = Path(__file__).parents[1] / "fixtures"
+STUBS = FIXTURES / "databento_stubs"
+ESU4 = FIXTURES / "databento_esu4_20240701"
+ES = Instrument()
+TICK = ES.tick_fixed
+PX = 5_500_000_000_000  # 5500.00
+
+
+def ns(text: str) -> int:
+    return int(datetime.fromisoformat(text).replace(tzinfo=timezone.utc).timestamp()) * 1_000_000_000
+
+
+def write_dbn(path: Path, schema: dbn.Schema, records: list, *, start: int, compress: bool = True, symbols=None) -> Path:
+    """A DBN file as Databento writes one: metadata (with raw symbol -> instrument_id mappings), records."""
+    symbols = symbols or {"ESU4": 118}
+    mappings = [
+        SimpleNamespace(raw_symbol=s, intervals=[SimpleNamespace(start_date=date(2024, 6, 1), end_date=date(2024, 8, 1), symbol=str(i))])
+        for s, i in symbols.items()
+    ]
+    meta = dbn.Metadata(
+        dataset="GLBX.MDP3", start=start, stype_in=dbn.SType.RAW_SYMBOL, stype_out=dbn.SType.INSTRUMENT_ID,
+        schema=schema, symbols=list(symbols), end=start + 86_400 * 10**9, mappings=mappings,
+    )  # fmt: skip
+    raw = bytes(meta.encode()) + b"".join(bytes(r) for r in records)
+    if compress:
+        buffer = io.BytesIO()
+        transcoder = dbn.Transcoder(buffer, dbn.Encoding.DBN, dbn.Compression.ZSTD)
+        transcoder.write(raw)
+        del transcoder  # the zstd frame is finished when the transcoder is dropped, not by flush()
+        raw = buffer.getvalue()
+    path.write_bytes(raw)
+    return path
+
+
+def book(ts: int, bid: int = PX, *, ask: int | None = None, flags: int = dbn.F_LAST, iid: int = 118, size: int = 5, action=dbn.Action.ADD):
+    ask = bid + TICK if ask is None else ask
+    levels = [
+        dbn.BidAskPair(bid_px=bid - k * TICK, ask_px=ask + k * TICK, bid_sz=size + k, ask_sz=size + k + 1, bid_ct=1 + k, ask_ct=2 + k)
+        for k in range(10)
+    ]
+    return dbn.MBP10Msg(1, iid, ts, bid, 1, action, dbn.Side.BID, 0, ts + 500, flags=flags, levels=levels)
+
+
+def trade(ts: int, price: int = PX, size: int = 1, side=dbn.Side.BID, flags: int = 0, iid: int = 118, ts_recv: int | None = None):
+    return dbn.TradeMsg(1, iid, ts, price, size, dbn.Action.TRADE, side, 0, ts + 500 if ts_recv is None else ts_recv, flags=flags)
+
+
+def all_days(paths: list[Path], instrument: str | None = None) -> tuple[DatabentoImport, list]:
+    source = DatabentoImport.open(paths, instrument)
+    return source, list(source.days(ES))
+
+
+def rejects(paths: list[Path], path: Path, group: str | None, field: str | None, row: int | None, words: str) -> None:
+    with pytest.raises(InputError) as info:
+        all_days(paths)
+    e = info.value
+    assert (e.path, e.group, e.field, e.row) == (str(path), group, field, row), str(e)
+    assert words in e.reason, e.reason
+
+
+# Real files
+
+
+def test_real_esu4_trades_with_bars_built_from_them():
+    source, days = all_days([next(ESU4.glob("futures_trades_*"))])
+    assert [d.day for d in days] == ["2024-07-02"]  # 19:58 New York on 1 July belongs to 2 July
+    trades = days[0].trades
+    assert trades.ts_event.size == 120
+    assert (trades.ts_event[0], trades.price[0], trades.size[0], trades.side[0]) == (1719878281218218853, 5528750000000, 2, 1)
+    assert (np.count_nonzero(trades.side == 1), np.count_nonzero(trades.side == -1)) == (66, 54)  # 'B' 66, 'A' 54
+    assert days[0].bars.volume.tolist() == [18, 23, 175, 37]
+    assert source.symbol == "ES" and source.summary() == ["instrument ESU4: 120 records in " + next(ESU4.glob("futures_trades_*")).name + ", the most"]
+
+
+def test_real_multi_instrument_ohlcv_picks_one_and_says_so():
+    path = next(ESU4.glob("futures_ohlcv-1m_*"))
+    source, days = all_days([path])
+    assert source.name == "ESU4"
+    assert source.summary()[0] == f"instrument ESU4: 30 records in {path.name}, the most (others: NQU4 30; choose with --instrument)"
+    assert days[0].bars.open[0] == 5527250000000 and days[0].bars.volume[0] == 180
+    nq, days = all_days([path], "NQU4")
+    assert nq.symbol == "NQ" and days[0].bars.ts_event.size == 30 and days[0].bars.open[0] != 5527250000000
+    _, by_id = all_days([path], "4358")
+    np.testing.assert_array_equal(by_id[0].bars.close, days[0].bars.close)
+    with pytest.raises(InputError, match=r"ohlcv-1m.*dbn.zst: no records for instrument ESZ4 \(the file holds ESU4, NQU4\)"):
+        all_days([path], "ESZ4")
+
+
+def test_the_structured_view_equals_the_decoders_fields():
+    for path in (STUBS / "test_data.mbp-10.dbn.zst", STUBS / "test_data.trades.dbn.zst", next(ESU4.glob("futures_ohlcv-1m_*"))):
+        records = read_records(read_header(path))
+        decoder = dbn.DBNDecoder(compression=dbn.Compression.ZSTD)
+        decoder.write(path.read_bytes())
+        objects = decoder.decode()[1:]
+        assert len(records) == len(objects)
+        for rec, obj in zip(records, objects, strict=True):
+            for name in rec.dtype.names:
+                if name == "levels":
+                    for k, level in enumerate(obj.levels):
+                        for f in ("bid_px", "ask_px", "bid_sz", "ask_sz", "bid_ct", "ask_ct"):
+                            assert rec["levels"][k][f] == getattr(level, f)
+                elif name in ("action", "side"):
+                    assert rec[name].decode() == str(getattr(obj, name))
+                elif name == "length":
+                    assert int(rec[name]) * 4 == rec.dtype.itemsize
+                else:
+                    assert rec[name] == int(getattr(obj, name)), (path.name, name)
+
+
+def test_real_mbp10_file():
+    _, days = all_days([STUBS / "test_data.mbp-10.dbn.zst"])
+    book10 = days[0].mbp10
+    assert days[0].day == "2020-12-28"  # 00:00 UTC Monday = Sunday 19:00 New York, next day's session
+    assert book10.ts_event.tolist() == [1609113600005871213, 1609113600062570311, 1609113600076022275, 1609113600076339855]
+    assert book10.bid_px[0].tolist() == [3702250000000 - k * TICK for k in range(10)]
+    assert book10.bid_sz[:, 0].tolist() == [19, 20, 20, 21] and book10.ask_ct[0, :3].tolist() == [13, 17, 14]
+
+
+def test_real_book_and_trades_that_do_not_overlap_in_time_are_refused():
+    trades = STUBS / "test_data.trades.dbn.zst"
+    rejects([STUBS / "test_data.mbp-10.dbn.zst", trades], trades, "trades ESH1 2020-12-28", "ts_event", 0, "outside the book's time range")
+
+
+def test_other_schemas_and_non_dbn_files_are_refused(tmp_path):
+    with pytest.raises(InputError, match=r"test_data.definition.dbn.zst: DBN schema definition is not imported \(use mbp-10, trades, ohlcv-1m\)"):
+        read_header(STUBS / "test_data.definition.dbn.zst")
+    (tmp_path / "junk.dbn").write_bytes(b"not dbn at all" * 10)
+    with pytest.raises(InputError, match=r"junk.dbn: not a readable DBN file"):
+        read_header(tmp_path / "junk.dbn")
+
+
+# Files written with the encoder
+
+T = ns("2024-07-02T12:00:00")  # 08:00 New York, pre-open of 2 July
+OPEN = ns("2024-07-02T13:30:00")
+S = 10**9
+
+
+def test_multi_day_file_is_split_at_the_18_00_roll(tmp_path):
+    evening = ns("2024-07-02T22:00:00")  # 18:00 New York: 3 July's session
+    records = [book(T), book(T + S, PX + TICK), book(evening - 1, PX), book(evening, PX + TICK), book(evening + S, PX)]
+    path = write_dbn(tmp_path / "two.mbp-10.dbn.zst", dbn.Schema.MBP_10, records, start=T)
+    _, days = all_days([path])
+    assert [d.day for d in days] == ["2024-07-02", "2024-07-03"]
+    assert days[0].mbp10.ts_event.tolist() == [T, T + S, evening - 1]
+    assert days[1].mbp10.bid_px[:, 0].tolist() == [PX + TICK, PX]
+
+
+def test_unsorted_records_are_refused_with_the_record_number(tmp_path):
+    records = [book(T), book(T + 2 * S, PX + TICK), book(T + S, PX)]
+    path = write_dbn(tmp_path / "unsorted.mbp-10.dbn.zst", dbn.Schema.MBP_10, records, start=T)
+    rejects([path], path, "mbp-10 ESU4", "ts_event", 2, "ts_event decreases")
+
+
+def test_unsorted_records_across_a_day_boundary_are_refused(tmp_path):
+    evening = ns("2024-07-02T22:00:00")
+    records = [trade(T), trade(evening + S), trade(evening - S)]
+    path = write_dbn(tmp_path / "t.trades.dbn", dbn.Schema.TRADES, records, start=T, compress=False)
+    rejects([path], path, "trades ESU4", "ts_event", 2, "ts_event decreases")
+
+
+def test_crossed_book_after_the_open_names_file_and_record(tmp_path):
+    other = book(OPEN, iid=999)
+    records = [book(OPEN - S), other, book(OPEN + S, PX + 2 * TICK, ask=PX + TICK), book(OPEN + 2 * S)]
+    path = write_dbn(tmp_path / "x.mbp-10.dbn.zst", dbn.Schema.MBP_10, records, start=T, symbols={"ESU4": 118, "ESZ4": 999})
+    rejects([path], path, "mbp-10 ESU4 2024-07-02", "bid_px_00", 2, "crossed book after the session open: bid 5500.5 >= ask 5500.25")
+
+
+def test_crossed_book_in_the_pre_open_is_kept(tmp_path):
+    records = [book(T, PX + 2 * TICK, ask=PX + TICK), book(T + S)]
+    path = write_dbn(tmp_path / "x.mbp-10.dbn.zst", dbn.Schema.MBP_10, records, start=T)
+    _, days = all_days([path])
+    assert days[0].mbp10.bid_px[0, 0] > days[0].mbp10.ask_px[0, 0]
+
+
+def test_snapshot_bad_book_and_unchanged_records(tmp_path):
+    snap = dbn.F_SNAPSHOT
+    records = [
+        book(T, PX - 4 * TICK, flags=snap),  # partial replay state: dropped
+        book(T, PX - 2 * TICK, flags=snap),  # dropped
+        book(T, PX, flags=snap | dbn.F_LAST),  # the replayed book: kept
+        book(T + S, PX + TICK, flags=dbn.F_LAST | dbn.F_BAD_TS_RECV),  # kept, counted
+        book(T + 2 * S, PX + 3 * TICK, flags=dbn.F_MAYBE_BAD_BOOK),  # dropped
+        book(T + 3 * S, PX + TICK, action=dbn.Action.TRADE),  # same book as the last kept: dropped
+        book(T + 4 * S, PX),
+        book(T + 5 * S, PX, action=dbn.Action.FILL),  # unchanged, but the last record: kept (book time range)
+    ]
+    path = write_dbn(tmp_path / "s.mbp-10.dbn.zst", dbn.Schema.MBP_10, records, start=T)
+    source, days = all_days([path])
+    got = days[0].mbp10
+    assert got.ts_event.tolist() == [T, T + S, T + 4 * S, T + 5 * S]
+    assert got.bid_px[:, 0].tolist() == [PX, PX + TICK, PX, PX]
+    assert source.summary()[1:] == [
+        "1 MBP-10 records flagged F_MAYBE_BAD_BOOK dropped",
+        "2 snapshot records dropped (last state of each snapshot kept)",
+        "1 MBP-10 records that left the 10-level book unchanged dropped",
+        "1 records flagged F_BAD_TS_RECV kept (ts_event is used)",
+    ]
+
+
+def test_trades_side_flags_and_a_day_split_over_two_files(tmp_path):
+    t0 = OPEN + 30 * S
+    first = [trade(t0, side=dbn.Side.BID, size=3), trade(t0 + 10 * S, PX + TICK, side=dbn.Side.ASK, flags=dbn.F_BAD_TS_RECV)]
+    second = [
+        trade(t0 + 20 * S, PX - TICK, side=dbn.Side.NONE, size=2),
+        trade(t0 + 21 * S, PX, flags=dbn.F_SNAPSHOT),  # not an execution: dropped
+        trade(t0 + 40 * S, PX, size=4),
+    ]
+    a = write_dbn(tmp_path / "a.trades.dbn.zst", dbn.Schema.TRADES, first, start=T)
+    b = write_dbn(tmp_path / "b.trades.dbn.zst", dbn.Schema.TRADES, second, start=t0 + 15 * S)
+    _, days = all_days([b, a])  # order of arguments does not matter: files are read by start time
+    trades, bars = days[0].trades, days[0].bars
+    assert trades.side.tolist() == [1, -1, 0, 1] and trades.size.tolist() == [3, 1, 2, 4]
+    assert bars.ts_event.tolist() == [OPEN, OPEN + 60 * S]
+    assert (bars.open.tolist(), bars.high.tolist(), bars.low.tolist(), bars.close.tolist()) == (
+        [PX, PX],
+        [PX + TICK, PX],
+        [PX - TICK, PX],
+        [PX - TICK, PX],
+    )
+    assert bars.volume.tolist() == [6, 4]
+
+
+def test_imported_bars_against_trades(tmp_path):
+    t0 = OPEN + 30 * S
+    trades = [trade(t0 + k * 30 * S, PX + (k % 2) * TICK, size=k + 1) for k in range(8)]  # 4 minutes
+    # Minutes 1-3 are fully covered by the trades; minutes 0 and 4 are not and are not compared.
+    expected = {1: 5, 2: 9, 3: 13}
+    ohlcv = [dbn.OHLCVMsg(dbn.RType.OHLCV_1M, 1, 118, OPEN, PX, PX + TICK, PX - TICK, PX, 50)]
+    ohlcv += [
+        dbn.OHLCVMsg(dbn.RType.OHLCV_1M, 1, 118, OPEN + m * 60 * S, PX + TICK, PX + TICK, PX, PX, v + (5 if m == 2 else 0))
+        for m, v in expected.items()
+    ]
+    ohlcv.append(dbn.OHLCVMsg(dbn.RType.OHLCV_1M, 1, 118, OPEN + 240 * S, PX + TICK, PX + TICK, PX + TICK, PX + TICK, 8))
+    tp = write_dbn(tmp_path / "t.trades.dbn.zst", dbn.Schema.TRADES, trades, start=T)
+    bp = write_dbn(tmp_path / "b.ohlcv-1m.dbn.zst", dbn.Schema.OHLCV_1M, ohlcv, start=T)
+    rejects([tp, bp], bp, "ohlcv-1m ESU4 2024-07-02", "volume", 2, "bar volume 14 differs from the trades' 9")
+
+
+def test_undefined_timestamp_and_bad_prices(tmp_path):
+    path = write_dbn(tmp_path / "u.trades.dbn.zst", dbn.Schema.TRADES, [trade(T), trade(2**64 - 1, ts_recv=T + S)], start=T)
+    rejects([path], path, "trades ESU4", "ts_event", 1, "undefined ts_event")
+    path = write_dbn(tmp_path / "p.trades.dbn.zst", dbn.Schema.TRADES, [trade(T), trade(T + S, price=int(UNDEF_PRICE))], start=T)
+    rejects([path], path, "trades ESU4 2024-07-02", "price", 1, "undefined price")
+
+
+def test_empty_levels_in_a_real_shaped_record(tmp_path):
+    thin = book(T + S)
+    levels = thin.levels
+    for k in range(6, 10):
+        levels[k].ask_px, levels[k].ask_sz, levels[k].ask_ct = int(UNDEF_PRICE), 0, 0
+    thin.levels = levels
+    bad = book(T + 2 * S, PX + TICK)
+    levels = bad.levels
+    levels[3].bid_px = int(UNDEF_PRICE)  # size left: not an empty level
+    bad.levels = levels
+    path = write_dbn(tmp_path / "e.mbp-10.dbn.zst", dbn.Schema.MBP_10, [book(T), thin, bad], start=T)
+    rejects([path], path, "mbp-10 ESU4 2024-07-02", "bid_sz_03", 2, "empty level (UNDEF_PRICE) with a non-zero size")
+    path = write_dbn(tmp_path / "f.mbp-10.dbn.zst", dbn.Schema.MBP_10, [book(T), thin], start=T)
+    _, days = all_days([path])
+    assert days[0].mbp10.ask_px[1, 6:].tolist() == [UNDEF_PRICE] * 4
+
+
+def test_a_folder_of_daily_files_assembles_trading_days_across_files(tmp_path):
+    from fox_numba.market.importer import import_market
+    from fox_numba.market.store import MarketStore, require_schemas
+
+    folder = tmp_path / "batch"
+    folder.mkdir()
+    (folder / "metadata.json").write_text("{}")  # Databento batch downloads carry these: ignored
+    for d in ("2024-07-02", "2024-07-03"):
+        start = ns(f"{d}T00:00:00")
+        at = {h: ns(f"{d}T{h}") for h in ("13:00:00", "13:30:00", "14:00:00", "23:00:00")}
+        books = [book(at["13:00:00"]), book(at["14:00:00"], PX + TICK), book(at["23:00:00"], PX + 2 * TICK)]
+        trades = [trade(at["13:30:00"], size=2), trade(at["23:00:00"], size=5, side=dbn.Side.ASK)]
+        stamp = d.replace("-", "")
+        write_dbn(folder / f"glbx-mdp3-{stamp}.mbp-10.dbn.zst", dbn.Schema.MBP_10, books, start=start)
+        write_dbn(folder / f"glbx-mdp3-{stamp}.trades.dbn.zst", dbn.Schema.TRADES, trades, start=start)
+    out = tmp_path / "es.h5"
+    result = import_market([folder], out)
+    # 23:00 UTC is 19:00 New York: the evening rows of one UTC file belong to the next trading day.
+    assert result.rows == {
+        "2024-07-02": {"bars": 1, "mbp10": 2, "trades": 1},
+        "2024-07-03": {"bars": 2, "mbp10": 3, "trades": 2},
+        "2024-07-04": {"bars": 1, "mbp10": 1, "trades": 1},
+    }
+    require_schemas(out)
+    with MarketStore(out) as store:
+        day = store.read_day("2024-07-03")
+    assert day.mbp10.ts_event.tolist() == [ns("2024-07-02T23:00:00"), ns("2024-07-03T13:00:00"), ns("2024-07-03T14:00:00")]
+    assert day.trades.size.tolist() == [5, 2] and day.trades.side.tolist() == [-1, 1]
+
+
+def test_cut_short_files_are_refused(tmp_path):
+    real = next(ESU4.glob("futures_trades_*")).read_bytes()
+    for cut in (len(real) // 2, len(real) - 1):
+        path = tmp_path / f"cut{cut}.trades.dbn.zst"
+        path.write_bytes(real[:cut])
+        with pytest.raises(InputError, match=r"the zstd stream is cut short \(an interrupted download\?\)"):
+            read_records(read_header(path))
+    plain = write_dbn(tmp_path / "p.trades.dbn", dbn.Schema.TRADES, [trade(T), trade(T + S)], start=T, compress=False)
+    plain.write_bytes(plain.read_bytes()[:-10])
+    with pytest.raises(InputError, match=r"p.trades.dbn: the file ends inside a record \(after record 0\)"):
+        read_records(read_header(plain))

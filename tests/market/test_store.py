@@ -1,0 +1,206 @@
+"""The HDF5 store: layout, round trip, extend, atomic writes, validation on read, missing schemas."""
+
+import dataclasses
+
+import h5py
+import numpy as np
+import pytest
+
+from fox_numba.errors import InputError, MissingDataError
+from fox_numba.market.bars import bars_from_trades
+from fox_numba.market.calendar import session_bounds
+from fox_numba.market.schema import DTYPES, NS_PER_MINUTE, PRICE_SCALE, Instrument, MarketDay, Mbp10, Trades, columns, to_fixed
+from fox_numba.market.store import LAYOUT_VERSION, MarketStore, require_schemas, write_store
+
+INST = Instrument()
+TICK = INST.tick_fixed
+
+
+def make_day(day: str, n: int = 30, shift: int = 0) -> MarketDay:
+    """A valid day: book every 20 s from the open, a trade 1 us after every third update, bars from trades."""
+    ts = (session_bounds(day, INST)[0] + np.arange(n) * 20_000_000_000).astype(np.uint64)
+    bid0 = to_fixed(4000.0) + ((np.arange(n) + shift) % 4) * TICK
+    depth = np.arange(10) * TICK
+    sz = (5 + np.arange(n)[:, None] + np.arange(10) + shift).astype(np.uint32)
+    book = Mbp10(ts, bid0[:, None] - depth, bid0[:, None] + TICK + depth, sz, sz + 2, sz // 3 + 1, sz // 2 + 1)
+    k = np.arange(0, n, 3)
+    trades = Trades(ts[k] + 1000, bid0[k] + TICK, (k % 5 + 1).astype(np.uint32), np.where(k % 2 == 0, 1, -1).astype(np.int8))
+    return MarketDay(day, bars_from_trades(trades), book, trades)
+
+
+def assert_same(a: MarketDay, b: MarketDay) -> None:
+    assert a.day == b.day and a.present() == b.present()
+    for schema in a.present():
+        for name, values in columns(getattr(a, schema)).items():
+            got = columns(getattr(b, schema))[name]
+            assert got.dtype == DTYPES[schema][name]
+            np.testing.assert_array_equal(got, values, err_msg=f"{schema}.{name}")
+
+
+def test_round_trip_and_layout(tmp_path):
+    days = [make_day("2024-07-02"), make_day("2024-07-03", shift=1)]
+    path = write_store(tmp_path / "s.h5", INST, days, attrs={"oracle_ic": 0.05, "seed": 7, "note": "synthetic"})
+    with MarketStore(path) as store:
+        assert store.instrument == INST
+        assert store.attrs == {"oracle_ic": 0.05, "seed": 7, "note": "synthetic"}
+        assert store.days() == ["2024-07-02", "2024-07-03"] == store.days("mbp10")
+        assert store.has("trades") and store.has("bars")
+        for day in days:
+            assert_same(day, store.read_day(day.day))
+        only_book = store.read_day("2024-07-03", ("mbp10",))
+        assert only_book.present() == ("mbp10",)
+    with h5py.File(path, "r") as f:
+        assert f.attrs["layout_version"] == LAYOUT_VERSION
+        assert f.attrs["price_scale"] == PRICE_SCALE
+        assert (f.attrs["symbol"], f.attrs["tick_size"], f.attrs["point_value"]) == ("ES", 0.25, 50.0)
+        assert (f.attrs["timezone"], f.attrs["session_open"], f.attrs["session_close"]) == ("America/New_York", "09:30", "16:00")
+        ds = f["mbp10/2024-07-02/bid_px"]
+        assert ds.shape == (30, 10) and ds.dtype == np.int64
+        assert ds.compression == "lzf" and ds.shuffle and ds.chunks == (30, 10)
+        assert ds.attrs["price_scale"] == PRICE_SCALE
+        assert f["trades/2024-07-02/side"].dtype == np.int8
+        assert set(f["bars/2024-07-03"]) == set(DTYPES["bars"])
+
+
+def test_extend_adds_days_and_replaces_one_schema_of_a_day(tmp_path):
+    path = tmp_path / "s.h5"
+    first = make_day("2024-07-02")
+    write_store(path, INST, [first], attrs={"seed": 1})
+    newer = make_day("2024-07-02", shift=2)
+    write_store(path, INST, [MarketDay("2024-07-02", mbp10=newer.mbp10), make_day("2024-07-05")], extend=True, attrs={"run": "b"})
+    with MarketStore(path) as store:
+        assert store.days() == ["2024-07-02", "2024-07-05"]
+        assert store.attrs == {"seed": 1, "run": "b"}
+        got = store.read_day("2024-07-02")
+    np.testing.assert_array_equal(got.mbp10.bid_sz, newer.mbp10.bid_sz)
+    np.testing.assert_array_equal(got.trades.size, first.trades.size)  # kept
+
+
+def test_pieces_of_one_day_in_one_call_are_joined(tmp_path):
+    day = make_day("2024-07-02")
+    half = 15
+    pieces = [
+        MarketDay(day.day, mbp10=Mbp10(**{k: v[:half] for k, v in columns(day.mbp10).items()})),
+        MarketDay(day.day, mbp10=Mbp10(**{k: v[half:] for k, v in columns(day.mbp10).items()}), trades=day.trades),
+    ]
+    path = write_store(tmp_path / "s.h5", INST, pieces)
+    with MarketStore(path) as store:
+        assert_same(MarketDay(day.day, mbp10=day.mbp10, trades=day.trades), store.read_day(day.day))
+
+
+def test_a_rejected_write_leaves_the_previous_store_intact(tmp_path):
+    path = tmp_path / "s.h5"
+    write_store(path, INST, [make_day("2024-07-02")])
+    before = path.read_bytes()
+    bad = make_day("2024-07-03")
+    bad.trades.size[2] = 0
+    progress = []
+    with pytest.raises(InputError, match=r"s.h5, group /trades/2024-07-03, field size, row 2: zero size"):
+        write_store(path, INST, [make_day("2024-07-05"), bad], extend=True, progress=progress.append)
+    assert progress == ["wrote 2024-07-05: bars 10, mbp10 30, trades 10"]
+    assert path.read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["s.h5"]
+
+
+def test_an_interrupted_write_leaves_the_previous_store_intact(tmp_path):
+    path = tmp_path / "s.h5"
+    write_store(path, INST, [make_day("2024-07-02")])
+    before = path.read_bytes()
+
+    def interrupted():
+        yield make_day("2024-07-03")
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        write_store(path, INST, interrupted(), extend=True)
+    assert path.read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["s.h5"]
+
+
+def test_without_extend_the_store_is_replaced(tmp_path):
+    path = tmp_path / "s.h5"
+    write_store(path, INST, [make_day("2024-07-02")])
+    write_store(path, INST, [make_day("2024-07-03")])
+    with MarketStore(path) as store:
+        assert store.days() == ["2024-07-03"]
+
+
+def test_extending_with_another_instrument_is_refused(tmp_path):
+    path = tmp_path / "s.h5"
+    write_store(path, INST, [make_day("2024-07-02")])
+    other = dataclasses.replace(INST, symbol="NQ", tick_size=0.25, point_value=20.0)
+    with pytest.raises(InputError, match=r"group /: the store holds another instrument .*symbol 'ES' vs 'NQ', point_value 50.0 vs 20.0"):
+        write_store(path, other, [make_day("2024-07-03")], extend=True)
+
+
+def test_reserved_attrs_are_refused(tmp_path):
+    with pytest.raises(ValueError, match=r"attrs \['tick_size'\] are reserved"):
+        write_store(tmp_path / "s.h5", INST, [], attrs={"tick_size": 1.0})
+
+
+def test_opening_what_is_not_a_store(tmp_path):
+    with pytest.raises(InputError, match="no such market store"):
+        MarketStore(tmp_path / "none.h5")
+    (tmp_path / "text.h5").write_text("hello")
+    with pytest.raises(InputError, match="text.h5: not an HDF5 file"):
+        MarketStore(tmp_path / "text.h5")
+    with h5py.File(tmp_path / "old.h5", "w") as f:
+        f.attrs["layout_version"] = 0
+    with pytest.raises(InputError, match="old.h5: store layout version 0 is not 1"):
+        MarketStore(tmp_path / "old.h5")
+
+
+def test_reading_validates(tmp_path):
+    path = write_store(tmp_path / "s.h5", INST, [make_day("2024-07-02")])
+    with h5py.File(path, "r+") as f:
+        ask = f["mbp10/2024-07-02/ask_px"]
+        ask[12, 0] = f["mbp10/2024-07-02/bid_px"][12, 0]
+        del f["trades/2024-07-02/side"]
+    with MarketStore(path) as store:
+        with pytest.raises(InputError, match=r"s.h5, group /mbp10/2024-07-02, field bid_px_00, row 12: locked book"):
+            store.read_day("2024-07-02", ("mbp10",))
+        with pytest.raises(InputError, match=r"s.h5, group /trades/2024-07-02, field side: missing dataset"):
+            store.read_day("2024-07-02", ("trades",))
+        with pytest.raises(InputError, match=r"no trading day 2024-07-09 in the store \(it holds 2024-07-02 to 2024-07-02\)"):
+            store.read_day("2024-07-09")
+
+
+def test_require_schemas_names_what_is_missing_and_how_to_import_it(tmp_path):
+    day = make_day("2024-07-02")
+    path = write_store(tmp_path / "s.h5", INST, [MarketDay(day.day, bars=day.bars)])
+    with pytest.raises(MissingDataError) as info:
+        require_schemas(path)
+    message = str(info.value)
+    assert message == (
+        f"{path}: no mbp10 data (add Databento mbp-10 DBN files, or LOBSTER message + orderbook CSV pairs with "
+        f"`fox data import FILES... --out {path}`); no trades data (add Databento trades DBN files, or LOBSTER "
+        f"message + orderbook CSV pairs with `fox data import FILES... --out {path}`). "
+        "Training needs MBP-10 book snapshots and trades on every day."
+    )
+
+    both = write_store(tmp_path / "t.h5", INST, [make_day("2024-07-02"), MarketDay("2024-07-03", mbp10=make_day("2024-07-03").mbp10)])
+    with pytest.raises(MissingDataError, match=r"no trades data on 1 of 2 days \(first 2024-07-03\)"):
+        require_schemas(both)
+    require_schemas(both, ("mbp10",))
+
+
+def test_a_day_of_synthetic_size_writes_and_reads_in_seconds(tmp_path):
+    import time
+
+    n = 250_000
+    day = "2024-07-02"
+    rng = np.random.default_rng(1)
+    open_ns, close_ns = session_bounds(day, INST)
+    ts = np.sort(rng.integers(open_ns, close_ns, n)).astype(np.uint64)
+    bid0 = to_fixed(5000.0) + np.cumsum(rng.integers(-1, 2, n)) * TICK
+    depth = np.arange(10) * TICK
+    sz = rng.integers(1, 100, (n, 10)).astype(np.uint32)
+    k = np.arange(0, n, 10)
+    trades = Trades(ts[k], bid0[k], sz[k, 0], np.ones(k.size, dtype=np.int8))
+    big = MarketDay(day, bars_from_trades(trades), Mbp10(ts, bid0[:, None] - depth, bid0[:, None] + TICK + depth, sz, sz, sz, sz), trades)
+    started = time.perf_counter()
+    path = write_store(tmp_path / "big.h5", INST, [big])
+    with MarketStore(path) as store:
+        got = store.read_day(day)
+    assert time.perf_counter() - started < 5.0
+    assert got.mbp10.ts_event.size == n and got.bars.ts_event[1] - got.bars.ts_event[0] == NS_PER_MINUTE
