@@ -1,1 +1,12 @@
-"""The GPU runtime: the only host<->device path (mapped pinned memory), CUDA graphs, the ISV signal bus."""
+"""The GPU runtime: the only host<->device path (mapped pinned memory), CUDA graphs, the ISV signal bus.
+
+    runtime   simulator or GPU, streams, array addresses
+    launch    launch helpers: grids from element counts, explicit stream, argument checks, launch traces
+    memory    Mapped (mapped pinned) buffers, typed constructors, device arrays, device-to-device copies
+    staging   Stager: bulk uploads and downloads through double-buffered mapped chunks
+    control   ControlBlock: per-step scalars (step, seed, lr_eff, clip_eff, tau_eff, eps) for graphs
+    graphs    StepGraph: a step body captured into a CUDA graph and replayed, or run eagerly
+    isv       the ISV slot table, its fingerprint and generated docs (ISV_SLOTS.md), IsvBus
+    rng       xoroshiro128+ generator states built on the host
+    timing    named regions and kernels timed with CUDA events (wall clock under the simulator)
+"""

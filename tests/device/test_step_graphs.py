@@ -1,0 +1,156 @@
+"""StepGraph: capture vs eager equality, per-step scalars seen under replay, refusal of frozen values.
+
+Under the simulator every replay runs eagerly (same code path as RunConfig.graphs=False on the GPU);
+with NUMBA_ENABLE_CUDASIM=0 the same tests replay captured CUDA graphs.
+"""
+
+import numpy as np
+import pytest
+from conftest import ON_SIMULATOR, gpu_only
+
+from fox_numba.device.control import ControlBlock
+from fox_numba.device.graphs import GraphError, StepGraph
+from fox_numba.device.launch import i32, launch
+from fox_numba.device.memory import copy_device, device_empty
+from fox_numba.device.runtime import new_stream
+from fox_numba.device.staging import Stager
+from fox_numba.kernels.elementwise import axpy_f32, scale_f32
+from fox_numba.kernels.optim import polyak_update
+
+N = 256
+
+
+@pytest.fixture()
+def stream():
+    return new_stream()
+
+
+@pytest.fixture()
+def stager(stream):
+    return Stager(stream, chunk_bytes=1 << 12)
+
+
+def seeded(seed, n=N):
+    return np.random.default_rng(seed).standard_normal(n).astype(np.float32)
+
+
+def make_step(stager, stream, use_graph):
+    """A small training-like step: Polyak toward `online` at tau_eff, then online += 0.5 * scratch."""
+    target, online = stager.upload_new(seeded(1)), stager.upload_new(seeded(2))
+    scratch = device_empty(N, np.float32)
+    ctl = ControlBlock()
+
+    def body(s):
+        ctl.upload(s)
+        launch(polyak_update, N, target, online, ctl.device, i32(N), stream=s)
+        copy_device(scratch, target, stream=s)
+        launch(scale_f32, N, scratch, np.float32(0.5), i32(N), stream=s)
+        launch(axpy_f32, N, online, np.float32(-0.25), scratch, i32(N), stream=s)
+
+    return StepGraph("train", body, stream, use_graph=use_graph), ctl, target, online
+
+
+TAUS = [0.5, 0.125, 0.25, 0.0625, 1.0]
+
+
+def reference(taus):
+    t, o = seeded(1).astype(np.float64), seeded(2).astype(np.float64)
+    for tau in taus:
+        t = t + tau * (o - t)
+        o = o - 0.25 * (0.5 * t)
+    return t, o
+
+
+def test_graph_replay_equals_eager_replay(stager, stream):
+    runs = {}
+    for use_graph in (True, False):
+        step, ctl, target, online = make_step(stager, stream, use_graph)
+        for k, tau in enumerate(TAUS):
+            ctl.set(step=k, tau_eff=np.float32(tau))
+            step.replay()
+        stream.synchronize()
+        runs[use_graph] = (stager.download(target), stager.download(online), step.mode)
+    assert runs[False][2] == "eager"
+    assert runs[True][2] == ("eager" if ON_SIMULATOR else "graph")
+    np.testing.assert_array_equal(runs[True][0], runs[False][0])
+    np.testing.assert_array_equal(runs[True][1], runs[False][1])
+
+
+def test_replayed_step_sees_per_step_values_changed_between_replays(stager, stream):
+    step, ctl, target, online = make_step(stager, stream, use_graph=True)
+    for k, tau in enumerate(TAUS):
+        ctl.set(step=k, tau_eff=np.float32(tau))
+        step.replay()
+    t_ref, o_ref = reference(TAUS)
+    np.testing.assert_allclose(stager.download(target), t_ref, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(stager.download(online), o_ref, rtol=1e-5, atol=1e-6)
+    # a step that ignored the changes (frozen at the first tau) would land far away
+    t_frozen, _ = reference([TAUS[0]] * len(TAUS))
+    assert np.abs(stager.download(target) - t_frozen).max() > 1e-2
+
+
+@gpu_only("graphs are captured only on the GPU")
+def test_graph_is_captured_with_one_node_per_launch(stager, stream):
+    step, ctl, _, _ = make_step(stager, stream, use_graph=True)
+    ctl.set(tau_eff=np.float32(0.5))
+    step.replay()
+    assert step.mode == "eager"
+    step.replay()
+    assert step.mode == "graph" and step.graph_nodes == len(step.launches) == 5
+
+
+def test_a_scalar_argument_that_changes_is_refused(stager, stream):
+    x = stager.upload_new(seeded(3))
+    tau = [np.float32(0.5)]
+
+    def body(s):
+        launch(scale_f32, N, x, tau[0], i32(N), stream=s)
+
+    step = StepGraph("frozen", body, stream, use_graph=True)
+    step.replay()
+    tau[0] = np.float32(0.25)
+    with pytest.raises(GraphError, match="argument 1 changed between replays.*ControlBlock"):
+        step.replay()
+
+
+def test_an_array_allocated_per_replay_is_refused(stream):
+    def body(s):
+        x = device_empty(N, np.float32)
+        launch(scale_f32, N, x, np.float32(0.5), i32(N), stream=s)
+
+    step = StepGraph("realloc", body, stream, use_graph=True)
+    step.replay()
+    with pytest.raises(GraphError, match="another array"):
+        step.replay()
+
+
+def test_a_changing_launch_sequence_is_refused(stager, stream):
+    x = stager.upload_new(seeded(4))
+    count = [1]
+
+    def body(s):
+        for _ in range(count[0]):
+            launch(scale_f32, N, x, np.float32(0.5), i32(N), stream=s)
+
+    step = StepGraph("grows", body, stream, use_graph=True)
+    step.replay()
+    count[0] = 2
+    with pytest.raises(GraphError, match="made 2 launches, the first made 1"):
+        step.replay()
+
+
+def test_reading_the_control_block_before_uploading_it_is_refused(stager, stream):
+    target, online = stager.upload_new(seeded(5)), stager.upload_new(seeded(6))
+    ctl = ControlBlock()
+
+    def body(s):
+        launch(polyak_update, N, target, online, ctl.device, i32(N), stream=s)
+        ctl.upload(s)
+
+    with pytest.raises(GraphError, match="has not uploaded yet"):
+        StepGraph("late_upload", body, stream, use_graph=True).replay()
+
+
+def test_an_empty_body_is_refused(stream):
+    with pytest.raises(GraphError, match="launched no kernel"):
+        StepGraph("empty", lambda s: None, stream, use_graph=False).replay()
