@@ -29,6 +29,7 @@ from fox_numba.io import atomic_path
 FORMAT = "fox_numba.checkpoint/1"
 _META_KEY = "__meta__"
 _SAVEZ_ARGUMENTS = ("file", "allow_pickle")  # keyword names np.savez keeps for itself
+_HEADER_KEYS = ("isv_fingerprint", "isv_total_dim", "layout", "layout_fingerprint", "meta")
 
 Layout = dict[str, tuple[tuple[int, ...], str]]
 
@@ -94,8 +95,12 @@ def _read(path: Path) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
             arrays = {k: npz[k] for k in npz.files if k != _META_KEY}
     except (zipfile.BadZipFile, ValueError, OSError, EOFError) as e:
         raise InputError(path, f"not a readable checkpoint ({type(e).__name__}: {e})") from None
-    if header.get("format") != FORMAT:
-        raise InputError(path, f"checkpoint format {header.get('format')!r}, this build reads {FORMAT!r}")
+    if not isinstance(header, dict) or header.get("format") != FORMAT:
+        found = header.get("format") if isinstance(header, dict) else None
+        raise InputError(path, f"checkpoint format {found!r}, this build reads {FORMAT!r}")
+    missing = [key for key in _HEADER_KEYS if key not in header]
+    if missing:
+        raise InputError(path, f"the checkpoint header lacks {missing} (damaged file)", field=_META_KEY)
     return header, arrays
 
 

@@ -21,7 +21,7 @@ from typing import Annotated, NoReturn
 import typer
 from rich.console import Console
 
-from fox_numba.config import PRESETS, FoxConfig, load_config
+from fox_numba.config import PRESETS, FoxConfig, load_config, toml_literal
 from fox_numba.errors import FoxError, NotAvailableError
 from fox_numba.market.default import default_definition_path, default_store_path, resolve_store
 from fox_numba.market.importer import FORMATS, import_market
@@ -51,12 +51,19 @@ PresetOpt = Annotated[
 ]
 ConfigOpt = Annotated[
     Path | None,
-    typer.Option("--config", "-c", help="TOML file applied over the preset (tables named for the sections, e.g. \\[learner] lr = 3e-4)."),
+    typer.Option(
+        "--config",
+        "-c",
+        help="TOML file applied over the preset (tables named for the sections, e.g. \\[learner] lr = 3e-4).",
+    ),
 ]
 SetOpt = Annotated[
     list[str] | None,
     typer.Option(
-        "--set", "-s", metavar="SECTION.FIELD=VALUE", help="Override one field, e.g. --set learner.lr=3e-4 (repeatable; applied last)."
+        "--set",
+        "-s",
+        metavar="SECTION.FIELD=VALUE",
+        help="Override one field, e.g. --set learner.lr=3e-4 (repeatable; applied last).",
     ),
 ]
 StoreOpt = Annotated[
@@ -69,7 +76,7 @@ def resolve_config(
     preset: str, config: Path | None, overrides: list[str] | None, store: str | None = None
 ) -> FoxConfig:
     """Preset, then TOML file, then `--store`, then `--set` overrides (the last word wins)."""
-    extra = [f'market.store="{store}"'] if store is not None else []
+    extra = [f"market.store={toml_literal(store)}"] if store is not None else []
     return load_config(preset, config, extra + list(overrides or []))
 
 
@@ -140,16 +147,30 @@ def data_import(
     ] = "auto",
     instrument: Annotated[
         str | None,
-        typer.Option(help="Databento instrument to import, by raw symbol (ESU4) or instrument_id (default: the one with the most records)."),
+        typer.Option(
+            help="Databento instrument to import, by raw symbol (ESU4) or instrument_id "
+            "(default: the one with the most records)."
+        ),
     ] = None,
-    symbol: Annotated[str | None, typer.Option(help="Store symbol (default: the contract root, e.g. ES, or the LOBSTER ticker).")] = None,
-    tick_size: Annotated[float | None, typer.Option(help="Tick size in price units (default: ES 0.25, stocks 0.01).")] = None,
-    point_value: Annotated[float | None, typer.Option(help="Dollars per price unit per contract (default: ES 50, stocks 1).")] = None,
+    symbol: Annotated[
+        str | None, typer.Option(help="Store symbol (default: the contract root, e.g. ES, or the LOBSTER ticker).")
+    ] = None,
+    tick_size: Annotated[
+        float | None, typer.Option(help="Tick size in price units (default: ES 0.25, stocks 0.01).")
+    ] = None,
+    point_value: Annotated[
+        float | None, typer.Option(help="Dollars per price unit per contract (default: ES 50, stocks 1).")
+    ] = None,
     timezone: Annotated[str | None, typer.Option(help="Exchange time zone (default America/New_York).")] = None,
     session_open: Annotated[str | None, typer.Option(help="Regular session open, HH:MM local (default 09:30).")] = None,
-    session_close: Annotated[str | None, typer.Option(help="Regular session close, HH:MM local (default 16:00).")] = None,
+    session_close: Annotated[
+        str | None, typer.Option(help="Regular session close, HH:MM local (default 16:00).")
+    ] = None,
     day_roll: Annotated[
-        str | None, typer.Option(help="Local time from which events count for the next trading day (default: futures 18:00, stocks 24:00).")
+        str | None,
+        typer.Option(
+            help="Local time from which events count for the next trading day (default: futures 18:00, stocks 24:00)."
+        ),
     ] = None,
 ) -> None:
     """Import Databento DBN (mbp-10, trades, ohlcv-1m) or LOBSTER files into a market store."""
@@ -234,9 +255,13 @@ def profile(
 
 
 def main() -> None:
-    """Entry point of `fox`: a `FoxError` becomes a one-line message and its exit code, no traceback."""
+    """Entry point of `fox`: a `FoxError` becomes a one-line message and its exit code, no traceback;
+    so does an operating-system error (an unwritable output folder, a full disk), which names the path."""
     try:
         app()
     except FoxError as e:
         typer.echo(f"fox: error: {e}", err=True)
         sys.exit(e.exit_code)
+    except OSError as e:
+        typer.echo(f"fox: error: {e}", err=True)
+        sys.exit(1)

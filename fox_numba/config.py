@@ -11,7 +11,7 @@ adaptive multipliers) live beside the code that owns them, not here.
 
 from __future__ import annotations
 
-import dataclasses
+import json
 import math
 import tomllib
 from dataclasses import dataclass, field, fields
@@ -23,7 +23,7 @@ from fox_numba.io import atomic_write_text
 
 
 def opt(default: Any, help: str) -> Any:
-    """A config field: its default and the help text shown by `fox ... --help` and the docs table."""
+    """A config field: its default and its help text (written above the field in every `config.toml`)."""
     return field(default=default, metadata={"help": help})
 
 
@@ -145,7 +145,7 @@ PRESETS: dict[str, dict[str, Any]] = {
 
 
 def field_help(section: str, name: str) -> str:
-    """The help text of one field (`fox` options and the generated docs use it)."""
+    """The help text of one field (`section.field`), a ConfigError for an unknown name."""
     for f in fields(_section_type(section)):
         if f.name == name:
             return f.metadata["help"]
@@ -158,8 +158,13 @@ def _section_type(section: str) -> type:
     return get_type_hints(FoxConfig)[section]
 
 
-def _coerce(key: str, value: Any, kind: type) -> Any:
-    """Check `value` against the field's type; ints are accepted for float fields."""
+def coerce(key: str, value: Any, kind: Any) -> Any:
+    """`value` checked against the field type `kind` (int, float, bool, str or list[float]); `key` names the
+    field in the error. Ints are accepted for floats; floats must be finite; a bool is not an int."""
+    if kind == list[float]:
+        if not isinstance(value, list):
+            raise ConfigError(f"{key}: expected a list of numbers, got {type(value).__name__} {value!r}")
+        return [coerce(f"{key}[{i}]", v, float) for i, v in enumerate(value)]
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)
     if kind is float and isinstance(value, float) and not math.isfinite(value):
@@ -167,6 +172,20 @@ def _coerce(key: str, value: Any, kind: type) -> Any:
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
         raise ConfigError(f"{key}: expected {kind.__name__}, got {type(value).__name__} {value!r}")
     return value
+
+
+def read_toml(path: str | Path, what: str) -> dict[str, Any]:
+    """The parsed TOML file at `path`; a missing, unreadable or malformed file is a ConfigError naming it
+    (`what` says what the file is, e.g. "config file")."""
+    path = Path(path)
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: {what} not found") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path}: cannot read the {what} ({e})") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: not valid TOML: {e}") from None
 
 
 def set_value(cfg: FoxConfig, key: str, value: Any) -> None:
@@ -177,7 +196,7 @@ def set_value(cfg: FoxConfig, key: str, value: Any) -> None:
     if name not in hints:
         known = ", ".join(hints)
         raise ConfigError(f"config section '{section}' has no field '{name}' (fields: {known})")
-    setattr(getattr(cfg, section), name, _coerce(key, value, hints[name]))
+    setattr(getattr(cfg, section), name, coerce(key, value, hints[name]))
 
 
 def parse_override(text: str) -> tuple[str, Any]:
@@ -214,26 +233,21 @@ def load_config(
     for key, value in PRESETS[preset].items():
         set_value(cfg, key, value)
     if path is not None:
-        path = Path(path)
-        try:
-            data = tomllib.loads(path.read_text())
-        except FileNotFoundError:
-            raise ConfigError(f"{path}: config file not found") from None
-        except tomllib.TOMLDecodeError as e:
-            raise ConfigError(f"{path}: not valid TOML: {e}") from None
-        apply_mapping(cfg, data, str(path))
+        apply_mapping(cfg, read_toml(path, "config file"), str(path))
     for text in overrides or []:
         set_value(cfg, *parse_override(text))
     return cfg
 
 
-def _toml_value(value: Any) -> str:
+def toml_literal(value: bool | int | float | str) -> str:
+    """`value` written as a TOML literal (strings quoted and escaped)."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, (int, float)):
         return repr(value)
     if isinstance(value, str):
-        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        # A JSON string is a TOML basic string, once DEL (which TOML also requires escaped) is escaped.
+        return json.dumps(value, ensure_ascii=False).replace("\x7f", "\\u007f")
     raise TypeError(f"cannot write {type(value).__name__} to TOML")
 
 
@@ -245,13 +259,9 @@ def to_toml(cfg: FoxConfig) -> str:
         sec = getattr(cfg, section)
         for f in fields(sec):
             lines.append(f"# {f.metadata['help']}")
-            lines.append(f"{f.name} = {_toml_value(getattr(sec, f.name))}")
+            lines.append(f"{f.name} = {toml_literal(getattr(sec, f.name))}")
         lines.append("")
     return "\n".join(lines)
-
-
-def to_dict(cfg: FoxConfig) -> dict[str, dict[str, Any]]:
-    return dataclasses.asdict(cfg)
 
 
 def write_config(cfg: FoxConfig, path: str | Path) -> Path:

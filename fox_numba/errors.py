@@ -39,7 +39,7 @@ class InputError(FoxError):
             where.append(f"field {field}")
         if row is not None:
             where.append(f"row {row}")
-        super().__init__(f"{': '.join([', '.join(where), message])}")
+        super().__init__(f"{', '.join(where)}: {message}")
 
 
 class ConfigError(FoxError):

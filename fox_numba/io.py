@@ -27,7 +27,7 @@ def atomic_path(target: str | Path) -> Iterator[Path]:
 
 
 def atomic_write_text(target: str | Path, text: str) -> Path:
-    """Write `text` to `target` atomically and return the path."""
+    """Write `text` (UTF-8) to `target` atomically and return the path."""
     with atomic_path(target) as tmp:
-        tmp.write_text(text)
+        tmp.write_text(text, encoding="utf-8")
     return Path(target)

@@ -1,7 +1,9 @@
 """Test setup: the CUDA simulator is switched on here, before anything imports numba.
 
-Set NUMBA_ENABLE_CUDASIM=0 in the environment to run the same tests on a real GPU; tests that need one
-are marked `gpu_only` and skipped under the simulator with the reason.
+Set NUMBA_ENABLE_CUDASIM=0 in the environment to run the same tests on a real GPU. A test that needs one
+is marked `@pytest.mark.gpu_only("what the simulator cannot do")` and skipped under the simulator with
+that reason. Test modules read `fox_numba.device.runtime.SIMULATOR`, never this file: pytest imports every
+conftest.py as a module named `conftest`, so `from conftest import ...` finds whichever was loaded last.
 """
 
 import os
@@ -17,6 +19,14 @@ import pytest  # noqa: E402
 ON_SIMULATOR = os.environ["NUMBA_ENABLE_CUDASIM"] not in ("", "0")
 
 
-def gpu_only(reason: str) -> pytest.MarkDecorator:
-    """Skip a test under the simulator, saying what the simulator cannot do that the test needs."""
-    return pytest.mark.skipif(ON_SIMULATOR, reason=f"needs a real GPU: {reason}")
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "gpu_only(reason): needs a real GPU; skipped under the CUDA simulator")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    if not ON_SIMULATOR:
+        return
+    for item in items:
+        marker = item.get_closest_marker("gpu_only")
+        if marker is not None:
+            item.add_marker(pytest.mark.skip(reason=f"needs a real GPU: {marker.args[0]}"))

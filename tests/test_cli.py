@@ -7,7 +7,7 @@ import sys
 import pytest
 from typer.testing import CliRunner
 
-from fox_numba.cli import app
+from fox_numba.cli import app, resolve_config
 from fox_numba.market import default
 from fox_numba.market.store import write_store
 from fox_numba.market.synthetic import generate
@@ -41,6 +41,12 @@ def test_every_command_explains_itself(command):
     assert "Usage:" in result.output
     # The command's one-line description is shown, not just the usage line.
     assert len([line for line in result.output.splitlines() if line.strip()]) > 4
+
+
+@pytest.mark.parametrize("store", ["plain.h5", r"C:\data\es.h5", 'a "quoted" name.h5', "tab\there.h5"])
+def test_store_option_reaches_the_config_verbatim(store):
+    assert resolve_config("smoke", None, None, store).market.store == store
+    assert resolve_config("smoke", None, ["market.store=other.h5"], store).market.store == "other.h5"  # --set last
 
 
 def run_fox(*args: str) -> subprocess.CompletedProcess[str]:
@@ -95,3 +101,12 @@ def test_stages_refuse_a_missing_store(tmp_path):
     proc = run_fox("train", "--store", str(tmp_path / "nope.h5"))
     assert proc.returncode == 1
     assert proc.stderr.startswith(f"fox: error: {tmp_path / 'nope.h5'}: market store not found")
+
+
+def test_unwritable_output_is_one_line_not_a_traceback(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    proc = run_fox("data", "synth", "--days", "1", "--out", str(blocker / "market.h5"))
+    assert proc.returncode == 1
+    assert proc.stderr.startswith("fox: error: ") and str(blocker) in proc.stderr
+    assert "Traceback" not in proc.stderr

@@ -78,6 +78,14 @@ def test_bad_file_names_the_file(tmp_path):
         load_config(path=tmp_path / "missing.toml")
 
 
+def test_unreadable_file_is_a_config_error(tmp_path):
+    with pytest.raises(ConfigError, match="cannot read the config file"):
+        load_config(path=tmp_path)  # a folder
+    (tmp_path / "latin1.toml").write_bytes(b"[run]\nname = '\xe9'\n")
+    with pytest.raises(ConfigError, match="latin1.toml: cannot read the config file"):
+        load_config(path=tmp_path / "latin1.toml")
+
+
 def test_unknown_preset():
     with pytest.raises(ConfigError, match="unknown preset 'huge'"):
         load_config("huge")
@@ -85,6 +93,7 @@ def test_unknown_preset():
 
 def test_written_config_reads_back_identically(tmp_path):
     cfg = load_config("smoke", overrides=['market.store="a \\"quoted\\" path.h5"', "learner.lr=1.25e-5"])
+    cfg.run.name = "line\nbreak, tab\t, back\\slash, del\x7f, é"  # every character TOML makes us escape
     path = write_config(cfg, tmp_path / "run" / "config.toml")
     assert load_config("default", path) == cfg
     assert "# Adam base learning rate" in path.read_text()

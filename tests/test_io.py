@@ -9,10 +9,9 @@ from fox_numba.io import atomic_path, atomic_write_text
 def test_interrupted_write_keeps_previous_file(tmp_path):
     target = tmp_path / "store.h5"
     atomic_write_text(target, "old")
-    with pytest.raises(RuntimeError, match="half-way"):
-        with atomic_path(target) as tmp:
-            tmp.write_text("new, partial")
-            raise RuntimeError("failed half-way")
+    with pytest.raises(RuntimeError, match="half-way"), atomic_path(target) as tmp:
+        tmp.write_text("new, partial")
+        raise RuntimeError("failed half-way")
     assert target.read_text() == "old"
     assert [p.name for p in tmp_path.iterdir()] == ["store.h5"]
 

@@ -12,13 +12,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import ON_SIMULATOR
 from numba import cuda
 
+from fox_numba.device.runtime import SIMULATOR
 from fox_numba.kernels import registry
+from fox_numba.kernels.compile_check import EXIT_NO_TOOLKIT
 
 FIXTURES = Path(__file__).parent / "compile_fixtures"
-EXIT_NO_TOOLKIT = 3
 
 
 def run_compile_check(*extra: Path) -> subprocess.CompletedProcess[str]:
@@ -43,7 +43,7 @@ def test_every_package_kernel_compiles_for_sm90():
     assert "sm_90: OK" in proc.stdout
 
 
-@pytest.mark.skipif(not ON_SIMULATOR, reason="shows what the simulator accepts; a real GPU rejects the kernel")
+@pytest.mark.skipif(not SIMULATOR, reason="shows what the simulator accepts; a real GPU rejects the kernel")
 def test_the_simulator_runs_the_bad_kernel(monkeypatch):
     monkeypatch.setattr(registry, "KERNELS", dict(registry.KERNELS))  # keep the fixture out of the registry
     spec = importlib.util.spec_from_file_location("bad_return", FIXTURES / "bad_return.py")

@@ -19,13 +19,15 @@ the per-step host cost a training loop pays.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
 import statistics
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
@@ -77,8 +79,6 @@ def machine() -> dict[str, Any]:
         "platform": platform.platform(),
     }
     try:
-        from importlib.metadata import version
-
         info["numba_cuda"] = version("numba-cuda")
     except Exception as e:  # the distribution metadata may be absent when run from a source tree
         info["numba_cuda"] = f"unknown ({type(e).__name__})"
@@ -109,10 +109,10 @@ def bench_staging(mib: int, chunk_mibs: list[int], warmup: int, iters: int) -> d
     res["upload_stager_64MiB"] = bandwidth(nbytes, upload)
     res["upload_verified_every_element"] = bool(np.array_equal(stager.download(dst), host))
     for chunk in chunk_mibs:
-        s = Stager(stream, chunk_bytes=chunk << 20)
-        upload = timed(lambda: s.upload(host, dst), stream, 1, iters)
+        chunked = Stager(stream, chunk_bytes=chunk << 20)
+        upload = timed(functools.partial(chunked.upload, host, dst), stream, 1, iters)
         res[f"upload_stager_{chunk}MiB"] = bandwidth(nbytes, upload)
-        del s
+        del chunked  # free its mapped chunks before the next size
 
     mapped = Mapped(n, np.float32)
     res["host_memcpy_into_mapped_1_thread"] = bandwidth(
@@ -311,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     command = "python3 tools/bench_device.py " + " ".join(argv if argv is not None else sys.argv[1:])
 
-    info = {"date_utc": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M"), **machine()}
+    info = {"date_utc": datetime.now(UTC).strftime("%Y-%m-%d %H:%M"), **machine()}
     staging = bench_staging(args.mib, args.chunk_mibs, args.warmup, args.iters)
     launches = bench_launches(args.kernels, args.elements, args.warmup, args.iters)
     control = bench_control_step(10, args.elements, args.control_steps)

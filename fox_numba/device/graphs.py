@@ -42,7 +42,7 @@ def _describe_difference(step: str, replay: int, pos: int, ref: LaunchRecord, go
             f"{where}: grid/block {got.grid}/{got.block} differ from the first replay's "
             f"{ref.grid}/{ref.block}"
         )
-    for i, (a, b) in enumerate(zip(ref.args, got.args)):
+    for i, (a, b) in enumerate(zip(ref.args, got.args, strict=False)):
         if a != b:
             if a[0] == "array":
                 return (
@@ -125,7 +125,7 @@ class StepGraph:
                     f"{self.name}: replay {self.replays + 1} made {len(trace.launches)} launches, the first "
                     f"made {len(ref.launches)}; a graph replays the first sequence"
                 )
-            for pos, (a, b) in enumerate(zip(ref.launches, trace.launches)):
+            for pos, (a, b) in enumerate(zip(ref.launches, trace.launches, strict=True)):
                 if a != b:
                     raise GraphError(_describe_difference(self.name, self.replays + 1, pos, a, b))
         return trace

@@ -121,7 +121,7 @@ class _Kernel:
     """What a launch needs to know about a registered kernel, looked up once per kernel."""
 
     name: str
-    short: str
+    short: str  # `elementwise.fill_f32` for `fox_numba.kernels.elementwise.fill_f32`: the timer's name
     signatures: tuple[tuple[Any, ...], ...]
     dtype_keys: frozenset[tuple[tuple[Any, ...], ...]]
 
@@ -139,11 +139,6 @@ def _kernel(kernel: Any) -> _Kernel:
         keys = frozenset(tuple(_dtype_key(t) for t in sig) for sig in spec.signatures)
         known = _KNOWN[kernel] = _Kernel(name, name.removeprefix("fox_numba.kernels."), spec.signatures, keys)
     return known
-
-
-def short_name(kernel: Any) -> str:
-    """`elementwise.fill_f32` for `fox_numba.kernels.elementwise.fill_f32`."""
-    return _kernel(kernel).short
 
 
 def _check_args(k: _Kernel, args: tuple[Any, ...]) -> None:

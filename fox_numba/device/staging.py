@@ -15,6 +15,7 @@ about 55 GB/s, and the threaded, double-buffered upload of 64 MiB chunks reaches
 
 from __future__ import annotations
 
+import itertools
 import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -61,7 +62,7 @@ class Stager:
             dst[:] = src
             return
         bounds = [n * k // parts for k in range(parts + 1)]
-        for f in [self._pool.submit(_copy_slice, dst, src, a, b) for a, b in zip(bounds, bounds[1:])]:
+        for f in [self._pool.submit(_copy_slice, dst, src, a, b) for a, b in itertools.pairwise(bounds)]:
             f.result()
 
     def _check(self, host: np.ndarray, dev: Any) -> None:
@@ -106,6 +107,8 @@ class Stager:
         out_bytes = out.reshape(-1).view(np.uint8)
         src_bytes = _flat_bytes_device(src)
         chunks = self._chunks(out_bytes.size)
+        if not chunks:
+            return out
 
         def drain(k: int) -> None:
             start, stop = chunks[k]

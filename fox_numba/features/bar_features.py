@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-from datetime import date, datetime, time
-from zoneinfo import ZoneInfo
-
 import numpy as np
 
 from fox_numba.features.lookback import rolling_sum, window_start
 from fox_numba.features.names import RETURN_LAGS, VOL_BARS
+from fox_numba.market.calendar import session_bounds
 from fox_numba.market.schema import NS_PER_MINUTE, Instrument
 
 
@@ -32,20 +30,8 @@ def range_feature(high: np.ndarray, low: np.ndarray, mid: np.ndarray) -> dict[st
     return {"range_rel": (high - low) / mid}
 
 
-def session_bounds_ns(day: str, instrument: Instrument) -> tuple[int, int]:
-    """Session open and close of a trading day as ns since the epoch (UTC), from the local session hours."""
-    tz = ZoneInfo(instrument.timezone)
-    d = date.fromisoformat(day)
-    bounds = (
-        datetime.combine(d, time.fromisoformat(hhmm), tzinfo=tz)
-        for hhmm in (instrument.session_open, instrument.session_close)
-    )
-    open_ns, close_ns = (int(b.timestamp()) * 1_000_000_000 for b in bounds)
-    return open_ns, close_ns
-
-
 def session_features(bar_ts: np.ndarray, day: str, instrument: Instrument) -> dict[str, np.ndarray]:
     """Time of day at each bar's end (int64 ns bar starts) as a session fraction and on the unit circle."""
-    open_ns, close_ns = session_bounds_ns(day, instrument)
+    open_ns, close_ns = session_bounds(day, instrument)
     frac = (bar_ts + NS_PER_MINUTE - open_ns) / (close_ns - open_ns)
     return {"tod_sin": np.sin(2 * np.pi * frac), "tod_cos": np.cos(2 * np.pi * frac), "session_frac": frac}

@@ -26,6 +26,11 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from fox_numba.kernels.registry import KERNELS, kernel_name
+
+# numba is imported inside the functions, after the simulator check: under NUMBA_ENABLE_CUDASIM,
+# `numba.cuda` is the simulator, which has neither the dispatcher nor NVVM this check needs.
+
 EXIT_OK, EXIT_FAILED, EXIT_NO_TOOLKIT, EXIT_SIMULATOR = 0, 1, 3, 4
 
 
@@ -79,9 +84,9 @@ def _kernels_defined_in(module: ModuleType) -> list[Any]:
 
     found = []
     for value in vars(module).values():
-        if isinstance(value, CUDADispatcher) and not value.targetoptions.get("device", False):
-            if value.py_func.__module__ == module.__name__:
-                found.append(value)
+        is_kernel = isinstance(value, CUDADispatcher) and not value.targetoptions.get("device", False)
+        if is_kernel and value.py_func.__module__ == module.__name__:
+            found.append(value)
     return found
 
 
@@ -99,8 +104,6 @@ def run(cc: tuple[int, int], extra: list[Path], out: Any = sys.stdout) -> int:
         return EXIT_NO_TOOLKIT
 
     from numba import cuda
-
-    from fox_numba.kernels.registry import KERNELS, kernel_name
 
     modules = _import_package_modules("fox_numba") + [_import_file(p) for p in extra]
     failures: list[str] = []

@@ -36,11 +36,12 @@ KERNELS: dict[str, KernelSpec] = {}
 
 
 def kernel_py_func(kernel: Any) -> Callable[..., Any]:
-    """The Python function behind a CUDA dispatcher (GPU) or a simulator kernel."""
-    func = getattr(kernel, "py_func", None) or getattr(kernel, "fn", None)
-    if func is None:
-        raise TypeError(f"{kernel!r} is not a numba CUDA kernel")
-    return func
+    """The Python function behind a CUDA kernel (the GPU dispatcher and the simulator's kernel both have
+    `py_func`)."""
+    try:
+        return kernel.py_func
+    except AttributeError:
+        raise TypeError(f"{kernel!r} is not a numba CUDA kernel") from None
 
 
 def kernel_name(kernel: Any) -> str:

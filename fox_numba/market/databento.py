@@ -42,9 +42,20 @@ import numpy as np
 
 from fox_numba.errors import InputError
 from fox_numba.market.calendar import assign_days, day_bounds
-from fox_numba.market.schema import SIDE_BUY, SIDE_NONE, SIDE_SELL, Bars, Instrument, MarketDay, Mbp10, Trades
+from fox_numba.market.schema import (
+    DTYPES,
+    N_LEVELS,
+    SIDE_BUY,
+    SIDE_NONE,
+    SIDE_SELL,
+    Bars,
+    Instrument,
+    MarketDay,
+    Mbp10,
+    Trades,
+)
 from fox_numba.market.sources import Sourced, bars_sourced, concat, unchanged_book_rows, validate_sourced
-from fox_numba.market.validate import UNDEF_TIMESTAMP
+from fox_numba.market.validate import BOOK_FIELDS
 
 DBN_SCHEMAS = {"mbp-10": "mbp10", "trades": "trades", "ohlcv-1m": "bars"}
 """DBN schemas this importer reads -> store schema."""
@@ -57,9 +68,15 @@ _MBP = [
     ("price", "<i8"), ("size", "<u4"), ("action", "S1"), ("side", "S1"), ("flags", "u1"), ("depth", "u1"),
     ("ts_recv", "<u8"), ("ts_in_delta", "<i4"), ("sequence", "<u4"),
 ]  # fmt: skip
-_LEVEL = [("bid_px", "<i8"), ("ask_px", "<i8"), ("bid_sz", "<u4"), ("ask_sz", "<u4"), ("bid_ct", "<u4"), ("ask_ct", "<u4")]
+_LEVEL = [
+    ("bid_px", "<i8"), ("ask_px", "<i8"), ("bid_sz", "<u4"), ("ask_sz", "<u4"), ("bid_ct", "<u4"), ("ask_ct", "<u4"),
+]  # fmt: skip
 _OHLCV = [("open", "<i8"), ("high", "<i8"), ("low", "<i8"), ("close", "<i8"), ("volume", "<u8")]
-RECORD_FIELDS = {"mbp10": _HEADER + _MBP + [("levels", _LEVEL, (10,))], "trades": _HEADER + _MBP, "bars": _HEADER + _OHLCV}
+RECORD_FIELDS = {
+    "mbp10": _HEADER + _MBP + [("levels", _LEVEL, (N_LEVELS,))],
+    "trades": _HEADER + _MBP,
+    "bars": _HEADER + _OHLCV,
+}
 """DBN record layouts (identical in DBN versions 1-3): MBP-10 368 B, trades 48 B, OHLCV 56 B."""
 RTYPES = {"mbp10": 0x0A, "trades": 0x00, "bars": 0x21}
 _ORDER = {"mbp10": 0, "trades": 1, "bars": 2}
@@ -157,15 +174,18 @@ class DatabentoImport:
         selected = np.flatnonzero(np.isin(records["instrument_id"], ids))
         if selected.size == 0:
             present = sorted({f.names.get(int(i), str(i)) for i in np.unique(records["instrument_id"])})
-            raise InputError(f.path, f"no records for instrument {self.name} (the file holds {', '.join(present) or 'none'})")
+            held = ", ".join(present) or "none"
+            raise InputError(f.path, f"no records for instrument {self.name} (the file holds {held})")
         rec = records[selected]
         label = f"{f.dbn_schema} {self.name}"
         ts = rec["ts_event"]
-        undefined = (ts == 0) | (ts == UNDEF_TIMESTAMP)
+        # 0 and UNDEF_TIMESTAMP mark an undefined time; past int64 (year 2262) no trading day can hold it.
+        undefined = (ts == 0) | (ts > np.uint64(np.iinfo(np.int64).max))
         if undefined.any():
-            raise InputError(f.path, "undefined ts_event", group=label, field="ts_event", row=int(selected[np.argmax(undefined)]))
+            row = int(selected[np.argmax(undefined)])
+            raise InputError(f.path, "undefined ts_event", group=label, field="ts_event", row=row)
         if f.schema == "bars":
-            return Sourced.one_file(Bars(**{c: rec[c] for c in ("ts_event", "open", "high", "low", "close", "volume")}), f.path, selected)
+            return Sourced.one_file(Bars(**{c: rec[c] for c in DTYPES["bars"]}), f.path, selected)
         flags = rec["flags"]
         self.counts["bad_ts_recv"] += int(np.count_nonzero(flags & dbn.F_BAD_TS_RECV))
         keep = _mbp10_keep(rec, self.counts) if f.schema == "mbp10" else _trades_keep(flags, self.counts)
@@ -173,9 +193,10 @@ class DatabentoImport:
         _check_order(rec["ts_event"], selected, f.path, label)
         if f.schema == "trades":
             side = np.select([rec["side"] == b"B", rec["side"] == b"A"], [SIDE_BUY, SIDE_SELL], SIDE_NONE)
-            return Sourced.one_file(Trades(rec["ts_event"], rec["price"], rec["size"], side.astype(np.int8)), f.path, selected)
+            trades = Trades(rec["ts_event"], rec["price"], rec["size"], side.astype(np.int8))
+            return Sourced.one_file(trades, f.path, selected)
         lv = rec["levels"]
-        book = Mbp10(rec["ts_event"], *(np.ascontiguousarray(lv[c]) for c in ("bid_px", "ask_px", "bid_sz", "ask_sz", "bid_ct", "ask_ct")))
+        book = Mbp10(rec["ts_event"], *(np.ascontiguousarray(lv[c]) for c in BOOK_FIELDS))
         return Sourced.one_file(book, f.path, selected)
 
 
@@ -225,11 +246,13 @@ def read_records(f: DbnFile) -> np.ndarray:
     sizes = np.fromiter((len(b) for b in blobs), dtype=np.int64, count=len(blobs))
     wrong = np.flatnonzero(sizes != dtype.itemsize)
     if wrong.size:
-        raise InputError(f.path, f"record of {sizes[wrong[0]]} bytes, expected {dtype.itemsize} for {f.dbn_schema}", row=int(wrong[0]))
+        message = f"record of {sizes[wrong[0]]} bytes, expected {dtype.itemsize} for {f.dbn_schema}"
+        raise InputError(f.path, message, row=int(wrong[0]))
     records = np.frombuffer(b"".join(blobs), dtype=dtype)
     other = np.flatnonzero(records["rtype"] != RTYPES[f.schema])
     if other.size:
-        raise InputError(f.path, f"record type {records['rtype'][other[0]]:#x} in a {f.dbn_schema} file", field="rtype", row=int(other[0]))
+        message = f"record type {records['rtype'][other[0]]:#x} in a {f.dbn_schema} file"
+        raise InputError(f.path, message, field="rtype", row=int(other[0]))
     return records
 
 

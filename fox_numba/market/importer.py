@@ -125,7 +125,9 @@ def _lobster_pairs(paths: Sequence[Path]) -> list[LobsterPair]:
     return pairs
 
 
-def _lobster_days(pairs: list[LobsterPair], inst: Instrument, progress: Callable[[str], None] | None) -> Iterator[MarketDay]:
+def _lobster_days(
+    pairs: list[LobsterPair], inst: Instrument, progress: Callable[[str], None] | None
+) -> Iterator[MarketDay]:
     for pair in pairs:
         if progress is not None:
             progress(f"reading {pair.message.name}")

@@ -98,7 +98,8 @@ def summary_table(summary: dict) -> Table:
         f"session {inst['session_open']}-{inst['session_close']} {inst['timezone']})",
         title_justify="left",
     )
-    for name in ("day", *SCHEMAS, "first", "last", "spread (ticks)", "top depth", "one-sided", "trades", "volume", "missing min", "max book gap (s)"):
+    stats = ("spread (ticks)", "top depth", "one-sided", "trades", "volume", "missing min", "max book gap (s)")
+    for name in ("day", *SCHEMAS, "first", "last", *stats):
         table.add_column(name, justify="left" if name in ("day", "first", "last") else "right")
     for d in summary["days"]:
         table.add_row(

@@ -20,6 +20,7 @@ Rows in errors are 0-based data rows of the named file (the files have no header
 from __future__ import annotations
 
 import re
+import warnings
 from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
@@ -92,9 +93,13 @@ def read_pair(pair: LobsterPair, instrument: Instrument) -> MarketDay:
 
 def _load(path: Path, n_cols: int, dtype: type) -> np.ndarray:
     try:
-        data = np.loadtxt(path, delimiter=",", dtype=dtype, ndmin=2)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # "input contained no data": refused just below
+            data = np.loadtxt(path, delimiter=",", dtype=dtype, ndmin=2)
     except (OSError, ValueError) as e:
         raise InputError(path, f"not a LOBSTER CSV ({e})") from None
+    if data.shape[0] == 0:
+        raise InputError(path, "the file holds no rows (a day without messages cannot be imported)")
     if data.shape[1] != n_cols:
         raise InputError(path, f"{data.shape[1]} columns, expected {n_cols}", row=0)
     return data
@@ -106,7 +111,8 @@ def _timestamps(seconds: np.ndarray, pair: LobsterPair) -> np.ndarray:
         raise InputError(pair.message, "time is not seconds after midnight", field="time", row=int(np.argmax(bad)))
     down = np.flatnonzero(np.diff(seconds) < 0)
     if down.size:
-        raise InputError(pair.message, "time decreases (messages must be in time order)", field="time", row=int(down[0]) + 1)
+        message = "time decreases (messages must be in time order)"
+        raise InputError(pair.message, message, field="time", row=int(down[0]) + 1)
     midnight = local_ns(date.fromisoformat(pair.day), 0, TIMEZONE)
     return (np.uint64(midnight) + np.rint(seconds * 1e9).astype(np.uint64)).astype(np.uint64)
 
@@ -138,7 +144,8 @@ def _trades(msg: np.ndarray, ts: np.ndarray, path: Path) -> Sourced:
     direction = msg[rows, 5]
     bad = (direction != 1) & (direction != -1)
     if bad.any():
-        raise InputError(path, f"direction {direction[np.argmax(bad)]:g} is not +1 or -1", field="direction", row=int(rows[np.argmax(bad)]))
+        k = int(np.argmax(bad))
+        raise InputError(path, f"direction {direction[k]:g} is not +1 or -1", field="direction", row=int(rows[k]))
     trades = Trades(
         ts_event=ts[rows],
         price=msg[rows, 4].astype(np.int64) * TO_FIXED,

@@ -94,7 +94,8 @@ def write_store(
                     _write_schema(f, schema, day.day, getattr(checked, schema))
                     written.add((schema, day.day))
                 if progress is not None:
-                    progress(f"wrote {day.day}: " + ", ".join(f"{s} {n_rows(getattr(checked, s)):,}" for s in day.present()))
+                    rows = ", ".join(f"{s} {n_rows(getattr(checked, s)):,}" for s in day.present())
+                    progress(f"wrote {day.day}: {rows}")
     return path
 
 
@@ -112,7 +113,9 @@ class MarketStore:
         try:
             version = self._file.attrs.get("layout_version")
             if version != LAYOUT_VERSION:
-                raise InputError(self.path, f"store layout version {version} is not {LAYOUT_VERSION} (re-import or regenerate it)")
+                raise InputError(
+                    self.path, f"store layout version {version} is not {LAYOUT_VERSION} (re-import or regenerate it)"
+                )
             self.instrument = _read_instrument(self._file, self.path)
         except InputError:
             self._file.close()
@@ -165,9 +168,12 @@ def require_schemas(path: str | Path, schemas: Sequence[str] = MANDATORY_SCHEMAS
             if not have:
                 problems.append((schema, f"no {schema} data"))
             elif lacking:
-                problems.append((schema, f"no {schema} data on {len(lacking)} of {len(all_days)} days (first {lacking[0]})"))
+                message = f"no {schema} data on {len(lacking)} of {len(all_days)} days (first {lacking[0]})"
+                problems.append((schema, message))
     if problems:
-        how = "; ".join(f"{msg} (add {IMPORT_HINT[s]} with `fox data import FILES... --out {path}`)" for s, msg in problems)
+        how = "; ".join(
+            f"{msg} (add {IMPORT_HINT[s]} with `fox data import FILES... --out {path}`)" for s, msg in problems
+        )
         raise MissingDataError(f"{path}: {how}. Training needs MBP-10 book snapshots and trades on every day.")
 
 
@@ -182,7 +188,10 @@ def _merge(f: h5py.File, day: MarketDay, written: set[tuple[str, str]], path: Pa
                 setattr(merged, schema, _read_schema(f, schema, day.day, path))
         elif (schema, day.day) in written:
             before = columns(_read_schema(f, schema, day.day, path))
-            joined = {k: np.concatenate([before[k], np.asarray(v, dtype=before[k].dtype)]) for k, v in columns(incoming).items()}
+            joined = {
+                k: np.concatenate([before[k], np.asarray(v, dtype=before[k].dtype)])
+                for k, v in columns(incoming).items()
+            }
             setattr(merged, schema, SCHEMA_TYPES[schema](**joined))
         else:
             setattr(merged, schema, incoming)
@@ -220,11 +229,12 @@ def _write_instrument(f: h5py.File, instrument: Instrument) -> None:
 
 
 def _read_instrument(f: h5py.File, path: Path) -> Instrument:
-    missing = [n for n in INSTRUMENT_ATTRS if n not in f.attrs]
+    missing = [n for n in ("price_scale", *INSTRUMENT_ATTRS) if n not in f.attrs]
     if missing:
         raise InputError(path, f"root attributes {missing} are missing", group="/")
     if f.attrs["price_scale"] != PRICE_SCALE:
-        raise InputError(path, f"price_scale {f.attrs['price_scale']} is not {PRICE_SCALE}", group="/", field="price_scale")
+        message = f"price_scale {f.attrs['price_scale']} is not {PRICE_SCALE}"
+        raise InputError(path, message, group="/", field="price_scale")
     instrument = Instrument(**{n: _plain(f.attrs[n]) for n in INSTRUMENT_ATTRS})
     validate_instrument(instrument, path)
     return instrument
@@ -232,7 +242,11 @@ def _read_instrument(f: h5py.File, path: Path) -> Instrument:
 
 def _check_same_instrument(path: Path, have: Instrument, new: Instrument) -> None:
     if have != new:
-        diff = ", ".join(f"{n} {getattr(have, n)!r} vs {getattr(new, n)!r}" for n in INSTRUMENT_ATTRS if getattr(have, n) != getattr(new, n))
+        diff = ", ".join(
+            f"{n} {getattr(have, n)!r} vs {getattr(new, n)!r}"
+            for n in INSTRUMENT_ATTRS
+            if getattr(have, n) != getattr(new, n)
+        )
         raise InputError(path, f"the store holds another instrument than the one being added ({diff})", group="/")
 
 

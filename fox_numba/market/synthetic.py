@@ -86,14 +86,14 @@ def intraday_pattern(n_minutes: int, act: ActivitySection) -> np.ndarray:
 
 
 def book_params(d: SynthDefinition) -> BookParams:
+    """The book kernel's parameters: the [book] scalars it shares by name, mo_tilt and the per-level arrays."""
     b, lt = d.book, d.latent
     levels = np.arange(HIDDEN_LEVELS, dtype=np.float64)
     weights = np.exp(-np.arange(N_LEVELS) / b.level_decay)
+    shared = {k: v for k, v in dataclasses.asdict(b).items() if k in BookParams._fields}
     return BookParams(
-        catchup_ticks=b.catchup_ticks, p_sweep=b.p_sweep, p_partial=b.p_partial, p_improve=b.p_improve,
-        p_market=b.p_market, mo_median=b.mo_median, mo_sigma=b.mo_sigma, mo_tilt=lt.mo_tilt, gamma=b.gamma,
-        flow_frac=b.flow_frac, flow_sigma=b.flow_sigma, fresh_frac=b.fresh_frac, deep_fill=b.deep_fill,
-        order_size=b.order_size,
+        **shared,
+        mo_tilt=lt.mo_tilt,
         depth=b.depth_l1 * (1.0 + b.depth_slope * levels),
         tilt=np.asarray(lt.level_tilt, dtype=np.float64),
         level_cdf=np.cumsum(weights) / weights.sum(),

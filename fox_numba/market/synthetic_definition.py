@@ -10,12 +10,12 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import tomllib
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
 from typing import Any, get_type_hints
 
+from fox_numba.config import coerce, read_toml
 from fox_numba.errors import ConfigError
 from fox_numba.market.schema import N_LEVELS, Instrument
 
@@ -110,10 +110,12 @@ class SynthDefinition:
     oracle: OracleSection
 
     def instrument(self) -> Instrument:
+        """The traded contract (ES session hours and time zone, this market's symbol, tick and point value)."""
         m = self.market
         return Instrument(symbol=m.symbol, tick_size=m.tick_size, point_value=m.point_value)
 
     def with_overrides(self, *, seed: int | None = None, days: int | None = None) -> SynthDefinition:
+        """This definition with another seed or day count (None keeps the file's)."""
         market = dataclasses.replace(
             self.market,
             seed=self.market.seed if seed is None else seed,
@@ -135,36 +137,23 @@ def _check(ok: bool, message: str, origin: str = "synthetic market definition") 
 
 
 def _section(kind: type, data: Any, name: str, origin: str) -> Any:
+    """Table `name` as the dataclass `kind`: every key required, none unknown, each type-checked."""
     _check(isinstance(data, dict), f"[{name}] must be a table", origin)
     hints = get_type_hints(kind)
     unknown = sorted(set(data) - set(hints))
-    missing = [f.name for f in fields(kind) if f.name not in data]
+    missing = [key for key in hints if key not in data]
     _check(not unknown, f"[{name}] has unknown keys {unknown}", origin)
     _check(not missing, f"[{name}] lacks {missing}", origin)
-    values = {}
-    for key, hint in hints.items():
-        value = data[key]
-        if hint is float and isinstance(value, int) and not isinstance(value, bool):
-            value = float(value)
-        if hint == list[float]:
-            ok = isinstance(value, list) and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)
-            value = [float(v) for v in value] if ok else value
-        else:
-            ok = isinstance(value, hint) and not (hint is int and isinstance(value, bool))
-        _check(ok, f"{name}.{key}: expected {getattr(hint, '__name__', str(hint))}, got {value!r}", origin)
-        values[key] = value
+    try:
+        values = {key: coerce(f"{name}.{key}", data[key], hint) for key, hint in hints.items()}
+    except ConfigError as e:
+        raise ConfigError(f"{origin}: {e}") from None
     return kind(**values)
 
 
 def load_definition(path: str | Path) -> SynthDefinition:
     """Read and check a market definition file (every key required, none unknown)."""
-    path = Path(path)
-    try:
-        data = tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: synthetic market definition not found") from None
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"{path}: not valid TOML: {e}") from None
+    data = read_toml(path, "synthetic market definition")
     hints = get_type_hints(SynthDefinition)
     unknown = sorted(set(data) - set(hints))
     _check(not unknown, f"unknown tables {unknown}", str(path))

@@ -116,7 +116,7 @@ def validate_instrument(instrument: Instrument, path: str | Path) -> None:
             raise InputError(path, f"{name} must be a positive number, got {value!r}", group="/", field=name)
     try:
         ZoneInfo(instrument.timezone)
-    except (ValueError, ZoneInfoNotFoundError):
+    except (TypeError, ValueError, ZoneInfoNotFoundError):
         raise InputError(path, f"unknown time zone {instrument.timezone!r}", group="/", field="timezone") from None
     for name in ("session_open", "session_close", "day_roll"):
         try:

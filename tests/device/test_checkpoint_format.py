@@ -1,5 +1,7 @@
 """Checkpoints: round trip of every element, the ISV fingerprint stored, mismatches refused by name."""
 
+import json
+
 import numpy as np
 import pytest
 
@@ -78,3 +80,28 @@ def test_bad_files_and_names_are_refused(tmp_path):
     for bad in ("__meta__", "", "file"):
         with pytest.raises(ValueError, match="reserved"):
             save_checkpoint(tmp_path / "x.npz", {bad: np.ones(2, np.float32)})
+
+
+def rewrite(path, header_change=None, arrays_change=None):
+    """Rewrite a saved checkpoint with its JSON header and arrays edited (a damaged or foreign file)."""
+    with np.load(path) as npz:
+        entries = {k: npz[k] for k in npz.files}
+    header = json.loads(str(entries.pop("__meta__")))
+    (header_change or (lambda h: None))(header)
+    entries.update(arrays_change or {})
+    np.savez(path, __meta__=np.array(json.dumps(header)), **entries)
+
+
+def test_damaged_headers_and_arrays_are_refused_naming_the_file(tmp_path):
+    path = save_checkpoint(tmp_path / "ck.npz", arrays())
+    rewrite(path, header_change=lambda h: h.pop("layout"))
+    with pytest.raises(InputError, match=r"ck\.npz, field __meta__: the checkpoint header lacks \['layout'\]"):
+        load_checkpoint(path)
+    path = save_checkpoint(tmp_path / "ck.npz", arrays())
+    rewrite(path, arrays_change={"params": np.zeros((3, 16), np.float32)})
+    with pytest.raises(InputError, match="arrays do not match the layout recorded in the checkpoint"):
+        load_checkpoint(path)
+    path = save_checkpoint(tmp_path / "ck.npz", arrays())
+    rewrite(path, header_change=lambda h: h.update(format="fox_numba.checkpoint/0"))
+    with pytest.raises(InputError, match="checkpoint format 'fox_numba.checkpoint/0', this build reads"):
+        load_checkpoint(path)

@@ -104,9 +104,9 @@ def isv_literal_subscripts(source: str) -> list[int]:
     for node in ast.walk(ast.parse(source)):
         if not (isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name)):
             continue
-        if "isv" in node.value.id.lower() and isinstance(node.slice, ast.Constant):
-            if isinstance(node.slice.value, int):
-                lines.append(node.lineno)
+        literal = isinstance(node.slice, ast.Constant) and isinstance(node.slice.value, int)
+        if "isv" in node.value.id.lower() and literal:
+            lines.append(node.lineno)
     return lines
 
 

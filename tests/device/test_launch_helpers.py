@@ -2,7 +2,6 @@
 
 import numpy as np
 import pytest
-from conftest import ON_SIMULATOR
 from numba import cuda, float32
 
 from fox_numba.device.launch import (
@@ -16,7 +15,7 @@ from fox_numba.device.launch import (
     tracing,
 )
 from fox_numba.device.memory import device_empty
-from fox_numba.device.runtime import new_stream
+from fox_numba.device.runtime import SIMULATOR, new_stream
 from fox_numba.device.staging import Stager
 from fox_numba.device.timing import Timings
 from fox_numba.kernels.elementwise import fill_f32, scale_f32
@@ -102,7 +101,7 @@ def test_types_outside_the_registered_signatures_are_refused(stream):
         launch(unregistered_double, 4, x, i32(4), stream=stream)
 
 
-@pytest.mark.skipif(not ON_SIMULATOR, reason="the exact (layout) check runs where nothing is compiled")
+@pytest.mark.skipif(not SIMULATOR, reason="the exact (layout) check runs where nothing is compiled")
 def test_a_strided_view_is_refused_in_the_simulator(stream):
     x = device_empty(8, np.float32)
     with pytest.raises(LaunchError, match="array\\(float32, 1d, A\\)"):
@@ -116,9 +115,8 @@ def test_stream_is_required_and_traces_stay_on_their_stream(stream):
     with tracing(LaunchTrace(stream)):
         with pytest.raises(LaunchError, match="another stream"):
             launch(fill_f32, 4, x, np.float32(1.0), i32(4), stream=new_stream())
-        with pytest.raises(LaunchError, match="do not nest"):
-            with tracing(LaunchTrace(stream)):
-                pass
+        with pytest.raises(LaunchError, match="do not nest"), tracing(LaunchTrace(stream)):
+            pass
 
 
 def test_i32_refuses_counts_int32_cannot_hold():

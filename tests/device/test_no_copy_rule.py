@@ -14,7 +14,6 @@ from pathlib import Path
 import numba.cuda
 import numpy as np
 import pytest
-from conftest import gpu_only
 from numba import cuda
 from numba.cuda.core.errors import NumbaPerformanceWarning  # the class numba-cuda warns with
 
@@ -32,10 +31,7 @@ def forbidden_calls(source: str) -> list[tuple[int, str]]:
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Call):
             func = node.func
-            if isinstance(func, ast.Attribute):
-                name = func.attr
-            else:
-                name = func.id if isinstance(func, ast.Name) else ""
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
             if name in FORBIDDEN:
                 found.append((node.lineno, name))
         elif isinstance(node, ast.ImportFrom):
@@ -86,7 +82,7 @@ def test_pytest_turns_numbas_implicit_copy_warning_into_an_error(pytestconfig):
     filters = [f for f in pytestconfig.getini("filterwarnings") if f.startswith("error:")]
     assert any(re.match(f.split(":", 2)[1], message) for f in filters), (message, filters)
     with pytest.raises(NumbaPerformanceWarning):
-        warnings.warn(NumbaPerformanceWarning(message))
+        warnings.warn(NumbaPerformanceWarning(message), stacklevel=1)
 
 
 @cuda.jit
@@ -96,7 +92,7 @@ def _double(x):
         x[i] = x[i] * np.float32(2.0)
 
 
-@gpu_only("the simulator copies host arrays to kernels without a warning")
+@pytest.mark.gpu_only("the simulator copies host arrays to kernels without a warning")
 def test_a_plain_numpy_array_passed_to_a_kernel_fails_the_test_run():
     with pytest.raises(NumbaPerformanceWarning, match="Host array used in CUDA kernel"):
         _double[1, 4](np.ones(4, np.float32))

@@ -6,13 +6,12 @@ with NUMBA_ENABLE_CUDASIM=0 the same tests replay captured CUDA graphs.
 
 import numpy as np
 import pytest
-from conftest import ON_SIMULATOR, gpu_only
 
 from fox_numba.device.control import ControlBlock
 from fox_numba.device.graphs import GraphError, StepGraph
 from fox_numba.device.launch import i32, launch
 from fox_numba.device.memory import copy_device, device_empty
-from fox_numba.device.runtime import new_stream
+from fox_numba.device.runtime import SIMULATOR, new_stream
 from fox_numba.device.staging import Stager
 from fox_numba.kernels.elementwise import axpy_f32, scale_f32
 from fox_numba.kernels.optim import polyak_update
@@ -71,7 +70,7 @@ def test_graph_replay_equals_eager_replay(stager, stream):
         stream.synchronize()
         runs[use_graph] = (stager.download(target), stager.download(online), step.mode)
     assert runs[False][2] == "eager"
-    assert runs[True][2] == ("eager" if ON_SIMULATOR else "graph")
+    assert runs[True][2] == ("eager" if SIMULATOR else "graph")
     np.testing.assert_array_equal(runs[True][0], runs[False][0])
     np.testing.assert_array_equal(runs[True][1], runs[False][1])
 
@@ -89,7 +88,7 @@ def test_replayed_step_sees_per_step_values_changed_between_replays(stager, stre
     assert np.abs(stager.download(target) - t_frozen).max() > 1e-2
 
 
-@gpu_only("graphs are captured only on the GPU")
+@pytest.mark.gpu_only("graphs are captured only on the GPU")
 def test_graph_is_captured_with_one_node_per_launch(stager, stream):
     step, ctl, _, _ = make_step(stager, stream, use_graph=True)
     ctl.set(tau_eff=np.float32(0.5))

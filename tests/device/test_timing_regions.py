@@ -4,12 +4,11 @@ import time
 
 import numpy as np
 import pytest
-from conftest import ON_SIMULATOR, gpu_only
 
 from fox_numba.device.graphs import StepGraph
 from fox_numba.device.launch import i32, launch
 from fox_numba.device.memory import device_empty
-from fox_numba.device.runtime import new_stream
+from fox_numba.device.runtime import SIMULATOR, new_stream
 from fox_numba.device.timing import Stat, Timings
 from fox_numba.kernels.elementwise import fill_f32, scale_f32
 
@@ -21,7 +20,7 @@ def test_stat_accumulates():
     assert (s.count, s.total_ms, s.min_ms, s.max_ms, s.mean_ms) == (3, 6.0, 1.0, 3.0, 2.0)
 
 
-@pytest.mark.skipif(not ON_SIMULATOR, reason="wall-clock regions are what the simulator uses")
+@pytest.mark.skipif(not SIMULATOR, reason="wall-clock regions are what the simulator uses")
 def test_wall_clock_regions_measure_the_block():
     stream = new_stream()
     timings = Timings()
@@ -52,11 +51,11 @@ def test_kernels_inside_a_captured_step_are_not_timed_but_the_replay_region_is()
                 step.replay()
     stats = timings.stats()
     assert stats["step"].count == 3
-    expected_kernel_count = 3 if ON_SIMULATOR else 1  # on the GPU replays 2 and 3 are graph launches
+    expected_kernel_count = 3 if SIMULATOR else 1  # on the GPU replays 2 and 3 are graph launches
     assert stats["elementwise.fill_f32"].count == expected_kernel_count
 
 
-@gpu_only("timing events do not exist in the simulator")
+@pytest.mark.gpu_only("timing events do not exist in the simulator")
 def test_event_regions_time_gpu_work():
     stream = new_stream()
     n = 1 << 24

@@ -7,12 +7,11 @@ both best levels present in every row, and bid < ask. Deeper levels are sometime
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import date, datetime, time, timedelta
-from zoneinfo import ZoneInfo
 
 import numpy as np
 import pytest
 
+from fox_numba.market.calendar import session_bounds
 from fox_numba.market.schema import (
     N_LEVELS,
     NS_PER_MINUTE,
@@ -23,22 +22,9 @@ from fox_numba.market.schema import (
     Mbp10,
     Trades,
 )
+from fox_numba.market.synthetic import trading_days
 
 ES = Instrument()
-
-
-def session_open_ns(day: str, instrument: Instrument = ES) -> int:
-    local = datetime.combine(date.fromisoformat(day), time.fromisoformat(instrument.session_open))
-    return int(local.replace(tzinfo=ZoneInfo(instrument.timezone)).timestamp()) * 1_000_000_000
-
-
-def trading_days(first: str, n: int) -> list[str]:
-    days, d = [], date.fromisoformat(first)
-    while len(days) < n:
-        if d.weekday() < 5:
-            days.append(d.isoformat())
-        d += timedelta(days=1)
-    return days
 
 
 def _empty_tail(px: np.ndarray, sz: np.ndarray, n_levels: np.ndarray) -> None:
@@ -49,7 +35,7 @@ def _empty_tail(px: np.ndarray, sz: np.ndarray, n_levels: np.ndarray) -> None:
 
 def random_day(rng: np.random.Generator, day: str, n_bars: int, events: tuple[int, int]) -> MarketDay:
     tick = ES.tick_fixed
-    open_ns = session_open_ns(day)
+    open_ns = session_bounds(day, ES)[0]
     bar_ts = open_ns + np.arange(n_bars, dtype=np.int64) * NS_PER_MINUTE
 
     counts = rng.integers(events[0], events[1] + 1, n_bars)

@@ -26,8 +26,8 @@ Day 2, 2024-03-11 (EDT, T1 = 13:30 UTC), bars at T1, T1+60 s; the book starts in
 from __future__ import annotations
 
 import math
+from datetime import UTC, datetime
 from fractions import Fraction
-from datetime import datetime, timezone
 from zoneinfo import ZoneInfo
 
 import numpy as np
@@ -50,8 +50,8 @@ from fox_numba.market.schema import (
 ES = Instrument()
 TICK = ES.tick_fixed
 S = 1_000_000_000
-T0 = int(datetime(2024, 3, 8, 14, 30, tzinfo=timezone.utc).timestamp()) * S
-T1 = int(datetime(2024, 3, 11, 13, 30, tzinfo=timezone.utc).timestamp()) * S
+T0 = int(datetime(2024, 3, 8, 14, 30, tzinfo=UTC).timestamp()) * S
+T1 = int(datetime(2024, 3, 11, 13, 30, tzinfo=UTC).timestamp()) * S
 
 
 def ladder(best: int, sizes: list[int], side: int) -> tuple[list[int], list[int]]:
@@ -235,7 +235,7 @@ def reference_features(days: list[MarketDay], instrument: Instrument, ofi_levels
         bk, tr, br = day.mbp10, day.trades, day.bars
         ts = [int(t) for t in bk.ts_event]
 
-        def level(r: int, m: int) -> tuple[float, float, float, float]:
+        def level(r: int, m: int, bk: Mbp10 = bk) -> tuple[float, float, float, float]:
             pb, pa = int(bk.bid_px[r, m]), int(bk.ask_px[r, m])
             qb = 0.0 if pb == UNDEF_PRICE else float(bk.bid_sz[r, m])
             qa = 0.0 if pa == UNDEF_PRICE else float(bk.ask_sz[r, m])
@@ -331,3 +331,14 @@ def to_close(day: MarketDay, t: int) -> np.ndarray:
     """Bid prices of the last book row before the bar's end."""
     close = int(np.flatnonzero(day.mbp10.ts_event < t + NS_PER_MINUTE)[-1])
     return day.mbp10.bid_px[close]
+
+
+def test_one_bar_days_without_events_or_trades_match_the_reference(random_market):
+    """The smallest input: each day one bar, one book row (its entering state) and no trades."""
+    days = random_market(4, n_days=2, n_bars=1, events=(0, 0))
+    assert [(d.mbp10.ts_event.size, d.trades.ts_event.size) for d in days] == [(1, 0), (1, 0)]
+    fs = build_features(days, ES, FeatureConfig())
+    np.testing.assert_allclose(fs.values, reference_features(days, ES, 10), rtol=1e-10, atol=1e-13)
+    zero = [n for n in FEATURE_NAMES if n.startswith(("ofi_", "trade_", "ret_", "realised_")) or "_count" in n]
+    np.testing.assert_array_equal(fs.values[:, [FEATURE_NAMES.index(n) for n in zero]], 0.0)
+    assert fs.raw.day_start.tolist() == [0, 1, 2]

@@ -1,6 +1,6 @@
 """Trading-day assignment: the CME evening session belongs to the next day, across DST changes."""
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import numpy as np
 import pytest
@@ -14,7 +14,7 @@ ES = Instrument()
 
 def ns(text: str) -> int:
     """UTC nanoseconds of an ISO time written in UTC."""
-    return int(datetime.fromisoformat(text).replace(tzinfo=timezone.utc).timestamp()) * 1_000_000_000
+    return int(datetime.fromisoformat(text).replace(tzinfo=UTC).timestamp()) * 1_000_000_000
 
 
 def test_es_evening_session_rolls_at_18_new_york_time_in_summer_and_winter():

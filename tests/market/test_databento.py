@@ -2,7 +2,7 @@
 databento-dbn's encoder (multi-day, unsorted, crossed, snapshots, bad-book and bad-ts flags)."""
 
 import io
-from datetime import date, datetime, timezone
+from datetime import UTC, date, datetime
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -12,7 +12,9 @@ import pytest
 
 from fox_numba.errors import InputError
 from fox_numba.market.databento import DatabentoImport, read_header, read_records
+from fox_numba.market.importer import import_market
 from fox_numba.market.schema import UNDEF_PRICE, Instrument
+from fox_numba.market.store import MarketStore, require_schemas
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
 STUBS = FIXTURES / "databento_stubs"
@@ -23,7 +25,7 @@ PX = 5_500_000_000_000  # 5500.00
 
 
 def ns(text: str) -> int:
-    return int(datetime.fromisoformat(text).replace(tzinfo=timezone.utc).timestamp()) * 1_000_000_000
+    return int(datetime.fromisoformat(text).replace(tzinfo=UTC).timestamp()) * 1_000_000_000
 
 
 def write_dbn(path: Path, schema: dbn.Schema, records: list, *, start: int, compress: bool = True, symbols=None) -> Path:
@@ -256,6 +258,8 @@ def test_imported_bars_against_trades(tmp_path):
 def test_undefined_timestamp_and_bad_prices(tmp_path):
     path = write_dbn(tmp_path / "u.trades.dbn.zst", dbn.Schema.TRADES, [trade(T), trade(2**64 - 1, ts_recv=T + S)], start=T)
     rejects([path], path, "trades ESU4", "ts_event", 1, "undefined ts_event")
+    path = write_dbn(tmp_path / "v.trades.dbn.zst", dbn.Schema.TRADES, [trade(T), trade(2**63 + 5)], start=T)
+    rejects([path], path, "trades ESU4", "ts_event", 1, "undefined ts_event")  # was an OverflowError
     path = write_dbn(tmp_path / "p.trades.dbn.zst", dbn.Schema.TRADES, [trade(T), trade(T + S, price=int(UNDEF_PRICE))], start=T)
     rejects([path], path, "trades ESU4 2024-07-02", "price", 1, "undefined price")
 
@@ -278,9 +282,6 @@ def test_empty_levels_in_a_real_shaped_record(tmp_path):
 
 
 def test_a_folder_of_daily_files_assembles_trading_days_across_files(tmp_path):
-    from fox_numba.market.importer import import_market
-    from fox_numba.market.store import MarketStore, require_schemas
-
     folder = tmp_path / "batch"
     folder.mkdir()
     (folder / "metadata.json").write_text("{}")  # Databento batch downloads carry these: ignored

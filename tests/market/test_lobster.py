@@ -1,7 +1,7 @@
 """LOBSTER import: the real AAPL sample (first 999 events of 2012-06-21) and small pairs written here."""
 
 import csv
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -13,7 +13,7 @@ from fox_numba.market.schema import UNDEF_PRICE
 AAPL = Path(__file__).parents[1] / "fixtures" / "lobster_aapl_head"
 INST = equity_instrument("AAPL")
 NAME = "AAPL_2012-06-21_34200000_57600000_{kind}_{levels}.csv"
-MIDNIGHT = int(datetime(2012, 6, 21, 4, tzinfo=timezone.utc).timestamp()) * 10**9  # 00:00 EDT
+MIDNIGHT = int(datetime(2012, 6, 21, 4, tzinfo=UTC).timestamp()) * 10**9  # 00:00 EDT
 
 
 def rows(path: Path) -> list[list[str]]:
@@ -118,6 +118,8 @@ def test_bad_files(tmp_path):
     rejects(lambda: read_pair(pair, INST), pair.orderbook, None, None, None, "not a LOBSTER CSV")
     pair = write_pair(tmp_path, [[OPEN, 1, 1, 1, 1, 1]], [[1001000, -5, 1000000, 100, 1002000, 5, 999000, 7]])
     rejects(lambda: read_pair(pair, INST), pair.orderbook, "orderbook 2012-06-21", "ask_sz_00", 0, "negative value")
+    pair = write_pair(tmp_path, [], [])
+    rejects(lambda: read_pair(pair, INST), pair.message, None, None, None, "the file holds no rows")
     pair.orderbook.unlink()
     rejects(lambda: LobsterPair.of(pair.message), pair.message, None, None, None, "its orderbook file AAPL_2012-06-21_34200000_57600000_orderbook_2.csv is missing")
     odd = tmp_path / "AAPL_message.csv"

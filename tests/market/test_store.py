@@ -1,6 +1,7 @@
 """The HDF5 store: layout, round trip, extend, atomic writes, validation on read, missing schemas."""
 
 import dataclasses
+import time
 
 import h5py
 import numpy as np
@@ -150,6 +151,14 @@ def test_opening_what_is_not_a_store(tmp_path):
         MarketStore(tmp_path / "old.h5")
 
 
+def test_missing_root_attributes_are_named(tmp_path):
+    path = write_store(tmp_path / "s.h5", INST, [make_day("2024-07-02")])
+    with h5py.File(path, "r+") as f:
+        del f.attrs["price_scale"], f.attrs["day_roll"]
+    with pytest.raises(InputError, match=r"s.h5, group /: root attributes \['price_scale', 'day_roll'\] are missing"):
+        MarketStore(path)
+
+
 def test_reading_validates(tmp_path):
     path = write_store(tmp_path / "s.h5", INST, [make_day("2024-07-02")])
     with h5py.File(path, "r+") as f:
@@ -185,8 +194,6 @@ def test_require_schemas_names_what_is_missing_and_how_to_import_it(tmp_path):
 
 
 def test_a_day_of_synthetic_size_writes_and_reads_in_seconds(tmp_path):
-    import time
-
     n = 250_000
     day = "2024-07-02"
     rng = np.random.default_rng(1)

@@ -373,6 +373,8 @@ def test_default_paths(monkeypatch, tmp_path):
         ("days = 31", 'days = "31"', "market.days: expected int"),
         ('start_date = "2024-07-08"', 'start_date = "2024-07-06"', "not a weekday"),
         ("vol_ticks = [2.5, 5.0]", "vol_ticks = [2.5]", "regimes.vol_ticks needs two"),
+        ("vol_ticks = [2.5, 5.0]", 'vol_ticks = [2.5, "5"]', r"regimes\.vol_ticks\[1\]: expected float"),
+        ("phi = 0.97", "phi = nan", r"latent\.phi: nan is not a finite number"),
     ],
 )
 def test_bad_definitions_name_the_key(tmp_path, old, new, message):

@@ -1,6 +1,7 @@
 """Every bad-input class the store rejects, each checked for the file, group, field and row it names."""
 
 import time
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -254,8 +255,6 @@ def test_shapes_and_day_name():
     ],
 )
 def test_bad_instrument(change, field, words):
-    from dataclasses import replace
-
     with pytest.raises(InputError) as info:
         validate_instrument(replace(INST, **change), "m.h5")
     assert (info.value.group, info.value.field) == ("/", field)

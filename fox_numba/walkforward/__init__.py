@@ -1,0 +1,1 @@
+"""Walk-forward validation: folds as data, and (with the training stage) the per-fold driver."""

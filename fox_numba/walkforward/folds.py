@@ -1,0 +1,97 @@
+"""Walk-forward folds as data: a `FoldConfig` and a list of trading days expand to per-fold windows.
+
+Fold k trains on `train_days` consecutive days and validates on the `val_days` that follow; the windows
+advance by `step_days` per fold. Rolling folds slide the training start with them; anchored folds keep it
+at the first day (each fold trains on everything before its validation window). Windows are whole
+trading days, so episodes never cross a window edge. The last `purge_bars` bars of every training window
+are dropped: their look-ahead (rewards and labels over the next bars) would otherwise sit next to the
+validation window. Example, the default config on the default market's 31 days:
+
+    fold 0: train days 0-13,  validate 14-17
+    fold 1: train days 4-17,  validate 18-21
+    fold 2: train days 8-21,  validate 22-25
+    fold 3: train days 12-25, validate 26-29    (day 30 is not validated)
+
+Everything that depends on a fold (normalisation statistics, state resets) keys off this list.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from fox_numba.config import FoldConfig
+from fox_numba.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Fold:
+    """One walk-forward fold: day windows as [first, stop) indices into the run's trading days."""
+
+    index: int
+    train_first: int
+    train_stop: int
+    val_first: int
+    val_stop: int
+    days: tuple[str, ...]
+    """All trading days of the run (the windows index into them)."""
+    purge_bars: int
+
+    @property
+    def train_days(self) -> tuple[str, ...]:
+        return self.days[self.train_first : self.train_stop]
+
+    @property
+    def val_days(self) -> tuple[str, ...]:
+        return self.days[self.val_first : self.val_stop]
+
+    def train_rows(self, day_start: np.ndarray) -> slice:
+        """Bar rows of the training window, less the purged tail (`day_start`: RawMarket.day_start)."""
+        first, stop = int(day_start[self.train_first]), int(day_start[self.train_stop]) - self.purge_bars
+        if stop <= first:
+            raise ConfigError(
+                f"fold {self.index}: purging {self.purge_bars} bars leaves no training bars "
+                f"(the window has {int(day_start[self.train_stop]) - first})"
+            )
+        return slice(first, stop)
+
+    def val_rows(self, day_start: np.ndarray) -> slice:
+        """Bar rows of the validation window."""
+        return slice(int(day_start[self.val_first]), int(day_start[self.val_stop]))
+
+    def describe(self) -> str:
+        return (
+            f"fold {self.index}: train {self.train_days[0]}..{self.train_days[-1]} ({len(self.train_days)} days), "
+            f"validate {self.val_days[0]}..{self.val_days[-1]} ({len(self.val_days)} days)"
+        )
+
+
+def days_needed(cfg: FoldConfig) -> int:
+    """Trading days the config's folds span."""
+    return (cfg.n_folds - 1) * cfg.step_days + cfg.train_days + cfg.val_days
+
+
+def make_folds(cfg: FoldConfig, days: Sequence[str]) -> list[Fold]:
+    """Expand the fold config over `days` (in time order); ConfigError if the days cannot hold the folds."""
+    for name in ("n_folds", "train_days", "val_days", "step_days"):
+        if getattr(cfg, name) < 1:
+            raise ConfigError(f"folds.{name} must be at least 1, got {getattr(cfg, name)}")
+    if cfg.purge_bars < 0:
+        raise ConfigError(f"folds.purge_bars must be >= 0, got {cfg.purge_bars}")
+    need = days_needed(cfg)
+    if need > len(days):
+        raise ConfigError(
+            f"{cfg.n_folds} folds of {cfg.train_days} training + {cfg.val_days} validation days, advancing "
+            f"{cfg.step_days} days per fold, need {need} trading days; the market has {len(days)} "
+            "(lower folds.n_folds, folds.train_days or folds.step_days, or use more days)"
+        )
+    folds = []
+    for k in range(cfg.n_folds):
+        train_stop = k * cfg.step_days + cfg.train_days
+        train_first = 0 if cfg.anchored else k * cfg.step_days
+        folds.append(
+            Fold(k, train_first, train_stop, train_stop, train_stop + cfg.val_days, tuple(days), cfg.purge_bars)
+        )
+    return folds
