@@ -23,9 +23,10 @@ from rich.console import Console
 
 from fox_numba.config import PRESETS, FoxConfig, load_config, toml_literal
 from fox_numba.errors import FoxError, NotAvailableError
-from fox_numba.market.default import default_definition_path, default_store_path, resolve_store
+from fox_numba.market.default import default_definition_path, default_store_path
 from fox_numba.market.importer import FORMATS, import_market
 from fox_numba.market.inspect import summarize, summary_table
+from fox_numba.market.select import MarketSelection, select_market
 from fox_numba.market.synthetic import STEPS_PER_DAY, build_store, sidecar_paths
 from fox_numba.market.synthetic_definition import load_definition
 from fox_numba.progress import progress_bar
@@ -80,11 +81,11 @@ def resolve_config(
     return load_config(preset, config, extra + list(overrides or []))
 
 
-def prepare_market(cfg: FoxConfig) -> Path:
-    """The checked market store of a stage: MBP-10 and trades are mandatory, so a store without them stops
-    the command here with a message saying what to import."""
+def prepare_market(cfg: FoxConfig) -> MarketSelection:
+    """The checked market of a stage: MBP-10 and trades are mandatory, so a store without them stops the
+    command here with a message saying what to import."""
     with progress_bar(f"market store: {cfg.market.store}") as progress:
-        return resolve_store(cfg.market.store, progress)
+        return select_market(cfg.market, progress)
 
 
 def not_available(command: str, lands_with: str) -> NoReturn:

@@ -6,9 +6,11 @@ from dataclasses import fields
 import pytest
 
 from fox_numba.config import (
+    CONFIG_DOC_PATH,
     PRESETS,
     SECTIONS,
     FoxConfig,
+    config_table_markdown,
     field_help,
     load_config,
     to_toml,
@@ -106,3 +108,12 @@ def test_to_toml_covers_every_field():
     cfg = FoxConfig()
     for section in SECTIONS:
         assert set(data[section]) == {f.name for f in fields(getattr(cfg, section))}
+
+
+def test_committed_config_reference_is_current():
+    assert CONFIG_DOC_PATH.read_text() == config_table_markdown(), (
+        "fox_numba/CONFIG.md is stale: run python -m fox_numba.config --write"
+    )
+    for section in SECTIONS:
+        for f in fields(getattr(FoxConfig(), section)):
+            assert f"`{section}.{f.name}`" in CONFIG_DOC_PATH.read_text()

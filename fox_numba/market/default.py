@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from fox_numba.errors import ConfigError, InputError
-from fox_numba.market.store import MarketStore, require_schemas
+from fox_numba.market.store import MarketStore
 from fox_numba.market.synthetic import build_store, sidecar_paths
 from fox_numba.market.synthetic_definition import SynthDefinition, load_definition
 
@@ -64,12 +64,3 @@ def ensure_default_store(progress: Callable[[str], None] | None = None) -> Path:
         build_store(definition, store, progress)
     return store
 
-
-def resolve_store(store: str, progress: Callable[[str], None] | None = None) -> Path:
-    """The store a stage runs on ('default': the embedded market, built or reused), checked to hold
-    MBP-10 and trades on every day (MissingDataError, saying how to import them, otherwise)."""
-    path = ensure_default_store(progress) if store == "default" else Path(store)
-    if not path.is_file():
-        raise InputError(path, "market store not found (build one with `fox data synth` or `fox data import`)")
-    require_schemas(path)
-    return path

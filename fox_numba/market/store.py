@@ -157,10 +157,12 @@ class MarketStore:
         self._file.close()
 
 
-def require_schemas(path: str | Path, schemas: Sequence[str] = MANDATORY_SCHEMAS) -> None:
-    """Raise `MissingDataError` unless every trading day of the store has all `schemas`."""
+def require_schemas(
+    path: str | Path, schemas: Sequence[str] = MANDATORY_SCHEMAS, days: Sequence[str] | None = None
+) -> None:
+    """Raise `MissingDataError` unless every trading day of the store (or each of `days`) has all `schemas`."""
     with MarketStore(path) as store:
-        all_days = store.days()
+        all_days = store.days() if days is None else list(days)
         problems = []
         for schema in schemas:
             have = set(store.days(schema))

@@ -1,0 +1,57 @@
+"""Selecting the market a stage runs on: the store, the day range, the mandatory schemas of those days."""
+
+import dataclasses
+
+import pytest
+
+from fox_numba.config import MarketConfig
+from fox_numba.errors import ConfigError, InputError, MissingDataError
+from fox_numba.market import default
+from fox_numba.market.select import select_market
+from fox_numba.market.store import write_store
+from fox_numba.market.synthetic import generate
+from fox_numba.market.synthetic_definition import load_definition
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    """Three synthetic days; the last one has no trades."""
+    market = generate(load_definition(default.default_definition_path()).with_overrides(days=3))
+    days = [*market.days[:2], dataclasses.replace(market.days[2], trades=None)]
+    path = write_store(tmp_path_factory.mktemp("select") / "es.h5", market.instrument, days)
+    return path, [d.day for d in market.days]
+
+
+def test_day_range_selects_inclusive_and_checks_only_the_selected_days(store):
+    path, days = store
+    sel = select_market(MarketConfig(store=str(path), first_day=days[0], last_day=days[1]))
+    assert sel.path == path and sel.days == tuple(days[:2])
+    sel = select_market(MarketConfig(store=str(path), last_day=days[0]))
+    assert sel.days == (days[0],)
+
+
+def test_a_selected_day_without_trades_is_refused(store):
+    path, days = store
+    with pytest.raises(MissingDataError, match=f"no trades data on 1 of 1 days \\(first {days[2]}\\)"):
+        select_market(MarketConfig(store=str(path), first_day=days[2]))
+    with pytest.raises(MissingDataError, match="fox data import"):
+        select_market(MarketConfig(store=str(path)))
+
+
+@pytest.mark.parametrize(
+    "first, last, message",
+    [
+        ("2024-13-01", "", "market.first_day: '2024-13-01' is not a date"),
+        ("", "July 9", "market.last_day: 'July 9' is not a date"),
+        ("2024-07-10", "2024-07-09", "market.first_day 2024-07-10 is after market.last_day 2024-07-09"),
+        ("2030-01-01", "", "no trading day between 2030-01-01 and the end"),
+    ],
+)
+def test_bad_day_ranges(store, first, last, message):
+    with pytest.raises(ConfigError, match=message):
+        select_market(MarketConfig(store=str(store[0]), first_day=first, last_day=last))
+
+
+def test_missing_store(tmp_path):
+    with pytest.raises(InputError, match="market store not found"):
+        select_market(MarketConfig(store=str(tmp_path / "none.h5")))
