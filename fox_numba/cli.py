@@ -30,6 +30,7 @@ from fox_numba.market.select import MarketSelection, select_market
 from fox_numba.market.synthetic import STEPS_PER_DAY, build_store, sidecar_paths
 from fox_numba.market.synthetic_definition import load_definition
 from fox_numba.progress import progress_bar
+from fox_numba.walkforward.folds import make_folds
 
 app = typer.Typer(
     name="fox",
@@ -226,7 +227,8 @@ def train(
     store: StoreOpt = None,
 ) -> None:
     """Walk-forward training: per fold, collect, learn and validate; keep the best checkpoint by Sharpe."""
-    prepare_market(resolve_config(preset, config, set_, store))
+    cfg = resolve_config(preset, config, set_, store)
+    make_folds(cfg.folds, prepare_market(cfg).days)  # too few days for the folds stops here
     not_available("train", "the walk-forward training stage")
 
 

@@ -128,6 +128,9 @@ PRESETS: dict[str, dict[str, Any]] = {
     # Small enough that a whole fold runs in minutes under the CUDA simulator on two CPU cores.
     "smoke": {
         "folds.n_folds": 2,
+        "folds.train_days": 2,
+        "folds.val_days": 1,
+        "folds.step_days": 1,
         "env.n_envs": 16,
         "env.episode_bars": 64,
         "env.collect_steps": 32,

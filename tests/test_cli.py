@@ -70,8 +70,8 @@ def test_bad_override_exits_1_with_one_line():
 
 @pytest.fixture(scope="module")
 def stores(tmp_path_factory):
-    """A one-day synthetic store, and the same day without its trades."""
-    market = generate(load_definition(default.default_definition_path()).with_overrides(days=1))
+    """A four-day synthetic store (the smoke preset's folds span 4 days), and the same without trades."""
+    market = generate(load_definition(default.default_definition_path()).with_overrides(days=4))
     folder = tmp_path_factory.mktemp("stores")
     full = write_store(folder / "full.h5", market.instrument, market.days)
     no_trades = [dataclasses.replace(day, trades=None) for day in market.days]
@@ -110,3 +110,9 @@ def test_unwritable_output_is_one_line_not_a_traceback(tmp_path):
     assert proc.returncode == 1
     assert proc.stderr.startswith("fox: error: ") and str(blocker) in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_train_refuses_a_market_too_short_for_its_folds(stores):
+    proc = run_fox("train", "--store", str(stores[0]))  # the default preset's folds span 30 days
+    assert proc.returncode == 1
+    assert "need 30 trading days; the market has 4" in proc.stderr
