@@ -1,0 +1,223 @@
+"""C51 kernels against float64 numpy references on seeded random inputs, every output element checked.
+
+Tolerances follow from float32 rounding (eps = 2**-24 per operation, expf within 2 ulps):
+- expected_q: S and TZ each gather Z terms, and each term passes through at most Z rescalings, so E[Q]
+  is within 4 (Z + 2) eps max|z| and the entropy within 4 (Z + 2) eps (1 + max |x - M|).
+- c51_project: the atom position b_j (<= Z - 1) carries a few roundings of its size, the weights
+  1 - |b_j - k| inherit them, and m sums Z products: within 8 Z eps per atom; mass within 8 Z eps.
+- c51_loss: Z-term sums of terms bounded by (M - x) and log S: loss within 4 (Z + 2) eps (1 + max|M - x|
+  + log S); gradients within 4 (Z + 2) eps weight.
+"""
+
+import sys
+import zlib
+
+import numpy as np
+import pytest
+
+from fox_numba.device.memory import device_empty
+from fox_numba.device.runtime import new_stream
+from fox_numba.device.staging import Stager
+from fox_numba.kernels.distributional import c51_loss, c51_project, expected_q
+
+EPS = 2.0**-24
+
+
+@pytest.fixture(scope="module", autouse=True)
+def long_switch_interval():
+    """No barriers here: a longer GIL switch interval than conftest's 1e-4 s runs the simulator's
+    threads several times faster."""
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(5e-3)
+    yield
+    sys.setswitchinterval(old)
+
+
+@pytest.fixture(scope="module")
+def stream():
+    return new_stream()
+
+
+@pytest.fixture(scope="module")
+def stager(stream):
+    return Stager(stream, chunk_bytes=1 << 20)
+
+
+@pytest.fixture()
+def rng(request):
+    return np.random.default_rng(zlib.crc32(request.node.name.encode()))
+
+
+def random_support(rng, shape, n_atoms):
+    """(v_min, v_max, delta_z) float32 rows with v_min in [-1.5, -0.1] and v_max in [0.1, 1.5]."""
+    v_min = rng.uniform(-1.5, -0.1, shape).astype(np.float32)
+    v_max = rng.uniform(0.1, 1.5, shape).astype(np.float32)
+    dz = ((v_max.astype(np.float64) - v_min) / (n_atoms - 1)).astype(np.float32)
+    return np.stack([v_min, v_max, dz], axis=-1)
+
+
+def atoms64(support, n_atoms):
+    return support[..., :1].astype(np.float64) + np.arange(n_atoms) * support[..., 2:3].astype(np.float64)
+
+
+def softmax64(x):
+    x = x.astype(np.float64)
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def project64(p, rewards, discounts, support_next, support_proj):
+    """Bellemare et al.'s scatter form (floor/ceil neighbours, the l == u case kept whole), in float64."""
+    rows, z = p.shape
+    out = np.zeros((rows, z))
+    tz = rewards[:, None].astype(np.float64) + discounts[:, None] * atoms64(support_next, z)
+    v_min, dz = support_proj[:, :1].astype(np.float64), support_proj[:, 2:].astype(np.float64)
+    b = np.clip((tz - v_min) / dz, 0, z - 1)
+    lo, hi = np.floor(b).astype(int), np.ceil(b).astype(int)
+    for r in range(rows):
+        for j in range(z):
+            if lo[r, j] == hi[r, j]:
+                out[r, lo[r, j]] += p[r, j]
+            else:
+                out[r, lo[r, j]] += p[r, j] * (hi[r, j] - b[r, j])
+                out[r, hi[r, j]] += p[r, j] * (b[r, j] - lo[r, j])
+    return out
+
+
+def loss64(logits, target):
+    x = logits.astype(np.float64)
+    m = x.max(axis=-1, keepdims=True)
+    log_softmax = x - m - np.log(np.exp(x - m).sum(axis=-1, keepdims=True))
+    return -(target.astype(np.float64) * log_softmax).sum(axis=-1)
+
+
+@pytest.mark.parametrize("n_atoms", [21, 51])
+def test_expected_q_and_entropy_match_float64(stream, stager, rng, n_atoms):
+    """B = 64 samples x 13 heads. Logits: standard normal x 3, and in a quarter of the rows sorted
+    ascending so the running max rises at every atom (every rescaling path runs)."""
+    b, a, z = 64, 13, n_atoms
+    logits = (3 * rng.standard_normal((b, a, z))).astype(np.float32)
+    logits[: b // 4] = np.sort(logits[: b // 4], axis=-1)
+    support = random_support(rng, (b, a), z)
+    q, entropy = device_empty((b, a), np.float32), device_empty((b, a), np.float32)
+    expected_q(stager.upload_new(logits), stager.upload_new(support), q, entropy, stream=stream)
+
+    p, atoms = softmax64(logits), atoms64(support, z)
+    q_ref = (p * atoms).sum(axis=-1)
+    h_ref = -(p * np.log(p)).sum(axis=-1)
+    q_tol = 4 * (z + 2) * EPS * np.abs(atoms).max(axis=-1)
+    spread = (logits.max(axis=-1) - logits.min(axis=-1)).astype(np.float64)
+    h_tol = 4 * (z + 2) * EPS * (1 + spread)
+    assert np.all(np.abs(stager.download(q) - q_ref) <= q_tol)
+    assert np.all(np.abs(stager.download(entropy) - h_ref) <= h_tol)
+
+
+def test_c51_project_worked_example_from_the_docstring(stream, stager):
+    """The three rows of `c51_project`'s docstring, asserted exactly (short binary fractions)."""
+    p_next = np.array(
+        [[0.25, 0.25, 0.25, 0.125, 0.125], [0.5, 0.25, 0.125, 0.0625, 0.0625], [0.125, 0.25, 0.25, 0.25, 0.125]],
+        np.float32,
+    )
+    rewards = np.array([0.5, 0.25, -0.75], np.float32)
+    discounts = np.array([0.5, 0.5, 0.0], np.float32)
+    support_next = np.array([[-2, 2, 1], [0, 4, 1], [-2, 2, 1]], np.float32)
+    support_proj = np.array([[-2, 2, 1], [-1, 1, 0.5], [-2, 2, 1]], np.float32)
+    expected = np.array(
+        [[0, 0.125, 0.5, 0.3125, 0.0625], [0, 0, 0.25, 0.375, 0.375], [0, 0.75, 0.25, 0, 0]], np.float32
+    )
+    m = device_empty((3, 5), np.float32)
+    args = (p_next, rewards, discounts, support_next, support_proj)
+    c51_project(*(stager.upload_new(x) for x in args), m, stream=stream)
+    np.testing.assert_array_equal(stager.download(m), expected)
+    doc = c51_project.__doc__
+    for line in ("= [0, 0.125, 0.5, 0.3125, 0.0625]", "= [0, 0, 0.25, 0.375, 0.375]", "m = [0, 0.75, 0.25, 0, 0]"):
+        assert line in doc
+    np.testing.assert_array_equal(project64(*args), expected)
+
+
+def random_projection_inputs(rng, rows, z):
+    """Target probabilities, rewards (a fifth far outside the support, so clipping runs), discounts
+    (a fifth terminal) and per-row supports for both sides."""
+    p_next = softmax64(2 * rng.standard_normal((rows, z))).astype(np.float32)
+    rewards = rng.normal(0, 0.5, rows).astype(np.float32)
+    rewards[::5] *= 6
+    discounts = rng.uniform(0.5, 0.99, rows).astype(np.float32)
+    discounts[1::5] = 0
+    discounts[::10] = 0  # terminal with a reward beyond the support: all mass on an end atom
+    return p_next, rewards, discounts, random_support(rng, rows, z), random_support(rng, rows, z)
+
+
+def test_c51_project_matches_the_float64_scatter_reference(stream, stager, rng):
+    """R = 40 rows of 51 atoms (2040 threads) against the classic floor/ceil scatter form in float64."""
+    rows, z = 40, 51
+    inputs = random_projection_inputs(rng, rows, z)
+    m = device_empty((rows, z), np.float32)
+    c51_project(*(stager.upload_new(x) for x in inputs), m, stream=stream)
+    got = stager.download(m)
+    np.testing.assert_array_less(np.abs(got - project64(*inputs)), 8 * z * EPS)
+    ends = got[(np.abs(inputs[1]) > 1.5) & (inputs[2] == 0)][:, [0, -1]]
+    assert len(ends) >= 2 and np.all(ends.max(axis=1) > 0.99)
+
+
+def test_c51_project_conserves_mass(stream, stager, rng):
+    """On 96 random rows of 21 atoms, sum_k m = sum_j p_next within 8 Z eps, and m >= 0."""
+    rows, z = 96, 21
+    inputs = random_projection_inputs(rng, rows, z)
+    m = device_empty((rows, z), np.float32)
+    c51_project(*(stager.upload_new(x) for x in inputs), m, stream=stream)
+    got = stager.download(m).astype(np.float64)
+    assert np.all(got >= 0)
+    np.testing.assert_array_less(np.abs(got.sum(axis=1) - inputs[0].astype(np.float64).sum(axis=1)), 8 * z * EPS)
+
+
+def test_c51_loss_and_gradient_match_float64_and_finite_differences(stream, stager, rng):
+    """R = 64 rows of 51 atoms: loss against float64 cross-entropy; dlogits against the analytic float64
+    weight * (sum(m) softmax - m), which central finite differences of the float64 loss confirm (to 1e-8)."""
+    rows, z = 64, 51
+    logits = (2 * rng.standard_normal((rows, z))).astype(np.float32)
+    target = softmax64(rng.standard_normal((rows, z))).astype(np.float32)
+    weights = (rng.uniform(0.2, 2.0, rows) / rows).astype(np.float32)
+    loss, dlogits = device_empty(rows, np.float32), device_empty((rows, z), np.float32)
+    c51_loss(*(stager.upload_new(x) for x in (logits, target, weights)), loss, dlogits, stream=stream)
+
+    w64, t64 = weights.astype(np.float64)[:, None], target.astype(np.float64)
+    grad_ref = w64 * (t64.sum(axis=1, keepdims=True) * softmax64(logits) - t64)
+    h = 1e-6
+    fd = np.empty((rows, z))
+    for k in range(z):
+        step = np.zeros(z)
+        step[k] = h
+        fd[:, k] = (loss64(logits + step, target) - loss64(logits - step, target)) / (2 * h)
+    np.testing.assert_allclose(w64 * fd, grad_ref, rtol=0, atol=1e-8)
+
+    x = logits.astype(np.float64)
+    spread = x.max(axis=1) - x.min(axis=1)
+    loss_tol = 4 * (z + 2) * EPS * (1 + spread + np.log(z))
+    assert np.all(np.abs(stager.download(loss) - loss64(logits, target)) <= loss_tol)
+    assert np.all(np.abs(stager.download(dlogits) - grad_ref) <= 4 * (z + 2) * EPS * w64)
+
+
+def test_wrappers_reject_bad_shapes(stream, stager):
+    b, a, z = 2, 13, 5
+    logits = stager.upload_new(np.ones((b, a, z), np.float32))
+    support = stager.upload_new(np.ones((b, a, 3), np.float32))
+    q, entropy = device_empty((b, a), np.float32), device_empty((b, a), np.float32)
+    with pytest.raises(ValueError, match=r"support must be a C-contiguous float32 array \[B, A, 3\] = \(2, 13, 3\)"):
+        expected_q(logits, stager.upload_new(np.ones((b, a, 2), np.float32)), q, entropy, stream=stream)
+    with pytest.raises(ValueError, match=r"q must be .* got float64\(2, 13\)"):
+        expected_q(logits, support, device_empty((b, a), np.float64), entropy, stream=stream)
+    with pytest.raises(ValueError, match="at least 2 atoms"):
+        expected_q(stager.upload_new(np.ones((b, a, 1), np.float32)), support, q, entropy, stream=stream)
+    with pytest.raises(ValueError, match=r"entropy must be .* \(not C-contiguous\)"):
+        expected_q(logits, support, q, device_empty((b, a + 1), np.float32)[:, :a], stream=stream)
+
+    rows = stager.upload_new(np.ones((b, z), np.float32))
+    vec, sup = stager.upload_new(np.ones(b, np.float32)), stager.upload_new(np.ones((b, 3), np.float32))
+    with pytest.raises(ValueError, match=r"discounts must be .* \[R\] = \(2,\)"):
+        c51_project(rows, vec, stager.upload_new(np.ones(b + 1, np.float32)), sup, sup, rows, stream=stream)
+    with pytest.raises(ValueError, match=r"m must be .* \[R, Z\] = \(2, 5\)"):
+        c51_project(rows, vec, vec, sup, sup, device_empty((b, z + 1), np.float32), stream=stream)
+    with pytest.raises(ValueError, match=r"logits must be a float32 array \[R, Z\]"):
+        c51_loss(logits, rows, vec, vec, rows, stream=stream)
+    with pytest.raises(ValueError, match=r"weights must be .* \[R\] = \(2,\)"):
+        c51_loss(rows, rows, sup, vec, rows, stream=stream)
