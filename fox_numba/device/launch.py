@@ -1,8 +1,8 @@
 """Kernel launches: grid sizes from element counts, the stream always explicit, arguments checked.
 
 Every kernel launch in the package goes through `launch` (1-D, one thread per element), `launch_2d`
-(one thread per element of a 2-D range) or `launch_rows` (one block per row, for block reductions and
-single-thread producers). They
+(one thread per element of a 2-D range), `launch_rows` (one block per row, for block reductions and
+single-thread producers) or `launch_tiles` (one block per output tile, for register-tiled kernels). They
 - compute the grid, so no stage sizes grids by hand;
 - take the stream as a required keyword: the legacy default stream cannot be captured into a graph;
 - refuse plain numpy arrays (numba would copy them to the device and back at every launch, and the
@@ -220,6 +220,16 @@ def launch_2d(
     if grid[1] > _MAX_GRID_YZ:
         raise ValueError(f"ny={ny} needs {grid[1]} blocks in y, more than CUDA's {_MAX_GRID_YZ}")
     _launch(kernel, grid, tuple(block), args, stream)
+
+
+def launch_tiles(kernel: Any, tiles: tuple[int, ...], threads: int, *args: Any, stream: Any) -> None:
+    """One block of `threads` threads per tile of a 1-3-D grid of output tiles (register-tiled kernels,
+    whose wrappers count the tiles from the shapes and the tile size beside their kernels)."""
+    if not 1 <= len(tiles) <= 3 or min(tiles) < 1 or threads < 1:
+        raise ValueError(f"nothing to launch: tiles {tiles} of {threads} threads")
+    if max(tiles[1:], default=1) > _MAX_GRID_YZ:
+        raise ValueError(f"tiles {tiles} exceed CUDA's {_MAX_GRID_YZ} blocks in y or z")
+    _launch(kernel, tuple(tiles), (threads,), args, stream)
 
 
 def launch_rows(kernel: Any, n_rows: int, threads: int, *args: Any, stream: Any) -> None:

@@ -50,8 +50,8 @@ from fox_numba.market.schema import (
     UNDEF_PRICE,
     Bars,
     Instrument,
-    Mbp10,
     MarketDay,
+    Mbp10,
     Trades,
     columns,
 )

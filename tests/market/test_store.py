@@ -10,7 +10,17 @@ import pytest
 from fox_numba.errors import InputError, MissingDataError
 from fox_numba.market.bars import bars_from_trades
 from fox_numba.market.calendar import session_bounds
-from fox_numba.market.schema import DTYPES, NS_PER_MINUTE, PRICE_SCALE, Instrument, MarketDay, Mbp10, Trades, columns, to_fixed
+from fox_numba.market.schema import (
+    DTYPES,
+    NS_PER_MINUTE,
+    PRICE_SCALE,
+    Instrument,
+    MarketDay,
+    Mbp10,
+    Trades,
+    columns,
+    to_fixed,
+)
 from fox_numba.market.store import LAYOUT_VERSION, MarketStore, require_schemas, write_store
 
 INST = Instrument()

@@ -1,0 +1,159 @@
+"""Dense layers on the GPU: the launchers of the register-tiled kernels in `fox_numba.kernels.gemm`.
+
+    linear_forward(x, w, b, y, relu=True, stream=s)      y  = relu(x @ w + b)     (relu=False: no ReLU)
+    linear_backward_input(dy, w, dx, act=a, stream=s)    dx = (dy @ w.T) * (a > 0) (act=None: no mask)
+    grads = LinearWeightGrad(batch, k, n)                the split-batch scratch, allocated once
+    grads(x, dy, dw, db, stream=s)                       dw = x.T @ dy, db = dy summed over the batch
+
+Shapes: x[B,K], w[K,N] (y = x @ w), b[N], y[B,N]; `act` is the layer's input activation (the output of
+the previous ReLU), so a ReLU MLP's backward pass needs no separate mask kernel. All arrays are float32
+C-contiguous device arrays, outputs never overlap inputs; any sizes from 1 up work.
+
+The wrappers check shapes, compute the grid and allocate nothing, so they run inside a StepGraph body.
+The kernel configuration and the weight gradient's batch splits are chosen from the shapes alone, never
+from the device, so a shape gives the same bits on every GPU and every run (forward and backward-input
+give the same bits under either configuration; the weight gradient's bits depend on its splits):
+- 128x8 when it pads the output little and gives most SMs of an H200 a block (batch splits counted)
+  that reduces over at least LONG_REDUCTION rows; otherwise 64x4. The thresholds come from the H200
+  sweep in tools/results/bench_nn_h200.md (B = 8192 and 1024).
+- the weight gradient splits the batch into chunks of whole BK-row steps: enough splits to fill one wave
+  of resident blocks, none shorter than MIN_SPLIT_ROWS (shorter ones measured slower).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from fox_numba.device.launch import i32, launch, launch_tiles
+from fox_numba.device.memory import device_empty
+from fox_numba.device.runtime import is_device_array
+from fox_numba.kernels.gemm import BK, CONFIGS, GEMMS, Config, GemmKernels, wgrad_reduce
+
+SMS = 132  # multiprocessors of an H200, the wave the choices fill: a constant, so no result depends on the GPU
+MAX_PAD = 1.25  # 128x8 may pad the output at most this much more than a 64 tile
+MIN_BLOCKS_128 = 3 * SMS // 4  # 128x8 needs this many blocks
+LONG_REDUCTION = 16 * BK  # ... each reducing over this many rows at least
+MIN_SPLIT_ROWS = 16 * BK  # batch rows per weight-gradient split at least
+
+_FLAG = {False: np.int32(0), True: np.int32(1)}
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _tiles(rows: int, cols: int, tile: int) -> int:
+    return _cdiv(rows, tile) * _cdiv(cols, tile)
+
+
+def pick_config(rows: int, cols: int, reduction: int, splits: int = 1) -> str:
+    """The configuration for a rows x cols output reduced over `reduction` rows per block, in `splits`
+    batch splits (the weight gradient)."""
+    pads_little = _tiles(rows, cols, 128) * 128 * 128 <= MAX_PAD * _tiles(rows, cols, 64) * 64 * 64
+    fills = _tiles(rows, cols, 128) * splits >= MIN_BLOCKS_128
+    return "128x8" if pads_little and fills and reduction >= LONG_REDUCTION else "64x4"
+
+
+def split_rows(batch: int, tiles: int, cfg: Config) -> tuple[int, int]:
+    """(splits, rows per split) of the weight gradient's batch: one wave of resident blocks at most."""
+    want = max(1, SMS * cfg.blocks_per_sm // tiles)
+    chunk = max(MIN_SPLIT_ROWS, _cdiv(_cdiv(batch, want), BK) * BK)
+    return _cdiv(batch, chunk), chunk
+
+
+def _gemm(name: str) -> GemmKernels:
+    if name not in GEMMS:
+        raise ValueError(f"configuration {name!r} is not built; built: {sorted(GEMMS)}")
+    return GEMMS[name]
+
+
+def _shape(arr: Any) -> tuple[int, ...]:
+    """The shape as a tuple (the simulator's shape object takes no negative index)."""
+    return tuple(int(d) for d in arr.shape)
+
+
+def _check(op: str, layout: str, arrays: dict[str, Any], expected: dict[str, tuple[int, ...]]) -> None:
+    """Refuse arrays that are not float32 C-contiguous device arrays of the expected shapes."""
+    for name, arr in arrays.items():
+        if not is_device_array(arr):
+            raise TypeError(f"{op}: {name} is a {type(arr).__name__}, not a device array")
+        if arr.dtype != np.float32 or not arr.is_c_contiguous():
+            raise TypeError(f"{op}: {name} must be float32 and C-contiguous, got {arr.dtype} {arr.strides}")
+    got = {name: _shape(arr) for name, arr in arrays.items()}
+    if got != expected or min(d for s in got.values() for d in s) < 1:
+        shown = ", ".join(f"{name} {shape}" for name, shape in got.items())
+        raise ValueError(f"{op}: shapes {shown} do not fit {layout}")
+
+
+def linear_forward(x: Any, w: Any, b: Any, y: Any, *, relu: bool, stream: Any, config: str | None = None) -> None:
+    """y = x @ w + b, then ReLU when `relu`; `config` forces a kernel configuration (tests, benchmarks)."""
+    n_batch, k, n = _shape(x)[0], _shape(x)[-1], _shape(y)[-1]
+    _check(
+        "linear_forward",
+        "x[B,K] @ w[K,N] + b[N] -> y[B,N]",
+        {"x": x, "w": w, "b": b, "y": y},
+        {"x": (n_batch, k), "w": (k, n), "b": (n,), "y": (n_batch, n)},
+    )
+    g = _gemm(config or pick_config(n_batch, n, k))
+    grid = (_cdiv(n, g.config.tile), _cdiv(n_batch, g.config.tile))
+    launch_tiles(g.fwd, grid, g.config.threads, x, w, b, y, _FLAG[relu], stream=stream)
+
+
+def linear_backward_input(dy: Any, w: Any, dx: Any, *, act: Any = None, stream: Any, config: str | None = None) -> None:
+    """dx = dy @ w.T, zeroed where act <= 0 when the layer input activation `act` is given."""
+    n_batch, n, k = _shape(dy)[0], _shape(dy)[-1], _shape(dx)[-1]
+    arrays = {"dy": dy, "w": w, "dx": dx}
+    expected = {"dy": (n_batch, n), "w": (k, n), "dx": (n_batch, k)}
+    if act is not None:
+        arrays["act"], expected["act"] = act, (n_batch, k)
+    _check("linear_backward_input", "dy[B,N] @ w[K,N].T -> dx[B,K], act[B,K]", arrays, expected)
+    g = _gemm(config or pick_config(n_batch, k, n))
+    grid = (_cdiv(k, g.config.tile), _cdiv(n_batch, g.config.tile))
+    mask_src = dx if act is None else act  # not read when the mask is off
+    launch_tiles(g.bwd_in, grid, g.config.threads, dy, w, mask_src, dx, _FLAG[act is not None], stream=stream)
+
+
+class LinearWeightGrad:
+    """dw = x.T @ dy and db = sum of dy over the batch for a fixed (batch, k, n), deterministically.
+
+    The batch is cut into `splits` chunks of `chunk` rows; each block sums its chunk for one output
+    tile into `partial_w[s]` (and the first row of tiles into `partial_b[s]`), then `wgrad_reduce` adds
+    the splits in order. The partial buffers are allocated here, once, so calls can be captured.
+    """
+
+    def __init__(self, batch: int, k: int, n: int, *, config: str | None = None, chunk: int | None = None) -> None:
+        """`config` and `chunk` (rows per split, a multiple of BK) override the choices from the shapes."""
+        if min(batch, k, n) < 1:
+            raise ValueError(f"LinearWeightGrad: batch={batch}, k={k}, n={n} must be positive")
+        if chunk is not None and (chunk < BK or chunk % BK):
+            raise ValueError(f"LinearWeightGrad: chunk={chunk} must be a positive multiple of {BK}")
+        if config is None:
+            splits_128, chunk_128 = split_rows(batch, _tiles(k, n, 128), CONFIGS["128x8"])
+            config = pick_config(k, n, chunk_128, splits_128)
+        self.batch, self.k, self.n = batch, k, n
+        self.gemm = _gemm(config)
+        tile = self.gemm.config.tile
+        self.grid_tiles = (_cdiv(n, tile), _cdiv(k, tile))
+        if chunk is None:
+            self.splits, self.chunk = split_rows(batch, _tiles(k, n, tile), self.gemm.config)
+        else:
+            self.splits, self.chunk = _cdiv(batch, chunk), chunk
+        self.partial_w = device_empty((self.splits, k, n), np.float32)
+        self.partial_b = device_empty((self.splits, n), np.float32)
+
+    def __call__(self, x: Any, dy: Any, dw: Any, db: Any, *, stream: Any) -> None:
+        """dw = x.T @ dy, db = dy summed over the batch."""
+        b, k, n = self.batch, self.k, self.n
+        _check(
+            "LinearWeightGrad",
+            f"x[B,K].T @ dy[B,N] -> dw[K,N], db[N] with (B, K, N) = {(b, k, n)}",
+            {"x": x, "dy": dy, "dw": dw, "db": db},
+            {"x": (b, k), "dy": (b, n), "dw": (k, n), "db": (n,)},
+        )
+        g = self.gemm
+        grid = (*self.grid_tiles, self.splits)
+        pw, pb = self.partial_w, self.partial_b
+        launch_tiles(g.wgrad, grid, g.config.threads, x, dy, pw, pb, i32(self.chunk), stream=stream)
+        launch(wgrad_reduce, k * n + n, pw, pb, dw, db, i32(self.splits), stream=stream)
