@@ -8,6 +8,7 @@ conftest.py as a module named `conftest`, so `from conftest import ...` finds wh
 
 import os
 import sys
+import zlib
 
 os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
 # The simulator runs each CUDA thread as a Python thread; a shorter switch interval makes barrier-heavy
@@ -16,6 +17,9 @@ sys.setswitchinterval(1e-4)
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
+
+from fox_numba.device.runtime import new_stream  # noqa: E402
+from fox_numba.device.staging import Stager  # noqa: E402
 
 ON_SIMULATOR = os.environ["NUMBA_ENABLE_CUDASIM"] not in ("", "0")
 
@@ -70,3 +74,32 @@ def atomic_simulator_shared_arrays():
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(FakeCUDAShared, "array", array)
         yield
+
+
+@pytest.fixture(scope="module")
+def stream():
+    """A stream per test module (kernels launch on an explicit stream, as inside a captured graph)."""
+    return new_stream()
+
+
+@pytest.fixture(scope="module")
+def stager(stream):
+    """Uploads and downloads through 64 KiB mapped chunks, so multi-chunk staging is exercised too."""
+    return Stager(stream, chunk_bytes=1 << 16)
+
+
+@pytest.fixture()
+def rng(request):
+    """A generator seeded by the test's name (crc32: str hashes change from one process to the next)."""
+    return np.random.default_rng(zlib.crc32(request.node.name.encode()))
+
+
+@pytest.fixture(scope="module")
+def long_switch_interval():
+    """For kernels without barriers: a longer GIL switch interval than the 1e-4 s set above stops a
+    simulated block's threads from thrashing the GIL (about 5x faster, measured). Modules opt in with
+    `pytestmark = pytest.mark.usefixtures("long_switch_interval")`."""
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(5e-3)
+    yield
+    sys.setswitchinterval(old)

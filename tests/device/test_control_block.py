@@ -5,13 +5,7 @@ import pytest
 
 from fox_numba.device.control import CONTROL_DTYPE, ControlBlock, control_block_at
 from fox_numba.device.launch import LaunchError, LaunchTrace, tracing
-from fox_numba.device.runtime import new_stream
 from fox_numba.device.staging import Stager
-
-
-@pytest.fixture(scope="module")
-def stream():
-    return new_stream()
 
 
 def test_layout_is_aligned_whole_words():

@@ -17,16 +17,10 @@ from fox_numba.device.memory import (
     mapped_u64,
     words,
 )
-from fox_numba.device.runtime import new_stream
 from fox_numba.device.staging import Stager
 from fox_numba.kernels.elementwise import copy_u32
 
 RECORD = np.dtype([("step", np.int64), ("value", np.float32), ("flag", np.uint32)], align=True)
-
-
-@pytest.fixture(scope="module")
-def stream():
-    return new_stream()
 
 
 @pytest.fixture(scope="module")

@@ -5,35 +5,15 @@ values is exact in float64); axpy allows 2 float32 ulps of its larger operand (t
 when the GPU fuses the multiply-add).
 """
 
-import zlib
 
 import numpy as np
-import pytest
 
 from fox_numba.device.launch import i32, launch
 from fox_numba.device.memory import words
-from fox_numba.device.runtime import new_stream
-from fox_numba.device.staging import Stager
 from fox_numba.kernels.elementwise import axpy_f32, copy_u32, fill_f32, fill_u32, scale_f32, scatter_f32
 
 N = 1000
 PREFIX = 937  # kernels process a prefix; the tail must stay untouched
-
-
-@pytest.fixture(scope="module")
-def stream():
-    return new_stream()
-
-
-@pytest.fixture(scope="module")
-def stager(stream):
-    return Stager(stream, chunk_bytes=1 << 16)
-
-
-@pytest.fixture()
-def rng(request):
-    """A generator seeded by the test's name (crc32: str hashes change from one process to the next)."""
-    return np.random.default_rng(zlib.crc32(request.node.name.encode()))
 
 
 def normal(rng, n=N):

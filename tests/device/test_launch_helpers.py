@@ -22,11 +22,6 @@ from fox_numba.kernels.elementwise import fill_f32, scale_f32
 
 
 @pytest.fixture(scope="module")
-def stream():
-    return new_stream()
-
-
-@pytest.fixture(scope="module")
 def stager(stream):
     return Stager(stream, chunk_bytes=1024)
 

@@ -1,21 +1,14 @@
 """Optimiser kernels against float64 numpy references; per-step scalars come from the control block."""
 
 import numpy as np
-import pytest
 
 from fox_numba.device.control import ControlBlock
 from fox_numba.device.launch import i32, launch
-from fox_numba.device.runtime import new_stream
 from fox_numba.device.staging import Stager
 from fox_numba.kernels.optim import polyak_update
 
 N = 1000
 PREFIX = 901
-
-
-@pytest.fixture(scope="module")
-def stream():
-    return new_stream()
 
 
 def test_polyak_update_reads_tau_from_the_control_block(stream):

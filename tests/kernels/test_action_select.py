@@ -8,8 +8,6 @@ the alternatives a broken kernel would implement fail it by a wide margin.
 
 import itertools
 import math
-import sys
-import zlib
 
 import numpy as np
 import pytest
@@ -26,8 +24,7 @@ from fox_numba.agent.actions import (
 from fox_numba.device.graphs import StepGraph
 from fox_numba.device.memory import device_empty
 from fox_numba.device.rng import xoroshiro_states, xoroshiro_states_host
-from fox_numba.device.runtime import SIMULATOR, new_stream
-from fox_numba.device.staging import Stager
+from fox_numba.device.runtime import SIMULATOR
 from fox_numba.kernels.action_select import TAU_FLOOR, select_actions
 
 SHORT, HOLD, LONG, FLAT = (int(d) for d in Direction)
@@ -36,32 +33,10 @@ CHI2_P_MIN = 1e-6  # a correct kernel fails a chi-square test once in a million 
 # A difference of two E[Q] on 21 atoms with |z| <= 1: twice the expected_q bound 4 (Z + 2) eps max|z|.
 CONV_TOL = 2 * 4 * (21 + 2) * 2.0**-24
 # numba's xoroshiro128+ adds uint64 words with wrap-around; as numpy scalars (the simulator) they warn.
-pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered in scalar add:RuntimeWarning")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def long_switch_interval():
-    """This kernel has no barrier: under the simulator a longer GIL switch interval than conftest's 1e-4 s
-    stops the 64 threads of a block from thrashing the GIL (about 5x faster, measured)."""
-    old = sys.getswitchinterval()
-    sys.setswitchinterval(5e-3)
-    yield
-    sys.setswitchinterval(old)
-
-
-@pytest.fixture(scope="module")
-def stream():
-    return new_stream()
-
-
-@pytest.fixture(scope="module")
-def stager(stream):
-    return Stager(stream, chunk_bytes=1 << 20)
-
-
-@pytest.fixture()
-def rng(request):
-    return np.random.default_rng(zlib.crc32(request.node.name.encode()))
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:overflow encountered in scalar add:RuntimeWarning"),
+    pytest.mark.usefixtures("long_switch_interval"),
+]
 
 
 def run_select(stream, stager, logits, support, states, explore):

@@ -9,43 +9,16 @@ Tolerances follow from float32 rounding (eps = 2**-24 per operation, expf within
   + log S); gradients within 4 (Z + 2) eps weight.
 """
 
-import sys
-import zlib
 
 import numpy as np
 import pytest
 
 from fox_numba.device.memory import device_empty
-from fox_numba.device.runtime import new_stream
-from fox_numba.device.staging import Stager
 from fox_numba.kernels.distributional import c51_loss, c51_project, expected_q
 
 EPS = 2.0**-24
 
-
-@pytest.fixture(scope="module", autouse=True)
-def long_switch_interval():
-    """No barriers here: a longer GIL switch interval than conftest's 1e-4 s runs the simulator's
-    threads several times faster."""
-    old = sys.getswitchinterval()
-    sys.setswitchinterval(5e-3)
-    yield
-    sys.setswitchinterval(old)
-
-
-@pytest.fixture(scope="module")
-def stream():
-    return new_stream()
-
-
-@pytest.fixture(scope="module")
-def stager(stream):
-    return Stager(stream, chunk_bytes=1 << 20)
-
-
-@pytest.fixture()
-def rng(request):
-    return np.random.default_rng(zlib.crc32(request.node.name.encode()))
+pytestmark = pytest.mark.usefixtures("long_switch_interval")
 
 
 def random_support(rng, shape, n_atoms):

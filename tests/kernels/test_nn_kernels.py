@@ -18,7 +18,6 @@ split left out of the reduction, a double-buffer store into the buffer being rea
 column) each made at least one of them fail.
 """
 
-import zlib
 
 import numpy as np
 import pytest
@@ -26,8 +25,6 @@ import pytest
 from fox_numba.device.graphs import StepGraph
 from fox_numba.device.launch import launch_tiles
 from fox_numba.device.memory import device_empty
-from fox_numba.device.runtime import new_stream
-from fox_numba.device.staging import Stager
 from fox_numba.kernels.gemm import BK, CONFIGS, linear_fwd_64x4
 from fox_numba.kernels.nn import (
     LinearWeightGrad,
@@ -49,22 +46,6 @@ MULTI = {
 
 def gamma(n: int) -> float:
     return (n + 1) * U / (1 - (n + 1) * U)  # one rounding more than the chain: the float64 reference
-
-
-@pytest.fixture(scope="module")
-def stream():
-    return new_stream()
-
-
-@pytest.fixture(scope="module")
-def stager(stream):
-    return Stager(stream, chunk_bytes=1 << 16)
-
-
-@pytest.fixture()
-def rng(request):
-    """A generator seeded by the test's name (crc32: str hashes change from one process to the next)."""
-    return np.random.default_rng(zlib.crc32(request.node.name.encode()))
 
 
 def normal(rng, *shape):
