@@ -4,7 +4,7 @@
     launch    launch helpers: grids from element counts, explicit stream, argument checks, launch traces
     memory    Mapped (mapped pinned) buffers, typed constructors, device arrays, device-to-device copies
     staging   Stager: bulk uploads and downloads through double-buffered mapped chunks
-    control   ControlBlock: per-step scalars (step, seed, lr_eff, clip_eff, tau_eff, eps) for graphs
+    control   ControlBlock: per-step scalars (step, seed, lr_sched, tau_eff, eps) for graphs
     graphs    StepGraph: a step body captured into a CUDA graph and replayed, or run eagerly
     isv       the ISV slot table, its fingerprint and generated docs (ISV_SLOTS.md), IsvBus
     rng       xoroshiro128+ generator states built on the host

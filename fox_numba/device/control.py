@@ -1,8 +1,8 @@
 """The control block: the per-step scalars that kernels inside a captured graph read from memory.
 
 A captured graph freezes every kernel argument, so a value that changes from step to step (the step
-counter, lr_eff, clip_eff, tau_eff, eps, the seed) can never be a kernel argument of a graph: the host
-writes it into this block, and kernels read `ctl[0].lr_eff` from the block's device copy.
+counter, lr_sched, tau_eff, eps, the seed) can never be a kernel argument of a graph: the host
+writes it into this block, and kernels read `ctl[0].lr_sched` from the block's device copy.
 
     ctl = ControlBlock()
     def body(stream):
@@ -36,8 +36,8 @@ CONTROL_DTYPE = np.dtype(
     [
         ("step", np.int64),  # gradient (or environment) step counter of the stage
         ("seed", np.uint64),  # per-step seed for counter-based random draws
-        ("lr_eff", np.float32),  # learning rate after schedule and warm-up damping
-        ("clip_eff", np.float32),  # gradient-norm clip threshold in force this step
+        ("lr_sched", np.float32),  # the host schedule's learning rate (cosine per epoch), before the
+        # GPU's warm-up damping: adam_step uses lr_sched * max(0.05, ISV[FOLD_WARMUP_FACTOR])
         ("tau_eff", np.float32),  # Polyak rate of the target network this step
         ("eps", np.float32),  # exploration rate of action selection
     ],

@@ -71,9 +71,9 @@ _NAMED: tuple[Slot, ...] = (
          "GRAD_NORM_EMA * learner.clip_ema_mult (0: no observation yet, the first one seeds it).", _CLIP,
          "clip_eff = clip_base * (0.1 + 0.9 * FOLD_WARMUP_FACTOR)", fold_reset=None),
     Slot("GRAD_NORM_FAST_EMA", 2, "EMA (alpha 0.1) of GRAD_NORM_RAW: the fold's recent gradient scale.",
-         _CLIP, "FOLD_WARMUP_FACTOR producer"),
+         _CLIP, "FOLD_WARMUP_FACTOR"),
     Slot("GRAD_NORM_SLOW_EMA", 3, "EMA (alpha 0.001) of GRAD_NORM_RAW: the cross-fold steady-state "
-         "gradient scale, kept across folds as the warm-up baseline.", _CLIP, "FOLD_WARMUP_FACTOR producer",
+         "gradient scale, kept across folds as the warm-up baseline.", _CLIP, "FOLD_WARMUP_FACTOR",
          fold_reset=None),
     Slot("CLIP_ENGAGED_EMA", 4, "EMA (alpha 0.01) of 1 when GRAD_NORM_RAW exceeded clip_eff, else 0.",
          _CLIP, _DIAG),
@@ -86,6 +86,14 @@ _NAMED: tuple[Slot, ...] = (
          _GRAD, "gradient-collapse kill criterion"),
     Slot("NONFINITE_STEPS", 8, "Steps of this fold whose loss or gradient held a NaN or Inf (count).",
          _GRAD, "kill criteria; " + _DIAG),
+    Slot("GRAD_NORM_OBSERVED", 9, "Finite GRAD_NORM_RAW observations folded into GRAD_NORM_SLOW_EMA "
+         "(count, saturating at 2**24 where float32 stops counting exactly); it carries over folds with the "
+         "slow EMA, so the warm-up bootstrap covers the run's first 200 steps, not every fold's.", _CLIP,
+         "FOLD_WARMUP_FACTOR (bootstrap branch); " + _DIAG, fold_reset=None),
+    Slot("CLIP_EFF", 10, "Gradient-norm clip threshold in force this step: max(GRAD_NORM_EMA * "
+         "learner.clip_ema_mult * (0.1 + 0.9 * FOLD_WARMUP_FACTOR), 1e-12); rewritten every step before "
+         "it is read.", _CLIP, "learner Adam kernel (gradient scale min(1, CLIP_EFF / GRAD_NORM_RAW)); "
+         "CLIP_ENGAGED_EMA; " + _DIAG, fold_reset=None),
     # 16-31: Q-value statistics
     Slot("Q_ABS_REF", 16, "EMA (alpha 0.05) of the mean |E[Q]| over the magnitude-branch bins: the "
          "network's Q scale.", _QSTATS, "Q-drift kill floor; Q_DRIFT_RATE producer", bootstrap=0.05,
@@ -168,10 +176,10 @@ _NAMED: tuple[Slot, ...] = (
     Slot("Q_DRIFT_RATE", 129, "|q_mean(t) - q_mean(t-1)| / max(|q_mean(t-1)|, Q_ABS_REF + Q_DIR_ABS_REF, "
          "1e-6), clipped to [0, 4]; t counts epochs.", "Q_DRIFT_RATE producer (every epoch)",
          "tau_eff = scheduled tau / (1 + Q_DRIFT_RATE), so tau_eff stays in [tau_base/5, tau_base]"),
-    Slot("FOLD_WARMUP_FACTOR", 130, "clamp(GRAD_NORM_FAST_EMA / GRAD_NORM_SLOW_EMA, 0, 1); 1 while fewer "
-         "than 200 steps were observed or the slow EMA is under 1e-6.",
-         "FOLD_WARMUP_FACTOR producer (every step, train graph)",
-         "lr_eff = lr * max(0.05, factor); clip_eff = clip_base * (0.1 + 0.9 * factor)",
+    Slot("FOLD_WARMUP_FACTOR", 130, "clamp(GRAD_NORM_FAST_EMA / GRAD_NORM_SLOW_EMA, 0, 1); 1 while "
+         "GRAD_NORM_OBSERVED is under 200 or the slow EMA is under 1e-6.", _CLIP,
+         "learner Adam kernel: lr = control block lr_sched (host schedule) * max(0.05, factor); CLIP_EFF = "
+         "clip_base * (0.1 + 0.9 * factor)",
          bootstrap=1.0, fold_reset=0.0),
 )
 

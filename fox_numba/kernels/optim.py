@@ -1,17 +1,186 @@
-"""Optimiser kernels that run inside the captured training step.
+"""Optimiser kernels that run inside the captured training step: gradient norm, adaptive clip, Adam, Polyak.
 
-Launch shape: 1-D, one thread per parameter, through `fox_numba.device.launch.launch`.
-Constraints: per-step scalars (tau_eff, lr_eff, clip_eff, the step) are read from the control block
-(`ctl[0].<field>`, a CONTROL_DTYPE record in device memory), never passed as arguments, because a
-captured graph would freeze them; arrays are C-contiguous float32; `n` (int32) counts the parameters.
+One training step launches, in order: grad_sq_partials -> grad_norm_finish -> adaptive_clip_producer ->
+adam_step (wrappers: global_grad_norm, update_adaptive_clip, adam_update), and polyak_update when the
+target network follows.
+
+Launch shapes:
+- grad_sq_partials: 1-D, NORM_BLOCK threads per block, one element per thread; block b writes the float64
+  sum of squares of its elements to partials[b] (a shared-memory tree, fixed order).
+- grad_norm_finish: one block of NORM_BLOCK threads (`launch_rows(.., 1, NORM_BLOCK, ..)`); thread j sums
+  partials j, j + NORM_BLOCK, ... in order, then the same tree. No atomics and no warp shuffles, so the
+  norm has the same bits on every run, and the simulator runs it.
+- adaptive_clip_producer: one thread (`launch_rows(.., 1, 1, ..)`), a cold-path producer of ISV slots.
+- adam_step, polyak_update: 1-D, one thread per parameter.
+
+Where the per-step values live (a captured graph freezes kernel arguments):
+- The control block (`ctl[0]`, host-written) carries the step t (Adam's bias correction; the learner
+  restarts it at a fold boundary), tau_eff, and lr_sched, the host schedule's rate (the per-epoch cosine
+  base), not yet damped.
+- The ISV bus (GPU-written, GPU-read: adaptive signals never leave the device) carries GRAD_NORM_RAW,
+  the EMAs, FOLD_WARMUP_FACTOR and CLIP_EFF. adam_step composes lr = ctl lr_sched * max(LR_FLOOR, factor)
+  itself and clips with ISV[CLIP_EFF].
+- The observation counter of the warm-up bootstrap is ISV[GRAD_NORM_OBSERVED]; like the slow EMA it
+  carries over folds, so a fold boundary (FAST_EMA and FACTOR reset to 0) damps at once instead of
+  re-entering the 200-step bootstrap.
+- beta1, beta2, eps and clip_ema_mult are fixed per run: kernel arguments.
+Constraints: float32 C-contiguous arrays (partials float64); literals are float32 (a Python float makes
+the GPU compute in float64); slot indices are module constants taken from `Isv`. A non-finite gradient
+norm is counted in ISV[NONFINITE_STEPS], leaves the EMAs alone and skips the Adam step entirely.
 """
 
-from numba import cuda, float32, from_dtype, int32
+from __future__ import annotations
 
-from fox_numba.device.control import CONTROL_DTYPE
+import math
+from typing import Any
+
+import numpy as np
+from numba import cuda, float32, float64, from_dtype, int32
+
+from fox_numba.device.control import CONTROL_DTYPE, ControlBlock
+from fox_numba.device.isv import ISV_TOTAL_DIM, Isv
+from fox_numba.device.launch import grid_1d, i32, launch, launch_rows
+from fox_numba.kernels.distributional import check_array
+from fox_numba.kernels.elementwise import scale_f32
 from fox_numba.kernels.registry import register
 
 _CONTROL = from_dtype(CONTROL_DTYPE)
+
+NORM_BLOCK = 256  # threads per block of both norm passes; a power of two (the tree halves it)
+
+EMA_ALPHA = np.float32(0.01)  # GRAD_NORM_EMA and CLIP_ENGAGED_EMA
+FAST_ALPHA = np.float32(0.1)
+SLOW_ALPHA = np.float32(0.001)
+WARMUP_MIN_OBSERVED = np.float32(200.0)  # bootstrap: factor 1 below this many observations
+SLOW_EMA_MIN = np.float32(1e-6)  # bootstrap: factor 1 while the slow EMA is below this
+OBSERVED_CAP = np.float32(2.0**24)  # float32 counts exactly up to here
+LR_FLOOR = np.float32(0.05)  # lr = lr_base * max(LR_FLOOR, factor)
+CLIP_FLOOR = np.float32(0.1)  # clip_eff = clip_base * (CLIP_FLOOR + (1 - CLIP_FLOOR) * factor)
+CLIP_TINY = np.float32(1e-12)  # clip_eff never reaches 0
+NORM_EPS = np.float32(1e-12)  # clip scale = min(1, clip_eff / (norm + NORM_EPS))
+ADAM_SHRINK_M = np.float32(0.1)  # fold boundary: keep the direction of m ...
+ADAM_SHRINK_V = np.float32(0.01)  # ... and damp the magnitude history of v
+
+_RAW = int(Isv.GRAD_NORM_RAW)
+_EMA = int(Isv.GRAD_NORM_EMA)
+_FAST = int(Isv.GRAD_NORM_FAST_EMA)
+_SLOW = int(Isv.GRAD_NORM_SLOW_EMA)
+_ENGAGED = int(Isv.CLIP_ENGAGED_EMA)
+_NONFINITE = int(Isv.NONFINITE_STEPS)
+_OBSERVED = int(Isv.GRAD_NORM_OBSERVED)
+_CLIP_EFF = int(Isv.CLIP_EFF)
+_FACTOR = int(Isv.FOLD_WARMUP_FACTOR)
+
+
+@cuda.jit(device=True)
+def _tree_sum(acc, tid):
+    """Sum acc[0:NORM_BLOCK] into acc[0] by halving; every thread of the block calls it."""
+    cuda.syncthreads()
+    s = NORM_BLOCK // 2
+    while s > 0:
+        if tid < s:
+            acc[tid] += acc[tid + s]
+        cuda.syncthreads()
+        s //= 2
+
+
+@register((float32[::1], float64[::1], int32))
+@cuda.jit
+def grad_sq_partials(grad, partials, n):
+    """partials[b] = sum of grad[i]**2 over block b's elements, in float64 (pass 1 of the norm)."""
+    tid = cuda.threadIdx.x
+    i = cuda.grid(1)
+    acc = cuda.shared.array(NORM_BLOCK, float64)
+    g = float64(0.0)
+    if i < n:
+        g = float64(grad[i])
+    acc[tid] = g * g
+    _tree_sum(acc, tid)
+    if tid == 0:
+        partials[cuda.blockIdx.x] = acc[0]
+
+
+@register((float64[::1], float32[::1], int32))
+@cuda.jit
+def grad_norm_finish(partials, isv, n_partials):
+    """ISV[GRAD_NORM_RAW] = sqrt(sum of partials); a non-finite norm adds 1 to ISV[NONFINITE_STEPS]."""
+    tid = cuda.threadIdx.x
+    acc = cuda.shared.array(NORM_BLOCK, float64)
+    s = float64(0.0)
+    j = tid
+    while j < n_partials:
+        s += partials[j]
+        j += NORM_BLOCK
+    acc[tid] = s
+    _tree_sum(acc, tid)
+    if tid == 0:
+        norm = float32(math.sqrt(acc[0]))
+        isv[_RAW] = norm
+        if math.isinf(norm) or math.isnan(norm):
+            isv[_NONFINITE] += float32(1.0)
+
+
+@register((float32[::1], float32))
+@cuda.jit
+def adaptive_clip_producer(isv, clip_ema_mult):
+    """Write FOLD_WARMUP_FACTOR, CLIP_EFF and CLIP_ENGAGED_EMA, then fold GRAD_NORM_RAW into the EMAs.
+
+    The factor and the clip come from the EMAs before this step's norm joins them (as in the seed, where
+    the clip of step t came from norms up to t - 1), so a spike is clipped against the history. The first
+    finite observation seeds GRAD_NORM_EMA and the slow EMA (while 0); the fast EMA is not seeded, so after
+    a fold reset it climbs from 0 and the factor (fast / slow) damps lr and clip for ~50 steps.
+    """
+    raw = isv[_RAW]
+    finite = not (math.isinf(raw) or math.isnan(raw))
+    if finite and isv[_EMA] == float32(0.0):
+        isv[_EMA] = raw
+    if finite and isv[_SLOW] == float32(0.0):
+        isv[_SLOW] = raw
+    ema = isv[_EMA]
+    fast = isv[_FAST]
+    slow = isv[_SLOW]
+    factor = float32(1.0)
+    if isv[_OBSERVED] >= WARMUP_MIN_OBSERVED and slow >= SLOW_EMA_MIN:
+        factor = min(max(fast / slow, float32(0.0)), float32(1.0))
+    isv[_FACTOR] = factor
+    clip = max(ema * clip_ema_mult * (CLIP_FLOOR + (float32(1.0) - CLIP_FLOOR) * factor), CLIP_TINY)
+    isv[_CLIP_EFF] = clip
+    if finite:
+        engaged = float32(1.0) if raw > clip else float32(0.0)
+        isv[_ENGAGED] += EMA_ALPHA * (engaged - isv[_ENGAGED])
+        isv[_EMA] = ema + EMA_ALPHA * (raw - ema)
+        isv[_FAST] = fast + FAST_ALPHA * (raw - fast)
+        isv[_SLOW] = slow + SLOW_ALPHA * (raw - slow)
+        isv[_OBSERVED] = min(isv[_OBSERVED] + float32(1.0), OBSERVED_CAP)
+
+
+@register(
+    (float32[::1], float32[::1], float32[::1], float32[::1], float32[::1], _CONTROL[::1], float32, float32,
+     float32, int32)
+)
+@cuda.jit
+def adam_step(params, grads, m, v, isv, ctl, beta1, beta2, eps, n):
+    """One Adam step on the clipped gradient; params, m, v untouched when GRAD_NORM_RAW is not finite.
+
+    g = grad * min(1, CLIP_EFF / (norm + 1e-12)); bias corrections 1 - beta**t = -expm1(t * log(beta))
+    (accurate in float32 for small t), t = max(ctl step, 1); lr = ctl lr_sched * max(0.05, factor).
+    """
+    i = cuda.grid(1)
+    if i >= n:
+        return
+    norm = isv[_RAW]
+    if math.isinf(norm) or math.isnan(norm):
+        return
+    g = grads[i] * min(float32(1.0), isv[_CLIP_EFF] / (norm + NORM_EPS))
+    mi = beta1 * m[i] + (float32(1.0) - beta1) * g
+    vi = beta2 * v[i] + (float32(1.0) - beta2) * (g * g)
+    m[i] = mi
+    v[i] = vi
+    t = float32(max(ctl[0].step, 1))
+    bc1 = -math.expm1(t * math.log(beta1))
+    bc2 = -math.expm1(t * math.log(beta2))
+    lr = ctl[0].lr_sched * max(LR_FLOOR, isv[_FACTOR])
+    params[i] -= lr * (mi / bc1) / (math.sqrt(vi / bc2) + eps)
 
 
 @register((float32[::1], float32[::1], _CONTROL[::1], int32))
@@ -22,3 +191,57 @@ def polyak_update(target, online, ctl, n):
     if i < n:
         tau = ctl[0].tau_eff
         target[i] = target[i] + tau * (online[i] - target[i])
+
+
+def norm_partials_len(n: int) -> int:
+    """Length of the float64 partials buffer that global_grad_norm needs for `n` gradient elements."""
+    return grid_1d(n, NORM_BLOCK)
+
+
+def _check_isv(isv: Any) -> None:
+    check_array("isv", isv, "[ISV_TOTAL_DIM]", (ISV_TOTAL_DIM,))
+
+
+def global_grad_norm(grad: Any, partials: Any, isv: Any, *, stream: Any) -> None:
+    """ISV[GRAD_NORM_RAW] = ||grad||_2 (two deterministic passes through `partials`, float64
+    [norm_partials_len(n)]); a non-finite norm adds 1 to ISV[NONFINITE_STEPS]."""
+    n = grad.shape[0]
+    check_array("grad", grad, "[n]", (n,))
+    k = norm_partials_len(n)
+    check_array("partials", partials, "[norm_partials_len(n)]", (k,), np.float64)
+    _check_isv(isv)
+    launch(grad_sq_partials, n, grad, partials, i32(n), stream=stream, block=NORM_BLOCK)
+    launch_rows(grad_norm_finish, 1, NORM_BLOCK, partials, isv, i32(k), stream=stream)
+
+
+def update_adaptive_clip(isv: Any, clip_ema_mult: float, *, stream: Any) -> None:
+    """Run the adaptive-clip producer on the last GRAD_NORM_RAW (clip_ema_mult: LearnerConfig's)."""
+    _check_isv(isv)
+    if not clip_ema_mult > 0:
+        raise ValueError(f"clip_ema_mult must be > 0, got {clip_ema_mult}")
+    launch_rows(adaptive_clip_producer, 1, 1, isv, np.float32(clip_ema_mult), stream=stream)
+
+
+def adam_update(
+    params: Any, grads: Any, m: Any, v: Any, isv: Any, ctl: ControlBlock, *, beta1: float, beta2: float,
+    eps: float, stream: Any,
+) -> None:
+    """One Adam step of `params` with the clip, step and lr described in the module header."""
+    n = params.shape[0]
+    for name, arr in (("params", params), ("grads", grads), ("m", m), ("v", v)):
+        check_array(name, arr, "[n]", (n,))
+    _check_isv(isv)
+    if not (0 < beta1 < 1 and 0 < beta2 < 1 and eps > 0):
+        raise ValueError(f"Adam needs 0 < beta1, beta2 < 1 and eps > 0, got {beta1}, {beta2}, {eps}")
+    launch(adam_step, n, params, grads, m, v, isv, ctl.device, np.float32(beta1), np.float32(beta2),
+           np.float32(eps), i32(n), stream=stream)
+
+
+def shrink_adam_moments(m: Any, v: Any, *, stream: Any) -> None:
+    """Fold boundary: m *= ADAM_SHRINK_M, v *= ADAM_SHRINK_V (direction kept, magnitude history damped);
+    the learner also restarts the control block's step so the bias correction starts again."""
+    n = m.shape[0]
+    check_array("m", m, "[n]", (n,))
+    check_array("v", v, "[n]", (n,))
+    launch(scale_f32, n, m, ADAM_SHRINK_M, i32(n), stream=stream)
+    launch(scale_f32, n, v, ADAM_SHRINK_V, i32(n), stream=stream)

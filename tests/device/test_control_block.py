@@ -10,7 +10,7 @@ from fox_numba.device.staging import Stager
 
 def test_layout_is_aligned_whole_words():
     assert CONTROL_DTYPE.isalignedstruct and CONTROL_DTYPE.itemsize % 8 == 0
-    assert CONTROL_DTYPE.names == ("step", "seed", "lr_eff", "clip_eff", "tau_eff", "eps")
+    assert CONTROL_DTYPE.names == ("step", "seed", "lr_sched", "tau_eff", "eps")
 
 
 def test_set_then_upload_reaches_the_device_copy(stream):
@@ -20,8 +20,7 @@ def test_set_then_upload_reaches_the_device_copy(stream):
     values = {
         "step": 2**40 + 3,
         "seed": 2**63 + 11,
-        "lr_eff": np.float32(1.5e-4),
-        "clip_eff": np.float32(9.75),
+        "lr_sched": np.float32(1.5e-4),
         "tau_eff": np.float32(0.005),
         "eps": np.float32(0.125),
     }

@@ -1,11 +1,26 @@
 """Optimiser kernels against float64 numpy references; per-step scalars come from the control block."""
 
 import numpy as np
+import pytest
 
 from fox_numba.device.control import ControlBlock
+from fox_numba.device.graphs import StepGraph
+from fox_numba.device.isv import Isv, IsvBus, bootstrap_values, fold_reset_entries
 from fox_numba.device.launch import i32, launch
+from fox_numba.device.memory import Mapped
 from fox_numba.device.staging import Stager
-from fox_numba.kernels.optim import polyak_update
+from fox_numba.kernels.elementwise import scatter_f32
+from fox_numba.kernels.optim import (
+    ADAM_SHRINK_M,
+    ADAM_SHRINK_V,
+    NORM_BLOCK,
+    adam_update,
+    global_grad_norm,
+    norm_partials_len,
+    polyak_update,
+    shrink_adam_moments,
+    update_adaptive_clip,
+)
 
 N = 1000
 PREFIX = 901
@@ -20,7 +35,7 @@ def test_polyak_update_reads_tau_from_the_control_block(stream):
     tau = np.float32(rng.uniform(0.001, 0.5))
     target, online = stager.upload_new(target0), stager.upload_new(online0)
     ctl = ControlBlock()
-    ctl.set(tau_eff=tau, lr_eff=np.float32(99.0), step=12)
+    ctl.set(tau_eff=tau, lr_sched=np.float32(99.0), step=12)
     ctl.upload(stream)
     launch(polyak_update, PREFIX, target, online, ctl.device, i32(PREFIX), stream=stream)
 
@@ -32,3 +47,252 @@ def test_polyak_update_reads_tau_from_the_control_block(stream):
     assert np.all(np.abs(got - expected) <= 3 * np.spacing(scale).astype(np.float64))
     np.testing.assert_array_equal(got[PREFIX:], target0[PREFIX:])
     np.testing.assert_array_equal(stager.download(online), online0)
+
+
+# ---- gradient norm, adaptive clip, Adam -------------------------------------------------------------
+# Tolerances (float64 references, float32 state on the device):
+# - norm: 1 float32 ulp (float64 accumulation, one final rounding); partials 1e-12 relative.
+# - producer: slots within 1e-5 relative (+1e-9 absolute) after 250 steps of float32 EMA updates;
+#   counters and the bootstrap branch exact.
+# - Adam: m, v within 1e-5 relative plus 1e-6 of the array's largest magnitude (m cancels where the
+#   gradient changes sign); params within 2 float32 ulps of the parameter plus 1e-4 of the step's
+#   learning rate per step.
+
+B1, B2, ADAM_EPS, CLIP_MULT = 0.9, 0.999, 1.5e-4, 2.0
+RAW, EMA, FAST, SLOW = Isv.GRAD_NORM_RAW, Isv.GRAD_NORM_EMA, Isv.GRAD_NORM_FAST_EMA, Isv.GRAD_NORM_SLOW_EMA
+ENGAGED, NONFINITE, OBSERVED = Isv.CLIP_ENGAGED_EMA, Isv.NONFINITE_STEPS, Isv.GRAD_NORM_OBSERVED
+CLIP, FACTOR = Isv.CLIP_EFF, Isv.FOLD_WARMUP_FACTOR
+PRODUCED = [EMA, FAST, SLOW, ENGAGED, OBSERVED, CLIP, FACTOR]
+F32 = (float(np.float32(B1)), float(np.float32(B2)), float(np.float32(ADAM_EPS)))
+
+
+def ref_norm(grad, isv):
+    """float64 global norm written as the finish kernel does (RAW rounded to float32, non-finite counted)."""
+    norm = np.float32(np.sqrt(np.sum(grad.astype(np.float64) ** 2)))
+    isv[RAW] = norm
+    if not np.isfinite(norm):
+        isv[NONFINITE] += 1
+
+
+def ref_producer(isv, mult=CLIP_MULT):
+    """float64 adaptive-clip producer, written from the spec's numbers: factor and clip from the EMAs
+    before this step's norm (the first finite norm seeds EMA and SLOW), then the EMA updates."""
+    raw = isv[RAW]
+    finite = np.isfinite(raw)
+    if finite:
+        isv[EMA] = isv[EMA] or raw
+        isv[SLOW] = isv[SLOW] or raw
+    bootstrap = isv[OBSERVED] < 200 or isv[SLOW] < 1e-6
+    isv[FACTOR] = 1.0 if bootstrap else min(max(isv[FAST] / isv[SLOW], 0.0), 1.0)
+    isv[CLIP] = max(isv[EMA] * mult * (0.1 + 0.9 * isv[FACTOR]), 1e-12)
+    if finite:
+        isv[ENGAGED] += 0.01 * (float(raw > isv[CLIP]) - isv[ENGAGED])
+        isv[EMA] += 0.01 * (raw - isv[EMA])
+        isv[FAST] += 0.1 * (raw - isv[FAST])
+        isv[SLOW] += 0.001 * (raw - isv[SLOW])
+        isv[OBSERVED] = min(isv[OBSERVED] + 1, 2.0**24)
+
+
+def ref_adam(p, m, v, g, isv, lr_base, t):
+    """float64 Adam on the clipped gradient, in place; no update when the norm is not finite."""
+    b1, b2, eps = F32
+    norm = isv[RAW]
+    if not np.isfinite(norm):
+        return
+    g = g.astype(np.float64) * min(1.0, isv[CLIP] / (norm + 1e-12))
+    m[:] = b1 * m + (1 - b1) * g
+    v[:] = b2 * v + (1 - b2) * g * g
+    lr = lr_base * max(0.05, isv[FACTOR])
+    p -= lr * (m / (1 - b1**t)) / (np.sqrt(v / (1 - b2**t)) + eps)
+
+
+def assert_moment(got, ref):
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6 * np.abs(ref).max())
+
+
+def assert_slots(got, ref, slots=PRODUCED):
+    np.testing.assert_allclose(got[slots], ref[slots], rtol=1e-5, atol=1e-9)
+
+
+@pytest.mark.parametrize("n", [3001, 37])
+def test_global_grad_norm_two_pass_reduction(stream, stager, rng, n):
+    grad0 = (rng.standard_normal(n) * rng.uniform(0.01, 10.0, n)).astype(np.float32)
+    isv0 = bootstrap_values()
+    grad, isv = stager.upload_new(grad0), stager.upload_new(isv0)
+    partials = stager.upload_new(np.full(norm_partials_len(n), np.nan))
+    global_grad_norm(grad, partials, isv, stream=stream)
+
+    sq = np.zeros(norm_partials_len(n) * NORM_BLOCK)
+    sq[:n] = grad0.astype(np.float64) ** 2
+    np.testing.assert_allclose(stager.download(partials), sq.reshape(-1, NORM_BLOCK).sum(1), rtol=1e-12)
+    expected = isv0.astype(np.float64)
+    ref_norm(grad0, expected)
+    got = stager.download(isv)
+    assert abs(float(got[RAW]) - expected[RAW]) <= np.spacing(np.float32(expected[RAW]))
+    np.testing.assert_array_equal(np.delete(got, RAW), np.delete(isv0, RAW))
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_nonfinite_gradient_is_counted_and_skips_adam(stream, stager, rng, bad):
+    n = 37
+    grad0 = rng.standard_normal(n).astype(np.float32)
+    grad0[[5, 30]] = bad
+    isv0 = bootstrap_values()
+    isv0[[EMA, FAST, SLOW, OBSERVED, NONFINITE]] = (3.0, 2.5, 3.5, 400.0, 2.0)
+    p0, m0, v0 = (rng.standard_normal(n).astype(np.float32) for _ in range(3))
+    v0 = np.abs(v0)
+    grad, isv = stager.upload_new(grad0), stager.upload_new(isv0)
+    partials = stager.upload_new(np.zeros(norm_partials_len(n)))
+    p, m, v = stager.upload_new(p0), stager.upload_new(m0), stager.upload_new(v0)
+    ctl = ControlBlock()
+    ctl.set(step=3, lr_sched=np.float32(1e-3))
+    ctl.upload(stream)
+    global_grad_norm(grad, partials, isv, stream=stream)
+    update_adaptive_clip(isv, CLIP_MULT, stream=stream)
+    adam_update(p, grad, m, v, isv, ctl, beta1=B1, beta2=B2, eps=ADAM_EPS, stream=stream)
+
+    got = stager.download(isv)
+    assert not np.isfinite(got[RAW]) and got[NONFINITE] == 3.0
+    np.testing.assert_array_equal(got[[EMA, FAST, SLOW, OBSERVED, ENGAGED]], isv0[[EMA, FAST, SLOW, OBSERVED, ENGAGED]])
+    for dev, host in ((p, p0), (m, m0), (v, v0)):
+        np.testing.assert_array_equal(stager.download(dev), host)
+
+
+def test_adaptive_clip_producer_bootstrap_then_fold_damping(stream, stager, rng):
+    """220 steps from a fresh bus (a NaN norm at step 50), a fold reset, then 30 steps: factor 1 until
+    200 observations (bootstrap), then 0 right after the reset, climbing with the fast EMA; floors kept."""
+    bus = IsvBus(stager)
+    ref = bootstrap_values().astype(np.float64)
+    reset_index, reset_values = fold_reset_entries()
+    norms = rng.lognormal(np.log(10.0), 0.3, 250)
+    norms[50] = np.nan
+    raw = Mapped(1, np.float32)
+    raw_index = stager.upload_new(np.array([RAW], np.int32))
+    factors, clips, engaged = [], [], []
+    for step, value in enumerate(norms):
+        if step == 220:
+            bus.fold_reset(stream)
+            ref[reset_index] = reset_values
+        raw.host[0] = value
+        launch(scatter_f32, 1, bus.values, raw_index, raw.device, i32(1), stream=stream)
+        ref[RAW] = np.float32(value)
+        ema_before = ref[EMA]
+        update_adaptive_clip(bus.values, CLIP_MULT, stream=stream)
+        ref_producer(ref)
+        got = bus.read()
+        assert_slots(got, ref)
+        assert got[OBSERVED] == step + 1 - (step >= 50)
+        assert 0.0 <= got[FACTOR] <= 1.0
+        if step > 0:
+            assert got[CLIP] >= 0.1 * CLIP_MULT * ema_before * (1 - 1e-6)
+        factors.append(float(got[FACTOR]))
+        clips.append(float(got[CLIP]) / (CLIP_MULT * ema_before or 1.0))
+        engaged.append(float(got[ENGAGED]))
+    assert factors[:201] == [1.0] * 201  # up to 200 finite observations before the step: bootstrap
+    assert factors[220] == 0.0 and clips[220] == pytest.approx(0.1, rel=1e-6)  # fast EMA reset to 0
+    assert all(f < 1.0 for f in factors[220:235])  # the fast EMA climbs from 0 ...
+    assert factors[249] > 0.5  # ... towards the slow one
+    assert engaged[220] > engaged[219]  # the damped clip engages on an ordinary norm
+
+
+def test_adaptive_clip_producer_bootstrap_on_a_tiny_slow_ema(stream, stager):
+    isv0 = bootstrap_values()
+    isv0[[RAW, FAST, SLOW, OBSERVED, EMA]] = (1e-7, 0.0, 5e-7, 500.0, 5e-7)
+    isv = stager.upload_new(isv0)
+    update_adaptive_clip(isv, CLIP_MULT, stream=stream)
+    ref = isv0.astype(np.float64)
+    ref_producer(ref)
+    got = stager.download(isv)
+    assert got[FACTOR] == 1.0
+    assert_slots(got, ref)
+
+
+def test_adam_step_against_a_float64_reference(stream, stager, rng):
+    """Five steps; the clip engages on odd steps; factor 0 at step 1 puts lr on its 0.05 floor."""
+    n = 701
+    p0 = rng.standard_normal(n).astype(np.float32)
+    p, m, v = stager.upload_new(p0), stager.upload_new(np.zeros(n, np.float32)), stager.upload_new(
+        np.zeros(n, np.float32))
+    grads = stager.upload_new(np.zeros(n, np.float32))
+    isv = stager.upload_new(bootstrap_values())
+    pr, mr, vr = p0.astype(np.float64), np.zeros(n), np.zeros(n)
+    ctl = ControlBlock()
+    for t, factor in zip(range(1, 6), (0.0, 0.3, 1.0, 0.02, 0.7), strict=True):
+        g0 = (rng.standard_normal(n) * 10.0 ** rng.uniform(-4, 0)).astype(np.float32)
+        norm = np.float32(np.linalg.norm(g0.astype(np.float64)))
+        isv0 = bootstrap_values()
+        isv0[[RAW, CLIP, FACTOR]] = (norm, norm * (0.5 if t % 2 else 3.0), factor)
+        stager.upload(g0, grads)
+        stager.upload(isv0, isv)
+        lr = np.float32(10.0 ** rng.uniform(-4, -2))
+        ctl.set(step=t, lr_sched=lr)
+        ctl.upload(stream)
+        adam_update(p, grads, m, v, isv, ctl, beta1=B1, beta2=B2, eps=ADAM_EPS, stream=stream)
+        ref_adam(pr, mr, vr, g0, isv0.astype(np.float64), float(lr), t)
+        assert_moment(stager.download(m), mr)
+        assert_moment(stager.download(v), vr)
+        got = stager.download(p)
+        tol = 2 * np.spacing(np.abs(got)).astype(np.float64) + 1e-4 * float(lr) * t
+        assert np.all(np.abs(got - pr) <= tol)
+
+
+def test_step_graph_replays_norm_clip_adam(stream, stager, rng):
+    """[norm, producer, adam] as one StepGraph; the step, lr and gradient change between replays."""
+    n = 300
+    p0 = rng.standard_normal(n).astype(np.float32)
+    p, m, v = stager.upload_new(p0), stager.upload_new(np.zeros(n, np.float32)), stager.upload_new(
+        np.zeros(n, np.float32))
+    grads = stager.upload_new(np.zeros(n, np.float32))
+    partials = stager.upload_new(np.zeros(norm_partials_len(n)))
+    isv0 = bootstrap_values()
+    isv0[[EMA, FAST, SLOW, OBSERVED]] = (20.0, 2.0, 20.0, 300.0)  # a fold start: damped lr and clip
+    isv = stager.upload_new(isv0)
+    ctl = ControlBlock()
+
+    def body(s):
+        ctl.upload(s)
+        global_grad_norm(grads, partials, isv, stream=s)
+        update_adaptive_clip(isv, CLIP_MULT, stream=s)
+        adam_update(p, grads, m, v, isv, ctl, beta1=B1, beta2=B2, eps=ADAM_EPS, stream=s)
+
+    step = StepGraph("optim", body, stream, use_graph=True)
+    ref, pr, mr, vr = isv0.astype(np.float64), p0.astype(np.float64), np.zeros(n), np.zeros(n)
+    for t in range(1, 5):
+        g0 = (rng.standard_normal(n) * 0.1 * t).astype(np.float32)
+        stager.upload(g0, grads)
+        lr = np.float32(1e-3 / t)
+        ctl.set(step=t, lr_sched=lr)
+        step.replay()
+        ref_norm(g0, ref)
+        ref_producer(ref)
+        ref_adam(pr, mr, vr, g0, ref, float(lr), t)
+        got = stager.download(isv)
+        assert_slots(got, ref)
+        assert 0.0 < got[FACTOR] < 1.0
+        assert_moment(stager.download(m), mr)
+        assert_moment(stager.download(v), vr)
+        got_p = stager.download(p)
+        assert np.all(np.abs(got_p - pr) <= 2 * np.spacing(np.abs(got_p)).astype(np.float64) + 1e-4 * float(lr) * t)
+    assert step.replays == 4
+    assert [r.kernel.rsplit(".", 1)[1] for r in step.launches] == [
+        "copy_u32", "grad_sq_partials", "grad_norm_finish", "adaptive_clip_producer", "adam_step"]
+
+
+def test_shrink_adam_moments(stream, stager, rng):
+    m0, v0 = rng.standard_normal(N).astype(np.float32), rng.uniform(0, 1, N).astype(np.float32)
+    m, v = stager.upload_new(m0), stager.upload_new(v0)
+    shrink_adam_moments(m, v, stream=stream)
+    np.testing.assert_array_equal(stager.download(m), (m0 * np.float64(ADAM_SHRINK_M)).astype(np.float32))
+    np.testing.assert_array_equal(stager.download(v), (v0 * np.float64(ADAM_SHRINK_V)).astype(np.float32))
+    assert (ADAM_SHRINK_M, ADAM_SHRINK_V) == (np.float32(0.1), np.float32(0.01))
+
+
+def test_wrappers_check_shapes(stream, stager):
+    grad = stager.upload_new(np.zeros(300, np.float32))
+    isv = stager.upload_new(bootstrap_values())
+    with pytest.raises(ValueError, match="partials"):
+        global_grad_norm(grad, stager.upload_new(np.zeros(1)), isv, stream=stream)
+    with pytest.raises(ValueError, match="isv"):
+        update_adaptive_clip(grad, CLIP_MULT, stream=stream)
+    with pytest.raises(ValueError, match="m must"):
+        adam_update(grad, grad, isv, grad, isv, ControlBlock(), beta1=B1, beta2=B2, eps=ADAM_EPS, stream=stream)
