@@ -12,14 +12,14 @@ import zlib
 
 os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
 # The simulator runs each CUDA thread as a Python thread; a shorter switch interval makes barrier-heavy
-# kernels about 5x faster (1e-6 races, see TOOLCHAIN.md).
+# kernels about 5x faster (1e-6 races, see ../shared/TOOLCHAIN.md).
 sys.setswitchinterval(1e-4)
 
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
+import numpy as np
+import pytest
 
-from fox_numba.device.runtime import new_stream  # noqa: E402
-from fox_numba.device.staging import Stager  # noqa: E402
+from fox_numba.device.runtime import new_stream
+from fox_numba.device.staging import Stager
 
 ON_SIMULATOR = os.environ["NUMBA_ENABLE_CUDASIM"] not in ("", "0")
 

@@ -33,6 +33,7 @@ from numba import cuda, float32, int32
 from numba.cuda.random import xoroshiro128p_type, xoroshiro128p_uniform_float32
 
 from fox_numba.agent.actions import (
+    BRANCHES,
     DIR_OFFSET,
     FLAT,
     HOLD,
@@ -53,6 +54,8 @@ from fox_numba.kernels.registry import register
 TAU_FLOOR = np.float32(1e-4)
 _NEG_INF = np.float32(-np.inf)
 ACTION_BLOCK = 64
+# _pick3 hard-codes three bins for every branch after direction: refuse an action space it cannot serve.
+assert all(b.size == 3 for b in BRANCHES[1:]), "action_select: _pick3 expects 3-bin non-direction branches"
 
 
 @cuda.jit(device=True)

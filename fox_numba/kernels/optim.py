@@ -54,7 +54,7 @@ SLOW_ALPHA = np.float32(0.001)
 WARMUP_MIN_OBSERVED = np.float32(200.0)  # bootstrap: factor 1 below this many observations
 SLOW_EMA_MIN = np.float32(1e-6)  # bootstrap: factor 1 while the slow EMA is below this
 OBSERVED_CAP = np.float32(2.0**24)  # float32 counts exactly up to here
-LR_FLOOR = np.float32(0.05)  # lr = lr_base * max(LR_FLOOR, factor)
+LR_FLOOR = np.float32(0.05)  # lr = ctl lr_sched * max(LR_FLOOR, factor)
 CLIP_FLOOR = np.float32(0.1)  # clip_eff = clip_base * (CLIP_FLOOR + (1 - CLIP_FLOOR) * factor)
 CLIP_TINY = np.float32(1e-12)  # clip_eff never reaches 0
 NORM_EPS = np.float32(1e-12)  # clip scale = min(1, clip_eff / (norm + NORM_EPS))

@@ -8,7 +8,6 @@ from fox_numba.device.graphs import StepGraph
 from fox_numba.device.isv import Isv, IsvBus, bootstrap_values, fold_reset_entries
 from fox_numba.device.launch import i32, launch
 from fox_numba.device.memory import Mapped
-from fox_numba.device.staging import Stager
 from fox_numba.kernels.elementwise import scatter_f32
 from fox_numba.kernels.optim import (
     ADAM_SHRINK_M,
@@ -26,9 +25,8 @@ N = 1000
 PREFIX = 901
 
 
-def test_polyak_update_reads_tau_from_the_control_block(stream):
+def test_polyak_update_reads_tau_from_the_control_block(stream, stager):
     """Tolerance: 3 float32 ulps of the larger operand (a subtract, a multiply and an add)."""
-    stager = Stager(stream, chunk_bytes=1 << 16)
     rng = np.random.default_rng(7)
     target0 = rng.standard_normal(N).astype(np.float32)
     online0 = rng.standard_normal(N).astype(np.float32)

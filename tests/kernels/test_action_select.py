@@ -16,6 +16,8 @@ from numba.cuda.random import xoroshiro128p_next
 from fox_numba.agent.actions import (
     BRANCHES,
     MAGNITUDE_FRACTIONS,
+    N_BRANCHES,
+    N_DIRECTIONS,
     N_HEADS,
     Direction,
     Magnitude,
@@ -28,7 +30,7 @@ from fox_numba.device.runtime import SIMULATOR
 from fox_numba.kernels.action_select import TAU_FLOOR, select_actions
 
 SHORT, HOLD, LONG, FLAT = (int(d) for d in Direction)
-DRAWS_PER_SAMPLE = 7  # 4 Thompson draws, then magnitude, order type, urgency
+DRAWS_PER_SAMPLE = N_DIRECTIONS + N_BRANCHES - 1  # 4 Thompson draws, then magnitude, order type, urgency
 CHI2_P_MIN = 1e-6  # a correct kernel fails a chi-square test once in a million seeds
 # A difference of two E[Q] on 21 atoms with |z| <= 1: twice the expected_q bound 4 (Z + 2) eps max|z|.
 CONV_TOL = 2 * 4 * (21 + 2) * 2.0**-24
@@ -42,7 +44,7 @@ pytestmark = [
 def run_select(stream, stager, logits, support, states, explore):
     """Upload, select, download: (actions [B, 4], conviction [B])."""
     b = logits.shape[0]
-    actions, conviction = device_empty((b, 4), np.int32), device_empty(b, np.float32)
+    actions, conviction = device_empty((b, N_BRANCHES), np.int32), device_empty(b, np.float32)
     select_actions(
         stager.upload_new(logits), stager.upload_new(support), states, actions, conviction,
         explore=explore, stream=stream,
@@ -79,8 +81,8 @@ def eval_policy64(q):
 
 
 def conviction64(q, direction):
-    qd = q[:, :4]
-    others = np.where(np.arange(4) == direction[:, None], -np.inf, qd)
+    qd = q[:, :N_DIRECTIONS]
+    others = np.where(np.arange(N_DIRECTIONS) == direction[:, None], -np.inf, qd)
     return qd[np.arange(len(q)), direction] - others.max(axis=1)
 
 
