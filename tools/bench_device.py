@@ -236,11 +236,10 @@ def bench_control_step(n_kernels: int, n_elems: int, steps: int) -> dict[str, An
     }
 
 
-def markdown(command: str, info: dict[str, Any], staging: dict[str, Any], launches: dict[str, Any],
-             control: dict[str, Any], args: argparse.Namespace) -> str:
-    gib = staging["bytes"] / 2**30
-    lines = [
-        "# Device runtime benchmark",
+def results_header(title: str, command: str, info: dict[str, Any]) -> list[str]:
+    """The opening lines of every benchmark results file: title, the command that made it, the machine."""
+    return [
+        f"# {title}",
         "",
         f"Command: `{command}`",
         "",
@@ -248,8 +247,14 @@ def markdown(command: str, info: dict[str, Any], staging: dict[str, Any], launch
         "",
         "| machine | |",
         "| --- | --- |",
+        *[f"| {k} | {v} |" for k, v in info.items() if k != "date_utc"],
     ]
-    lines += [f"| {k} | {v} |" for k, v in info.items() if k != "date_utc"]
+
+
+def markdown(command: str, info: dict[str, Any], staging: dict[str, Any], launches: dict[str, Any],
+             control: dict[str, Any], args: argparse.Namespace) -> str:
+    gib = staging["bytes"] / 2**30
+    lines = results_header("Device runtime benchmark", command, info)
     lines += [
         "",
         f"## Staging, one float32 tensor of {gib:g} GiB ({args.warmup} warm-up, median/best of {args.iters})",

@@ -33,7 +33,7 @@ from numba import cuda
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_device import machine
+from bench_device import machine, results_header
 
 from fox_numba.device.graphs import StepGraph
 from fox_numba.device.runtime import new_stream
@@ -215,15 +215,7 @@ def bench_shape(batch: int, k: int, n: int, args: argparse.Namespace) -> dict[st
 
 def markdown(command: str, info: dict[str, Any], shapes: list[dict[str, Any]], args: argparse.Namespace) -> str:
     lines = [
-        "# Dense-layer kernels vs cuBLAS fp32",
-        "",
-        f"Command: `{command}`",
-        "",
-        f"Date (UTC): {info['date_utc']}",
-        "",
-        "| machine | |",
-        "| --- | --- |",
-        *[f"| {k} | {v} |" for k, v in info.items() if k != "date_utc"],
+        *results_header("Dense-layer kernels vs cuBLAS fp32", command, info),
         "",
         (
             f"B in {args.batch}; each op captured {args.reps} times in one CUDA graph; {args.warmup} warm-up "
