@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 from numba import cuda
 
+from fox_numba.device import registry
 from fox_numba.device.runtime import SIMULATOR
-from fox_numba.kernels import registry
 from fox_numba.kernels.compile_check import EXIT_NO_TOOLKIT
 
 FIXTURES = Path(__file__).parent / "compile_fixtures"

@@ -1,1 +1,1 @@
-"""The agent: its action space, and the stages (collector, learner, evaluator) around their kernels."""
+"""The stages (collector, learner, evaluator), each a small class around its kernels."""

@@ -9,4 +9,8 @@
     isv       the ISV slot table, its fingerprint and generated docs (ISV_SLOTS.md), IsvBus
     rng       xoroshiro128+ generator states built on the host
     timing    named regions and kernels timed with CUDA events (wall clock under the simulator)
+    registry  every @cuda.jit kernel of the package and its signatures (compiled for sm_90 in CI)
+    elementwise  the runtime's own kernels: fill, copy, scale, axpy, scatter
+
+Layering: device/ imports nothing above it (not kernels/, not the stages); everything else imports device/.
 """

@@ -27,10 +27,10 @@ from typing import Any
 
 import numpy as np
 
+from fox_numba.device.elementwise import copy_u32
 from fox_numba.device.launch import LaunchError, active_trace, i32, launch
 from fox_numba.device.memory import Mapped, device_empty, words
 from fox_numba.device.runtime import device_address, sync_event
-from fox_numba.kernels.elementwise import copy_u32
 
 CONTROL_DTYPE = np.dtype(
     [

@@ -28,11 +28,11 @@ from typing import Any
 
 import numpy as np
 
+from fox_numba.device.elementwise import scatter_f32
 from fox_numba.device.launch import i32, launch
 from fox_numba.device.memory import Mapped, device_empty
 from fox_numba.device.staging import Stager
 from fox_numba.io import atomic_write_text
-from fox_numba.kernels.elementwise import scatter_f32
 
 ISV_TOTAL_DIM = 131
 SLOT_DOC_PATH = Path(__file__).with_name("ISV_SLOTS.md")

@@ -26,8 +26,8 @@ from numba import typeof, types
 from numba.np.numpy_support import as_dtype
 
 from fox_numba.device import timing
+from fox_numba.device.registry import KERNELS, kernel_name
 from fox_numba.device.runtime import SIMULATOR, device_address, is_device_array, is_host_array
-from fox_numba.kernels.registry import KERNELS, kernel_name
 
 DEFAULT_BLOCK = 256
 DEFAULT_BLOCK_2D = (32, 8)
@@ -121,7 +121,7 @@ class _Kernel:
     """What a launch needs to know about a registered kernel, looked up once per kernel."""
 
     name: str
-    short: str  # `elementwise.fill_f32` for `fox_numba.kernels.elementwise.fill_f32`: the timer's name
+    short: str  # `elementwise.fill_f32` for `fox_numba.device.elementwise.fill_f32`: the timer's name
     signatures: tuple[tuple[Any, ...], ...]
     dtype_keys: frozenset[tuple[tuple[Any, ...], ...]]
 
@@ -137,8 +137,13 @@ def _kernel(kernel: Any) -> _Kernel:
         if spec is None:
             raise LaunchError(f"{name} is not in the kernel registry: add @register(...) with its signatures")
         keys = frozenset(tuple(_dtype_key(t) for t in sig) for sig in spec.signatures)
-        known = _KNOWN[kernel] = _Kernel(name, name.removeprefix("fox_numba.kernels."), spec.signatures, keys)
+        known = _KNOWN[kernel] = _Kernel(name, short_kernel_name(name), spec.signatures, keys)
     return known
+
+
+def short_kernel_name(name: str) -> str:
+    """`module.kernel` of a kernel's full name (`fox_numba.kernels.gemm.wgrad_reduce` -> `gemm.wgrad_reduce`)."""
+    return ".".join(name.split(".")[-2:])
 
 
 def _check_args(k: _Kernel, args: tuple[Any, ...]) -> None:
@@ -191,6 +196,24 @@ def _launch(
             kernel[grid, block, stream](*args)
     else:
         kernel[grid, block, stream](*args)
+
+
+def check_array(name: str, arr: Any, dims: str, shape: tuple[int, ...] | None, dtype: Any = np.float32) -> None:
+    """The one argument check of every kernel wrapper: `arr` must be a C-contiguous device array of `dtype`
+    and, unless `shape` is None, of `shape` (described by `dims`, e.g. "[B, A, Z]").
+
+    TypeError for a host array (numba would copy it at every launch), ValueError for a wrong dtype,
+    layout or shape; both name the argument.
+    """
+    if not is_device_array(arr):
+        raise TypeError(f"{name} is a {type(arr).__name__}, not a device array")
+    got = tuple(int(d) for d in arr.shape)
+    contiguous = arr.flags["C_CONTIGUOUS"]
+    if arr.dtype != np.dtype(dtype) or not contiguous or (shape is not None and got != tuple(shape)):
+        want = f"{np.dtype(dtype).name} array" + ("" if shape is None else f" {dims} = {tuple(shape)}")
+        raise ValueError(
+            f"{name} must be a C-contiguous {want}, got {arr.dtype}{got}{'' if contiguous else ' (not C-contiguous)'}"
+        )
 
 
 def i32(n: int) -> np.int32:

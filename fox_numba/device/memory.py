@@ -23,9 +23,9 @@ from typing import Any
 import numpy as np
 from numba import cuda
 
+from fox_numba.device.elementwise import copy_u32, fill_u32
 from fox_numba.device.launch import active_trace, i32, launch
 from fox_numba.device.runtime import mapped_device_view
-from fox_numba.kernels.elementwise import copy_u32, fill_u32
 
 Shape = int | tuple[int, ...]
 

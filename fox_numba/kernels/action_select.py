@@ -32,7 +32,7 @@ import numpy as np
 from numba import cuda, float32, int32
 from numba.cuda.random import xoroshiro128p_type, xoroshiro128p_uniform_float32
 
-from fox_numba.agent.actions import (
+from fox_numba.actions import (
     BRANCHES,
     DIR_OFFSET,
     FLAT,
@@ -44,10 +44,10 @@ from fox_numba.agent.actions import (
     ORDER_OFFSET,
     URGENCY_OFFSET,
 )
-from fox_numba.device.launch import launch
+from fox_numba.device.launch import check_array, launch
+from fox_numba.device.registry import register
 from fox_numba.device.rng import XOROSHIRO_DTYPE
-from fox_numba.kernels.distributional import F32_3D, check_array, softmax_stats
-from fox_numba.kernels.registry import register
+from fox_numba.kernels.distributional import F32_3D, softmax_stats
 
 # Below this Q range a 3-bin branch's Boltzmann tends to uniform instead of stretching differences that
 # are noise to the full P(best) (E[Q] lives on supports of width ~1).

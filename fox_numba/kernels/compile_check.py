@@ -4,7 +4,7 @@ The CUDA simulator runs kernels as Python and checks no types, so code that pass
 can still be rejected by the GPU compiler (a kernel returning a value, a list in a kernel, a float64
 literal where a signature says float32...). This check imports every module of the package (and any
 extra files named on the command line), finds every `@cuda.jit` kernel, fails on kernels missing from
-`fox_numba.kernels.registry`, and compiles each registered signature with NVVM.
+`fox_numba.device.registry`, and compiles each registered signature with NVVM.
 
     python -m fox_numba.kernels.compile_check [--cc 9.0] [extra_module.py ...]
 
@@ -26,7 +26,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from fox_numba.kernels.registry import KERNELS, kernel_name
+from fox_numba.device.registry import KERNELS, kernel_name
 
 # numba is imported inside the functions, after the simulator check: under NUMBA_ENABLE_CUDASIM,
 # `numba.cuda` is the simulator, which has neither the dispatcher nor NVVM this check needs.

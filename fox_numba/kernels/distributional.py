@@ -27,11 +27,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import numpy as np
 from numba import cuda, float32
 
-from fox_numba.device.launch import launch
-from fox_numba.kernels.registry import register
+from fox_numba.device.launch import check_array, launch
+from fox_numba.device.registry import register
 
 F32_2D = float32[:, ::1]
 F32_3D = float32[:, :, ::1]
@@ -141,16 +140,6 @@ def c51_loss_kernel(logits, target, weights, loss, dlogits):
             acc += mk * (mx - x)
             dlogits[r, k] = scaled_mass * math.exp(x - mx) - w * mk
         loss[r] = acc + mass * math.log(s)
-
-
-def check_array(name: str, arr: Any, dims: str, shape: tuple[int, ...], dtype: Any = np.float32) -> None:
-    """Raise ValueError naming `name` unless `arr` is C-contiguous with `shape` (described by `dims`)."""
-    got = tuple(arr.shape)
-    if got != shape or arr.dtype != np.dtype(dtype) or not arr.flags["C_CONTIGUOUS"]:
-        raise ValueError(
-            f"{name} must be a C-contiguous {np.dtype(dtype).name} array {dims} = {shape}, "
-            f"got {arr.dtype}{got}{'' if arr.flags['C_CONTIGUOUS'] else ' (not C-contiguous)'}"
-        )
 
 
 def _check_3d(name: str, arr: Any) -> tuple[int, int, int]:

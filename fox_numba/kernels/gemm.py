@@ -44,8 +44,8 @@ from typing import Any, NamedTuple
 
 from numba import cuda, float32, int32, uint32
 
+from fox_numba.device.registry import register
 from fox_numba.device.runtime import SIMULATOR
-from fox_numba.kernels.registry import register
 
 BK = 8  # reduction depth of one shared-memory tile
 # Shared rows are 16-byte quads, (2, BK, 1 + T/4, 4) arrays. The padding quad leads the row, so a

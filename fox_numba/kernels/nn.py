@@ -26,9 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from fox_numba.device.launch import i32, launch, launch_tiles
+from fox_numba.device.launch import check_array, i32, launch, launch_tiles
 from fox_numba.device.memory import device_empty
-from fox_numba.device.runtime import is_device_array
 from fox_numba.kernels.gemm import BK, CONFIGS, GEMMS, Config, GemmKernels, wgrad_reduce
 
 SMS = 132  # multiprocessors of an H200, the wave the choices fill: a constant, so no result depends on the GPU
@@ -77,10 +76,7 @@ def _shape(arr: Any) -> tuple[int, ...]:
 def _check(op: str, layout: str, arrays: dict[str, Any], expected: dict[str, tuple[int, ...]]) -> None:
     """Refuse arrays that are not float32 C-contiguous device arrays of the expected shapes."""
     for name, arr in arrays.items():
-        if not is_device_array(arr):
-            raise TypeError(f"{op}: {name} is a {type(arr).__name__}, not a device array")
-        if arr.dtype != np.float32 or not arr.is_c_contiguous():
-            raise TypeError(f"{op}: {name} must be float32 and C-contiguous, got {arr.dtype} {arr.strides}")
+        check_array(f"{op}: {name}", arr, "", None)
     got = {name: _shape(arr) for name, arr in arrays.items()}
     if got != expected or min(d for s in got.values() for d in s) < 1:
         shown = ", ".join(f"{name} {shape}" for name, shape in got.items())

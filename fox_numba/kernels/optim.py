@@ -38,11 +38,10 @@ import numpy as np
 from numba import cuda, float32, float64, from_dtype, int32
 
 from fox_numba.device.control import CONTROL_DTYPE, ControlBlock
+from fox_numba.device.elementwise import scale_f32
 from fox_numba.device.isv import ISV_TOTAL_DIM, Isv
-from fox_numba.device.launch import grid_1d, i32, launch, launch_rows
-from fox_numba.kernels.distributional import check_array
-from fox_numba.kernels.elementwise import scale_f32
-from fox_numba.kernels.registry import register
+from fox_numba.device.launch import check_array, grid_1d, i32, launch, launch_rows
+from fox_numba.device.registry import register
 
 _CONTROL = from_dtype(CONTROL_DTYPE)
 

@@ -2,7 +2,7 @@
 
 from numba import cuda, float32, int32
 
-from fox_numba.kernels.registry import register
+from fox_numba.device.registry import register
 
 
 @register((float32[:], int32))

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from fox_numba.device import memory
+from fox_numba.device.elementwise import copy_u32
 from fox_numba.device.launch import i32, launch
 from fox_numba.device.memory import (
     Mapped,
@@ -18,7 +19,6 @@ from fox_numba.device.memory import (
     words,
 )
 from fox_numba.device.staging import Stager
-from fox_numba.kernels.elementwise import copy_u32
 
 RECORD = np.dtype([("step", np.int64), ("value", np.float32), ("flag", np.uint32)], align=True)
 

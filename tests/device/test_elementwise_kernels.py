@@ -8,9 +8,9 @@ when the GPU fuses the multiply-add).
 
 import numpy as np
 
+from fox_numba.device.elementwise import axpy_f32, copy_u32, fill_f32, fill_u32, scale_f32, scatter_f32
 from fox_numba.device.launch import i32, launch
 from fox_numba.device.memory import words
-from fox_numba.kernels.elementwise import axpy_f32, copy_u32, fill_f32, fill_u32, scale_f32, scatter_f32
 
 N = 1000
 PREFIX = 937  # kernels process a prefix; the tail must stay untouched

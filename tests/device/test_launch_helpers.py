@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 from numba import cuda, float32
 
+from fox_numba.device.elementwise import fill_f32, scale_f32
 from fox_numba.device.launch import (
     LaunchError,
     LaunchTrace,
@@ -18,7 +19,6 @@ from fox_numba.device.memory import device_empty
 from fox_numba.device.runtime import SIMULATOR, new_stream
 from fox_numba.device.staging import Stager
 from fox_numba.device.timing import Timings
-from fox_numba.kernels.elementwise import fill_f32, scale_f32
 
 
 @pytest.fixture(scope="module")

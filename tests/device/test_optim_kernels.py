@@ -4,11 +4,11 @@ import numpy as np
 import pytest
 
 from fox_numba.device.control import ControlBlock
+from fox_numba.device.elementwise import scatter_f32
 from fox_numba.device.graphs import StepGraph
 from fox_numba.device.isv import Isv, IsvBus, bootstrap_values, fold_reset_entries
 from fox_numba.device.launch import i32, launch
 from fox_numba.device.memory import Mapped
-from fox_numba.kernels.elementwise import scatter_f32
 from fox_numba.kernels.optim import (
     ADAM_SHRINK_M,
     ADAM_SHRINK_V,

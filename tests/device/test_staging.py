@@ -3,11 +3,11 @@
 import numpy as np
 import pytest
 
+from fox_numba.device.elementwise import fill_f32
 from fox_numba.device.graphs import StepGraph
 from fox_numba.device.launch import LaunchError, i32, launch
 from fox_numba.device.memory import device_empty
 from fox_numba.device.staging import Stager
-from fox_numba.kernels.elementwise import fill_f32
 
 RECORD = np.dtype([("s0", np.uint64), ("s1", np.uint64), ("x", np.float32)], align=True)
 

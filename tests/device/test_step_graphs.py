@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 
 from fox_numba.device.control import ControlBlock
+from fox_numba.device.elementwise import axpy_f32, scale_f32
 from fox_numba.device.graphs import GraphError, StepGraph
 from fox_numba.device.launch import i32, launch
 from fox_numba.device.memory import copy_device, device_empty
 from fox_numba.device.runtime import SIMULATOR, new_stream
 from fox_numba.device.staging import Stager
-from fox_numba.kernels.elementwise import axpy_f32, scale_f32
 from fox_numba.kernels.optim import polyak_update
 
 N = 256

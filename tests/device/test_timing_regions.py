@@ -5,12 +5,12 @@ import time
 import numpy as np
 import pytest
 
+from fox_numba.device.elementwise import fill_f32, scale_f32
 from fox_numba.device.graphs import StepGraph
 from fox_numba.device.launch import i32, launch
 from fox_numba.device.memory import device_empty
 from fox_numba.device.runtime import SIMULATOR, new_stream
 from fox_numba.device.timing import Stat, Timings
-from fox_numba.kernels.elementwise import fill_f32, scale_f32
 
 
 def test_stat_accumulates():

@@ -12,8 +12,9 @@ import math
 import numpy as np
 import pytest
 from numba.cuda.random import xoroshiro128p_next
+from reference import atoms64, expected_q64, linear_support, softmax64
 
-from fox_numba.agent.actions import (
+from fox_numba.actions import (
     BRANCHES,
     MAGNITUDE_FRACTIONS,
     N_BRANCHES,
@@ -50,27 +51,6 @@ def run_select(stream, stager, logits, support, states, explore):
         explore=explore, stream=stream,
     )  # fmt: skip
     return stager.download(actions), stager.download(conviction)
-
-
-def linear_support(v_min, v_max, n_atoms):
-    """(v_min, v_max, delta_z) as float32, broadcastable to [..., 3]."""
-    v_min, v_max = np.asarray(v_min, np.float32), np.asarray(v_max, np.float32)
-    dz = ((v_max.astype(np.float64) - v_min) / (n_atoms - 1)).astype(np.float32)
-    return np.stack(np.broadcast_arrays(v_min, v_max, dz), axis=-1)
-
-
-def softmax64(logits):
-    x = logits.astype(np.float64)
-    e = np.exp(x - x.max(axis=-1, keepdims=True))
-    return e / e.sum(axis=-1, keepdims=True)
-
-
-def atoms64(support, n_atoms):
-    return support[..., :1].astype(np.float64) + np.arange(n_atoms) * support[..., 2:3].astype(np.float64)
-
-
-def expected_q64(logits, support):
-    return (softmax64(logits) * atoms64(support, logits.shape[-1])).sum(axis=-1)
 
 
 def eval_policy64(q):

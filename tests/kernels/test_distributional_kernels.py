@@ -12,6 +12,7 @@ Tolerances follow from float32 rounding (eps = 2**-24 per operation, expf within
 
 import numpy as np
 import pytest
+from reference import atoms64, loss64, project64, random_support, softmax64
 
 from fox_numba.device.memory import device_empty
 from fox_numba.kernels.distributional import c51_loss, c51_project, expected_q
@@ -19,49 +20,6 @@ from fox_numba.kernels.distributional import c51_loss, c51_project, expected_q
 EPS = 2.0**-24
 
 pytestmark = pytest.mark.usefixtures("long_switch_interval")
-
-
-def random_support(rng, shape, n_atoms):
-    """(v_min, v_max, delta_z) float32 rows with v_min in [-1.5, -0.1] and v_max in [0.1, 1.5]."""
-    v_min = rng.uniform(-1.5, -0.1, shape).astype(np.float32)
-    v_max = rng.uniform(0.1, 1.5, shape).astype(np.float32)
-    dz = ((v_max.astype(np.float64) - v_min) / (n_atoms - 1)).astype(np.float32)
-    return np.stack([v_min, v_max, dz], axis=-1)
-
-
-def atoms64(support, n_atoms):
-    return support[..., :1].astype(np.float64) + np.arange(n_atoms) * support[..., 2:3].astype(np.float64)
-
-
-def softmax64(x):
-    x = x.astype(np.float64)
-    e = np.exp(x - x.max(axis=-1, keepdims=True))
-    return e / e.sum(axis=-1, keepdims=True)
-
-
-def project64(p, rewards, discounts, support_next, support_proj):
-    """Bellemare et al.'s scatter form (floor/ceil neighbours, the l == u case kept whole), in float64."""
-    rows, z = p.shape
-    out = np.zeros((rows, z))
-    tz = rewards[:, None].astype(np.float64) + discounts[:, None] * atoms64(support_next, z)
-    v_min, dz = support_proj[:, :1].astype(np.float64), support_proj[:, 2:].astype(np.float64)
-    b = np.clip((tz - v_min) / dz, 0, z - 1)
-    lo, hi = np.floor(b).astype(int), np.ceil(b).astype(int)
-    for r in range(rows):
-        for j in range(z):
-            if lo[r, j] == hi[r, j]:
-                out[r, lo[r, j]] += p[r, j]
-            else:
-                out[r, lo[r, j]] += p[r, j] * (hi[r, j] - b[r, j])
-                out[r, hi[r, j]] += p[r, j] * (b[r, j] - lo[r, j])
-    return out
-
-
-def loss64(logits, target):
-    x = logits.astype(np.float64)
-    m = x.max(axis=-1, keepdims=True)
-    log_softmax = x - m - np.log(np.exp(x - m).sum(axis=-1, keepdims=True))
-    return -(target.astype(np.float64) * log_softmax).sum(axis=-1)
 
 
 @pytest.mark.parametrize("n_atoms", [21, 51])

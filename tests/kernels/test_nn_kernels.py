@@ -282,10 +282,10 @@ def test_wrappers_refuse_host_float64_and_strided_arrays(stream, stager, arrays)
     a = arrays
     with pytest.raises(TypeError, match="x is a ndarray, not a device array"):
         linear_forward(np.ones((37, 19), np.float32), a["w"], a["b"], a["y"], relu=True, stream=stream)
-    with pytest.raises(TypeError, match="w must be float32 and C-contiguous"):
+    with pytest.raises(ValueError, match="w must be a C-contiguous float32 array, got float64"):
         linear_forward(a["x"], stager.upload_new(np.ones((19, 23))), a["b"], a["y"], relu=True, stream=stream)
     wide = stager.upload_new(np.ones((37, 40), np.float32))
-    with pytest.raises(TypeError, match="x must be float32 and C-contiguous"):
+    with pytest.raises(ValueError, match=r"x must be a C-contiguous float32 array, got .*\(not C-contiguous\)"):
         linear_forward(wide[:, :19], a["w"], a["b"], a["y"], relu=True, stream=stream)
 
 

@@ -9,7 +9,7 @@ words (`copy_u32`, `fill_u32` on a `.view(np.uint32)` of the arrays).
 
 from numba import cuda, float32, int32, uint32
 
-from fox_numba.kernels.registry import register
+from fox_numba.device.registry import register
 
 
 @register((float32[::1], float32, int32))
