@@ -309,12 +309,20 @@ def gather_obs_kernel(market_obs, rows, port, obs):
 @register((int32, I32_1D, I32_2D, I32_1D, F64_1D, F64_1D, STATES, I32_2D, F64_2D, F32_2D, F32_2D))
 @cuda.jit
 def env_reset_kernel(mode, starts, windows, row_stop, mid, params, states, si, sf, dir_ema, port):
-    """Start every environment flat: collect mode at a drawn start, eval mode at validation window i."""
+    """Start every environment flat: collect mode at a drawn start, eval mode at validation window i.
+
+    Collect mode staggers the first episodes: after the start, a second float64 draw u cuts the first
+    episode to 2 + floor(u x (full length - 1)) bars, so that the environments' episode ends (and the
+    terminal transitions in the replay) spread over the steps instead of all falling on the same step;
+    the auto-resets after it run whole episodes."""
     i = cuda.grid(1)
     if i >= si.shape[1]:
         return
     if mode == MODE_COLLECT:
         start, last = _draw_start(states, i, starts, row_stop, params)
+        # stagger: the first episode after a reset runs 2 .. its full length bars (one more draw)
+        bars = 2 + int32(xoroshiro128p_uniform_float64(states, i) * (last - start))
+        last = start + min(bars, last - start + 1) - 1
     else:
         start = windows[i, 0]
         last = windows[i, 1] - 1
@@ -644,8 +652,9 @@ def env_reset(
     mode: int, starts: Any, windows: Any, row_stop: Any, mid: Any, params: Any, states: Any,
     si: Any, sf: Any, dir_ema: Any, port: Any, *, stream: Any,
 ) -> None:  # fmt: skip
-    """Start N environments flat: mode MODE_COLLECT at starts drawn with states[i] (one float64 draw each),
-    MODE_EVAL at windows[i] = (first row, stop row) (needs N <= n_windows). Resets dir_ema to uniform."""
+    """Start N environments flat: mode MODE_COLLECT at starts drawn with states[i] (two float64 draws each:
+    the start, then the staggered length of the first episode), MODE_EVAL at windows[i] = (first row, stop
+    row) (needs N <= n_windows). Resets dir_ema to uniform."""
     n = check_env_state(si, sf, dir_ema, port)
     check_array("starts", starts, "[n_starts]", (starts.shape[0],), np.int32)
     check_array("windows", windows, "[n_windows, 2]", (windows.shape[0], 2), np.int32)

@@ -1,8 +1,8 @@
 """Reductions over the environments: the rollout ISV slots every collect step, the metrics once per epoch.
 
-Both run as one block (`launch_rows(.., 1, threads, ..)`, threads a power of two <= STATS_BLOCK, chosen
-by `stats_threads(N)`): thread t sums environments t, t + threads, ... in order into shared memory, then a
-halving tree adds the partial sums. No atomics and no warp shuffles, so the sums have the same bits on
+Both run as one block (`launch_rows(.., 1, threads, ..)`, threads a power of two <= ROLLOUT_BLOCK /
+STATS_BLOCK, chosen by `stats_threads`): thread t sums environments t, t + threads, ... in order (in
+registers for the rollout), stores its partial sums in shared memory, then a halving tree adds them. No atomics and no warp shuffles, so the sums have the same bits on
 every run (for a fixed thread count), and the simulator runs them.
 
 rollout_isv_kernel (every collect step, after env_step), alpha ROLLOUT_EMA_ALPHA = 0.05, means over the
@@ -55,7 +55,8 @@ from fox_numba.kernels.env import (
     ST_TRADED,
 )
 
-STATS_BLOCK = 256  # most threads of either reduction (shared memory is sized for it)
+STATS_BLOCK = 256  # most threads of the epoch metrics reduction (float64 shared rows are sized for it)
+ROLLOUT_BLOCK = 512  # most threads of the per-step rollout reduction (float32 shared rows)
 ROLLOUT_EMA_ALPHA = np.float32(0.05)
 
 # rollout partial sums (shared rows)
@@ -105,12 +106,13 @@ METRICS_DTYPE = np.dtype([(name, np.float64) for name in METRIC_NAMES])
     M_TURNOVER, M_PLACED, M_FILLED, M_FILL_RATE, M_POS_ABS, M_EP_RETURN, M_PNL_USD, M_COMMISSION_USD,
 ) = range(N_METRICS)  # fmt: skip
 assert METRIC_NAMES[M_COMP_0 + N_COMPS - 1] == "timing_mean" and METRIC_NAMES[M_SHORT] == "short_frac"
+assert N_COMPS == 6 and N_DIRECTIONS == 4, "rollout_isv_kernel keeps one register per component and direction"
 
 
-def stats_threads(n: int) -> int:
-    """Threads of a reduction over n environments: the power of two >= n, at most STATS_BLOCK."""
+def stats_threads(n: int, most: int = STATS_BLOCK) -> int:
+    """Threads of a reduction over n environments: the power of two >= n, at most `most`."""
     t = 1
-    while t < min(n, STATS_BLOCK):
+    while t < min(n, most):
         t *= 2
     return t
 
@@ -135,21 +137,44 @@ def rollout_isv_kernel(actions, reward, comps, stats, isv):
     t = cuda.threadIdx.x
     threads = cuda.blockDim.x
     n = reward.shape[0]
-    sh = cuda.shared.array((N_ROLL, STATS_BLOCK), float32)
-    for k in range(N_ROLL):
-        sh[k, t] = float32(0.0)
+    sh = cuda.shared.array((N_ROLL, ROLLOUT_BLOCK), float32)
+    zero = float32(0.0)
+    d0 = d1 = d2 = d3 = pos_abs = traded = ep_done = ep_return = reward_abs = zero
+    c0 = c1 = c2 = c3 = c4 = c5 = zero
     i = t
-    while i < n:
+    while i < n:  # register sums over environments t, t + threads, ...; one shared store per row at the end
         d = actions[i, 0]
-        sh[R_DIR_0 + d, t] += float32(1.0)
-        sh[R_POS_ABS, t] += stats[ST_POS_ABS, i]
-        sh[R_TRADED, t] += stats[ST_TRADED, i]
-        sh[R_EP_DONE, t] += stats[ST_EP_DONE, i]
-        sh[R_EP_RETURN, t] += stats[ST_EP_RETURN, i]
-        sh[R_REWARD_ABS, t] += abs(reward[i])
-        for c in range(N_COMPS):
-            sh[R_COMP_0 + c, t] += abs(comps[c, i])
+        d0 += float32(1.0) if d == 0 else zero
+        d1 += float32(1.0) if d == 1 else zero
+        d2 += float32(1.0) if d == 2 else zero
+        d3 += float32(1.0) if d == 3 else zero
+        pos_abs += stats[ST_POS_ABS, i]
+        traded += stats[ST_TRADED, i]
+        ep_done += stats[ST_EP_DONE, i]
+        ep_return += stats[ST_EP_RETURN, i]
+        reward_abs += abs(reward[i])
+        c0 += abs(comps[0, i])
+        c1 += abs(comps[1, i])
+        c2 += abs(comps[2, i])
+        c3 += abs(comps[3, i])
+        c4 += abs(comps[4, i])
+        c5 += abs(comps[5, i])
         i += threads
+    sh[R_DIR_0, t] = d0
+    sh[R_DIR_0 + 1, t] = d1
+    sh[R_DIR_0 + 2, t] = d2
+    sh[R_DIR_0 + 3, t] = d3
+    sh[R_POS_ABS, t] = pos_abs
+    sh[R_TRADED, t] = traded
+    sh[R_EP_DONE, t] = ep_done
+    sh[R_EP_RETURN, t] = ep_return
+    sh[R_REWARD_ABS, t] = reward_abs
+    sh[R_COMP_0, t] = c0
+    sh[R_COMP_0 + 1, t] = c1
+    sh[R_COMP_0 + 2, t] = c2
+    sh[R_COMP_0 + 3, t] = c3
+    sh[R_COMP_0 + 4, t] = c4
+    sh[R_COMP_0 + 5, t] = c5
     _tree_rows(sh, N_ROLL, t, threads)
     if t == 0:
         inv_n = float32(1.0) / float32(n)
@@ -218,7 +243,8 @@ def rollout_isv(actions: Any, reward: Any, comps: Any, stats: Any, isv: Any, *, 
     check_array("comps", comps, f"[{N_COMPS}, N]", (N_COMPS, n))
     check_array("stats", stats, f"[{N_STATS}, N]", (N_STATS, n))
     check_array("isv", isv, f"[{ISV_TOTAL_DIM}]", (ISV_TOTAL_DIM,))
-    launch_rows(rollout_isv_kernel, 1, stats_threads(n), actions, reward, comps, stats, isv, stream=stream)
+    threads = stats_threads(n, ROLLOUT_BLOCK)
+    launch_rows(rollout_isv_kernel, 1, threads, actions, reward, comps, stats, isv, stream=stream)
 
 
 def epoch_metrics(acc: Any, out: Any, *, stream: Any) -> None:

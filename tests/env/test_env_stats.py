@@ -48,6 +48,7 @@ SLOTS = {
 
 def test_stats_threads():
     assert [stats_threads(n) for n in (1, 2, 3, 37, 256, 257, 16384)] == [1, 2, 4, 64, 256, 256, 256]
+    assert stats_threads(16384, 512) == 512 and stats_threads(300, 512) == 512
 
 
 def rollout_inputs(rng, n, any_done=True):

@@ -36,6 +36,7 @@ from fox_numba.kernels.env import (
     SF_ORD_PRICE,
     SF_ORD_QUEUE,
     SI_FROZEN,
+    SI_LAST,
     SI_ORD_LIFE,
     SI_ORD_SIDE,
     SI_ORD_SIZE,
@@ -232,25 +233,29 @@ def test_the_cap_follows_the_isv_reference_and_its_floor(run_env):
 
 
 def test_episodes_end_at_the_day_and_restart_in_collect_mode(run_env):
-    """Two 4-bar days, episodes of 10 bars: an episode runs to its day's last bar (never across the day
-    start), closes its position at market there (crossing the spread and paying commission), and the
-    environment restarts at once at a drawn start; the transition written out is the terminal one."""
+    """Two 4-bar days, episodes of 10 bars: an episode runs at most to its day's last bar (never across the
+    day start), closes its position at market there (crossing the spread and paying commission), and the
+    environment restarts at once at a drawn start; the transition written out is the terminal one. After
+    the staggered first episodes, every episode runs from its day's first bar to its last."""
     bars = [deep(100.0 + 0.25 * k) for k in range(8)]
     market = hand_market(bars, day_start=[0, 4, 8], starts=[0, 4])
     run = run_env(market, env_config(episode_bars=10), mode="collect", n_envs=6, seed=3)
-    rows = run.env.download_state()["si"][SI_ROW]
-    assert set(rows) <= {0, 4}
-    for step in range(8):
-        before = run.env.download_state()["si"][SI_ROW]
+    si = run.env.download_state()["si"]
+    assert set(si[SI_ROW]) <= {0, 4} and np.all(si[SI_LAST] - si[SI_ROW] <= 3) and np.all(si[SI_LAST] % 4 != 0)
+    ended = np.zeros(6, bool)
+    for step in range(10):
+        before = run.env.download_state()["si"]
         got = run.step(np.tile([LONG, FULL, MARKET, PATIENT], (6, 1)), f"step {step}")
-        ends = np.isin(got["next_row"], (3, 7))
-        np.testing.assert_array_equal(got["done"], ends.astype(np.float32))
-        assert np.all(got["next_row"] == before + 1) and np.all(got["next_row"] // 4 == before // 4)
-        if ends.any():
-            assert np.all(got["next_port"][ends, PORT_POSITION] == 0) and np.all(got["next_port"][ends, PORT_BARS_LEFT] == 0)
-            assert set(got["si"][SI_ROW, ends]) <= {0, 4} and np.all(got["si"][SI_POS, ends] == 0)
-            assert np.all(got["stats"][2, ends] == 1)
-    assert got["acc"][ACC_EPISODES].sum() >= 6
+        end = got["next_row"] == before[SI_LAST]
+        np.testing.assert_array_equal(got["done"], end.astype(np.float32))
+        assert np.all(got["next_row"] == before[SI_ROW] + 1) and np.all(got["next_row"] // 4 == before[SI_ROW] // 4)
+        np.testing.assert_array_equal(got["stats"][2], end.astype(np.float32))
+        if end.any():
+            assert np.all(got["next_port"][end, PORT_POSITION] == 0) and np.all(got["next_port"][end, PORT_BARS_LEFT] == 0)
+            assert set(got["si"][SI_ROW, end]) <= {0, 4} and np.all(got["si"][SI_POS, end] == 0)
+            assert np.all(got["si"][SI_LAST, end] == got["si"][SI_ROW, end] + 3), "whole episodes after the first"
+        ended |= end
+    assert ended.all()
 
 
 @pytest.mark.parametrize(
