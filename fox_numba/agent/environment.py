@@ -168,8 +168,11 @@ class VecEnv:
         stream.synchronize()
 
     def reset(self, *, stream: Any) -> None:
-        """Start every environment flat: collect mode at freshly drawn starts (the issue draws them per
-        epoch), eval mode at its validation window's first bar. Accumulators are left alone."""
+        """Start every environment flat: collect mode at freshly drawn starts, each first episode staggered
+        to a drawn length (kernels/env.py env_reset_kernel), eval mode at its validation window's first bar.
+        Accumulators are left alone. Called at each epoch's collect phase (starts drawn per epoch), it
+        abandons the running episodes (their last transitions stay in the replay without a terminal);
+        called once per fold, episodes run on across epochs."""
         m = self.market
         env_reset(self._mode, m.train_starts, m.val_windows, m.row_stop, m.mid, self.params, self.states,
                   self.si, self.sf, self.dir_ema, self.port, stream=stream)  # fmt: skip
