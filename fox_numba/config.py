@@ -66,6 +66,33 @@ class EnvConfig:
     max_position: int = opt(4, "Largest absolute position in contracts (the Full magnitude).")
     commission: float = opt(2.25, "Commission in dollars per contract per side.")
     collect_steps: int = opt(256, "Environment steps per collect phase (per environment).")
+    beyond_depth_ticks: int = opt(
+        2,
+        "A market order larger than the shown close book fills its excess at the last shown level's price "
+        "plus this many ticks against it (0: at the last level's price).",
+    )
+    limit_life_patient: int = opt(10, "Bars a Patient limit order rests before the rest is cancelled.")
+    limit_life_normal: int = opt(4, "Bars a Normal-urgency limit order rests before the rest is cancelled.")
+    limit_life_urgent: int = opt(1, "Bars an Urgent limit order rests before the rest is cancelled.")
+    w_timing: float = opt(
+        0.0, "Weight of the timing bonus (seed C.4): sign(realised) * min(|realised|, Q_DIR_ABS_REF) on steps "
+        "that realise PnL (0: off)."
+    )
+    w_persist: float = opt(
+        0.0, "Weight of the persistence shaping (seed D.4a): clip(unrealised PnL units, -1, 1) while an open "
+        "position is unchanged (0: off)."
+    )
+    w_regime: float = opt(
+        0.0, "Weight of the regime penalty (seed D.4b): |position| share * high-volatility share * "
+        "min(|PnL reward|, Q_DIR_ABS_REF) (0: off)."
+    )
+    w_novelty: float = opt(
+        0.0, "Weight of the novelty bonus (seed B.2): 1 - the environment's EMA share of the chosen direction "
+        "(0: off)."
+    )
+    w_stable: float = opt(
+        0.0, "Weight of the stability shaping (seed D.4c): -|position change| / max_position per step (0: off)."
+    )
 
 
 @dataclass

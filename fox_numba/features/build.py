@@ -14,6 +14,7 @@ from fox_numba.features.feature_set import FeatureSet, RawMarket
 from fox_numba.features.names import FEATURE_NAMES, check_feature_config
 from fox_numba.features.ofi import bar_order_flow, ofi_features
 from fox_numba.features.trade_features import trade_features, trade_flow
+from fox_numba.features.trade_summary import trade_summary
 from fox_numba.features.windows import book_windows, trade_windows
 from fox_numba.market.schema import PRICE_SCALE, UNDEF_PRICE, Bars, Instrument, MarketDay, Mbp10, Trades, to_price
 
@@ -149,5 +150,6 @@ def _day_features(
         "ask_sz": np.where(ask_px == UNDEF_PRICE, 0, ask_sz).astype(np.uint32),
         "mid": mid * PRICE_SCALE,
         **{field: to_price(getattr(bars, field)) for field in ("open", "high", "low", "close")},
+        **trade_summary(trades.price, trades.size, *trade_windows(trade_ts, bar_ts)),
     }
     return values, raw

@@ -41,6 +41,14 @@ class RawMarket:
     """float64 [n_bars]: bar low."""
     close: np.ndarray
     """float64 [n_bars]: bar close."""
+    trade_lo: np.ndarray
+    """float64 [n_bars]: lowest trade price of the bar, NaN without trades (`trade_summary`: limit fills)."""
+    trade_hi: np.ndarray
+    """float64 [n_bars]: highest trade price of the bar, NaN without trades."""
+    vol_lo: np.ndarray
+    """uint32 [n_bars]: contracts traded at exactly trade_lo in the bar (0 without trades)."""
+    vol_hi: np.ndarray
+    """uint32 [n_bars]: contracts traded at exactly trade_hi in the bar (0 without trades)."""
     tick_size: float
     """Minimum price increment, in price units."""
     point_value: float

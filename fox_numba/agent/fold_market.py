@@ -1,0 +1,249 @@
+"""The market of one walk-forward fold: host tensors of all its bars, and their one upload to the device.
+
+A fold's bars are its training days followed by its validation days (contiguous rows of the FeatureSet);
+rows are fold-local (row 0 = the first bar of the first training day). Built once per fold:
+
+- normalisation fitted on the training rows less the purged tail only (`fit_normaliser`), applied to every
+  bar of the fold (`apply_normaliser`), then the market part of the observation (z and its per-day EMAs,
+  `observation.market_part`): a bar's row depends on no later bar, and no statistic on any bar after the
+  training window's purge start;
+- the close book (10 levels x 2 sides, price float64 / size float32), the close mid, the per-bar trade
+  summary for limit fills;
+- fold-local `day_start`, and `row_stop[r]`: the row after the last bar an episode through row r may use
+  (the end of r's day; on the last training day the purge start, so no episode enters the purged tail);
+- `train_starts`: every training row s from which an episode of env.episode_bars bars stays inside its
+  day and out of the purged tail (s + episode_bars <= row_stop[s]); a training day with fewer usable bars
+  than an episode (but at least 2) contributes its first row only, and its episodes run to its end;
+- `val_windows`: one (start, stop) row pair per validation day (days of fewer than 2 bars hold no step
+  and are left out);
+- `risk_unit` (dollars) = env.max_position * point_value * std of the one-bar mid change over consecutive
+  training rows of the same day (purged tail left out), so a full position moves ~1 unit per bar.
+
+`upload(stager)` copies the tensors to the device once (`FoldMarketDevice`); the environment kernels of
+the fold read them from there.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from fox_numba.config import EnvConfig, FeatureConfig
+from fox_numba.device.staging import Stager
+from fox_numba.errors import ConfigError
+from fox_numba.features.feature_set import FeatureSet
+from fox_numba.features.normalise import NormStats, apply_normaliser, fit_normaliser
+from fox_numba.observation import market_part
+
+MIN_EPISODE_BARS = 2
+"""An episode needs two bars: one step acts at the first bar's close and is marked at the second's."""
+
+
+class FoldWindows(Protocol):
+    """What FoldMarket needs of a fold (`walkforward.folds.Fold` has it): day windows [first, stop) as
+    indices into the FeatureSet's days, and the bars purged at the end of training."""
+
+    index: int
+    train_first: int
+    train_stop: int
+    val_first: int
+    val_stop: int
+    purge_bars: int
+
+
+@dataclass(frozen=True)
+class FoldMarket:
+    """Host tensors of one fold (rows fold-local); see the module docstring."""
+
+    fold_index: int
+    row0: int
+    """FeatureSet row of fold row 0."""
+    days: tuple[str, ...]
+    """The fold's trading days, training then validation."""
+    market_obs: np.ndarray
+    """float32 [n, N_MARKET]: the market part of every bar's observation."""
+    bid_px: np.ndarray
+    """float64 [n, 10]: close-book bid prices, best first (NaN: empty level)."""
+    ask_px: np.ndarray
+    """float64 [n, 10]: close-book ask prices."""
+    bid_sz: np.ndarray
+    """float32 [n, 10]: close-book bid sizes (0: empty level)."""
+    ask_sz: np.ndarray
+    """float32 [n, 10]: close-book ask sizes."""
+    mid: np.ndarray
+    """float64 [n]: close mid."""
+    trade_lo: np.ndarray
+    """float64 [n]: lowest trade price of the bar (NaN without trades)."""
+    trade_hi: np.ndarray
+    """float64 [n]: highest trade price of the bar (NaN without trades)."""
+    vol_lo: np.ndarray
+    """float32 [n]: contracts traded at exactly trade_lo."""
+    vol_hi: np.ndarray
+    """float32 [n]: contracts traded at exactly trade_hi."""
+    day_start: np.ndarray
+    """int32 [n_days + 1]: fold-local first row of each day, then n."""
+    row_stop: np.ndarray
+    """int32 [n]: the row after the last bar an episode through this row may use."""
+    train_starts: np.ndarray
+    """int32 [n_starts]: episode starts of the training window."""
+    val_windows: np.ndarray
+    """int32 [n_windows, 2]: (start, stop) rows of each validation day."""
+    train_stop: int
+    """Fold row where the purged tail begins (training rows are 0 .. train_stop - 1)."""
+    val_start: int
+    """Fold row of the first validation bar."""
+    stats: NormStats
+    risk_unit: float
+    """Dollars per reward unit."""
+    tick_size: float
+    point_value: float
+    episode_bars: int
+
+    @property
+    def n_rows(self) -> int:
+        return int(self.mid.shape[0])
+
+    @classmethod
+    def build(cls, fs: FeatureSet, fold: FoldWindows, features: FeatureConfig, env: EnvConfig) -> FoldMarket:
+        """The fold's tensors from the run's FeatureSet (ConfigError when the fold cannot hold an episode)."""
+        raw = fs.raw
+        if not (0 <= fold.train_first < fold.train_stop == fold.val_first < fold.val_stop <= fs.n_days):
+            raise ConfigError(
+                f"fold {fold.index}: windows train {fold.train_first}..{fold.train_stop - 1}, validate "
+                f"{fold.val_first}..{fold.val_stop - 1} must be consecutive days of the {fs.n_days} days"
+            )
+        if env.episode_bars < MIN_EPISODE_BARS:
+            raise ConfigError(f"env.episode_bars is {env.episode_bars}; an episode needs at least {MIN_EPISODE_BARS}")
+        if env.max_position < 1:
+            raise ConfigError(f"env.max_position is {env.max_position}; it must be at least 1")
+        g0 = int(raw.day_start[fold.train_first])
+        g_val = int(raw.day_start[fold.val_first])
+        g_end = int(raw.day_start[fold.val_stop])
+        g_train_stop = g_val - fold.purge_bars
+        if g_train_stop <= g0:
+            raise ConfigError(
+                f"fold {fold.index}: purging {fold.purge_bars} bars leaves no training bars (the window has "
+                f"{g_val - g0})"
+            )
+        rows = slice(g0, g_end)
+        stats = fit_normaliser(fs.values, slice(g0, g_train_stop))
+        z = apply_normaliser(fs.values[rows], stats, features.clip_sigma)
+        day_start = (np.asarray(raw.day_start[fold.train_first : fold.val_stop + 1]) - g0).astype(np.int32)
+        train_stop, val_start, n = g_train_stop - g0, g_val - g0, g_end - g0
+
+        day_of_row = np.repeat(np.arange(day_start.size - 1), np.diff(day_start))
+        row_stop = day_start[1:][day_of_row].astype(np.int32)
+        in_train = np.arange(n) < train_stop
+        row_stop[in_train] = np.minimum(row_stop[in_train], train_stop)
+
+        starts = []
+        for d in range(fold.train_stop - fold.train_first):
+            first, stop = int(day_start[d]), min(int(day_start[d + 1]), train_stop)
+            if stop - first >= env.episode_bars:
+                starts.append(np.arange(first, stop - env.episode_bars + 1))
+            elif stop - first >= MIN_EPISODE_BARS:
+                starts.append(np.array([first]))
+        if not starts:
+            raise ConfigError(f"fold {fold.index}: no training day holds an episode of {MIN_EPISODE_BARS}+ bars")
+        train_starts = np.concatenate(starts).astype(np.int32)
+
+        val_days = range(fold.val_first - fold.train_first, fold.val_stop - fold.train_first)
+        windows = [(int(day_start[d]), int(day_start[d + 1])) for d in val_days]
+        windows = [w for w in windows if w[1] - w[0] >= MIN_EPISODE_BARS]
+        if not windows:
+            raise ConfigError(f"fold {fold.index}: no validation day has {MIN_EPISODE_BARS}+ bars")
+        val_windows = np.array(windows, np.int32).reshape(-1, 2)
+
+        mid = np.ascontiguousarray(raw.mid[rows], np.float64)
+        same_day = day_of_row[1:train_stop] == day_of_row[: train_stop - 1]
+        moves = np.diff(mid[:train_stop])[same_day]
+        if moves.size == 0 or not np.std(moves) > 0:
+            raise ConfigError(
+                f"fold {fold.index}: the close mid never moves within a training day; no risk unit can be set"
+            )
+        risk_unit = float(env.max_position * raw.point_value * np.std(moves))
+
+        def f64(a: np.ndarray) -> np.ndarray:
+            return np.ascontiguousarray(a[rows], np.float64)
+
+        def f32(a: np.ndarray) -> np.ndarray:
+            return np.ascontiguousarray(a[rows], np.float32)
+
+        return cls(
+            fold_index=fold.index,
+            row0=g0,
+            days=tuple(fs.days[fold.train_first : fold.val_stop]),
+            market_obs=market_part(z, day_start),
+            bid_px=f64(raw.bid_px),
+            ask_px=f64(raw.ask_px),
+            bid_sz=f32(raw.bid_sz),
+            ask_sz=f32(raw.ask_sz),
+            mid=mid,
+            trade_lo=f64(raw.trade_lo),
+            trade_hi=f64(raw.trade_hi),
+            vol_lo=f32(raw.vol_lo),
+            vol_hi=f32(raw.vol_hi),
+            day_start=day_start,
+            row_stop=row_stop,
+            train_starts=train_starts,
+            val_windows=val_windows,
+            train_stop=train_stop,
+            val_start=val_start,
+            stats=stats,
+            risk_unit=risk_unit,
+            tick_size=float(raw.tick_size),
+            point_value=float(raw.point_value),
+            episode_bars=int(env.episode_bars),
+        )
+
+    def upload(self, stager: Stager) -> FoldMarketDevice:
+        """Copy every tensor to the device (once per fold)."""
+        arrays = {name: stager.upload_new(getattr(self, name)) for name in DEVICE_TENSORS}
+        return FoldMarketDevice(host=self, **arrays)
+
+
+DEVICE_TENSORS: tuple[str, ...] = (
+    "market_obs",
+    "bid_px",
+    "ask_px",
+    "bid_sz",
+    "ask_sz",
+    "mid",
+    "trade_lo",
+    "trade_hi",
+    "vol_lo",
+    "vol_hi",
+    "day_start",
+    "row_stop",
+    "train_starts",
+    "val_windows",
+)
+"""The FoldMarket arrays that go to the device, each under its own name."""
+
+
+@dataclass(frozen=True)
+class FoldMarketDevice:
+    """The device copies of a FoldMarket's tensors (same names, shapes and dtypes) and the host record."""
+
+    host: FoldMarket
+    market_obs: Any
+    bid_px: Any
+    ask_px: Any
+    bid_sz: Any
+    ask_sz: Any
+    mid: Any
+    trade_lo: Any
+    trade_hi: Any
+    vol_lo: Any
+    vol_hi: Any
+    day_start: Any
+    row_stop: Any
+    train_starts: Any
+    val_windows: Any
+
+    @property
+    def n_rows(self) -> int:
+        return self.host.n_rows
+

@@ -1,0 +1,131 @@
+"""The replay buffer: a device ring of transitions written by the collector and sampled by the learner.
+
+Layout and write protocol: kernels/replay.py. The buffer is allocated once (zeroed); `clear` empties it
+at a fold boundary (cursor = size = 0, a graph-safe kernel); every method only launches kernels, so a
+collect step or a training step that uses it can be captured as one StepGraph.
+
+A collect step, with env an agent.environment.VecEnv and `actions` its [N, 4] action buffer:
+
+    env.observe(obs, stream=s)                                     # obs [N, OBS_DIM]
+    ... network forward + action selection -> actions ...
+    replay.put_obs(env.row, env.port, actions, stream=s)           # before the step
+    env.step(actions, stream=s)
+    replay.put_result(env.reward, env.done, env.next_row, env.next_port, stream=s)   # + cursor advance
+    env.rollout_stats(actions, stream=s)
+
+A training step samples and gathers a batch, then rebuilds both observations with gather_obs:
+
+    replay.sample(states, batch.idx, stream=s)
+    replay.gather(batch, stream=s)
+    gather_obs(market.market_obs, batch.row, batch.port, obs, stream=s)
+    gather_obs(market.market_obs, batch.next_row, batch.next_port, next_obs, stream=s)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from fox_numba.actions import N_BRANCHES
+from fox_numba.device.elementwise import fill_u32
+from fox_numba.device.launch import i32, launch
+from fox_numba.device.memory import device_zeros, words
+from fox_numba.device.staging import Stager
+from fox_numba.kernels.replay import (
+    META_CURSOR,
+    META_SIZE,
+    replay_gather,
+    replay_put_obs,
+    replay_put_result,
+    replay_sample,
+)
+from fox_numba.observation import N_PORTFOLIO
+
+FIELDS: tuple[str, ...] = ("row", "port", "action", "reward", "done", "next_row", "next_port")
+"""The transition arrays, in the order the gather kernel takes them."""
+
+
+def _transition_arrays(n: int, stream: Any) -> dict[str, Any]:
+    return {
+        "row": device_zeros(n, np.int32, stream=stream),
+        "port": device_zeros((n, N_PORTFOLIO), np.float32, stream=stream),
+        "action": device_zeros((n, N_BRANCHES), np.int32, stream=stream),
+        "reward": device_zeros(n, np.float32, stream=stream),
+        "done": device_zeros(n, np.float32, stream=stream),
+        "next_row": device_zeros(n, np.int32, stream=stream),
+        "next_port": device_zeros((n, N_PORTFOLIO), np.float32, stream=stream),
+    }
+
+
+class ReplayBatch:
+    """B sampled transitions (same arrays as the ring) and their slot indices `idx` int32 [B]."""
+
+    def __init__(self, batch: int, *, stream: Any) -> None:
+        if batch < 1:
+            raise ValueError(f"a batch needs at least one transition, got {batch}")
+        self.size = batch
+        self.idx = device_zeros(batch, np.int32, stream=stream)
+        arrays = _transition_arrays(batch, stream)
+        self.row, self.port, self.action = arrays["row"], arrays["port"], arrays["action"]
+        self.reward, self.done = arrays["reward"], arrays["done"]
+        self.next_row, self.next_port = arrays["next_row"], arrays["next_port"]
+
+    def arrays(self) -> tuple[Any, ...]:
+        return tuple(getattr(self, f) for f in FIELDS)
+
+
+class ReplayBuffer:
+    """A ring of `capacity` transitions on the device (struct of arrays, zeroed) with meta = (cursor, size).
+
+    row int32 [C], port float32 [C, N_PORTFOLIO], action int32 [C, 4], reward float32 [C], done float32 [C]
+    (0 or 1), next_row int32 [C], next_port float32 [C, N_PORTFOLIO]; meta int32 [2].
+    """
+
+    def __init__(self, capacity: int, *, stream: Any) -> None:
+        if capacity < 1:
+            raise ValueError(f"the replay buffer needs a capacity of at least 1, got {capacity}")
+        self.capacity = capacity
+        arrays = _transition_arrays(capacity, stream)
+        self.row, self.port, self.action = arrays["row"], arrays["port"], arrays["action"]
+        self.reward, self.done = arrays["reward"], arrays["done"]
+        self.next_row, self.next_port = arrays["next_row"], arrays["next_port"]
+        self.meta = device_zeros(2, np.int32, stream=stream)
+
+    def arrays(self) -> tuple[Any, ...]:
+        """(row, port, action, reward, done, next_row, next_port)."""
+        return tuple(getattr(self, f) for f in FIELDS)
+
+    def clear(self, *, stream: Any) -> None:
+        """Empty the ring (cursor = size = 0); the slots keep their bytes but are never sampled."""
+        w = words(self.meta)
+        launch(fill_u32, w.size, w, np.uint32(0), i32(w.size), stream=stream)
+
+    def put_obs(self, row: Any, port: Any, actions: Any, *, stream: Any) -> None:
+        """The observed half of N transitions (before the environment step): rows int32 [N], portfolio
+        features [N, N_PORTFOLIO], actions int32 [N, 4]."""
+        replay_put_obs(self.meta, row, port, actions, self.row, self.port, self.action, stream=stream)
+
+    def put_result(self, reward: Any, done: Any, next_row: Any, next_port: Any, *, stream: Any) -> None:
+        """The result half of the same N transitions (after the step); advances the cursor by N."""
+        replay_put_result(self.meta, reward, done, next_row, next_port, self.reward, self.done, self.next_row,
+                          self.next_port, stream=stream)  # fmt: skip
+
+    def sample(self, states: Any, idx: Any, *, stream: Any) -> None:
+        """idx int32 [B] = uniform slots of the filled part (states: xoroshiro [>= B], one draw each)."""
+        replay_sample(self.meta, states, idx, stream=stream)
+
+    def gather(self, batch: ReplayBatch, *, stream: Any) -> None:
+        """Copy the transitions at batch.idx into the batch's arrays."""
+        replay_gather(batch.idx, self.arrays(), batch.arrays(), stream=stream)
+
+    def read_meta(self, stager: Stager) -> tuple[int, int]:
+        """(cursor, size) on the host (synchronises the stager's stream)."""
+        meta = stager.download(self.meta)
+        return int(meta[META_CURSOR]), int(meta[META_SIZE])
+
+    def download(self, stager: Stager) -> dict[str, np.ndarray]:
+        """Host copies of every array and meta (tests, diagnostics)."""
+        out = {f: stager.download(getattr(self, f)) for f in FIELDS}
+        out["meta"] = stager.download(self.meta)
+        return out

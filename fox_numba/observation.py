@@ -1,0 +1,173 @@
+"""The observation layout: one source of truth for every column the network sees.
+
+An observation row is float32 [OBS_DIM] = [market part (N_MARKET columns) | portfolio part (N_PORTFOLIO)]:
+
+- Market part, precomputed on the host once per fold for every bar of the fold (`market_part`): the bar's
+  fold-normalised features z (features/normalise.py, statistics from the fold's training rows only), then
+  for each half-life h in EMA_HALF_LIVES the per-day EMA of z, restarting at each day's first bar:
+      ema[first] = z[first];  ema[t] = ema[t - 1] + alpha_h * (z[t] - ema[t - 1]),  alpha_h = 1 - 0.5**(1/h)
+  Each column of a bar uses that bar and earlier bars of its day only: no look-ahead.
+- Portfolio part, computed on the device from an environment's state every step (kernels/env.py).
+
+Kernels read the plain-int constants below (numba freezes module globals at compile time).
+`python -m fox_numba.observation --write` regenerates OBSERVATION.md beside this file (a test checks it
+is current).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from fox_numba.features.names import FEATURE_INDEX, FEATURE_NAMES, FEATURES
+from fox_numba.io import atomic_write_text
+
+EMA_HALF_LIVES: tuple[int, ...] = (3, 10, 30)
+"""Half-lives in bars of the per-day EMAs of the normalised features."""
+N_FEATURES = len(FEATURE_NAMES)
+N_MARKET = N_FEATURES * (1 + len(EMA_HALF_LIVES))
+
+UPNL_CLIP = 5.0
+"""The unrealised-PnL column is clipped to +-UPNL_CLIP risk units."""
+ORDER_DIST_TICKS = 10.0
+"""The resting-order distance column is (distance in ticks) / ORDER_DIST_TICKS."""
+
+PORTFOLIO: tuple[tuple[str, str], ...] = (
+    ("position", "Signed position / env.max_position, in [-1, 1]."),
+    (
+        "unrealised_pnl",
+        (
+            f"Unrealised PnL of the open position at the bar's close mid, (mid - average entry) * position * "
+            f"point value, / the fold's risk unit, clipped to +-{UPNL_CLIP:g}; 0 when flat."
+        ),
+    ),
+    ("bars_in_position", "Bars the position has been held on its current side / env.episode_bars, capped at 1; 0 when flat."),
+    ("order_side", "Side of the resting limit order: +1 buy, -1 sell, 0 none."),
+    (
+        "order_distance",
+        (
+            f"order_side x (order price - close mid) in ticks / {ORDER_DIST_TICKS:g}: negative = passive (a buy "
+            "below the mid, a sell above it); 0 without an order."
+        ),
+    ),
+    (
+        "bars_left",
+        (
+            "Bars left in the episode (last bar - this bar) / env.episode_bars, capped at 1 (an evaluation day "
+            "longer than an episode reads 1 until its last episode_bars bars)."
+        ),
+    ),
+)
+"""(name, meaning) of the portfolio columns, in order."""
+N_PORTFOLIO = len(PORTFOLIO)
+OBS_DIM = N_MARKET + N_PORTFOLIO
+
+# Portfolio column indices within the portfolio part (kernels add N_MARKET for the observation row).
+PORT_POSITION, PORT_UPNL, PORT_BARS_IN_POS, PORT_ORDER_SIDE, PORT_ORDER_DIST, PORT_BARS_LEFT = range(N_PORTFOLIO)
+
+Z_REALISED_VOL = FEATURE_INDEX["realised_vol_15"]
+"""Market column of the bar's normalised realised_vol_15 (the regime penalty's volatility)."""
+
+OBSERVATION_DOC_PATH = Path(__file__).with_name("OBSERVATION.md")
+
+
+def ema_alpha(half_life: float) -> float:
+    """EMA weight of the newest bar for a half-life in bars."""
+    return 1.0 - 0.5 ** (1.0 / half_life)
+
+
+def market_block_names() -> tuple[str, ...]:
+    """Prefixes of the market blocks in order: z, then ema{h} per half-life."""
+    return ("z",) + tuple(f"ema{h}" for h in EMA_HALF_LIVES)
+
+
+def column_names() -> tuple[str, ...]:
+    """Every observation column's name, in order (`z.ofi_l1`, ..., `ema30.session_frac`, `port.position`...)."""
+    market = tuple(f"{block}.{name}" for block in market_block_names() for name in FEATURE_NAMES)
+    return market + tuple(f"port.{name}" for name, _ in PORTFOLIO)
+
+
+def market_part(z: np.ndarray, day_start: np.ndarray) -> np.ndarray:
+    """The market part float32 [n, N_MARKET] of normalised features z [n, N_FEATURES] whose days start at
+    rows day_start[0] = 0 < ... < day_start[-1] = n (EMAs restart at every day's first row; float64 inside)."""
+    z = np.asarray(z)
+    day_start = np.asarray(day_start, np.int64)
+    if z.ndim != 2 or z.shape[1] != N_FEATURES:
+        raise ValueError(f"z must be [n, {N_FEATURES}], got {z.shape}")
+    n = z.shape[0]
+    if day_start.ndim != 1 or day_start.size < 2 or day_start[0] != 0 or day_start[-1] != n:
+        raise ValueError(f"day_start must run from 0 to the {n} rows, got {day_start}")
+    if np.any(np.diff(day_start) <= 0):
+        raise ValueError("day_start must be strictly increasing (no empty days)")
+    z64 = z.astype(np.float64)
+    out = np.empty((n, N_MARKET), np.float32)
+    out[:, :N_FEATURES] = z
+    first = np.zeros(n, bool)
+    first[day_start[:-1]] = True
+    for k, h in enumerate(EMA_HALF_LIVES):
+        alpha = ema_alpha(h)
+        ema = np.empty_like(z64)
+        for t in range(n):
+            ema[t] = z64[t] if first[t] else ema[t - 1] + alpha * (z64[t] - ema[t - 1])
+        out[:, (k + 1) * N_FEATURES : (k + 2) * N_FEATURES] = ema
+    return out
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def observation_table_markdown() -> str:
+    """The column table as markdown: one row per market block (its 32 features listed once) and one per
+    portfolio column."""
+    meanings = dict(FEATURES)
+    lines = [
+        "# Observation columns",
+        "",
+        "Generated by `python -m fox_numba.observation --write` from `fox_numba/observation.py`; do not edit.",
+        "",
+        (
+            f"OBS_DIM = {OBS_DIM} float32 columns: the market part (N_MARKET = {N_MARKET}, precomputed per fold "
+            f"on the host) then the portfolio part (N_PORTFOLIO = {N_PORTFOLIO}, computed on the device each "
+            "step). Market features are normalised with the fold's training-window statistics and clipped to "
+            "+-features.clip_sigma; EMAs restart at each day's first bar (alpha = 1 - 0.5**(1/h))."
+        ),
+        "",
+        "## Market blocks",
+        "",
+        "| columns | block | meaning |",
+        "| ---: | --- | --- |",
+    ]
+    for k, block in enumerate(market_block_names()):
+        span = f"{k * N_FEATURES}-{(k + 1) * N_FEATURES - 1}"
+        meaning = (
+            "z = the bar's normalised feature"
+            if k == 0
+            else f"per-day EMA of z, half-life {EMA_HALF_LIVES[k - 1]} bars "
+            f"(alpha = {ema_alpha(EMA_HALF_LIVES[k - 1]):.6f})"
+        )
+        lines.append(f"| {span} | `{block}` | {meaning}; column {k * N_FEATURES} + j is feature j below |")
+    lines += ["", "## Features (j = column within a block)", "", "| j | feature | definition |", "| ---: | --- | --- |"]
+    for j, name in enumerate(FEATURE_NAMES):
+        lines.append(f"| {j} | `{name}` | {_cell(meanings[name])} |")
+    lines += ["", "## Portfolio part", "", "| column | name | meaning |", "| ---: | --- | --- |"]
+    for j, (name, meaning) in enumerate(PORTFOLIO):
+        lines.append(f"| {N_MARKET + j} | `port.{name}` | {_cell(meaning)} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Print or write the generated observation table.")
+    parser.add_argument("--write", action="store_true", help=f"write {OBSERVATION_DOC_PATH.name} beside observation.py")
+    if parser.parse_args(argv).write:
+        atomic_write_text(OBSERVATION_DOC_PATH, observation_table_markdown())
+    else:
+        sys.stdout.write(observation_table_markdown())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

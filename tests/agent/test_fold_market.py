@@ -1,0 +1,108 @@
+"""FoldMarket: the fold's tensors, normalised on the training rows only, with no look-ahead; episode starts
+inside days and out of the purged tail; validation windows; risk unit; one upload to the device."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+from reference_env import Windows, random_feature_set
+
+from fox_numba.agent.fold_market import DEVICE_TENSORS, FoldMarket
+from fox_numba.config import EnvConfig, FeatureConfig, FoldConfig
+from fox_numba.errors import ConfigError
+from fox_numba.features.feature_set import FeatureSet
+from fox_numba.features.normalise import apply_normaliser, fit_normaliser
+from fox_numba.observation import N_MARKET, market_part
+from fox_numba.walkforward.folds import make_folds
+
+FEATURES = FeatureConfig()
+DAY_BARS = [9, 12, 4, 11, 10, 8, 7]
+# days 1-4 train (purge 3), days 5-6 validate; day 0 is before the fold
+WINDOWS = Windows(train_first=1, train_stop=5, val_first=5, val_stop=7, purge_bars=3)
+ENV = EnvConfig(episode_bars=6, max_position=4)
+
+
+@pytest.fixture
+def fs(rng):
+    return random_feature_set(rng, DAY_BARS)
+
+
+def test_tensors_are_the_fold_rows_normalised_on_the_training_rows(fs):
+    fm = FoldMarket.build(fs, WINDOWS, FEATURES, ENV)
+    g0, g_val, g_end = 9, 9 + 12 + 4 + 11 + 10, sum(DAY_BARS)
+    rows = slice(g0, g_end)
+    assert (fm.row0, fm.n_rows, fm.val_start, fm.train_stop) == (g0, g_end - g0, g_val - g0, g_val - g0 - 3)
+    assert fm.days == fs.days[1:7]
+    stats = fit_normaliser(fs.values, slice(g0, g_val - 3))
+    np.testing.assert_array_equal(fm.stats.mean, stats.mean)
+    z = apply_normaliser(fs.values[rows], stats, FEATURES.clip_sigma)
+    np.testing.assert_array_equal(fm.day_start, [0, 12, 16, 27, 37, 45, 52])
+    np.testing.assert_array_equal(fm.market_obs, market_part(z, fm.day_start))
+    assert fm.market_obs.shape == (52, N_MARKET) and fm.market_obs.dtype == np.float32
+    raw = fs.raw
+    for name in ("bid_px", "ask_px", "mid", "trade_lo", "trade_hi"):
+        np.testing.assert_array_equal(getattr(fm, name), getattr(raw, name)[rows], err_msg=name)
+        assert getattr(fm, name).dtype == np.float64
+    for name in ("bid_sz", "ask_sz", "vol_lo", "vol_hi"):
+        np.testing.assert_array_equal(getattr(fm, name), getattr(raw, name)[rows].astype(np.float32), err_msg=name)
+        assert getattr(fm, name).dtype == np.float32
+    np.testing.assert_array_equal(fm.val_windows, [[37, 45], [45, 52]])
+    moves = [fm.mid[r + 1] - fm.mid[r] for r in range(fm.train_stop - 1) if r + 1 not in (12, 16, 27)]
+    assert fm.risk_unit == pytest.approx(ENV.max_position * 50.0 * np.std(moves), rel=1e-12)
+
+
+def test_episode_starts_stay_inside_days_and_out_of_the_purge(fs):
+    """Row r may start an episode iff r + 6 bars fit in its day before the purge; the 4-bar day (shorter
+    than an episode) starts only at its first row; the last training day stops at the purge start."""
+    fm = FoldMarket.build(fs, WINDOWS, FEATURES, ENV)
+    day_of = np.repeat(np.arange(6), np.diff(fm.day_start))
+    expected_stop = np.array([fm.day_start[d + 1] for d in day_of])
+    expected_stop[: fm.train_stop] = np.minimum(expected_stop[: fm.train_stop], fm.train_stop)
+    np.testing.assert_array_equal(fm.row_stop, expected_stop)
+    assert fm.row_stop[fm.train_stop - 1] == fm.train_stop == 34
+    expected = [r for r in range(fm.train_stop) if r + 6 <= fm.row_stop[r]] + [12]
+    np.testing.assert_array_equal(np.sort(fm.train_starts), sorted(expected))
+    for s in fm.train_starts:
+        last = min(s + 6, fm.row_stop[s]) - 1
+        assert day_of[last] == day_of[s] and last < fm.train_stop
+
+
+def test_no_look_ahead_from_the_purge_or_validation(fs, rng):
+    """Changing every bar after row r (r from the training window's last kept row on, and the bars after
+    the fold) changes no market_obs row <= r, no normalisation statistic and not the risk unit."""
+    base = FoldMarket.build(fs, WINDOWS, FEATURES, ENV)
+    for r in range(base.train_stop - 1, base.n_rows):
+        g = base.row0 + r + 1
+        values = fs.values.copy()
+        values[g:] = rng.normal(size=values[g:].shape) * 3
+        mid = fs.raw.mid.copy()
+        mid[g:] += rng.integers(-5, 6, mid[g:].shape) * 0.25
+        changed = FeatureSet(values, fs.names, fs.days, dataclasses.replace(fs.raw, mid=mid))
+        fm = FoldMarket.build(changed, WINDOWS, FEATURES, ENV)
+        np.testing.assert_array_equal(fm.market_obs[: r + 1], base.market_obs[: r + 1], err_msg=f"row {r}")
+        np.testing.assert_array_equal(fm.stats.mean, base.stats.mean)
+        np.testing.assert_array_equal(fm.stats.std, base.stats.std)
+        assert fm.risk_unit == base.risk_unit
+        if r + 1 < base.n_rows:
+            assert not np.array_equal(fm.market_obs[r + 1 :], base.market_obs[r + 1 :])
+
+
+def test_a_real_fold_builds_and_uploads(fs, stager):
+    fold = make_folds(FoldConfig(n_folds=2, train_days=3, val_days=2, step_days=1, purge_bars=2), fs.days)[1]
+    fm = FoldMarket.build(fs, fold, FEATURES, ENV)
+    dev = fm.upload(stager)
+    for name in DEVICE_TENSORS:
+        host = getattr(fm, name)
+        np.testing.assert_array_equal(stager.download(getattr(dev, name)), host, err_msg=name)
+    assert dev.n_rows == fm.n_rows
+
+
+def test_folds_that_cannot_hold_an_episode_are_refused(fs):
+    with pytest.raises(ConfigError, match="leaves no training bars"):
+        FoldMarket.build(fs, dataclasses.replace(WINDOWS, purge_bars=40), FEATURES, ENV)
+    with pytest.raises(ConfigError, match="episode_bars is 1"):
+        FoldMarket.build(fs, WINDOWS, FEATURES, EnvConfig(episode_bars=1))
+    with pytest.raises(ConfigError, match="consecutive days"):
+        FoldMarket.build(fs, dataclasses.replace(WINDOWS, val_first=6), FEATURES, ENV)

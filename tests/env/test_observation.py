@@ -1,0 +1,82 @@
+"""The observation layout: sizes and column names, the generated table is current, and the market part
+(normalised features + per-day EMAs) against a plain float64 loop, with no look-ahead."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fox_numba import observation as ob
+from fox_numba.features.names import FEATURE_NAMES
+
+
+def test_layout_sizes_and_names():
+    assert (ob.N_FEATURES, ob.N_MARKET, ob.N_PORTFOLIO, ob.OBS_DIM) == (32, 128, 6, 134)
+    names = ob.column_names()
+    assert len(names) == ob.OBS_DIM == len(set(names))
+    assert names[0] == "z.ofi_l1" and names[32] == "ema3.ofi_l1" and names[127] == "ema30.session_frac"
+    assert names[ob.N_MARKET + ob.PORT_POSITION] == "port.position"
+    assert names[ob.N_MARKET + ob.PORT_BARS_LEFT] == "port.bars_left"
+    assert names[ob.Z_REALISED_VOL] == "z.realised_vol_15"
+    assert [ob.PORT_POSITION, ob.PORT_UPNL, ob.PORT_BARS_IN_POS, ob.PORT_ORDER_SIDE, ob.PORT_ORDER_DIST,
+            ob.PORT_BARS_LEFT] == list(range(6))  # fmt: skip
+    for value in (ob.N_MARKET, ob.N_PORTFOLIO, ob.OBS_DIM, ob.PORT_UPNL, ob.Z_REALISED_VOL):
+        assert type(value) is int
+
+
+def test_generated_table_is_current():
+    assert ob.OBSERVATION_DOC_PATH.read_text(encoding="utf-8") == ob.observation_table_markdown(), (
+        "OBSERVATION.md is stale: run python -m fox_numba.observation --write"
+    )
+    table = ob.observation_table_markdown()
+    assert all(f"`{name}`" in table for name in FEATURE_NAMES)
+    assert all(f"`port.{name}`" in table for name, _ in ob.PORTFOLIO)
+
+
+def ema_reference(z, day_start):
+    """Plain loops: per day, per half-life, per column."""
+    out = np.zeros((z.shape[0], ob.N_MARKET))
+    out[:, : ob.N_FEATURES] = z
+    for k, h in enumerate(ob.EMA_HALF_LIVES):
+        a = 1.0 - 0.5 ** (1.0 / h)
+        for d in range(len(day_start) - 1):
+            for col in range(ob.N_FEATURES):
+                e = 0.0
+                for t in range(day_start[d], day_start[d + 1]):
+                    x = float(z[t, col])
+                    e = x if t == day_start[d] else e + a * (x - e)
+                    out[t, (k + 1) * ob.N_FEATURES + col] = e
+    return out
+
+
+def test_market_part_matches_the_reference_and_restarts_each_day(rng):
+    z = rng.normal(size=(23, ob.N_FEATURES)).astype(np.float32)
+    day_start = np.array([0, 9, 10, 23])
+    got = ob.market_part(z, day_start)
+    assert got.dtype == np.float32 and got.shape == (23, ob.N_MARKET)
+    np.testing.assert_allclose(got, ema_reference(z, day_start), rtol=1e-6, atol=1e-6)
+    np.testing.assert_array_equal(got[[0, 9, 10], 32:64], z[[0, 9, 10]], err_msg="the EMAs restart at a day's first bar")
+    assert ob.ema_alpha(10) == pytest.approx(1 - 0.5**0.1)
+
+
+def test_market_part_has_no_look_ahead(rng):
+    """Changing every row after r changes no market row at or before r."""
+    z = rng.normal(size=(15, ob.N_FEATURES)).astype(np.float32)
+    day_start = np.array([0, 6, 15])
+    base = ob.market_part(z, day_start)
+    for r in range(14):
+        changed = z.copy()
+        changed[r + 1 :] = rng.normal(size=changed[r + 1 :].shape)
+        got = ob.market_part(changed, day_start)
+        np.testing.assert_array_equal(got[: r + 1], base[: r + 1])
+        assert not np.array_equal(got[r + 1 :], base[r + 1 :])
+
+
+def test_market_part_rejects_bad_input():
+    z = np.zeros((5, ob.N_FEATURES), np.float32)
+    with pytest.raises(ValueError, match="z must be"):
+        ob.market_part(z[:, :3], np.array([0, 5]))
+    with pytest.raises(ValueError, match="day_start must run"):
+        ob.market_part(z, np.array([0, 4]))
+    with pytest.raises(ValueError, match="strictly increasing"):
+        ob.market_part(z, np.array([0, 2, 2, 5]))
