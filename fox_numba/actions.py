@@ -84,4 +84,4 @@ N_HEADS = sum(b.size for b in BRANCHES)
 # Kernel constants (plain ints: numba freezes module globals at compile time).
 N_DIRECTIONS = len(Direction)
 DIR_OFFSET, MAG_OFFSET, ORDER_OFFSET, URGENCY_OFFSET = (b.offset for b in BRANCHES)
-HOLD, FLAT = int(Direction.HOLD), int(Direction.FLAT)
+SHORT, HOLD, LONG, FLAT = (int(d) for d in Direction)

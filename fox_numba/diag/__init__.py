@@ -1,0 +1,1 @@
+"""HEALTH_DIAG: the snapshot layout, its line format and parser (kernels fill it; the host only formats)."""

@@ -1,0 +1,153 @@
+"""Kernels that fill the HEALTH_DIAG snapshot (fox_numba/diag/layout.py) in mapped pinned memory.
+
+The snapshot is one record of 4-byte words; kernels take two flat views of it, `snap_f` (float32) and
+`snap_u` (uint32), and write words by index (the layout's compile-time constants), so the host never
+copies a per-sample buffer to build it: it reads the mapped record after a synchronisation, and formats.
+
+Launch shapes:
+- isv_mirror: 1-D, one thread per mirrored field (ISV slot -> word).
+- action_histogram: one block of DIAG_BLOCK threads; thread t counts the rows t, t + DIAG_BLOCK, ... of
+  actions [N, 4] into 13 per-head counters, then a shared-memory tree adds the threads' counters.
+  Integer sums: the same result in any order, so deterministic without atomics.
+- magnitude_stats: one block of DIAG_BLOCK threads; per magnitude bin, over the rows whose direction is
+  Long or Short: count, wins (reward > 0), sum and sum of squares of the reward, in float64 per thread
+  (strided rows, in order), then a fixed shared-memory tree: the same bits on every run.
+Constraints: float32 literals; one `cuda.shared.array` per source line; no warp shuffles (the simulator
+has none, and the trees are short).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from numba import cuda, float32, float64, int32, uint32
+
+from fox_numba.actions import DIR_OFFSET, LONG, MAG_OFFSET, N_BRANCHES, N_HEADS, ORDER_OFFSET, SHORT, URGENCY_OFFSET
+from fox_numba.device.launch import check_array, i32, launch, launch_rows
+from fox_numba.device.registry import register
+from fox_numba.diag.layout import N_WORDS, W_EVAL_HIST, W_MAG_VAR, W_MAG_WIN, W_TRAIN_HIST
+
+DIAG_BLOCK = 256  # threads of the single-block reductions; a power of two (the trees halve it)
+N_MAGS = 3
+MAG_COLS = 4 * N_MAGS  # count, wins, sum, sum of squares per magnitude (a constant: shared shapes must be)
+
+
+@register((float32[::1], int32[::1], int32[::1], float32[::1], int32))
+@cuda.jit
+def isv_mirror(isv, slots, words, snap_f, n):
+    """snap_f[words[k]] = isv[slots[k]] for k < n."""
+    k = cuda.grid(1)
+    if k < n:
+        snap_f[words[k]] = isv[slots[k]]
+
+
+@cuda.jit(device=True)
+def _tree_sum_i32(acc, tid):
+    """acc[0, :] = sum over rows of acc[0:DIAG_BLOCK, :] by halving; every thread of the block calls it."""
+    cuda.syncthreads()
+    s = DIAG_BLOCK // 2
+    while s > 0:
+        if tid < s:
+            for c in range(acc.shape[1]):
+                acc[tid, c] += acc[tid + s, c]
+        cuda.syncthreads()
+        s //= 2
+
+
+@register((int32[:, ::1], uint32[::1], int32, int32))
+@cuda.jit
+def action_histogram(actions, snap_u, base, accumulate):
+    """snap_u[base + h] (+)= number of rows of actions [N, 4] choosing head h (13 heads, branch order)."""
+    tid = cuda.threadIdx.x
+    acc = cuda.shared.array((DIAG_BLOCK, N_HEADS), int32)
+    for h in range(N_HEADS):
+        acc[tid, h] = 0
+    r = tid
+    while r < actions.shape[0]:
+        acc[tid, DIR_OFFSET + actions[r, 0]] += 1
+        acc[tid, MAG_OFFSET + actions[r, 1]] += 1
+        acc[tid, ORDER_OFFSET + actions[r, 2]] += 1
+        acc[tid, URGENCY_OFFSET + actions[r, 3]] += 1
+        r += DIAG_BLOCK
+    _tree_sum_i32(acc, tid)
+    if tid < N_HEADS:
+        total = uint32(acc[0, tid])
+        if accumulate != 0:
+            total += snap_u[base + tid]
+        snap_u[base + tid] = total
+
+
+@register((int32[:, ::1], float32[::1], float32[::1]))
+@cuda.jit
+def magnitude_stats(actions, reward, snap_f):
+    """Per magnitude bin m over rows with direction Long or Short: win share and reward variance."""
+    tid = cuda.threadIdx.x
+    acc = cuda.shared.array((DIAG_BLOCK, MAG_COLS), float64)
+    for c in range(MAG_COLS):
+        acc[tid, c] = float64(0.0)
+    r = tid
+    while r < actions.shape[0]:
+        d = actions[r, 0]
+        if d == SHORT or d == LONG:
+            m = actions[r, 1]
+            x = float64(reward[r])
+            acc[tid, 4 * m] += float64(1.0)
+            if x > float64(0.0):
+                acc[tid, 4 * m + 1] += float64(1.0)
+            acc[tid, 4 * m + 2] += x
+            acc[tid, 4 * m + 3] += x * x
+        r += DIAG_BLOCK
+    cuda.syncthreads()
+    s = DIAG_BLOCK // 2
+    while s > 0:
+        if tid < s:
+            for c in range(MAG_COLS):
+                acc[tid, c] += acc[tid + s, c]
+        cuda.syncthreads()
+        s //= 2
+    if tid < N_MAGS:
+        n = acc[0, 4 * tid]
+        win = float64(0.0)
+        var = float64(0.0)
+        if n > float64(0.0):
+            win = acc[0, 4 * tid + 1] / n
+        if n > float64(1.0):
+            mean = acc[0, 4 * tid + 2] / n
+            var = max(acc[0, 4 * tid + 3] / n - mean * mean, float64(0.0))
+        snap_f[W_MAG_WIN + tid] = float32(win)
+        snap_f[W_MAG_VAR + tid] = float32(var)
+
+
+def _check_snapshot(snap_f: Any, snap_u: Any | None = None) -> None:
+    check_array("snap_f", snap_f, "[N_WORDS]", (N_WORDS,))
+    if snap_u is not None:
+        check_array("snap_u", snap_u, "[N_WORDS]", (N_WORDS,), np.uint32)
+
+
+def mirror_isv(isv: Any, slots: Any, words: Any, snap_f: Any, *, stream: Any) -> None:
+    """Copy the ISV slots `slots` (int32 [k]) into the snapshot words `words` (int32 [k])."""
+    n = slots.shape[0]
+    check_array("slots", slots, "[k]", (n,), np.int32)
+    check_array("words", words, "[k]", (n,), np.int32)
+    _check_snapshot(snap_f)
+    launch(isv_mirror, n, isv, slots, words, snap_f, i32(n), stream=stream)
+
+
+def histogram_actions(actions: Any, snap_u: Any, *, evaluation: bool, accumulate: bool, stream: Any) -> None:
+    """Count the actions [N, 4] per head into the train (or eval) histogram words; `accumulate` adds to
+    them instead of overwriting (the validation backtest counts over all its steps)."""
+    check_array("actions", actions, f"[N, {N_BRANCHES}]", (actions.shape[0], N_BRANCHES), np.int32)
+    check_array("snap_u", snap_u, "[N_WORDS]", (N_WORDS,), np.uint32)
+    base = W_EVAL_HIST if evaluation else W_TRAIN_HIST
+    launch_rows(action_histogram, 1, DIAG_BLOCK, actions, snap_u, i32(base), i32(1 if accumulate else 0),
+                stream=stream)
+
+
+def reduce_magnitude_stats(actions: Any, reward: Any, snap_f: Any, *, stream: Any) -> None:
+    """Win share and reward variance per magnitude bin of the Long/Short rows of one collect step."""
+    n = actions.shape[0]
+    check_array("actions", actions, f"[N, {N_BRANCHES}]", (n, N_BRANCHES), np.int32)
+    check_array("reward", reward, "[N]", (n,))
+    _check_snapshot(snap_f)
+    launch_rows(magnitude_stats, 1, DIAG_BLOCK, actions, reward, snap_f, stream=stream)
