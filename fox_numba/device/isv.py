@@ -67,13 +67,16 @@ _NAMED: tuple[Slot, ...] = (
     # 0-15: gradients and the optimiser
     Slot("GRAD_NORM_RAW", 0, "Global L2 norm of the gradient before clipping, last step.", _GRAD,
          "GRAD_NORM_EMA, GRAD_NORM_FAST_EMA, GRAD_NORM_SLOW_EMA producers; " + _DIAG),
-    Slot("GRAD_NORM_EMA", 1, "EMA (alpha 0.01) of GRAD_NORM_RAW; the adaptive clip base is "
+    Slot("GRAD_NORM_EMA", 1, "EMA (alpha 0.01) of the observed norm (min(GRAD_NORM_RAW, CLIP_EFF) under "
+         "learner.warmup_rule 'damped', GRAD_NORM_RAW under 'seed'); the adaptive clip base is "
          "GRAD_NORM_EMA * learner.clip_ema_mult (0: no observation yet, the first one seeds it).", _CLIP,
          "clip_eff = clip_base * (0.1 + 0.9 * FOLD_WARMUP_FACTOR)", fold_reset=None),
-    Slot("GRAD_NORM_FAST_EMA", 2, "EMA (alpha 0.1) of GRAD_NORM_RAW: the fold's recent gradient scale.",
+    Slot("GRAD_NORM_FAST_EMA", 2, "EMA (alpha 0.1) of the observed norm (as GRAD_NORM_EMA): the fold's recent "
+         "gradient scale.",
          _CLIP, "FOLD_WARMUP_FACTOR"),
-    Slot("GRAD_NORM_SLOW_EMA", 3, "EMA (alpha 0.001) of GRAD_NORM_RAW: the cross-fold steady-state "
-         "gradient scale, kept across folds as the warm-up baseline.", _CLIP, "FOLD_WARMUP_FACTOR",
+    Slot("GRAD_NORM_SLOW_EMA", 3, "EMA (alpha 0.001) of the observed norm (as GRAD_NORM_EMA): the cross-fold "
+         "steady-state gradient scale, kept across folds as the warm-up baseline; under the 'damped' rule a "
+         "spike cannot lift it.", _CLIP, "FOLD_WARMUP_FACTOR",
          fold_reset=None),
     Slot("CLIP_ENGAGED_EMA", 4, "EMA (alpha 0.01) of 1 when GRAD_NORM_RAW exceeded clip_eff, else 0.",
          _CLIP, _DIAG),
@@ -177,7 +180,8 @@ _NAMED: tuple[Slot, ...] = (
          "1e-6), clipped to [0, 4]; t counts epochs.", "Q_DRIFT_RATE producer (every epoch)",
          "tau_eff = scheduled tau / (1 + Q_DRIFT_RATE), so tau_eff stays in [tau_base/5, tau_base]"),
     Slot("FOLD_WARMUP_FACTOR", 130, "clamp(GRAD_NORM_FAST_EMA / GRAD_NORM_SLOW_EMA, 0, 1); 1 while "
-         "GRAD_NORM_OBSERVED is under 200 or the slow EMA is under 1e-6.", _CLIP,
+         "GRAD_NORM_OBSERVED is under 200 or the slow EMA is under 1e-6. 0 at a fold boundary (the fast EMA "
+         "restarts at 0), back near 1 within ~20-50 steps.", _CLIP,
          "learner Adam kernel: lr = control block lr_sched (host schedule) * max(0.05, factor); CLIP_EFF = "
          "clip_base * (0.1 + 0.9 * factor)",
          bootstrap=1.0, fold_reset=0.0),
