@@ -88,3 +88,16 @@ def adaptive_clip64(isv, mult=2.0, rule="damped"):
         isv[fast] += 0.1 * (seen - isv[fast])
         isv[slow] += 0.001 * (seen - isv[slow])
         isv[observed] = min(isv[observed] + 1, 2.0**24)
+
+
+def q_drift_rate64(isv, q):
+    """float64 Q_DRIFT_RATE producer (kernels/drift.py) on an ISV vector, in place, for the epoch mean q."""
+    from fox_numba.device.isv import Isv
+
+    if not np.isfinite(q):
+        return
+    prev = isv[Isv.Q_EPOCH_MEAN_PREV]
+    if abs(prev) > 1e-6:
+        denom = max(abs(prev), isv[Isv.Q_ABS_REF] + isv[Isv.Q_DIR_ABS_REF], 1e-6)
+        isv[Isv.Q_DRIFT_RATE] = min(max(abs(q - prev) / denom, 0.0), 4.0)
+    isv[Isv.Q_EPOCH_MEAN_PREV] = q

@@ -105,7 +105,7 @@ _NAMED: tuple[Slot, ...] = (
          _DIAG),
     Slot("Q_STD_EMA", 18, "EMA (alpha 0.05) of the batch standard deviation of E[Q].", _QSTATS, _DIAG),
     Slot("Q_EPOCH_MEAN_PREV", 19, "Mean E[Q] of the previous epoch: the Q-drift baseline.",
-         "Q_DRIFT_RATE producer (every epoch, after the kill check)", "Q_DRIFT_RATE producer; Q-drift kill"),
+         "kernels/drift.py q_drift_rate_producer (every epoch, after the kill check)", "Q_DRIFT_RATE producer"),
     Slot("TD_ABS_EMA", 20, "EMA (alpha 0.05) of the mean |E[target] - E[Q]| of the taken actions.", _LOSS,
          _DIAG),
     Slot("Q_DIR_ABS_REF", 21, "EMA (alpha 0.05) of the mean |E[Q]| over the direction-branch bins: the "
@@ -177,7 +177,8 @@ _NAMED: tuple[Slot, ...] = (
          "network has no mixture-of-experts head: the slot keeps its bootstrap value.", "none",
          _DIAG, fold_reset=None),
     Slot("Q_DRIFT_RATE", 129, "|q_mean(t) - q_mean(t-1)| / max(|q_mean(t-1)|, Q_ABS_REF + Q_DIR_ABS_REF, "
-         "1e-6), clipped to [0, 4]; t counts epochs.", "Q_DRIFT_RATE producer (every epoch)",
+         "1e-6), clipped to [0, 4]; t counts epochs; unchanged while |q_mean(t-1)| <= 1e-6.",
+         "kernels/drift.py q_drift_rate_producer (every epoch, after the kill check)",
          "tau_eff = scheduled tau / (1 + Q_DRIFT_RATE), so tau_eff stays in [tau_base/5, tau_base]"),
     Slot("FOLD_WARMUP_FACTOR", 130, "clamp(GRAD_NORM_FAST_EMA / GRAD_NORM_SLOW_EMA, 0, 1); 1 while "
          "GRAD_NORM_OBSERVED is under 200 or the slow EMA is under 1e-6. 0 at a fold boundary (the fast EMA "
