@@ -111,3 +111,22 @@ def test_the_rule_name_is_checked_at_the_edge(stream, stager):
     assert (warmup_rule_code("seed"), warmup_rule_code("damped")) == (0, 1)
     with pytest.raises(ConfigError, match="learner.warmup_rule is 'sed'; choose one of 'seed', 'damped'"):
         update_adaptive_clip(stager.upload_new(bootstrap_values()), CLIP_MULT, stream=stream, warmup_rule="sed")
+
+
+def test_no_kill_on_the_issue_sequence(trajectories):
+    """Epochs of 500 steps through the damped run (a fold boundary at step PRE): the kill criteria, fed the
+    gradient scale the driver reads (the fast EMA at each epoch's end), stay silent."""
+    from fox_numba.walkforward.kill import EpochHealth, KillCriteria
+    from fox_numba.walkforward.reset_registry import FoldReset, ResetContext, StateResetRegistry
+
+    _, runs = trajectories
+    kills, registry = KillCriteria(), StateResetRegistry()
+    kills.register_state(registry)
+    for end in range(500, len(runs["damped"]) + 1, 500):
+        if end - 500 == PRE:
+            registry.reset(FoldReset, ResetContext(fold=1))
+        isv = runs["damped"][end - 1]
+        fold_step = end if end <= PRE else end - PRE
+        h = EpochHealth.from_isv(isv, epoch=(fold_step - 1) // 500, q_mean=0.2, steps=500, fold_step=fold_step,
+                                 loss=1.0)
+        assert kills.check(h) is None, end
