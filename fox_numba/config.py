@@ -102,7 +102,17 @@ class LearnerConfig:
 @dataclass
 class EvaluationConfig:
     chunk_bars: int = opt(512, "Bars per chunk of the validation backtest (one batched launch each).")
-    annualisation_days: int = opt(252, "Trading days per year used to annualise the daily Sharpe.")
+    annualisation_days: int = opt(
+        252, "Trading days per year: daily Sharpe x sqrt(this); per-bar Sharpe x sqrt(this x bars per day)."
+    )
+    probe_horizon_bars: int = opt(
+        15, "Probe baseline: bars ahead of the mid change its ridge regression forecasts (the oracle's horizon)."
+    )
+    probe_ridge: float = opt(
+        0.01,
+        "Probe baseline: ridge penalty per training row on the centred observation (0 = least squares); "
+        "0.003-0.03 did best on a 120-day default market.",
+    )
 
 
 @dataclass
