@@ -215,6 +215,18 @@ class OracleReference:
         except (ValueError, KeyError, TypeError) as e:
             raise InputError(path, f"not a readable oracle sidecar ({type(e).__name__}: {e})") from None
 
+    def day_indices(self, store_days: Sequence[str], names: Sequence[str]) -> list[int]:
+        """Indices into `daily_pnl` of the days `names`, given the store's days in order (MarketStore's list;
+        a run that selects a day range sees only part of it)."""
+        if len(store_days) != self.daily_pnl.size:
+            raise InputError(self.path, f"the oracle has {self.daily_pnl.size} days, the store {len(store_days)}",
+                             field="oracle_daily_pnl")
+        where = {d: i for i, d in enumerate(store_days)}
+        missing = [n for n in names if n not in where]
+        if missing:
+            raise InputError(self.path, f"days {missing} are not in the store", field="oracle_daily_pnl")
+        return [where[n] for n in names]
+
     def sharpe_on(self, day_indices: Sequence[int], annualisation_days: int) -> float:
         """The oracle's daily Sharpe over the store days `day_indices` (a fold's validation days)."""
         idx = np.asarray(day_indices, dtype=np.int64)

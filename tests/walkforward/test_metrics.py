@@ -99,6 +99,12 @@ def test_oracle_reference_from_the_sidecar(tmp_path):
     assert ref.sharpe == 9.8
     sub = [80.0, 20.0, 60.0]
     assert ref.sharpe_on([2, 3, 4], 252) == pytest.approx(statistics.mean(sub) / statistics.stdev(sub) * math.sqrt(252))
+    store_days = ["d0", "d1", "d2", "d3", "d4"]
+    assert ref.day_indices(store_days, ["d2", "d3", "d4"]) == [2, 3, 4]
+    with pytest.raises(InputError, match=r"days \['d9'\] are not in the store"):
+        ref.day_indices(store_days, ["d9"])
+    with pytest.raises(InputError, match="the oracle has 5 days, the store 4"):
+        ref.day_indices(store_days[:4], ["d1"])
     with pytest.raises(InputError, match="day index out of range"):
         ref.sharpe_on([5], 252)
     (tmp_path / "m.h5.oracle.json").write_text("{}")
