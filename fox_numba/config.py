@@ -49,10 +49,10 @@ class FeatureConfig:
 
 @dataclass
 class FoldConfig:
-    n_folds: int = opt(4, "Number of walk-forward folds.")
-    train_days: int = opt(14, "Trading days in each fold's training window.")
-    val_days: int = opt(4, "Trading days in each fold's validation window.")
-    step_days: int = opt(4, "Days the windows advance from one fold to the next.")
+    n_folds: int = opt(6, "Number of walk-forward folds (6 of 60 + 10 days, advancing 10, span 120 days).")
+    train_days: int = opt(60, "Trading days in each fold's training window.")
+    val_days: int = opt(10, "Trading days in each fold's validation window.")
+    step_days: int = opt(10, "Days the windows advance from one fold to the next.")
     anchored: bool = opt(False, "Anchored folds keep the training start at day 0; rolling folds slide it.")
     purge_bars: int = opt(
         30, "Bars dropped between the end of training and the start of validation (no label overlap)."
@@ -118,12 +118,28 @@ class LearnerConfig:
     adam_beta2: float = opt(0.999, "Adam second-moment decay.")
     adam_eps: float = opt(1.5e-4, "Adam epsilon (Rainbow's value; guards the first steps of a fold).")
     clip_ema_mult: float = opt(2.0, "Adaptive clip: clip_base = grad_norm_ema * clip_ema_mult.")
+    warmup_rule: str = opt(
+        "damped",
+        "Fold warm-up factor rule: 'damped' feeds the gradient-norm EMAs the clipped norm min(raw, clip_eff), so "
+        "a spike cannot inflate the clip base or the slow baseline; 'seed' is the original system's rule (EMAs "
+        "of the raw norm), kept for comparison.",
+    )
 
 
 @dataclass
 class EvaluationConfig:
     chunk_bars: int = opt(512, "Bars per chunk of the validation backtest (one batched launch each).")
-    annualisation_days: int = opt(252, "Trading days per year used to annualise the daily Sharpe.")
+    annualisation_days: int = opt(
+        252, "Trading days per year: daily Sharpe x sqrt(this); per-bar Sharpe x sqrt(this x bars per day)."
+    )
+    probe_horizon_bars: int = opt(
+        15, "Probe baseline: bars ahead of the mid change its ridge regression forecasts (the oracle's horizon)."
+    )
+    probe_ridge: float = opt(
+        0.01,
+        "Probe baseline: ridge penalty per training row on the centred observation (0 = least squares); "
+        "0.003-0.03 did best on a 120-day default market.",
+    )
 
 
 @dataclass

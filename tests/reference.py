@@ -63,3 +63,41 @@ def loss64(logits, target):
     m = x.max(axis=-1, keepdims=True)
     log_softmax = x - m - np.log(np.exp(x - m).sum(axis=-1, keepdims=True))
     return -(np.asarray(target, np.float64) * log_softmax).sum(axis=-1)
+
+
+def adaptive_clip64(isv, mult=2.0, rule="damped"):
+    """float64 adaptive-clip producer (kernels/optim.py) on an ISV vector, in place, written from the spec's
+    numbers: factor and clip from the EMAs before this step's norm (the first finite norm seeds EMA and SLOW),
+    then the EMA updates with the raw norm (rule "seed") or the clipped norm min(raw, clip) (rule "damped")."""
+    from fox_numba.device.isv import Isv
+
+    raw = isv[Isv.GRAD_NORM_RAW]
+    finite = np.isfinite(raw)
+    ema, fast, slow = Isv.GRAD_NORM_EMA, Isv.GRAD_NORM_FAST_EMA, Isv.GRAD_NORM_SLOW_EMA
+    factor, clip, observed = Isv.FOLD_WARMUP_FACTOR, Isv.CLIP_EFF, Isv.GRAD_NORM_OBSERVED
+    if finite:
+        isv[ema] = isv[ema] or raw
+        isv[slow] = isv[slow] or raw
+    bootstrap = isv[observed] < 200 or isv[slow] < 1e-6
+    isv[factor] = 1.0 if bootstrap else min(max(isv[fast] / isv[slow], 0.0), 1.0)
+    isv[clip] = max(isv[ema] * mult * (0.1 + 0.9 * isv[factor]), 1e-12)
+    if finite:
+        seen = min(raw, isv[clip]) if rule == "damped" else raw
+        isv[Isv.CLIP_ENGAGED_EMA] += 0.01 * (float(raw > isv[clip]) - isv[Isv.CLIP_ENGAGED_EMA])
+        isv[ema] += 0.01 * (seen - isv[ema])
+        isv[fast] += 0.1 * (seen - isv[fast])
+        isv[slow] += 0.001 * (seen - isv[slow])
+        isv[observed] = min(isv[observed] + 1, 2.0**24)
+
+
+def q_drift_rate64(isv, q):
+    """float64 Q_DRIFT_RATE producer (kernels/drift.py) on an ISV vector, in place, for the epoch mean q."""
+    from fox_numba.device.isv import Isv
+
+    if not np.isfinite(q):
+        return
+    prev = isv[Isv.Q_EPOCH_MEAN_PREV]
+    if abs(prev) > 1e-6:
+        denom = max(abs(prev), isv[Isv.Q_ABS_REF] + isv[Isv.Q_DIR_ABS_REF], 1e-6)
+        isv[Isv.Q_DRIFT_RATE] = min(max(abs(q - prev) / denom, 0.0), 4.0)
+    isv[Isv.Q_EPOCH_MEAN_PREV] = q

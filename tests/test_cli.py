@@ -113,6 +113,6 @@ def test_unwritable_output_is_one_line_not_a_traceback(tmp_path):
 
 
 def test_train_refuses_a_market_too_short_for_its_folds(stores):
-    proc = run_fox("train", "--store", str(stores[0]))  # the default preset's folds span 30 days
+    proc = run_fox("train", "--store", str(stores[0]))  # the default preset's folds span 120 days
     assert proc.returncode == 1
-    assert "need 30 trading days; the market has 4" in proc.stderr
+    assert "need 120 trading days; the market has 4" in proc.stderr

@@ -67,13 +67,16 @@ _NAMED: tuple[Slot, ...] = (
     # 0-15: gradients and the optimiser
     Slot("GRAD_NORM_RAW", 0, "Global L2 norm of the gradient before clipping, last step.", _GRAD,
          "GRAD_NORM_EMA, GRAD_NORM_FAST_EMA, GRAD_NORM_SLOW_EMA producers; " + _DIAG),
-    Slot("GRAD_NORM_EMA", 1, "EMA (alpha 0.01) of GRAD_NORM_RAW; the adaptive clip base is "
+    Slot("GRAD_NORM_EMA", 1, "EMA (alpha 0.01) of the observed norm (min(GRAD_NORM_RAW, CLIP_EFF) under "
+         "learner.warmup_rule 'damped', GRAD_NORM_RAW under 'seed'); the adaptive clip base is "
          "GRAD_NORM_EMA * learner.clip_ema_mult (0: no observation yet, the first one seeds it).", _CLIP,
          "clip_eff = clip_base * (0.1 + 0.9 * FOLD_WARMUP_FACTOR)", fold_reset=None),
-    Slot("GRAD_NORM_FAST_EMA", 2, "EMA (alpha 0.1) of GRAD_NORM_RAW: the fold's recent gradient scale.",
+    Slot("GRAD_NORM_FAST_EMA", 2, "EMA (alpha 0.1) of the observed norm (as GRAD_NORM_EMA): the fold's recent "
+         "gradient scale.",
          _CLIP, "FOLD_WARMUP_FACTOR"),
-    Slot("GRAD_NORM_SLOW_EMA", 3, "EMA (alpha 0.001) of GRAD_NORM_RAW: the cross-fold steady-state "
-         "gradient scale, kept across folds as the warm-up baseline.", _CLIP, "FOLD_WARMUP_FACTOR",
+    Slot("GRAD_NORM_SLOW_EMA", 3, "EMA (alpha 0.001) of the observed norm (as GRAD_NORM_EMA): the cross-fold "
+         "steady-state gradient scale, kept across folds as the warm-up baseline; under the 'damped' rule a "
+         "spike cannot lift it.", _CLIP, "FOLD_WARMUP_FACTOR",
          fold_reset=None),
     Slot("CLIP_ENGAGED_EMA", 4, "EMA (alpha 0.01) of 1 when GRAD_NORM_RAW exceeded clip_eff, else 0.",
          _CLIP, _DIAG),
@@ -102,7 +105,7 @@ _NAMED: tuple[Slot, ...] = (
          _DIAG),
     Slot("Q_STD_EMA", 18, "EMA (alpha 0.05) of the batch standard deviation of E[Q].", _QSTATS, _DIAG),
     Slot("Q_EPOCH_MEAN_PREV", 19, "Mean E[Q] of the previous epoch: the Q-drift baseline.",
-         "Q_DRIFT_RATE producer (every epoch, after the kill check)", "Q_DRIFT_RATE producer; Q-drift kill"),
+         "kernels/drift.py q_drift_rate_producer (every epoch, after the kill check)", "Q_DRIFT_RATE producer"),
     Slot("TD_ABS_EMA", 20, "EMA (alpha 0.05) of the mean |E[target] - E[Q]| of the taken actions.", _LOSS,
          _DIAG),
     Slot("Q_DIR_ABS_REF", 21, "EMA (alpha 0.05) of the mean |E[Q]| over the direction-branch bins: the "
@@ -174,10 +177,12 @@ _NAMED: tuple[Slot, ...] = (
          "network has no mixture-of-experts head: the slot keeps its bootstrap value.", "none",
          _DIAG, fold_reset=None),
     Slot("Q_DRIFT_RATE", 129, "|q_mean(t) - q_mean(t-1)| / max(|q_mean(t-1)|, Q_ABS_REF + Q_DIR_ABS_REF, "
-         "1e-6), clipped to [0, 4]; t counts epochs.", "Q_DRIFT_RATE producer (every epoch)",
+         "1e-6), clipped to [0, 4]; t counts epochs; unchanged while |q_mean(t-1)| <= 1e-6.",
+         "kernels/drift.py q_drift_rate_producer (every epoch, after the kill check)",
          "tau_eff = scheduled tau / (1 + Q_DRIFT_RATE), so tau_eff stays in [tau_base/5, tau_base]"),
     Slot("FOLD_WARMUP_FACTOR", 130, "clamp(GRAD_NORM_FAST_EMA / GRAD_NORM_SLOW_EMA, 0, 1); 1 while "
-         "GRAD_NORM_OBSERVED is under 200 or the slow EMA is under 1e-6.", _CLIP,
+         "GRAD_NORM_OBSERVED is under 200 or the slow EMA is under 1e-6. 0 at a fold boundary (the fast EMA "
+         "restarts at 0), back near 1 within ~20-50 steps.", _CLIP,
          "learner Adam kernel: lr = control block lr_sched (host schedule) * max(0.05, factor); CLIP_EFF = "
          "clip_base * (0.1 + 0.9 * factor)",
          bootstrap=1.0, fold_reset=0.0),

@@ -23,7 +23,8 @@ Where the per-step values live (a captured graph freezes kernel arguments):
 - The observation counter of the warm-up bootstrap is ISV[GRAD_NORM_OBSERVED]; like the slow EMA it
   carries over folds, so a fold boundary (FAST_EMA and FACTOR reset to 0) damps at once instead of
   re-entering the 200-step bootstrap.
-- beta1, beta2, eps and clip_ema_mult are fixed per run: kernel arguments.
+- beta1, beta2, eps, clip_ema_mult and the warm-up rule (learner.warmup_rule: what the EMAs see, the raw or
+  the clipped norm) are fixed per run: kernel arguments.
 Constraints: float32 C-contiguous arrays (partials float64); literals are float32 (a Python float makes
 the GPU compute in float64); slot indices are module constants taken from `Isv`. A non-finite gradient
 norm is counted in ISV[NONFINITE_STEPS], leaves the EMAs alone and skips the Adam step entirely.
@@ -42,6 +43,7 @@ from fox_numba.device.elementwise import scale_f32
 from fox_numba.device.isv import ISV_TOTAL_DIM, Isv
 from fox_numba.device.launch import check_array, grid_1d, i32, launch, launch_rows
 from fox_numba.device.registry import register
+from fox_numba.errors import ConfigError
 
 _CONTROL = from_dtype(CONTROL_DTYPE)
 
@@ -59,6 +61,9 @@ CLIP_TINY = np.float32(1e-12)  # clip_eff never reaches 0
 NORM_EPS = np.float32(1e-12)  # clip scale = min(1, clip_eff / (norm + NORM_EPS))
 ADAM_SHRINK_M = np.float32(0.1)  # fold boundary: keep the direction of m ...
 ADAM_SHRINK_V = np.float32(0.01)  # ... and damp the magnitude history of v
+WARMUP_SEED = 0  # adaptive_clip_producer rule: the EMAs take the raw gradient norm (the seed's formula)
+WARMUP_DAMPED = 1  # ... the EMAs take the clipped norm min(raw, CLIP_EFF)
+WARMUP_RULES = {"seed": WARMUP_SEED, "damped": WARMUP_DAMPED}  # learner.warmup_rule -> kernel argument
 
 _RAW = int(Isv.GRAD_NORM_RAW)
 _EMA = int(Isv.GRAD_NORM_EMA)
@@ -119,15 +124,19 @@ def grad_norm_finish(partials, isv, n_partials):
             isv[_NONFINITE] += float32(1.0)
 
 
-@register((float32[::1], float32))
+@register((float32[::1], float32, int32))
 @cuda.jit
-def adaptive_clip_producer(isv, clip_ema_mult):
-    """Write FOLD_WARMUP_FACTOR, CLIP_EFF and CLIP_ENGAGED_EMA, then fold GRAD_NORM_RAW into the EMAs.
+def adaptive_clip_producer(isv, clip_ema_mult, rule):
+    """Write FOLD_WARMUP_FACTOR, CLIP_EFF and CLIP_ENGAGED_EMA, then fold this step's norm into the EMAs.
 
     The factor and the clip come from the EMAs before this step's norm joins them (as in the seed, where
     the clip of step t came from norms up to t - 1), so a spike is clipped against the history. The first
     finite observation seeds GRAD_NORM_EMA and the slow EMA (while 0); the fast EMA is not seeded, so after
-    a fold reset it climbs from 0 and the factor (fast / slow) damps lr and clip for ~50 steps.
+    a fold reset it climbs from 0 and the factor (fast / slow) damps lr and clip for ~20-50 steps.
+
+    rule WARMUP_SEED (0): the EMAs take the raw norm (the seed's formula). rule WARMUP_DAMPED (1): they
+    take the clipped norm min(raw, CLIP_EFF), the gradient Adam actually receives, so a spike moves the
+    clip base by at most EMA_ALPHA * (clip_ema_mult - 1) per step and the slow baseline not at all.
     """
     raw = isv[_RAW]
     finite = not (math.isinf(raw) or math.isnan(raw))
@@ -147,9 +156,12 @@ def adaptive_clip_producer(isv, clip_ema_mult):
     if finite:
         engaged = float32(1.0) if raw > clip else float32(0.0)
         isv[_ENGAGED] += EMA_ALPHA * (engaged - isv[_ENGAGED])
-        isv[_EMA] = ema + EMA_ALPHA * (raw - ema)
-        isv[_FAST] = fast + FAST_ALPHA * (raw - fast)
-        isv[_SLOW] = slow + SLOW_ALPHA * (raw - slow)
+        seen = raw
+        if rule == WARMUP_DAMPED:
+            seen = min(raw, clip)
+        isv[_EMA] = ema + EMA_ALPHA * (seen - ema)
+        isv[_FAST] = fast + FAST_ALPHA * (seen - fast)
+        isv[_SLOW] = slow + SLOW_ALPHA * (seen - slow)
         isv[_OBSERVED] = min(isv[_OBSERVED] + float32(1.0), OBSERVED_CAP)
 
 
@@ -213,12 +225,21 @@ def global_grad_norm(grad: Any, partials: Any, isv: Any, *, stream: Any) -> None
     launch_rows(grad_norm_finish, 1, NORM_BLOCK, partials, isv, i32(k), stream=stream)
 
 
-def update_adaptive_clip(isv: Any, clip_ema_mult: float, *, stream: Any) -> None:
-    """Run the adaptive-clip producer on the last GRAD_NORM_RAW (clip_ema_mult: LearnerConfig's)."""
+def warmup_rule_code(name: str) -> int:
+    """The kernel argument of a `learner.warmup_rule` name; a ConfigError naming the choices otherwise."""
+    if name not in WARMUP_RULES:
+        raise ConfigError(f"learner.warmup_rule is {name!r}; choose one of {', '.join(map(repr, WARMUP_RULES))}")
+    return WARMUP_RULES[name]
+
+
+def update_adaptive_clip(isv: Any, clip_ema_mult: float, *, stream: Any, warmup_rule: str = "damped") -> None:
+    """Run the adaptive-clip producer on the last GRAD_NORM_RAW (clip_ema_mult and warmup_rule:
+    LearnerConfig's)."""
     _check_isv(isv)
     if not clip_ema_mult > 0:
         raise ValueError(f"clip_ema_mult must be > 0, got {clip_ema_mult}")
-    launch_rows(adaptive_clip_producer, 1, 1, isv, np.float32(clip_ema_mult), stream=stream)
+    rule = warmup_rule_code(warmup_rule)
+    launch_rows(adaptive_clip_producer, 1, 1, isv, np.float32(clip_ema_mult), i32(rule), stream=stream)
 
 
 def adam_update(

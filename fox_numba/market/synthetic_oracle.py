@@ -17,6 +17,9 @@ the oracle pays the spread it would really cross and bears the book's tracking n
 efficient price. It is a reference, not a bound (other sizing or exit rules can earn more); on the
 default market's parameters it is about 13-15 over long runs, with the spread of a 31-day sample
 (about +-3) around that.
+
+`oracle_positions` (the rule) and `position_pnl` (the PnL of any positions under this cost model) also
+serve other forecasts and positions: the walk-forward probe and buy-and-hold baselines use them.
 """
 
 from __future__ import annotations
@@ -60,6 +63,42 @@ class Oracle:
         }
 
 
+def oracle_threshold(tick_size: float, point_value: float, commission: float) -> float:
+    """c_rt: the nominal round-trip cost in price units (half a tick each way plus commission both sides)."""
+    return 2.0 * (0.5 * tick_size + commission / point_value)
+
+
+def oracle_positions(expected_return: np.ndarray, threshold: float) -> np.ndarray:
+    """pos_m of the rule above (float64 -1, 0 or +1) along the last axis: one day per row ([..., bars]);
+    flat at each day's last bar. Any predicted move in price units can stand in for `expected_return` (the
+    probe baseline trades a ridge forecast by this rule)."""
+    er = np.asarray(expected_return, dtype=np.float64)
+    pos = np.zeros_like(er)
+    held = np.zeros(er.shape[:-1])
+    for m in range(er.shape[-1] - 1):
+        enter = np.abs(er[..., m]) > threshold
+        held = np.where(enter, np.sign(er[..., m]), np.where(held * er[..., m] > 0, held, 0.0))
+        pos[..., m] = held
+    return pos
+
+
+def position_pnl(
+    position: np.ndarray, mid: np.ndarray, half_spread: np.ndarray, *, point_value: float, commission: float
+) -> np.ndarray:
+    """pnl_m of the formula above (float64 dollars [..., bars], one day per row) for positions held from each
+    bar's close (flat before the day's first bar): the previous position's mark-to-market minus the cost of
+    changing it, |pos_m - pos_{m-1}| * (half spread * point value + commission)."""
+    pos = np.asarray(position, dtype=np.float64)
+    mid = np.asarray(mid, dtype=np.float64)
+    half = np.asarray(half_spread, dtype=np.float64)
+    prev = np.zeros_like(pos)
+    prev[..., 1:] = pos[..., :-1]
+    hold = np.zeros_like(pos)
+    hold[..., 1:] = prev[..., 1:] * np.diff(mid, axis=-1) * point_value
+    cost = np.abs(pos - prev) * (half * point_value + commission)
+    return hold - cost
+
+
 def oracle_pnl(
     expected_return: np.ndarray,
     mid: np.ndarray,
@@ -76,19 +115,9 @@ def oracle_pnl(
     er = np.asarray(expected_return, dtype=np.float64).reshape(-1, bars_per_day)
     mid = np.asarray(mid, dtype=np.float64).reshape(er.shape)
     half = np.asarray(half_spread, dtype=np.float64).reshape(er.shape)
-    threshold = 2.0 * (0.5 * tick_size + commission / point_value)
-    pos = np.zeros_like(er)
-    held = np.zeros(er.shape[0])
-    for m in range(bars_per_day - 1):
-        enter = np.abs(er[:, m]) > threshold
-        held = np.where(enter, np.sign(er[:, m]), np.where(held * er[:, m] > 0, held, 0.0))
-        pos[:, m] = held
-    prev = np.zeros_like(pos)
-    prev[:, 1:] = pos[:, :-1]
-    hold = np.zeros_like(pos)
-    hold[:, 1:] = prev[:, 1:] * np.diff(mid, axis=1) * point_value
-    cost = np.abs(pos - prev) * (half * point_value + commission)
-    daily = (hold - cost).sum(axis=1)
+    threshold = oracle_threshold(tick_size, point_value, commission)
+    pos = oracle_positions(er, threshold)
+    daily = position_pnl(pos, mid, half, point_value=point_value, commission=commission).sum(axis=1)
     std = float(daily.std(ddof=1)) if daily.size > 1 else 0.0
     sharpe = float(daily.mean() / std * np.sqrt(annualisation_days)) if std > 0 else 0.0
     return Oracle(

@@ -5,12 +5,15 @@ advance by `step_days` per fold. Rolling folds slide the training start with the
 at the first day (each fold trains on everything before its validation window). Windows are whole
 trading days, so episodes never cross a window edge. The last `purge_bars` bars of every training window
 are dropped: their look-ahead (rewards and labels over the next bars) would otherwise sit next to the
-validation window. Example, the default config on the default market's 31 days:
+validation window. Example, the default config (60 training / 10 validation days, advancing 10) on a
+120-day market (the default market's length):
 
-    fold 0: train days 0-13,  validate 14-17
-    fold 1: train days 4-17,  validate 18-21
-    fold 2: train days 8-21,  validate 22-25
-    fold 3: train days 12-25, validate 26-29    (day 30 is not validated)
+    fold 0: train days 0-59,   validate 60-69
+    fold 1: train days 10-69,  validate 70-79
+    fold 2: train days 20-79,  validate 80-89
+    fold 3: train days 30-89,  validate 90-99
+    fold 4: train days 40-99,  validate 100-109
+    fold 5: train days 50-109, validate 110-119
 
 Everything that depends on a fold (normalisation statistics, state resets) keys off this list.
 """
@@ -61,6 +64,17 @@ class Fold:
         """Bar rows of the validation window."""
         return slice(int(day_start[self.val_first]), int(day_start[self.val_stop]))
 
+    def as_dict(self) -> dict[str, object]:
+        """The fold as plain data (the run folder's folds.json): windows as indices and as day names."""
+        return {
+            "index": self.index,
+            "train": [self.train_first, self.train_stop],
+            "val": [self.val_first, self.val_stop],
+            "train_days": [self.train_days[0], self.train_days[-1]],
+            "val_days": [self.val_days[0], self.val_days[-1]],
+            "purge_bars": self.purge_bars,
+        }
+
     def describe(self) -> str:
         return (
             f"fold {self.index}: train {self.train_days[0]}..{self.train_days[-1]} ({len(self.train_days)} days), "
@@ -71,6 +85,12 @@ class Fold:
 def days_needed(cfg: FoldConfig) -> int:
     """Trading days the config's folds span."""
     return (cfg.n_folds - 1) * cfg.step_days + cfg.train_days + cfg.val_days
+
+
+def max_folds(cfg: FoldConfig, n_days: int) -> int:
+    """The largest n_folds whose windows fit in `n_days` trading days (0 if not even one fits)."""
+    room = n_days - cfg.train_days - cfg.val_days
+    return 0 if room < 0 else room // cfg.step_days + 1
 
 
 def make_folds(cfg: FoldConfig, days: Sequence[str]) -> list[Fold]:

@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+from reference import adaptive_clip64
 
 from fox_numba.device.control import ControlBlock
 from fox_numba.device.elementwise import scatter_f32
@@ -72,23 +73,9 @@ def ref_norm(grad, isv):
         isv[NONFINITE] += 1
 
 
-def ref_producer(isv, mult=CLIP_MULT):
-    """float64 adaptive-clip producer, written from the spec's numbers: factor and clip from the EMAs
-    before this step's norm (the first finite norm seeds EMA and SLOW), then the EMA updates."""
-    raw = isv[RAW]
-    finite = np.isfinite(raw)
-    if finite:
-        isv[EMA] = isv[EMA] or raw
-        isv[SLOW] = isv[SLOW] or raw
-    bootstrap = isv[OBSERVED] < 200 or isv[SLOW] < 1e-6
-    isv[FACTOR] = 1.0 if bootstrap else min(max(isv[FAST] / isv[SLOW], 0.0), 1.0)
-    isv[CLIP] = max(isv[EMA] * mult * (0.1 + 0.9 * isv[FACTOR]), 1e-12)
-    if finite:
-        isv[ENGAGED] += 0.01 * (float(raw > isv[CLIP]) - isv[ENGAGED])
-        isv[EMA] += 0.01 * (raw - isv[EMA])
-        isv[FAST] += 0.1 * (raw - isv[FAST])
-        isv[SLOW] += 0.001 * (raw - isv[SLOW])
-        isv[OBSERVED] = min(isv[OBSERVED] + 1, 2.0**24)
+def ref_producer(isv, mult=CLIP_MULT, rule="damped"):
+    """The float64 adaptive-clip producer of tests/reference.py (rule: learner.warmup_rule)."""
+    adaptive_clip64(isv, mult, rule)
 
 
 def ref_adam(p, m, v, g, isv, lr_base, t):
@@ -156,7 +143,8 @@ def test_nonfinite_gradient_is_counted_and_skips_adam(stream, stager, rng, bad):
         np.testing.assert_array_equal(stager.download(dev), host)
 
 
-def test_adaptive_clip_producer_bootstrap_then_fold_damping(stream, stager, rng):
+@pytest.mark.parametrize("rule", ["seed", "damped"])
+def test_adaptive_clip_producer_bootstrap_then_fold_damping(stream, stager, rng, rule):
     """220 steps from a fresh bus (a NaN norm at step 50), a fold reset, then 30 steps: factor 1 until
     200 observations (bootstrap), then 0 right after the reset, climbing with the fast EMA; floors kept."""
     bus = IsvBus(stager)
@@ -175,8 +163,8 @@ def test_adaptive_clip_producer_bootstrap_then_fold_damping(stream, stager, rng)
         launch(scatter_f32, 1, bus.values, raw_index, raw.device, i32(1), stream=stream)
         ref[RAW] = np.float32(value)
         ema_before = ref[EMA]
-        update_adaptive_clip(bus.values, CLIP_MULT, stream=stream)
-        ref_producer(ref)
+        update_adaptive_clip(bus.values, CLIP_MULT, stream=stream, warmup_rule=rule)
+        ref_producer(ref, rule=rule)
         got = bus.read()
         assert_slots(got, ref)
         assert got[OBSERVED] == step + 1 - (step >= 50)
@@ -190,7 +178,7 @@ def test_adaptive_clip_producer_bootstrap_then_fold_damping(stream, stager, rng)
     assert factors[220] == 0.0 and clips[220] == pytest.approx(0.1, rel=1e-6)  # fast EMA reset to 0
     assert all(f < 1.0 for f in factors[220:235])  # the fast EMA climbs from 0 ...
     assert factors[249] > 0.5  # ... towards the slow one
-    assert engaged[220] > engaged[219]  # the damped clip engages on an ordinary norm
+    assert engaged[220] == pytest.approx(0.01, rel=1e-6)  # reset to 0, then the damped clip engages on an ordinary norm
 
 
 def test_adaptive_clip_producer_bootstrap_on_a_tiny_slow_ema(stream, stager):

@@ -1,0 +1,310 @@
+"""The run folder: everything a walk-forward run writes, in an order that lets a killed run resume exactly.
+
+    runs/<name>/
+      config.toml                  the resolved config (config.write_config; `--config` reads it back)
+      folds.json                   the fold windows (Fold.as_dict) and the run's trading days
+      metrics.jsonl                one line per epoch per fold (`epoch_line`), appended and fsynced
+      fold_00/last.h5              the trainer's state after the fold's latest epoch (a checkpoint)
+      fold_00/best.h5              the state after the fold's best epoch by validation daily Sharpe
+      fold_00/best_validation.npz  that epoch's validation days (per-bar PnL and positions)
+      summary.json                 per fold: best epoch, its figures and baselines, kill; across folds
+      .lock                        held (flock) by the process running the folder
+
+Per epoch the driver calls `end_epoch`, which writes, in this order: the metrics line; when the epoch is the
+fold's best so far, best_validation.npz and best.h5; then last.h5. Every file but metrics.jsonl is written
+atomically (temporary name, fsync, rename). So after a kill -9 at any moment, last.h5 of the highest fold
+holds a whole epoch's state, anything written after it belongs to an epoch that will run again, and a
+deterministic driver rewrites it identically.
+
+Resume (`fox train --resume RUN`): `RunFolder.open(path)` takes the lock and deletes stale temporary files;
+`resume_point()` loads the latest last.h5, cuts metrics.jsonl back to the lines of epochs up to it (a torn
+last line included) and says where to continue: the next epoch of that fold, or epoch 0 of the next fold
+after a fold reset when the checkpoint ended its fold (last epoch, or a kill). The driver then uploads the
+checkpoint's arrays, calls `registry.load_host_state(point.checkpoint.registry_state)`, runs
+`registry.reset(FoldReset, ...)` if `point.fold_boundary`, and goes on as if never stopped.
+
+Which epoch is best is registry state (`BestEpoch`, FoldReset), so a resumed fold compares against the
+same best as an uninterrupted one. An epoch that fired a kill criterion is never the best.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import math
+import os
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fox_numba.checkpoint import Checkpoint, Layout, fsync_dir, load_checkpoint, remove_stale_temporaries, save_checkpoint
+from fox_numba.config import FoxConfig, load_config, write_config
+from fox_numba.errors import ConfigError, InputError
+from fox_numba.io import atomic_path, atomic_write_text
+from fox_numba.walkforward.folds import Fold
+from fox_numba.walkforward.kill import Kill
+from fox_numba.walkforward.metrics import DaySeries, Metrics, across_folds, json_number
+from fox_numba.walkforward.reset_registry import FoldReset, StateResetRegistry
+
+CONFIG, FOLDS, METRICS, SUMMARY, LOCK = "config.toml", "folds.json", "metrics.jsonl", "summary.json", ".lock"
+LAST, BEST, BEST_VALIDATION = "last.h5", "best.h5", "best_validation.npz"
+SELECT_BY = "sharpe_daily"  # the validation figure the best epoch is chosen by
+
+
+class BestEpoch:
+    """The fold's best epoch so far by validation daily Sharpe (registry state, FoldReset)."""
+
+    NOT_STATE = ()
+
+    def __init__(self) -> None:
+        self.epoch: int | None = None
+        self.sharpe: float | None = None
+
+    def register_state(self, registry: StateResetRegistry) -> None:
+        r = registry.owner(self, "run.best")
+        r.field("epoch", FoldReset, None, "best epoch of this fold by validation Sharpe")
+        r.field("sharpe", FoldReset, None, "its validation daily Sharpe")
+
+    def update(self, epoch: int, sharpe: float | None, eligible: bool = True) -> bool:
+        """Record the epoch if it beats the best so far (strictly; a NaN or ineligible epoch never does)."""
+        if not eligible or sharpe is None or not math.isfinite(sharpe):
+            return False
+        if self.sharpe is not None and sharpe <= self.sharpe:
+            return False
+        self.epoch, self.sharpe = epoch, float(sharpe)
+        return True
+
+
+def epoch_line(
+    fold: int, epoch: int, *, val: Metrics, report: Mapping[str, Any] | None = None,
+    train: Mapping[str, Any] | None = None, kill: Kill | None = None, resets: Sequence[str] | None = None,
+) -> dict[str, Any]:
+    """One metrics.jsonl line: the validation figures, the fold report (baselines, oracle and probe fractions),
+    training figures, the kill (None if none) and, on a fold's first epoch, the entries the fold reset ran."""
+    line: dict[str, Any] = {"fold": fold, "epoch": epoch, "val": val.as_dict()}
+    if report is not None:
+        line["baselines"] = {k: v for k, v in report.items() if k != "agent"}
+    line["train"] = {k: json_number(v) for k, v in (train or {}).items()}
+    line["kill"] = kill.as_dict() if kill is not None else None
+    if resets is not None:
+        line["resets"] = list(resets)
+    return line
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    """Where a resumed run continues, and the state to continue from."""
+
+    fold: int
+    epoch: int
+    checkpoint: Checkpoint
+    fold_boundary: bool
+    """The checkpoint ended its fold: run registry.reset(FoldReset) for `fold` before its epoch 0."""
+    run_done: bool
+    """Every fold has finished: only the summary is left."""
+
+
+class RunFolder:
+    """One run's folder, locked by this process while it is open."""
+
+    def __init__(self, path: Path, lock_fd: int) -> None:
+        self.path = path
+        self._lock_fd: int | None = lock_fd
+
+    # ---- opening -----------------------------------------------------------------------------------
+    @staticmethod
+    def _lock(path: Path) -> int:
+        fd = os.open(path / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            raise ConfigError(f"{path}: the run folder is in use by another process") from None
+        return fd
+
+    @classmethod
+    def create(cls, cfg: FoxConfig, folds: Sequence[Fold], *, name: str | None = None) -> RunFolder:
+        """A new folder `cfg.run.out_dir/<name>` (name: cfg.run.name, else a timestamp) with config.toml and
+        folds.json; refuses a folder that already holds a run."""
+        name = name or cfg.run.name or time.strftime("%Y%m%d-%H%M%S")
+        path = Path(cfg.run.out_dir) / name
+        if (path / CONFIG).exists():
+            raise ConfigError(f"{path}: a run already lives there; resume it (fox train --resume {path}) or choose "
+                              "another run.name")
+        path.mkdir(parents=True, exist_ok=True)
+        run = cls(path, cls._lock(path))
+        days = list(folds[0].days) if folds else []
+        atomic_write_text(path / FOLDS, json.dumps({"days": days, "folds": [f.as_dict() for f in folds]}, indent=1) + "\n")
+        write_config(cfg, path / CONFIG)  # last: its presence marks the folder as a run
+        fsync_dir(path)
+        return run
+
+    @classmethod
+    def open(cls, path: str | Path) -> RunFolder:
+        """An existing run folder, locked, stale temporary files of interrupted writes deleted."""
+        path = Path(path)
+        if not (path / CONFIG).is_file():
+            raise InputError(path, f"not a run folder (no {CONFIG})")
+        run = cls(path, cls._lock(path))
+        remove_stale_temporaries(path)
+        return run
+
+    def close(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # releases the flock
+            self._lock_fd = None
+
+    def __enter__(self) -> RunFolder:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- contents ----------------------------------------------------------------------------------
+    def config(self) -> FoxConfig:
+        """The run's resolved config, as written at creation."""
+        return load_config(path=self.path / CONFIG)
+
+    def config_toml(self) -> str:
+        return (self.path / CONFIG).read_text(encoding="utf-8")
+
+    def folds(self) -> list[dict[str, Any]]:
+        return json.loads((self.path / FOLDS).read_text(encoding="utf-8"))["folds"]
+
+    def fold_dir(self, fold: int) -> Path:
+        return self.path / f"fold_{fold:02d}"
+
+    def append_metrics(self, line: Mapping[str, Any]) -> None:
+        """Append one JSON line with a single write, then fsync (a kill leaves at most a torn last line)."""
+        data = (json.dumps(line, sort_keys=True, allow_nan=False) + "\n").encode()
+        fd = os.open(self.path / METRICS, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            os.write(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def read_metrics(self) -> list[dict[str, Any]]:
+        """Every whole line of metrics.jsonl (a torn last line, left by a kill, is skipped)."""
+        path = self.path / METRICS
+        if not path.is_file():
+            return []
+        lines = []
+        for text in path.read_text(encoding="utf-8").splitlines(keepends=True):
+            if not text.endswith("\n"):
+                break
+            try:
+                lines.append(json.loads(text))
+            except ValueError:
+                raise InputError(path, "a metrics line is not JSON (damaged file)", row=len(lines)) from None
+        return lines
+
+    def _truncate_metrics(self, upto: tuple[int, int] | None) -> None:
+        keep = [ln for ln in self.read_metrics() if upto is not None and (ln["fold"], ln["epoch"]) <= upto]
+        text = "".join(json.dumps(ln, sort_keys=True, allow_nan=False) + "\n" for ln in keep)
+        with atomic_path(self.path / METRICS) as tmp:
+            tmp.write_text(text, encoding="utf-8")
+            with open(tmp, "rb+") as fh:
+                os.fsync(fh.fileno())
+        fsync_dir(self.path)
+
+    # ---- one epoch ---------------------------------------------------------------------------------
+    def end_epoch(
+        self, line: Mapping[str, Any], *, arrays: Mapping[str, np.ndarray], registry: StateResetRegistry,
+        best: BestEpoch, fold_done: bool, fingerprints: Mapping[str, str] | None = None,
+        validation: Sequence[DaySeries] | None = None, meta: Mapping[str, Any] | None = None,
+    ) -> bool:
+        """Record an epoch (module docstring: the order); returns whether it is the fold's best so far.
+        `fold_done`: the fold ends with this epoch (its last, or a kill)."""
+        fold, epoch = int(line["fold"]), int(line["epoch"])
+        improved = best.update(epoch, line["val"].get(SELECT_BY), eligible=line.get("kill") is None)
+        self.append_metrics({**line, "best": improved})
+        ck_meta = {**(meta or {}), "fold": fold, "epoch": epoch, "fold_done": bool(fold_done)}
+        state = registry.host_state()
+        folder = self.fold_dir(fold)
+        if improved:
+            if validation is not None:
+                self._save_validation(folder / BEST_VALIDATION, validation, epoch)
+            save_checkpoint(folder / BEST, arrays, ck_meta, registry_state=state, config_toml=self.config_toml(),
+                            fingerprints=fingerprints)
+        save_checkpoint(folder / LAST, arrays, ck_meta, registry_state=state, config_toml=self.config_toml(),
+                        fingerprints=fingerprints)
+        return improved
+
+    @staticmethod
+    def _save_validation(path: Path, days: Sequence[DaySeries], epoch: int) -> None:
+        lengths = np.array([len(d.pnl) for d in days], dtype=np.int64)
+        with atomic_path(path) as tmp, open(tmp, "wb") as fh:
+            np.savez(fh, epoch=np.int64(epoch), lengths=lengths,
+                     pnl=np.concatenate([np.asarray(d.pnl, np.float64) for d in days]),
+                     position=np.concatenate([np.asarray(d.position, np.float64) for d in days]))
+            fh.flush()
+            os.fsync(fh.fileno())
+
+    def best_validation(self, fold: int) -> list[DaySeries] | None:
+        """The validation days of the fold's best epoch (None if the fold recorded none)."""
+        path = self.fold_dir(fold) / BEST_VALIDATION
+        if not path.is_file():
+            return None
+        with np.load(path) as z:
+            cuts = np.cumsum(z["lengths"])[:-1]
+            return [DaySeries(p, q) for p, q in zip(np.split(z["pnl"], cuts), np.split(z["position"], cuts), strict=True)]
+
+    # ---- resume ------------------------------------------------------------------------------------
+    def latest_checkpoint(self, *, expected_layout: Layout | None = None,
+                          expected_fingerprints: Mapping[str, str] | None = None) -> Checkpoint | None:
+        """last.h5 of the highest fold that has one (folds run in order), or None."""
+        dirs = sorted(self.path.glob("fold_*"), reverse=True)
+        for d in dirs:
+            if (d / LAST).is_file():
+                return load_checkpoint(d / LAST, expected_layout=expected_layout,
+                                       expected_fingerprints=expected_fingerprints)
+        return None
+
+    def resume_point(self, n_folds: int, *, expected_layout: Layout | None = None,
+                     expected_fingerprints: Mapping[str, str] | None = None) -> ResumePoint | None:
+        """Where to continue (module docstring); None: no epoch was recorded, start the run from the
+        beginning. metrics.jsonl is cut back to the checkpoint's epoch either way."""
+        ck = self.latest_checkpoint(expected_layout=expected_layout, expected_fingerprints=expected_fingerprints)
+        if ck is None:
+            self._truncate_metrics(None)
+            return None
+        fold, epoch, done = int(ck.meta["fold"]), int(ck.meta["epoch"]), bool(ck.meta["fold_done"])
+        self._truncate_metrics((fold, epoch))
+        if done:
+            return ResumePoint(fold + 1, 0, ck, fold_boundary=True, run_done=fold + 1 >= n_folds)
+        return ResumePoint(fold, epoch + 1, ck, fold_boundary=False, run_done=False)
+
+    # ---- the end -----------------------------------------------------------------------------------
+    def summarise(self, *, annualisation_days: int) -> dict[str, Any]:
+        """summary.json from metrics.jsonl and each fold's best validation days; written atomically."""
+        lines = self.read_metrics()
+        folds: dict[int, list[dict[str, Any]]] = {}
+        for ln in lines:
+            folds.setdefault(int(ln["fold"]), []).append(ln)
+        per_fold, best_days = [], []
+        for k in sorted(folds):
+            fl = folds[k]
+            best = [ln for ln in fl if ln.get("best")]
+            chosen = best[-1] if best else None
+            kill = next((ln["kill"] for ln in fl if ln.get("kill")), None)
+            per_fold.append({
+                "fold": k, "epochs_run": len(fl), "best_epoch": chosen["epoch"] if chosen else None,
+                "val": chosen["val"] if chosen else None, "baselines": chosen.get("baselines") if chosen else None,
+                "kill": kill,
+            })
+            days = self.best_validation(k)
+            if days is not None:
+                best_days.append(days)
+        summary = {
+            "folds": per_fold,
+            "across_folds": across_folds(best_days, annualisation_days=annualisation_days) if best_days else None,
+            "note": "across_folds chains the validation days of each fold's best epoch (chosen on those days)",
+        }
+        atomic_write_text(self.path / SUMMARY, json.dumps(summary, indent=1, sort_keys=True, allow_nan=False) + "\n")
+        return summary
+
