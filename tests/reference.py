@@ -63,3 +63,18 @@ def loss64(logits, target):
     m = x.max(axis=-1, keepdims=True)
     log_softmax = x - m - np.log(np.exp(x - m).sum(axis=-1, keepdims=True))
     return -(np.asarray(target, np.float64) * log_softmax).sum(axis=-1)
+
+
+def atoms32(support, n_atoms):
+    """Atom values [..., Z] as a float32 kernel computes them, v_min + float32(j) * delta_z with a rounding after
+    the multiply and after the add (the simulator; the GPU fuses the two into one rounding, so tests that compare
+    atom values for equality use supports whose atoms are short binary fractions, exact either way)."""
+    j = np.arange(n_atoms, dtype=np.float32)
+    return (support[..., :1].astype(np.float32) + j * support[..., 2:3].astype(np.float32)).astype(np.float32)
+
+
+def variance64(logits, support):
+    """Var[Z] = sum_j p_j (z_j - E[Q])**2 [...] of logits [..., Z] on supports [..., 3]."""
+    p, z = softmax64(logits), atoms64(support, logits.shape[-1])
+    q = (p * z).sum(axis=-1, keepdims=True)
+    return (p * (z - q) ** 2).sum(axis=-1)
