@@ -315,10 +315,8 @@ def c51_project(
     check_array("support_next", support_next, "[R, 3]", (r, 3))
     check_array("support_proj", support_proj, "[R, 3]", (r, 3))
     check_array("m", m, "[R, Z]", (r, z))
-    launch(
-        c51_project_kernel, r, p_next, rewards, discounts, support_next, support_proj, m, stream=stream,
-        block=PROJECT_BLOCK,
-    )
+    args = (p_next, rewards, discounts, support_next, support_proj, m)
+    launch(c51_project_kernel, r, *args, stream=stream, block=PROJECT_BLOCK)
 
 
 def c51_loss(logits: Any, target: Any, weights: Any, loss: Any, dlogits: Any, *, stream: Any) -> None:
