@@ -14,10 +14,10 @@ stream wait for it before the first copy. Work enqueued after an upload or downl
 nothing: both return only once their copies are complete.
 
 Any dtype is copied as bytes, so record arrays (RNG states, snapshots) need no special path. The host
-side of each chunk is copied by several threads (numpy releases the GIL for plain copies): on the H200
-machine one thread writes pinned memory at about 10-12 GB/s while the DMA out of mapped memory runs at
-about 55 GB/s, and the threaded, double-buffered upload of 64 MiB chunks reaches 22-27 GB/s
-(tools/results/bench_device_h200.md).
+side of each chunk is copied by several threads (numpy releases the GIL for plain copies), because one
+thread writes pinned memory several times slower than the DMA reads it out of mapped memory; the
+measured rates of both halves and of the whole path are in tools/results/bench_device_h200.md
+(tools/bench_device.py).
 """
 
 from __future__ import annotations
