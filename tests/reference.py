@@ -78,7 +78,7 @@ def adaptive_clip64(isv, mult=2.0, rule="damped"):
     if finite:
         isv[ema] = isv[ema] or raw
         isv[slow] = isv[slow] or raw
-    bootstrap = isv[observed] < 200 or isv[slow] < 1e-6
+    bootstrap = isv[observed] < 200 or isv[slow] < np.float32(1e-6)  # the kernel's float32 floor
     isv[factor] = 1.0 if bootstrap else min(max(isv[fast] / isv[slow], 0.0), 1.0)
     isv[clip] = max(isv[ema] * mult * (0.1 + 0.9 * isv[factor]), 1e-12)
     if finite:
@@ -101,3 +101,17 @@ def q_drift_rate64(isv, q):
         denom = max(abs(prev), isv[Isv.Q_ABS_REF] + isv[Isv.Q_DIR_ABS_REF], 1e-6)
         isv[Isv.Q_DRIFT_RATE] = min(max(abs(q - prev) / denom, 0.0), 4.0)
     isv[Isv.Q_EPOCH_MEAN_PREV] = q
+
+def atoms32(support, n_atoms):
+    """Atom values [..., Z] as a float32 kernel computes them, v_min + float32(j) * delta_z with a rounding after
+    the multiply and after the add (the simulator; the GPU fuses the two into one rounding, so tests that compare
+    atom values for equality use supports whose atoms are short binary fractions, exact either way)."""
+    j = np.arange(n_atoms, dtype=np.float32)
+    return (support[..., :1].astype(np.float32) + j * support[..., 2:3].astype(np.float32)).astype(np.float32)
+
+
+def variance64(logits, support):
+    """Var[Z] = sum_j p_j (z_j - E[Q])**2 [...] of logits [..., Z] on supports [..., 3]."""
+    p, z = softmax64(logits), atoms64(support, logits.shape[-1])
+    q = (p * z).sum(axis=-1, keepdims=True)
+    return (p * (z - q) ** 2).sum(axis=-1)

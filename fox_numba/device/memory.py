@@ -25,7 +25,7 @@ from numba import cuda
 
 from fox_numba.device.elementwise import copy_u32, fill_u32
 from fox_numba.device.launch import active_trace, i32, launch
-from fox_numba.device.runtime import mapped_device_view
+from fox_numba.device.runtime import is_device_array, mapped_device_view
 
 Shape = int | tuple[int, ...]
 
@@ -111,8 +111,16 @@ def copy_device(dst: Any, src: Any, *, stream: Any) -> None:
     """Copy device-to-device (either side may be a mapped buffer's `.device`), asynchronously on `stream`.
 
     Outside a step body this is a DMA copy. Inside one it launches `copy_u32` on the arrays' words, so a
-    captured graph holds it like any kernel and the step's launch trace sees it.
+    captured graph holds it like any kernel and the step's launch trace sees it. Both sides must be device
+    arrays: given a numpy array, numba would make a pageable host copy (synchronous, outside the mapped
+    path, and not capturable); host data goes through `Stager.upload` / `Stager.download`.
     """
+    for name, arr in (("dst", dst), ("src", src)):
+        if not is_device_array(arr):
+            raise TypeError(
+                f"copy_device: {name} is a {type(arr).__name__}, not a device array (or a Mapped buffer's .device); "
+                "copy host data with Stager.upload / Stager.download"
+            )
     _check_same_layout(dst, src)
     if active_trace() is not None:
         dw, sw = words(dst), words(src)

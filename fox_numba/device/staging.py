@@ -6,11 +6,18 @@ writes chunk k+1 while chunk k is in flight. Downloads (parameters for a checkpo
 report) go the other way. Both return once the data has arrived; neither may run inside a step body
 (a captured graph would freeze a copy of stale bytes).
 
+Ordering: the Stager's copies run on its own stream. Work already enqueued on another stream is not
+ordered with them: a download could read a buffer before the kernel producing it (on the collect or
+train stream) has run, and an upload could overwrite a buffer a kernel there is still reading. Pass that
+stream as `after=` (one stream or several): the Stager records an event on each and makes its own
+stream wait for it before the first copy. Work enqueued after an upload or download returns needs
+nothing: both return only once their copies are complete.
+
 Any dtype is copied as bytes, so record arrays (RNG states, snapshots) need no special path. The host
-side of each chunk is copied by several threads (numpy releases the GIL for plain copies): on the H200
-machine one thread writes pinned memory at about 10-12 GB/s while the DMA out of mapped memory runs at
-about 55 GB/s, and the threaded, double-buffered upload of 64 MiB chunks reaches 22-27 GB/s
-(tools/results/bench_device_h200.md).
+side of each chunk is copied by several threads (numpy releases the GIL for plain copies), because one
+thread writes pinned memory several times slower than the DMA reads it out of mapped memory; the
+measured rates of both halves and of the whole path are in tools/results/bench_device_h200.md
+(tools/bench_device.py).
 """
 
 from __future__ import annotations
@@ -25,6 +32,8 @@ import numpy as np
 from fox_numba.device.launch import LaunchError, active_trace
 from fox_numba.device.memory import Mapped, copy_device, device_empty
 from fox_numba.device.runtime import sync_event
+
+Streams = Any  # a stream, or a tuple / list of streams
 
 DEFAULT_CHUNK_BYTES = 64 << 20
 DEFAULT_HOST_THREADS = min(8, os.cpu_count() or 1)
@@ -51,6 +60,7 @@ class Stager:
         self.chunk_bytes = chunk_bytes
         self._buffers = (Mapped(chunk_bytes, np.uint8), Mapped(chunk_bytes, np.uint8))
         self._done = (sync_event(), sync_event())
+        self._after = sync_event()
         self._threads = max(1, host_threads)
         self._pool = ThreadPoolExecutor(self._threads, "stager") if self._threads > 1 else None
 
@@ -73,12 +83,27 @@ class Stager:
                 f"host {host.dtype}{tuple(host.shape)} and device {dev.dtype}{tuple(dev.shape)} differ"
             )
 
+    def _wait_for(self, after: Streams) -> None:
+        """Make the Stager's stream wait for the work enqueued so far on each stream of `after`."""
+        if after is None:
+            return
+        for other in after if isinstance(after, (tuple, list)) else (after,):
+            if other is self.stream:
+                continue  # already in order
+            self._after.record(other)
+            self._after.wait(self.stream)  # the wait takes the event as recorded now, so one event serves all
+
     def _chunks(self, nbytes: int) -> list[tuple[int, int]]:
         return [(s, min(s + self.chunk_bytes, nbytes)) for s in range(0, nbytes, self.chunk_bytes)]
 
-    def upload(self, src: np.ndarray, dst: Any) -> None:
-        """Copy the host array `src` into the device array `dst` (same shape and dtype)."""
+    def upload(self, src: np.ndarray, dst: Any, *, after: Streams = None) -> None:
+        """Copy the host array `src` into the device array `dst` (same shape and dtype).
+
+        `after`: the stream(s) whose kernels read or write `dst`; the copy waits for the work they have
+        enqueued so far (without it, only the Stager's own stream is in order with the copy).
+        """
         self._check(src, dst)
+        self._wait_for(after)
         src_bytes = np.ascontiguousarray(src).reshape(-1).view(np.uint8)
         dst_bytes = _flat_bytes_device(dst)
         for k, (start, stop) in enumerate(self._chunks(src_bytes.size)):
@@ -97,13 +122,18 @@ class Stager:
         self.upload(src, dst)
         return dst
 
-    def download(self, src: Any, out: np.ndarray | None = None) -> np.ndarray:
-        """Copy the device array `src` into `out` (a new host array if None) and return it."""
+    def download(self, src: Any, out: np.ndarray | None = None, *, after: Streams = None) -> np.ndarray:
+        """Copy the device array `src` into `out` (a new host array if None) and return it.
+
+        `after`: the stream(s) whose kernels produce `src`; the copy waits for the work they have enqueued
+        so far (without it, only the Stager's own stream is in order with the copy).
+        """
         if out is None:
             out = np.empty(src.shape, src.dtype)
         self._check(out, src)
         if not out.flags.c_contiguous:
             raise ValueError("download needs a C-contiguous output array")
+        self._wait_for(after)
         out_bytes = out.reshape(-1).view(np.uint8)
         src_bytes = _flat_bytes_device(src)
         chunks = self._chunks(out_bytes.size)

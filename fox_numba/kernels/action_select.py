@@ -1,23 +1,49 @@
 """Action selection from the C51 heads: Thompson sampling and Boltzmann in training, argmax E[Q] in evaluation.
 
-Launch shape: 1-D, one thread per sample, blocks of 64 threads (a collect batch is a few thousand
-environments, so small blocks spread it over more SMs). Each thread runs one online-softmax pass over
-the Z logits of each of the 13 heads (`distributional.softmax_stats`), plus one inverse-CDF pass per
-direction when exploring; everything lives in scalars (40 registers, no local memory on sm_90).
-The serial chain per thread sets the time, not B: 175 us (explore) / 155 us (eval) on the H200 at
-Z = 51 for B = 1024 and 8192 alike, 75 / 66 us at Z = 21.
+Launch shape: one block per group of up to SAMPLES_PER_BLOCK (8) samples, `lanes` threads per sample
+(`launch_rows`; default LANES = 16, so 128 threads for Z <= 51). One thread per sample left a collect
+batch of B = 1,024 on 16 blocks of the 132 SMs, each thread running a serial chain of 13 softmax passes
+and 4 inverse-CDF passes; here a thread owns one head, so the chain is one or two passes over Z atoms:
+1. stage: the block copies its samples' logits (one contiguous run of 8 * 13 * Z floats) into shared
+   memory with coalesced loads, four in flight per thread, each head's row at an odd stride (Z | 1) so
+   the 13 lanes reading one atom each hit different banks; lane 13 % lanes (lane 13: no head) draws the
+   sample's 8 uniforms (training only) on a register copy of its xoroshiro state into shared memory.
+   Barrier.
+2. heads: lane h < 13 runs `row_stats` (the online softmax of `distributional`, the same code as
+   `expected_q`, so E[Q] has the same bits) over head h's staged row: E[Q] to shared memory; a direction
+   lane (h < 4) in training then draws its Thompson atom (an inverse-CDF pass over the staged row).
+   With fewer than 13 lanes a lane serves heads l, l + lanes, ... Barrier.
+3. choice: lane 0 of each sample chooses all four branches from shared memory and writes the action
+   and the conviction.
+Shared memory is static (numba sizes it at compile time): STAGE_WORDS floats of staged logits, so a
+block holds min(8, STAGE_WORDS // (13 * (Z | 1))) samples, and Z is at most MAX_ATOMS (415). No warp
+shuffles (the simulator has none) and no atomics: two block barriers, one thread per head and one per
+sample's draws, so the results have the same bits for any `lanes` (the tests run 1 under the simulator,
+which pays per thread). Measured times: tools/results/bench_select_h200.md (tools/bench_select.py).
 
 Policy (the seed's Plan C), for sample i with E[Q] q_a = sum_j softmax(logits[i, a])_j z_j:
 - explore = 1 (collection): direction by Thompson sampling: one atom value drawn from each direction's
-  distribution, the largest draw wins (ties to the lowest direction). Magnitude, order type and urgency
-  by Boltzmann over their three E[Q] with tau = max(max q - min q, TAU_FLOOR): tied to the branch's
-  Q range, so P(best) is the same at every Q scale (1 / (1 + 2/e) for q = [0, 0, 1]).
+  distribution on its own support; the largest draw wins, and directions whose draws tie exactly (they
+  often do: directions share supports, and a peaked head draws one atom) share the win uniformly at
+  random: with k tied, the tie-break uniform u picks the floor(u * k)-th of them in direction order.
+  (Ties to the lowest direction made the seed's T6 tile pick Short 0.56, Hold 0.22, Long 0.22, Flat
+  ~1e-12, where the fair rule gives 1/3, 1/6, 1/3, 1/6.) Magnitude, order type and urgency by
+  Boltzmann over their three E[Q] with tau = max(max q - min q, TAU_FLOOR): tied to the branch's Q
+  range, so P(best) is the same at every Q scale (1 / (1 + 2/e) for q = [0, 0, 1]).
 - explore = 0 (evaluation): argmax E[Q] in every branch, ties to the lowest bin; the RNG is not touched.
+  The seed kept Boltzmann for magnitude, order type and urgency in evaluation (its T8); we keep argmax.
+  Evaluation scores a checkpoint (validation Sharpe picks the best one and feeds the kill criteria):
+  Boltzmann at tau = the Q range plays the best bin only 58% of the time at any Q scale, so the score
+  would measure exploration noise rather than the learned policy, and it would change with the RNG
+  states and the chunking of the validation days. Argmax is the greedy policy the C51 targets assume,
+  and it makes evaluation a deterministic function of the parameters.
 - Direction Hold or Flat records magnitude 0.
 Random draws come from `states[i]` (numba xoroshiro128+, bit-exact between simulator and GPU) in a fixed
-order, whether or not Hold/Flat later overrides the magnitude: the 4 directions, then magnitude, order
-type, urgency (7 uniforms per sample and step). The draws are numba.cuda.random's device functions,
-imported by name: inside a simulated kernel `cuda` has no `random` attribute.
+order, whatever the ties and whether or not Hold/Flat later overrides the magnitude: the 4 direction
+draws (DRAW_DIRECTION + d), the tie-break (DRAW_TIE), then magnitude, order type, urgency: DRAWS = 8
+uniforms per sample and step. The draws are numba.cuda.random's device functions, imported by name:
+inside a simulated kernel `cuda` has no `random` attribute. (The atom a draw selects comes from float32
+cumulative sums, whose last bits differ between the GPU, which fuses multiply-adds, and the simulator.)
 Outputs: actions[i] = (direction, magnitude, order type, urgency) as int32, and conviction[i] = E[Q] of
 the chosen direction minus the best E[Q] among the other three (>= 0 in evaluation).
 The explore flag is a kernel argument: collection and evaluation are separate captured graphs.
@@ -30,7 +56,7 @@ from typing import Any
 
 import numpy as np
 from numba import cuda, float32, int32
-from numba.cuda.random import xoroshiro128p_type, xoroshiro128p_uniform_float32
+from numba.cuda.random import xoroshiro128p_dtype, xoroshiro128p_type, xoroshiro128p_uniform_float32
 
 from fox_numba.actions import (
     BRANCHES,
@@ -44,32 +70,77 @@ from fox_numba.actions import (
     ORDER_OFFSET,
     URGENCY_OFFSET,
 )
-from fox_numba.device.launch import check_array, launch
+from fox_numba.device.launch import check_array, launch_rows
 from fox_numba.device.registry import register
 from fox_numba.device.rng import XOROSHIRO_DTYPE
-from fox_numba.kernels.distributional import F32_3D, softmax_stats
+from fox_numba.kernels.distributional import F32_3D, row_stats
 
 # Below this Q range a 3-bin branch's Boltzmann tends to uniform instead of stretching differences that
 # are noise to the full P(best) (E[Q] lives on supports of width ~1).
 TAU_FLOOR = np.float32(1e-4)
 _NEG_INF = np.float32(-np.inf)
-ACTION_BLOCK = 64
-# _pick3 hard-codes three bins for every branch after direction: refuse an action space it cannot serve.
+
+LANES = 16  # threads per sample by default: one per head (13); lane 13 draws, 14 and 15 idle in phase 2
+SAMPLES_PER_BLOCK = 8  # at most; fewer when 8 samples' logits do not fit STAGE_WORDS
+STAGE_WORDS = SAMPLES_PER_BLOCK * N_HEADS * 52  # 21.6 KB: 8 samples at Z = 51 (odd stride 51)
+MAX_ATOMS = max(z for z in range(2, STAGE_WORDS) if N_HEADS * (z | 1) <= STAGE_WORDS)
+
+# The uniforms of one sample and step, in draw order.
+DRAW_DIRECTION = 0  # + d for direction d (4 draws)
+DRAW_TIE = N_DIRECTIONS  # the Thompson tie-break
+DRAW_BRANCH = N_DIRECTIONS + 1  # + (k - 1) for branch k = 1 (magnitude), 2 (order type), 3 (urgency)
+DRAWS = DRAW_BRANCH + N_BRANCHES - 1
+# Shared-array sizes must be single constants at compile time (a product of two is typed as a runtime int).
+_Q_WORDS = SAMPLES_PER_BLOCK * N_HEADS
+_DRAW_WORDS = SAMPLES_PER_BLOCK * N_DIRECTIONS
+_U_WORDS = SAMPLES_PER_BLOCK * DRAWS
+
+# Phase 3 hard-codes three bins for every branch after direction: refuse an action space it cannot serve.
 assert all(b.size == 3 for b in BRANCHES[1:]), "action_select: _pick3 expects 3-bin non-direction branches"
+assert N_HEADS < LANES and SAMPLES_PER_BLOCK * LANES <= 1024
+
+
+def samples_per_block(n_atoms: int) -> int:
+    """Samples one block stages: as many as fit STAGE_WORDS at Z = n_atoms, at most SAMPLES_PER_BLOCK."""
+    return min(SAMPLES_PER_BLOCK, STAGE_WORDS // (N_HEADS * (n_atoms | 1)))
 
 
 @cuda.jit(device=True)
-def _sample_atom(logits, i, a, m, s, u):
-    """Index of the atom of softmax(logits[i, a, :]) at uniform u: first j with cumsum_j > u * S.
+def _divmod(a, n):
+    q = a // n
+    return q, a - q * n
 
-    M and S come from `softmax_stats`; if rounding leaves the sum short of u * S the last atom with
-    nonzero weight is returned, never a weightless one.
+
+@cuda.jit(device=True)
+def _carry(row, j, d_row, d_j, n_atoms):
+    """(row, j) + (d_row, d_j) in the mixed radix of rows of n_atoms elements (d_j < n_atoms)."""
+    j += d_j
+    row += d_row
+    if j >= n_atoms:
+        j -= n_atoms
+        row += 1
+    return row, j
+
+
+@cuda.jit(device=True)
+def _staged_logit(logits, first, row, j):
+    """Atom j of head row `row` of the block's samples: logits[first + row // 13, row % 13, j]."""
+    sample = row // N_HEADS
+    return logits[first + sample, row - sample * N_HEADS, j]
+
+
+@cuda.jit(device=True)
+def _sample_atom(x, base, n_atoms, m, s, u):
+    """Index of the atom of softmax(x[base : base + n_atoms]) at uniform u: first j with cumsum_j > u * S.
+
+    M and S come from `row_stats`; if rounding leaves the sum short of u * S the last atom with nonzero
+    weight is returned, never a weightless one.
     """
     target = u * s
     c = float32(0.0)
     pick = 0
-    for j in range(logits.shape[2]):
-        w = math.exp(logits[i, a, j] - m)
+    for j in range(n_atoms):
+        w = math.exp(x[base + j] - m)
         c += w
         if w > float32(0.0):
             pick = j
@@ -79,19 +150,13 @@ def _sample_atom(logits, i, a, m, s, u):
 
 
 @cuda.jit(device=True)
-def _pick3(logits, support, states, i, offset, explore):
-    """Bin of the 3-head branch at `offset`: Boltzmann at tau = max(Q range, TAU_FLOOR), or argmax."""
-    _m, s0, tz0, _tlm = softmax_stats(logits, support, i, offset)
-    _m, s1, tz1, _tlm = softmax_stats(logits, support, i, offset + 1)
-    _m, s2, tz2, _tlm = softmax_stats(logits, support, i, offset + 2)
-    q0 = tz0 / s0
-    q1 = tz1 / s1
-    q2 = tz2 / s2
+def _pick3(q0, q1, q2, u, explore):
+    """Bin of a 3-bin branch with E[Q] q0, q1, q2: Boltzmann at tau = max(Q range, TAU_FLOOR) with the
+    uniform u, or argmax (ties to the lowest bin) when not exploring."""
     if explore == 0:
         if q0 >= q1 and q0 >= q2:
             return 0
         return 1 if q1 >= q2 else 2
-    u = xoroshiro128p_uniform_float32(states, i)
     hi = max(max(q0, q1), q2)
     tau = max(hi - min(min(q0, q1), q2), TAU_FLOOR)
     w0 = math.exp((q0 - hi) / tau)
@@ -103,64 +168,177 @@ def _pick3(logits, support, states, i, offset, explore):
     return 1 if target < w0 + w1 else 2
 
 
-@register((F32_3D, F32_3D, xoroshiro128p_type[::1], int32, int32[:, ::1], float32[::1]))
-@cuda.jit
-def action_select_kernel(logits, support, states, explore, actions, conviction):
-    """actions[i] and conviction[i] from the C51 heads of sample i (policy in the module header)."""
-    i = cuda.grid(1)
-    if i >= logits.shape[0]:
-        return
-    best_q = _NEG_INF  # top two direction E[Q]: argmax for evaluation and the conviction
-    second_q = _NEG_INF
-    best_d = 0
-    draw_v = _NEG_INF  # the largest Thompson draw, its direction and that direction's E[Q]
-    draw_d = 0
-    draw_q = float32(0.0)
+@cuda.jit(device=True)
+def _thompson_winner(draws, base, u):
+    """The direction with the largest draw among draws[base : base + 4]; k exact ties share the win by
+    the uniform u: the floor(u * k)-th tied direction in order (u = 1.0, which float32 rounding allows,
+    takes the last)."""
+    top = draws[base]
+    for d in range(1, N_DIRECTIONS):
+        top = max(top, draws[base + d])
+    tied = 0
     for d in range(N_DIRECTIONS):
-        a = DIR_OFFSET + d
-        m, s, tz, _tlm = softmax_stats(logits, support, i, a)
-        q = tz / s
-        if q > best_q:
-            second_q = best_q
-            best_q = q
-            best_d = d
-        elif q > second_q:
-            second_q = q
+        if draws[base + d] == top:
+            tied += 1
+    pick = min(int32(u * float32(tied)), tied - 1)
+    winner = 0
+    for d in range(N_DIRECTIONS):
+        if draws[base + d] == top:
+            if pick == 0:
+                winner = d
+            pick -= 1
+    return winner
+
+
+@register((F32_3D, F32_3D, xoroshiro128p_type[::1], int32, int32[:, ::1], float32[::1], int32))
+@cuda.jit
+def action_select_kernel(logits, support, states, explore, actions, conviction, lanes):
+    """actions[i] and conviction[i] for the samples of this block (launch shape and policy in the module
+    header): `lanes` threads per sample, block b serving samples b * spb ... with spb = blockDim.x // lanes.
+    Lane l owns heads l, l + lanes, ...; lane N_HEADS % lanes, which owns the fewest, draws the uniforms."""
+    stage = cuda.shared.array(STAGE_WORDS, float32)
+    q_sh = cuda.shared.array(_Q_WORDS, float32)
+    draw_sh = cuda.shared.array(_DRAW_WORDS, float32)
+    u_sh = cuda.shared.array(_U_WORDS, float32)
+    n_atoms = logits.shape[2]
+    stride = n_atoms | 1
+    threads = cuda.blockDim.x
+    tid = cuda.threadIdx.x
+    spb = threads // lanes
+    first = cuda.blockIdx.x * spb
+    count = min(spb, logits.shape[0] - first)
+    slot = tid // lanes
+    lane = tid - slot * lanes
+    i = first + slot
+    active = slot < count
+
+    # 1. stage the block's logits: element k of its contiguous run is atom j of head row `row` (row * Z + j = k).
+    # Each pass loads four elements (k, k + T, k + 2T, k + 3T for T threads) before storing any, so four
+    # loads are in flight per thread; (row, j) advance by carries, with no division in the loop.
+    total = count * N_HEADS * n_atoms
+    row1, j1 = _divmod(threads, n_atoms)
+    row2, j2 = _divmod(2 * threads, n_atoms)
+    row3, j3 = _divmod(3 * threads, n_atoms)
+    row4, j4 = _divmod(4 * threads, n_atoms)
+    row, j = _divmod(tid, n_atoms)
+    k = tid
+    while k < total:
+        r1, c1 = _carry(row, j, row1, j1, n_atoms)
+        r2, c2 = _carry(row, j, row2, j2, n_atoms)
+        r3, c3 = _carry(row, j, row3, j3, n_atoms)
+        x0 = _staged_logit(logits, first, row, j)
+        x1 = float32(0.0)
+        x2 = float32(0.0)
+        x3 = float32(0.0)
+        if k + threads < total:
+            x1 = _staged_logit(logits, first, r1, c1)
+        if k + 2 * threads < total:
+            x2 = _staged_logit(logits, first, r2, c2)
+        if k + 3 * threads < total:
+            x3 = _staged_logit(logits, first, r3, c3)
+        stage[row * stride + j] = x0
+        if k + threads < total:
+            stage[r1 * stride + c1] = x1
+        if k + 2 * threads < total:
+            stage[r2 * stride + c2] = x2
+        if k + 3 * threads < total:
+            stage[r3 * stride + c3] = x3
+        k += 4 * threads
+        row, j = _carry(row, j, row4, j4, n_atoms)
+    if explore != 0 and active and lane == N_HEADS % lanes:
+        # the 8 draws on a copy of the state in local memory (one global read and write, not eight)
+        state = cuda.local.array(1, xoroshiro128p_dtype)
+        state[0]["s0"] = states[i]["s0"]
+        state[0]["s1"] = states[i]["s1"]
+        for d in range(DRAWS):
+            u_sh[slot * DRAWS + d] = xoroshiro128p_uniform_float32(state, 0)
+        states[i]["s0"] = state[0]["s0"]
+        states[i]["s1"] = state[0]["s1"]
+    cuda.syncthreads()
+
+    # 2. one head per lane (or several when lanes < 13): E[Q], and a direction's Thompson draw
+    if active:
+        for h in range(lane, N_HEADS, lanes):
+            base = (slot * N_HEADS + h) * stride
+            v_min = support[i, h, 0]
+            delta_z = support[i, h, 2]
+            m, s, tz, _tlm = row_stats(stage, base, n_atoms, v_min, delta_z)
+            q_sh[slot * N_HEADS + h] = tz / s
+            if explore != 0 and h < N_DIRECTIONS:
+                atom = _sample_atom(stage, base, n_atoms, m, s, u_sh[slot * DRAWS + DRAW_DIRECTION + h])
+                draw_sh[slot * N_DIRECTIONS + h] = v_min + float32(atom) * delta_z
+    cuda.syncthreads()
+
+    # 3. lane 0 chooses every branch
+    if active and lane == 0:
+        qb = slot * N_HEADS
+        ub = slot * DRAWS
+        best_q = _NEG_INF  # top two direction E[Q]: argmax for evaluation and the conviction
+        second_q = _NEG_INF
+        best_d = 0
+        for d in range(N_DIRECTIONS):
+            q = q_sh[qb + DIR_OFFSET + d]
+            if q > best_q:
+                second_q = best_q
+                best_q = q
+                best_d = d
+            elif q > second_q:
+                second_q = q
+        direction = best_d
+        conv = best_q - second_q
         if explore != 0:
-            u = xoroshiro128p_uniform_float32(states, i)
-            v = support[i, a, 0] + float32(_sample_atom(logits, i, a, m, s, u)) * support[i, a, 2]
-            if v > draw_v:
-                draw_v = v
-                draw_d = d
-                draw_q = q
-    direction = best_d
-    conv = best_q - second_q
-    if explore != 0:
-        direction = draw_d
-        conv = draw_q - (second_q if draw_d == best_d else best_q)
-    magnitude = _pick3(logits, support, states, i, MAG_OFFSET, explore)
-    order = _pick3(logits, support, states, i, ORDER_OFFSET, explore)
-    urgency = _pick3(logits, support, states, i, URGENCY_OFFSET, explore)
-    if direction == HOLD or direction == FLAT:
-        magnitude = 0
-    actions[i, 0] = direction
-    actions[i, 1] = magnitude
-    actions[i, 2] = order
-    actions[i, 3] = urgency
-    conviction[i] = conv
+            direction = _thompson_winner(draw_sh, slot * N_DIRECTIONS, u_sh[ub + DRAW_TIE])
+            conv = q_sh[qb + DIR_OFFSET + direction] - (second_q if direction == best_d else best_q)
+        magnitude = _pick3(
+            q_sh[qb + MAG_OFFSET], q_sh[qb + MAG_OFFSET + 1], q_sh[qb + MAG_OFFSET + 2], u_sh[ub + DRAW_BRANCH],
+            explore,
+        )  # fmt: skip
+        order = _pick3(
+            q_sh[qb + ORDER_OFFSET], q_sh[qb + ORDER_OFFSET + 1], q_sh[qb + ORDER_OFFSET + 2],
+            u_sh[ub + DRAW_BRANCH + 1], explore,
+        )  # fmt: skip
+        urgency = _pick3(
+            q_sh[qb + URGENCY_OFFSET], q_sh[qb + URGENCY_OFFSET + 1], q_sh[qb + URGENCY_OFFSET + 2],
+            u_sh[ub + DRAW_BRANCH + 2], explore,
+        )  # fmt: skip
+        if direction == HOLD or direction == FLAT:
+            magnitude = 0
+        actions[i, 0] = direction
+        actions[i, 1] = magnitude
+        actions[i, 2] = order
+        actions[i, 3] = urgency
+        conviction[i] = conv
 
 
 def select_actions(
-    logits: Any, support: Any, states: Any, actions: Any, conviction: Any, *, explore: bool, stream: Any
+    logits: Any,
+    support: Any,
+    states: Any,
+    actions: Any,
+    conviction: Any,
+    *,
+    explore: bool,
+    stream: Any,
+    lanes: int | None = None,
 ) -> None:
     """Choose one action per sample: logits[B, 13, Z], support[B, 13, 3], states[>= B] (xoroshiro, sample i
-    uses states[i], advanced by 7 draws when exploring) -> actions[B, 4] int32, conviction[B] float32.
-    `explore` selects the training policy (Thompson + Boltzmann) or the evaluation policy (argmax E[Q]).
+    uses states[i], advanced by DRAWS = 8 draws when exploring) -> actions[B, 4] int32, conviction[B]
+    float32. `explore` selects the training policy (Thompson + Boltzmann) or the evaluation policy
+    (argmax E[Q]). Z is at most MAX_ATOMS.
+
+    `lanes` (1 to LANES, default LANES = 16) sets the threads per sample. Every head is computed by one
+    thread with the same code and the uniforms by one thread in the same order, whatever the lanes, so
+    the results have the same bits for every value (a test checks it): fewer lanes only make a longer
+    serial chain per thread. Tests pass lanes = 1 to run large batches under the simulator, which pays
+    per thread; the benchmark compares the shapes on the GPU.
     """
     if len(logits.shape) != 3 or logits.shape[0] < 1 or logits.shape[2] < 2:
         raise ValueError(f"logits must be a float32 array [B, {N_HEADS}, Z] with B >= 1, Z >= 2, got {logits.shape}")
     b, _, z = logits.shape
     check_array("logits", logits, f"[B, {N_HEADS}, Z]", (b, N_HEADS, z))
+    if z > MAX_ATOMS:
+        raise ValueError(f"logits: Z = {z} atoms; action selection stages a sample's logits in shared memory, "
+                         f"which holds at most Z = {MAX_ATOMS}")  # fmt: skip
     check_array("support", support, f"[B, {N_HEADS}, 3]", (b, N_HEADS, 3))
     if len(states.shape) != 1 or states.shape[0] < b or states.dtype != XOROSHIRO_DTYPE:
         raise ValueError(
@@ -170,7 +348,12 @@ def select_actions(
     check_array("states", states, "[n >= B]", (states.shape[0],), XOROSHIRO_DTYPE)
     check_array("actions", actions, f"[B, {N_BRANCHES}]", (b, N_BRANCHES), np.int32)
     check_array("conviction", conviction, "[B]", (b,))
+    lanes = LANES if lanes is None else int(lanes)
+    if not 1 <= lanes <= LANES:
+        raise ValueError(f"lanes = {lanes}: threads per sample must be 1 to {LANES}")
     flag = np.int32(1 if explore else 0)
-    launch(
-        action_select_kernel, b, logits, support, states, flag, actions, conviction, stream=stream, block=ACTION_BLOCK
-    )
+    spb = samples_per_block(z)
+    launch_rows(
+        action_select_kernel, -(-b // spb), spb * lanes, logits, support, states, flag, actions, conviction,
+        np.int32(lanes), stream=stream,
+    )  # fmt: skip

@@ -1,4 +1,4 @@
-"""C51 value distributions: expected Q and entropy, the categorical projection, the cross-entropy loss.
+"""C51 value distributions: expected Q and its statistics, the categorical projection, the cross-entropy loss.
 
 Layouts (float32, C-contiguous; B samples, A action heads in branch order, Z atoms, R loss rows):
 - logits[B, A, Z]: one categorical distribution per (sample, head), p = softmax over Z.
@@ -8,18 +8,25 @@ Layouts (float32, C-contiguous; B samples, A action heads in branch order, Z ato
 - Projection and loss work on rows: a row is one (sample, branch) pair, or one sample, as the learner
   lays them out; per-row supports are [R, 3] in the same (v_min, v_max, delta_z) form.
 
-Launch shapes (all 1-D through `fox_numba.device.launch.launch`):
-- expected_q_kernel: one thread per (sample, head), B * A threads; one pass over the head's Z logits.
-- c51_project_kernel: one thread per output atom, R * Z threads; each gathers over the Z source atoms
-  (Z**2 work per row, no scatter, so no atomics and no zeroing pass).
+Launch shapes (all 1-D through `fox_numba.device.launch.launch`), and why:
+- expected_q_kernel: one thread per (sample, head), B * A threads; one online-softmax pass over the
+  head's Z logits (`row_stats`). B * A is 10^4-10^5 threads, enough to fill the GPU, and a head's Z
+  logits are one contiguous run that the thread walks through L1.
+- expected_q_stats_kernel (when the variance or the utilisation is asked for): the same threads, then a
+  second pass over the Z logits, which needs the final max and sum: the seed's "utilisation pass".
+- c51_project_kernel: one thread per row, R threads, blocks of PROJECT_BLOCK. Each row walks its Z source
+  atoms once in the order of their target positions b_j (monotone in j) and scatters each atom's mass
+  to its two neighbours b_j falls between, writing every output atom exactly once when the walk has
+  passed it: O(Z) work per row instead of the O(Z**2) of a thread per output atom gathering over all
+  sources, no atomics and no zeroing pass. Each output atom receives its terms in the same order (j
+  ascending) as that gather would, so the results are the gather's bit for bit.
 - c51_loss_kernel: one thread per row, R threads; two passes over the row's Z logits.
-Measured on the H200 (graph replay, Z = 51): expected_q 18 us at B = 8192, A = 13; c51_project 123 us
-and c51_loss 39 us at R = 32768 (Z = 21: 9, 26, 15 us). The projection's Z**2 gather is the one to
-narrow first if it shows in a profile (b_j is monotone in j, so each output atom has ~3 contributors).
+Measured times live in tools/results/ (tools/bench_select.py), not here: they go stale.
 Constraints: literals are float32 (a Python float in a kernel makes the GPU compute in float64);
 `float32(j)` converts atom indices before they meet float32 values (int64 * float32 is float64).
 Sizes come from the array shapes; the wrappers check them and allocate nothing, so they can run
-inside a captured `StepGraph`.
+inside a captured `StepGraph`. On the GPU, a * b + c contracts to one fused multiply-add, so float32
+results differ from the simulator's in the last bits (the tests' tolerances cover both).
 """
 
 from __future__ import annotations
@@ -27,7 +34,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from numba import cuda, float32
+import numpy as np
+from numba import cuda, float32, int32
 
 from fox_numba.device.launch import check_array, launch
 from fox_numba.device.registry import register
@@ -35,37 +43,49 @@ from fox_numba.device.registry import register
 F32_2D = float32[:, ::1]
 F32_3D = float32[:, :, ::1]
 
+# ISV ATOM_UTIL_EMA's meaning: an atom is used when it holds more than this probability.
+UTIL_THRESHOLD = np.float32(1e-3)
+# Which optional outputs expected_q_stats_kernel writes (bits of its `outputs` argument).
+WANT_VARIANCE = 1
+WANT_UTILISATION = 2
+PROJECT_BLOCK = 64  # rows per block: R = 8-33k rows then spread over 128-512 blocks on 132 SMs
+
 
 @cuda.jit(device=True)
-def softmax_stats(logits, support, i, a):
-    """One pass of online softmax over logits[i, a, :] on the atoms v_min + j * delta_z of support[i, a].
+def row_stats(x, base, n_atoms, v_min, delta_z):
+    """One pass of online softmax over x[base : base + n_atoms] on the atoms v_min + j * delta_z.
 
     Returns (M, S, TZ, TLM): M the running max, S = sum_j w_j with w_j = exp(x_j - M), TZ = sum_j w_j z_j
     and TLM = sum_j w_j (x_j - M). Then E[Q] = TZ / S and the entropy -sum p log p = log S - TLM / S.
     When the max rises from M to M' every sum is rescaled by exp(M - M'), and TLM also gains
     S * (M - M') because each of its terms (x_j - M) becomes (x_j - M'). Starting from atom 0 keeps
-    -inf out of the arithmetic.
+    -inf out of the arithmetic. `x` is any 1-D float32 array (a row of global logits, or a row staged
+    in shared memory): every caller runs this same code, so E[Q] has the same bits in every kernel.
     """
-    v_min = support[i, a, 0]
-    delta_z = support[i, a, 2]
-    m = logits[i, a, 0]
+    m = x[base]
     s = float32(1.0)
     tz = v_min
     tlm = float32(0.0)
-    for j in range(1, logits.shape[2]):
-        x = logits[i, a, j]
-        if x > m:
-            shift = m - x
+    for j in range(1, n_atoms):
+        xj = x[base + j]
+        if xj > m:
+            shift = m - xj
             scale = math.exp(shift)
             tlm = (tlm + s * shift) * scale
             s = s * scale
             tz = tz * scale
-            m = x
-        w = math.exp(x - m)
+            m = xj
+        w = math.exp(xj - m)
         s += w
         tz += w * (v_min + float32(j) * delta_z)
-        tlm += w * (x - m)
+        tlm += w * (xj - m)
     return m, s, tz, tlm
+
+
+@cuda.jit(device=True)
+def softmax_stats(logits, support, i, a):
+    """`row_stats` of logits[i, a, :] on the atoms of support[i, a]: (M, S, TZ, TLM)."""
+    return row_stats(logits[i, a], 0, logits.shape[2], support[i, a, 0], support[i, a, 2])
 
 
 @register((F32_3D, F32_3D, F32_2D, F32_2D))
@@ -82,19 +102,57 @@ def expected_q_kernel(logits, support, q, entropy):
         entropy[i, a] = math.log(s) - tlm / s
 
 
+@register((F32_3D, F32_3D, F32_2D, F32_2D, F32_2D, F32_2D, int32))
+@cuda.jit
+def expected_q_stats_kernel(logits, support, q, entropy, variance, utilisation, outputs):
+    """`expected_q_kernel`'s q and entropy, then a second pass over the atoms for
+    variance[i, a] = sum_j p_j (z_j - E[Q])**2 (bit WANT_VARIANCE of `outputs`) and
+    utilisation[i, a] = (number of atoms with p_j > UTIL_THRESHOLD) / Z (bit WANT_UTILISATION).
+    An output whose bit is clear is not written (the wrapper passes q in its place)."""
+    t = cuda.grid(1)
+    n_heads = logits.shape[1]
+    if t < logits.shape[0] * n_heads:
+        i = t // n_heads
+        a = t - i * n_heads
+        n_atoms = logits.shape[2]
+        row = logits[i, a]
+        v_min = support[i, a, 0]
+        delta_z = support[i, a, 2]
+        m, s, tz, tlm = row_stats(row, 0, n_atoms, v_min, delta_z)
+        mean = tz / s
+        q[i, a] = mean
+        entropy[i, a] = math.log(s) - tlm / s
+        threshold = UTIL_THRESHOLD * s  # p_j > 1e-3  <=>  w_j > 1e-3 * S
+        used = 0
+        spread = float32(0.0)
+        for j in range(n_atoms):
+            w = math.exp(row[j] - m)
+            if w > threshold:
+                used += 1
+            d = (v_min + float32(j) * delta_z) - mean
+            spread += w * (d * d)
+        if outputs & WANT_VARIANCE:
+            variance[i, a] = spread / s
+        if outputs & WANT_UTILISATION:
+            utilisation[i, a] = float32(used) / float32(n_atoms)
+
+
 @register((F32_2D, float32[::1], float32[::1], F32_2D, F32_2D, F32_2D))
 @cuda.jit
 def c51_project_kernel(p_next, rewards, discounts, support_next, support_proj, m):
     """m[r, k] = sum_j p_next[r, j] * max(0, 1 - |b_j - k|), b_j the clipped target atom in atom units.
 
     b_j = clip((rewards[r] + discounts[r] * z_j - v_min_p) / delta_z_p, 0, Z - 1), z_j the atoms of
-    support_next[r], v_min_p and delta_z_p those of support_proj[r] (see `c51_project`).
+    support_next[r], v_min_p and delta_z_p those of support_proj[r] (see `c51_project`). One thread per
+    row: b_j is monotone in j (non-decreasing for the discounts >= 0 and widths > 0 of real rows; a row
+    whose slope is negative is walked from j = Z - 1 down), so the walk keeps two accumulators, atom
+    `cur` (= floor(b_j), at most Z - 2) and cur + 1, writes atom cur once b_j has moved past it, and
+    writes the atoms after the last one reached as 0. Each source atom adds p_j * (1 - |b_j - k|) to its
+    two neighbours k when that weight is positive, as the gather over sources did.
     """
-    t = cuda.grid(1)
-    n_atoms = p_next.shape[1]
-    if t < p_next.shape[0] * n_atoms:
-        r = t // n_atoms
-        k = float32(t - r * n_atoms)
+    r = cuda.grid(1)
+    if r < p_next.shape[0]:
+        n_atoms = p_next.shape[1]
         reward = rewards[r]
         discount = discounts[r]
         v_min_next = support_next[r, 0]
@@ -102,14 +160,34 @@ def c51_project_kernel(p_next, rewards, discounts, support_next, support_proj, m
         v_min_proj = support_proj[r, 0]
         inv_dz_proj = float32(1.0) / support_proj[r, 2]
         top = float32(n_atoms - 1)
-        acc = float32(0.0)
-        for j in range(n_atoms):
+        last_lower = n_atoms - 2
+        descending = discount * dz_next * inv_dz_proj < float32(0.0)
+        cur = 0
+        acc_lo = float32(0.0)  # mass so far of atom cur
+        acc_hi = float32(0.0)  # mass so far of atom cur + 1
+        for step in range(n_atoms):
+            j = step
+            if descending:
+                j = n_atoms - 1 - step
             tz = reward + discount * (v_min_next + float32(j) * dz_next)
             b = min(max((tz - v_min_proj) * inv_dz_proj, float32(0.0)), top)
-            w = float32(1.0) - abs(b - k)
-            if w > float32(0.0):
-                acc += p_next[r, j] * w
-        m[r, t - r * n_atoms] = acc
+            lower = min(int32(b), last_lower)  # floor: b >= 0
+            while cur < lower:
+                m[r, cur] = acc_lo
+                acc_lo = acc_hi
+                acc_hi = float32(0.0)
+                cur += 1
+            p = p_next[r, j]
+            w_lo = float32(1.0) - abs(b - float32(lower))
+            w_hi = float32(1.0) - abs(b - float32(lower + 1))
+            if w_lo > float32(0.0):
+                acc_lo += p * w_lo
+            if w_hi > float32(0.0):
+                acc_hi += p * w_hi
+        m[r, cur] = acc_lo
+        m[r, cur + 1] = acc_hi
+        for k in range(cur + 2, n_atoms):
+            m[r, k] = float32(0.0)
 
 
 @register((F32_2D, F32_2D, float32[::1], float32[::1], F32_2D))
@@ -154,8 +232,28 @@ def _check_rows(name: str, arr: Any) -> tuple[int, int]:
     return tuple(arr.shape)  # type: ignore[return-value]
 
 
-def expected_q(logits: Any, support: Any, q: Any, entropy: Any, *, stream: Any) -> None:
-    """Write E[Q] and the entropy of every head: logits[B, A, Z], support[B, A, 3] -> q, entropy [B, A]."""
+def expected_q(
+    logits: Any,
+    support: Any,
+    q: Any,
+    entropy: Any,
+    *,
+    stream: Any,
+    variance: Any = None,
+    utilisation: Any = None,
+) -> None:
+    """Write E[Q] and the entropy of every head: logits[B, A, Z], support[B, A, 3] -> q, entropy [B, A].
+
+    Optionally also, per head, into [B, A] float32 arrays:
+    - variance = Var[Z] = sum_j p_j (z_j - E[Q])**2 (E[Z**2] is variance + q**2). It is summed about
+      E[Q] in the second pass rather than formed as E[Z**2] - E[Q]**2 from the first, which in float32
+      loses the variance of a narrow distribution far from 0 (a peak at z = 1 of variance 1e-7 would
+      be below the rounding of E[Z**2] = 1);
+    - utilisation = the fraction of the Z atoms with probability > UTIL_THRESHOLD (1e-3): the per-head
+      value whose batch mean the ATOM_UTIL_EMA producer folds into the ISV.
+    Asking for either runs `expected_q_stats_kernel` (a second pass over the logits) instead of
+    `expected_q_kernel`; q and entropy have the same bits either way.
+    """
     b, a, z = _check_3d("logits", logits)
     if z < 2:
         raise ValueError(f"logits: a C51 distribution needs at least 2 atoms, got Z = {z}")
@@ -163,7 +261,21 @@ def expected_q(logits: Any, support: Any, q: Any, entropy: Any, *, stream: Any) 
     check_array("support", support, "[B, A, 3]", (b, a, 3))
     check_array("q", q, "[B, A]", (b, a))
     check_array("entropy", entropy, "[B, A]", (b, a))
-    launch(expected_q_kernel, b * a, logits, support, q, entropy, stream=stream)
+    if variance is None and utilisation is None:
+        launch(expected_q_kernel, b * a, logits, support, q, entropy, stream=stream)
+        return
+    outputs = 0
+    if variance is not None:
+        check_array("variance", variance, "[B, A]", (b, a))
+        outputs |= WANT_VARIANCE
+    if utilisation is not None:
+        check_array("utilisation", utilisation, "[B, A]", (b, a))
+        outputs |= WANT_UTILISATION
+    launch(
+        expected_q_stats_kernel, b * a, logits, support, q, entropy,
+        q if variance is None else variance, q if utilisation is None else utilisation, np.int32(outputs),
+        stream=stream,
+    )  # fmt: skip
 
 
 def c51_project(
@@ -203,7 +315,8 @@ def c51_project(
     check_array("support_next", support_next, "[R, 3]", (r, 3))
     check_array("support_proj", support_proj, "[R, 3]", (r, 3))
     check_array("m", m, "[R, Z]", (r, z))
-    launch(c51_project_kernel, r * z, p_next, rewards, discounts, support_next, support_proj, m, stream=stream)
+    args = (p_next, rewards, discounts, support_next, support_proj, m)
+    launch(c51_project_kernel, r, *args, stream=stream, block=PROJECT_BLOCK)
 
 
 def c51_loss(logits: Any, target: Any, weights: Any, loss: Any, dlogits: Any, *, stream: Any) -> None:

@@ -131,3 +131,20 @@ def test_copy_device_copies_every_element_and_checks_layout(stream, stager):
     np.testing.assert_array_equal(stager.download(dst), values)
     with pytest.raises(ValueError, match="copy between"):
         copy_device(device_empty(100, np.float32), src, stream=stream)
+
+
+def test_copy_device_refuses_host_arrays(stream, stager):
+    """A numpy array on either side would be a pageable host copy made by numba: refused, naming the side.
+    A mapped buffer's device view is a device array; its host view is not."""
+    dev = device_empty(8, np.float32)
+    with pytest.raises(TypeError, match="copy_device: src is a ndarray, not a device array"):
+        copy_device(dev, np.ones(8, np.float32), stream=stream)
+    with pytest.raises(TypeError, match="copy_device: dst is a ndarray, not a device array"):
+        copy_device(np.ones(8, np.float32), dev, stream=stream)
+    m = mapped_f32(8)
+    m.host[:] = np.arange(8, dtype=np.float32) + 0.5
+    with pytest.raises(TypeError, match="copy_device: src is a ndarray"):
+        copy_device(dev, m.host, stream=stream)
+    copy_device(dev, m.device, stream=stream)
+    stream.synchronize()
+    np.testing.assert_array_equal(stager.download(dev), m.host)

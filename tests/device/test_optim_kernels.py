@@ -193,6 +193,36 @@ def test_adaptive_clip_producer_bootstrap_on_a_tiny_slow_ema(stream, stager):
     assert_slots(got, ref)
 
 
+SLOW_MIN = float(np.float32(1e-6))
+
+
+@pytest.mark.parametrize(
+    "observed, slow, bootstrap",
+    [
+        (199.0, 4.0, True),  # 199 finite observations so far: still the bootstrap
+        (200.0, 4.0, False),  # exactly 200: damping starts (a `> 200` test would keep the bootstrap here)
+        (201.0, 4.0, False),
+        (500.0, SLOW_MIN, False),  # the slow EMA exactly at its 1e-6 floor counts
+        (500.0, float(np.nextafter(np.float32(SLOW_MIN), np.float32(0))), True),  # one ulp below does not
+    ],
+)
+def test_adaptive_clip_producer_bootstrap_boundaries(stream, stager, observed, slow, bootstrap):
+    """The factor is 1 while fewer than 200 finite norms have been observed or the slow EMA is below 1e-6, and
+    fast / slow otherwise: here the fast EMA is half the slow one, so the factor is exactly 0.5 off the
+    bootstrap. Both boundaries are checked on each side (the running test above cannot see the first:
+    its fast / slow ratio is clipped to 1 at step 200)."""
+    isv0 = bootstrap_values()
+    isv0[[RAW, EMA, FAST, SLOW, OBSERVED]] = (3.0, 3.0, slow / 2, slow, observed)
+    isv = stager.upload_new(isv0)
+    update_adaptive_clip(isv, CLIP_MULT, stream=stream)
+    got = stager.download(isv)
+    assert got[FACTOR] == (1.0 if bootstrap else 0.5)
+    ref = isv0.astype(np.float64)
+    ref_producer(ref)
+    assert_slots(got, ref)
+    assert got[OBSERVED] == observed + 1
+
+
 def test_adam_step_against_a_float64_reference(stream, stager, rng):
     """Five steps; the clip engages on odd steps; factor 0 at step 1 puts lr on its 0.05 floor."""
     n = 701

@@ -1,9 +1,15 @@
 """Action selection against float64 numpy references (the seed's Plan C tests T6, T8, T9).
 
-Evaluation is compared exactly with argmax E[Q]; training-mode draws are compared with exact analytic
-probabilities: Thompson direction frequencies by a chi-square test against P(direction wins) summed over
-atom values, Boltzmann histograms within the seed's +-5% absolute. Each statistical test also shows that
-the alternatives a broken kernel would implement fail it by a wide margin.
+Evaluation is compared exactly with argmax E[Q] (and bit for bit with `expected_q`'s E[Q]); training is
+compared per sample with a float64 replay of the policy on the same uniforms (drawn on the host from the
+same xoroshiro states), and its frequencies with exact analytic probabilities: Thompson direction counts
+by a chi-square test against P(direction wins) summed over atom values (exact ties shared fairly),
+Boltzmann histograms within the seed's +-5% absolute. Each statistical test also shows that the
+alternatives a broken kernel would implement fail it by a wide margin.
+
+Under the simulator, which pays for every thread, the batches run with one thread per sample
+(`lanes=1`); `test_every_launch_shape_gives_the_same_bits` shows that the production shape (16 lanes)
+and others give the same bits, and on a GPU every test runs the production shape.
 """
 
 import itertools
@@ -11,8 +17,8 @@ import math
 
 import numpy as np
 import pytest
-from numba.cuda.random import xoroshiro128p_next
-from reference import atoms64, expected_q64, linear_support, softmax64
+from numba.cuda.random import xoroshiro128p_next, xoroshiro128p_uniform_float32
+from reference import atoms32, atoms64, expected_q64, linear_support, random_support, softmax64
 
 from fox_numba.actions import (
     BRANCHES,
@@ -28,27 +34,39 @@ from fox_numba.device.graphs import StepGraph
 from fox_numba.device.memory import device_empty
 from fox_numba.device.rng import xoroshiro_states, xoroshiro_states_host
 from fox_numba.device.runtime import SIMULATOR
-from fox_numba.kernels.action_select import TAU_FLOOR, select_actions
+from fox_numba.kernels.action_select import (
+    DRAW_BRANCH,
+    DRAW_DIRECTION,
+    DRAW_TIE,
+    DRAWS,
+    LANES,
+    MAX_ATOMS,
+    TAU_FLOOR,
+    samples_per_block,
+    select_actions,
+)
+from fox_numba.kernels.distributional import expected_q
 
 SHORT, HOLD, LONG, FLAT = (int(d) for d in Direction)
-DRAWS_PER_SAMPLE = N_DIRECTIONS + N_BRANCHES - 1  # 4 Thompson draws, then magnitude, order type, urgency
 CHI2_P_MIN = 1e-6  # a correct kernel fails a chi-square test once in a million seeds
+CHI2_3DOF_AT_P_MIN = 30.7  # chi2_sf(30.7, 3) ~ 1e-6: the counts fail above this
 # A difference of two E[Q] on 21 atoms with |z| <= 1: twice the expected_q bound 4 (Z + 2) eps max|z|.
 CONV_TOL = 2 * 4 * (21 + 2) * 2.0**-24
+# float32 rounding moves a cumulative probability or a Boltzmann threshold by far less than this; the
+# per-sample replay leaves out samples whose uniform falls this close to one (about 2% of them).
+BOUNDARY_MARGIN = 1e-4
+TEST_LANES = 1 if SIMULATOR else None  # the simulator pays per thread (see the module docstring)
 # numba's xoroshiro128+ adds uint64 words with wrap-around; as numpy scalars (the simulator) they warn.
-pytestmark = [
-    pytest.mark.filterwarnings("ignore:overflow encountered in scalar add:RuntimeWarning"),
-    pytest.mark.usefixtures("long_switch_interval"),
-]
+pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered in scalar add:RuntimeWarning")
 
 
-def run_select(stream, stager, logits, support, states, explore):
+def run_select(stream, stager, logits, support, states, explore, lanes=TEST_LANES):
     """Upload, select, download: (actions [B, 4], conviction [B])."""
     b = logits.shape[0]
     actions, conviction = device_empty((b, N_BRANCHES), np.int32), device_empty(b, np.float32)
     select_actions(
         stager.upload_new(logits), stager.upload_new(support), states, actions, conviction,
-        explore=explore, stream=stream,
+        explore=explore, stream=stream, lanes=lanes,
     )  # fmt: skip
     return stager.download(actions), stager.download(conviction)
 
@@ -66,24 +84,45 @@ def conviction64(q, direction):
     return qd[np.arange(len(q)), direction] - others.max(axis=1)
 
 
-def thompson_probs(p):
-    """Exact P(direction d has the largest draw) for independent draws from p[4, Z] on one shared support.
+def host_uniforms(states_host, n_draws=DRAWS):
+    """The uniforms [B, n_draws] a kernel draws from each state, in order (advances a copy of the states)."""
+    states = states_host.copy()
+    return np.array(
+        [[xoroshiro128p_uniform_float32(states, i) for _ in range(n_draws)] for i in range(len(states))], np.float32
+    )
 
-    Ties go to the lowest direction, as in the kernel: d wins at atom j when every e < d draws below j and
-    every e > d draws at or below j.
+
+def thompson_probs(p, values, ties="fair"):
+    """Exact P(direction d has the largest draw) for independent draws from p[4, Z] at atom values[4, Z].
+
+    Summed over the distinct atom values v: P(d draws v) times, over each set T of other directions that
+    also draw v (the rest drawing below v), the share of the win d gets: 1 / (|T| + 1) under the kernel's
+    fair rule, or all of it if d is the lowest ("lowest") or highest ("highest") direction of the tie.
     """
-    cdf_le = np.cumsum(p, axis=1)
-    cdf_lt = cdf_le - p
-    out = np.zeros(4)
-    for d in range(4):
-        below = np.prod([cdf_lt[e] for e in range(d)], axis=0) if d else 1.0
-        at_or_below = np.prod([cdf_le[e] for e in range(d + 1, 4)], axis=0) if d < 3 else 1.0
-        out[d] = np.sum(p[d] * below * at_or_below)
+    p, values = np.asarray(p, np.float64), np.asarray(values)
+    grid = np.unique(values)
+    eq = np.array([[p[d][values[d] == v].sum() for v in grid] for d in range(len(p))])
+    below = np.cumsum(eq, axis=1) - eq
+    out = np.zeros(len(p))
+    for d in range(len(p)):
+        others = [e for e in range(len(p)) if e != d]
+        for mask in itertools.product((False, True), repeat=len(others)):
+            tied = [e for e, t in zip(others, mask, strict=True) if t]
+            prob = eq[d].copy()
+            for e, t in zip(others, mask, strict=True):
+                prob *= eq[e] if t else below[e]
+            share = {
+                "fair": 1 / (len(tied) + 1),
+                "lowest": float(all(d < e for e in tied)),
+                "highest": float(all(d > e for e in tied)),
+            }[ties]
+            out[d] += share * prob.sum()
     return out
 
 
 def shared_uniform_probs(p):
-    """P(d wins) if one uniform drove all four draws (a plausible bug): X_d = F_d^-1(u), comonotone."""
+    """P(d wins) if one uniform drove all four draws (a plausible bug) on one shared support: X_d = F_d^-1(u),
+    comonotone, ties to the lowest."""
     cdf = np.cumsum(p, axis=1)
     edges = np.unique(np.concatenate([[0.0, 1.0], np.clip(cdf.ravel(), 0, 1)]))
     out = np.zeros(4)
@@ -91,6 +130,39 @@ def shared_uniform_probs(p):
         idx = [int(np.searchsorted(cdf[d], (lo + hi) / 2, side="right")) for d in range(4)]
         out[int(np.argmax(idx))] += hi - lo
     return out
+
+
+def select64(logits, support, u):
+    """The training policy replayed in float64 on the kernel's uniforms u[B, DRAWS]: (actions [B, 4], clear [B]).
+
+    clear is False where float32 rounding could decide the sample: a uniform within BOUNDARY_MARGIN of a
+    cumulative probability or Boltzmann threshold, or two direction draws within 2 ulps but not equal."""
+    _, _, z = logits.shape
+    p = softmax64(logits)
+    q = (p * atoms64(support, z)).sum(axis=-1)
+    ud = u[:, DRAW_DIRECTION : DRAW_DIRECTION + N_DIRECTIONS].astype(np.float64)[..., None]
+    cdf = np.cumsum(p[:, :N_DIRECTIONS], axis=-1)
+    atom = np.minimum((cdf <= ud).sum(axis=-1), z - 1)  # the first atom whose cumulative probability exceeds u
+    clear = ~np.any(np.abs(cdf[..., :-1] - ud) < BOUNDARY_MARGIN, axis=(1, 2))
+    draws = np.take_along_axis(atoms32(support[:, :N_DIRECTIONS], z), atom[..., None], axis=-1)[..., 0]
+    top = draws.max(axis=1, keepdims=True)
+    tied = draws == top
+    clear &= ~np.any(~tied & (np.abs(draws - top) <= 2 * np.spacing(np.abs(top))), axis=1)
+    n_tied = tied.sum(axis=1)
+    pick = np.minimum((u[:, DRAW_TIE] * n_tied.astype(np.float32)).astype(np.int64), n_tied - 1)
+    direction = np.array([np.flatnonzero(t)[k] for t, k in zip(tied, pick, strict=True)])
+    acts = [direction]
+    for k, br in enumerate(BRANCHES[1:]):
+        qs = q[:, br.offset : br.offset + br.size]
+        tau = np.maximum(qs.max(axis=1) - qs.min(axis=1), float(TAU_FLOOR))[:, None]
+        w = np.exp((qs - qs.max(axis=1, keepdims=True)) / tau)
+        cum = np.cumsum(w, axis=1)[:, :-1] / w.sum(axis=1, keepdims=True)
+        ub = u[:, DRAW_BRANCH + k].astype(np.float64)[:, None]
+        acts.append((cum <= ub).sum(axis=1))
+        clear &= ~np.any(np.abs(cum - ub) < BOUNDARY_MARGIN, axis=1)
+    acts = np.stack(acts, axis=1).astype(np.int32)
+    acts[np.isin(acts[:, 0], (HOLD, FLAT)), 1] = 0
+    return acts, clear
 
 
 def chi2_sf(x, dof):
@@ -104,6 +176,14 @@ def chi2_sf(x, dof):
 def chi2(counts, probs):
     n = counts.sum()
     return float(np.sum((counts - n * probs) ** 2 / (n * probs)))
+
+
+def assert_alternatives_fail(n, exact, alternatives):
+    """Each alternative's expected chi-square statistic at n samples (n * sum (p_alt - p)^2 / p) is over 10x the
+    failing threshold, so none can pass by accident."""
+    assert chi2_sf(CHI2_3DOF_AT_P_MIN, 3) < 1.1e-6
+    for name, alt in alternatives.items():
+        assert n * np.sum((alt - exact) ** 2 / exact) > 10 * CHI2_3DOF_AT_P_MIN, name
 
 
 def peaked_logits(n_atoms, peak, height=30.0):
@@ -122,15 +202,17 @@ def test_action_space_layout():
     assert BRANCHES[1].head(2) == 6
     with pytest.raises(ValueError, match="magnitude has bins 0..2"):
         BRANCHES[1].head(3)
+    assert (DRAW_DIRECTION, DRAW_TIE, DRAW_BRANCH, DRAWS) == (0, 4, 5, 8)
 
 
 def test_eval_is_argmax_expected_q_and_ignores_the_rng(stream, stager, rng):
-    """Seed T9: 256 samples, 21 atoms, logits uniform in [-1, 1], per-(sample, head) supports with v_min in
-    [-1, -0.2] and v_max in [0.2, 1]. Eval equals the float64 argmax E[Q] exactly in every branch (each
-    branch's best E[Q] leads its runner-up by more than 1e-5, far above float32 error, so exact equality
-    is well defined), is identical under three different RNG states and leaves the states untouched.
-    Conviction: within CONV_TOL of the float64 top-two gap."""
-    b, z = 256, 21
+    """Seed T9: 253 samples (the last block partial), 21 atoms, logits uniform in [-1, 1], per-(sample, head)
+    supports with v_min in [-1, -0.2] and v_max in [0.2, 1]. Eval equals the float64 argmax E[Q] exactly in every
+    branch (each branch's best E[Q] leads its runner-up by more than 1e-5, far above float32 error, so exact
+    equality is well defined), is identical under three different RNG states and leaves the states untouched.
+    The E[Q] it ranks are `expected_q`'s bit for bit: its argmax (ties to the lowest) and conviction equal
+    those computed from expected_q's output exactly. Conviction: within CONV_TOL of the float64 top-two gap."""
+    b, z = 253, 21
     logits = rng.uniform(-1, 1, (b, N_HEADS, z)).astype(np.float32)
     support = linear_support(rng.uniform(-1, -0.2, (b, N_HEADS)), rng.uniform(0.2, 1, (b, N_HEADS)), z)
     q = expected_q64(logits, support)
@@ -152,32 +234,85 @@ def test_eval_is_argmax_expected_q_and_ignores_the_rng(stream, stager, rng):
         np.testing.assert_array_equal(other_actions, actions)
         np.testing.assert_array_equal(other_conviction, conviction)
 
+    q32, entropy = device_empty((b, N_HEADS), np.float32), device_empty((b, N_HEADS), np.float32)
+    expected_q(stager.upload_new(logits), stager.upload_new(support), q32, entropy, stream=stream)
+    q32 = stager.download(q32)
+    np.testing.assert_array_equal(actions, eval_policy64(q32))
+    qd = np.sort(q32[:, :N_DIRECTIONS], axis=1)
+    np.testing.assert_array_equal(conviction, qd[:, -1] - qd[:, -2])
 
-def test_training_draws_seven_uniforms_explores_and_repeats_with_the_same_states(stream, stager, rng):
-    """Seed T9, training half: on the same kind of batch Thompson picks Long or Short for > 40% of samples
-    (4 near-equal directions: about 50%). Each sample advances its state by exactly 7 draws, the same
-    states give the same actions, and the conviction is E[Q] of the chosen direction minus the best other
-    (within CONV_TOL)."""
-    b, z = 256, 21
+
+def test_training_replays_the_float64_policy_on_the_same_uniforms(stream, stager, rng):
+    """381 samples of 21 atoms, each state advanced by exactly DRAWS = 8 draws, the same states giving the same
+    actions. Every sample's action equals the float64 policy replayed on the uniforms drawn on the host from
+    the same states (the 4 direction draws, the tie-break, then magnitude, order type, urgency), except the
+    ~2% whose uniforms fall within BOUNDARY_MARGIN of a threshold. Three kinds of samples:
+    - T9-like: random logits, a support per (sample, head): Thompson picks Long or Short for > 40%;
+    - Hold and Flat peaked on the same atom of one shared support: exact ties of two or more directions;
+    - all four directions peaked on the value 0.5 of four different supports (atoms at multiples of 1/8, exact
+      in float32): a four-way tie in every sample, so the tie-break uniform alone picks the direction.
+    Conviction: E[Q] of the chosen direction minus the best other, within CONV_TOL."""
+    b, z = 381, 21
+    third = b // 3
     logits = rng.uniform(-1, 1, (b, N_HEADS, z)).astype(np.float32)
     support = linear_support(rng.uniform(-1, -0.2, (b, N_HEADS)), rng.uniform(0.2, 1, (b, N_HEADS)), z)
+    tie2 = slice(third, 2 * third)
+    logits[tie2] *= 0.5
+    support[tie2] = linear_support(-1.0, 1.0, z)
+    logits[tie2, HOLD] = logits[tie2, FLAT] = peaked_logits(z, 15)
+    tie4 = slice(2 * third, b)
+    for d, v_min in zip(Direction, (-1.25, -1.0, -0.5, 0.0), strict=True):  # 0.5 is atom (0.5 - v_min) * 8
+        support[tie4, d] = linear_support(v_min, v_min + 2.5, z)
+        logits[tie4, d] = peaked_logits(z, round((0.5 - v_min) * 8))
+    assert np.all(support[tie4, :N_DIRECTIONS, 2] == 0.125)
+
     states = xoroshiro_states(b, 11, stager)
     actions, conviction = run_select(stream, stager, logits, support, states, explore=True)
     again, _ = run_select(stream, stager, logits, support, xoroshiro_states(b, 11, stager), explore=True)
     np.testing.assert_array_equal(again, actions)
-
     advanced = xoroshiro_states_host(b, 11)
     for i in range(b):
-        for _ in range(DRAWS_PER_SAMPLE):
+        for _ in range(DRAWS):
             xoroshiro128p_next(advanced, i)
     np.testing.assert_array_equal(stager.download(states), advanced)
 
-    assert np.isin(actions[:, 0], (LONG, SHORT)).mean() > 0.40
+    u = host_uniforms(xoroshiro_states_host(b, 11))
+    expected, clear = select64(logits, support, u)
+    assert clear.mean() > 0.95 and clear[tie4].mean() > 0.97
+    np.testing.assert_array_equal(actions[clear], expected[clear])
+    assert np.isin(actions[:third, 0], (LONG, SHORT)).mean() > 0.40
+    two_way = np.isin(expected[tie2, 0], (HOLD, FLAT)) & clear[tie2]
+    assert 0 < (actions[tie2, 0][two_way] == FLAT).sum() < two_way.sum()  # the tie went both ways
+    assert set(actions[tie4, 0]) == set(range(N_DIRECTIONS))
     q = expected_q64(logits, support)
     assert np.all(np.abs(conviction - conviction64(q, actions[:, 0])) <= CONV_TOL)
-    assert np.all(actions[np.isin(actions[:, 0], (HOLD, FLAT)), 1] == 0)
     for k, br in enumerate(BRANCHES):
         assert set(np.unique(actions[:, k])) <= set(range(br.size))
+
+
+@pytest.mark.parametrize("z", [8, 21, 120])
+def test_every_launch_shape_gives_the_same_bits(stream, stager, rng, z):
+    """Threads per sample change nothing: lanes 16 (the default), 13, 5, 2 and 1 give identical actions,
+    conviction and advanced states, in training and evaluation, for an even Z (8: staged at stride 9), the
+    configured smoke Z (21) and a Z whose samples do not fit 8 to a block (120: 3 per block). Batches of
+    2 * samples_per_block + 1 samples leave the last block partial. Ties are common (Short and Long share
+    their logits and support)."""
+    b = 2 * samples_per_block(z) + 1
+    logits = rng.uniform(-2, 2, (b, N_HEADS, z)).astype(np.float32)
+    logits[:, LONG] = logits[:, SHORT]
+    support = random_support(rng, (b, N_HEADS), z)
+    support[:, LONG] = support[:, SHORT]
+    results = {}
+    for lanes in (LANES, 13, 5, 2, 1):
+        states = xoroshiro_states(b, 3, stager)
+        train = run_select(stream, stager, logits, support, states, explore=True, lanes=lanes)
+        evaluation = run_select(stream, stager, logits, support, states, explore=False, lanes=lanes)
+        results[lanes] = (*train, *evaluation, stager.download(states))
+    for lanes, got in results.items():
+        for a, want in zip(got, results[LANES], strict=True):
+            np.testing.assert_array_equal(a, want, err_msg=f"lanes={lanes}")
+    expected, clear = select64(logits, support, host_uniforms(xoroshiro_states_host(b, 3)))
+    np.testing.assert_array_equal(results[LANES][0][clear], expected[clear])
 
 
 THOMPSON_P = np.array(
@@ -190,23 +325,30 @@ THOMPSON_P = np.array(
 )
 
 
-def thompson_batch(n):
-    """The direction tile of THOMPSON_P (log-probabilities as logits) on 7 shared atoms in [-0.75, 0.75],
-    replicated over n samples: (logits, support, exact P(d wins))."""
-    z = THOMPSON_P.shape[1]
+def direction_tile_batch(n, p, support4):
+    """Direction distributions p[4, Z] (log-probabilities as logits) on supports support4[4, 3], the other heads
+    flat on [-1, 1], replicated over n samples: (logits, support, exact P(d wins) under the fair tie rule)."""
+    z = p.shape[1]
     tile = np.zeros((N_HEADS, z), np.float32)
-    tile[:4] = np.log(THOMPSON_P).astype(np.float32)
+    tile[:4] = np.log(p).astype(np.float32)
+    sup = np.broadcast_to(linear_support(-1.0, 1.0, z), (N_HEADS, 3)).copy()
+    sup[:4] = support4
     logits = np.broadcast_to(tile, (n, N_HEADS, z)).copy()
-    support = np.broadcast_to(linear_support(-0.75, 0.75, z), (n, N_HEADS, 3)).copy()
-    return logits, support, thompson_probs(softmax64(tile[:4]))
+    support = np.broadcast_to(sup, (n, N_HEADS, 3)).copy()
+    return logits, support, thompson_probs(softmax64(tile[:4]), atoms32(sup[:4], z))
+
+
+def thompson_batch(n):
+    """THOMPSON_P on 7 shared atoms in [-0.75, 0.75]."""
+    return direction_tile_batch(n, THOMPSON_P, linear_support(-0.75, 0.75, THOMPSON_P.shape[1]))
 
 
 def test_thompson_direction_frequencies_match_exact_probabilities(stream, stager):
     """One tile of direction distributions on 7 shared atoms, replicated over n = 8192 samples, each with
     its own RNG state. The counts must pass a chi-square test (3 dof) against the exact P(d wins) at
-    p > 1e-6. The tile has heavy ties (Short and Long share the top atom; Hold and Flat share atom 0), so
-    ties-to-lowest is tested too. Power: every alternative below would produce an expected chi-square
-    (n * sum (p_alt - p)^2 / p) over 10x the failing threshold (~31), so none can pass by accident."""
+    p > 1e-6. The tile has heavy ties (Short and Long share the top atom; Hold and Flat share the middle one),
+    so the fair tie rule is tested too. Power: every alternative below (ties to the lowest direction, the
+    old rule, among them) would produce an expected chi-square over 10x the failing threshold."""
     n = 8192
     logits, support, exact = thompson_batch(n)
     actions, _ = run_select(stream, stager, logits, support, xoroshiro_states(n, 2024, stager), explore=True)
@@ -214,19 +356,53 @@ def test_thompson_direction_frequencies_match_exact_probabilities(stream, stager
     stat = chi2(counts, exact)
     assert chi2_sf(stat, 3) > CHI2_P_MIN, f"counts {counts}, expected {n * exact}, chi2 {stat:.1f}"
 
-    threshold = 30.7  # chi2_sf(30.7, 3) ~ 1e-6
-    assert chi2_sf(threshold, 3) < 1.1e-6
     p = softmax64(logits[0, :4])
-    q = (p * atoms64(support[0, :4], p.shape[1])).sum(axis=1)
+    values = atoms32(support[0, :4], p.shape[1])
+    q = (p * values).sum(axis=1)
     boltzmann = np.exp((q - q.max()) / (q.max() - q.min()))
-    alternatives = {
+    assert_alternatives_fail(n, exact, {
         "argmax E[Q]": np.eye(4)[int(np.argmax(q))],
         "Boltzmann on E[Q]": boltzmann / boltzmann.sum(),
-        "ties to the highest direction": thompson_probs(p[::-1])[::-1],
+        "ties to the lowest direction": thompson_probs(p, values, "lowest"),
+        "ties to the highest direction": thompson_probs(p, values, "highest"),
         "one uniform for all four draws": shared_uniform_probs(p),
-    }
-    for name, alt in alternatives.items():
-        assert n * np.sum((alt - exact) ** 2 / exact) > 10 * threshold, name
+    })  # fmt: skip
+
+
+# Four directions on four supports whose atoms (multiples of 1/4) overlap: exact ties across supports.
+DIFF_P = np.array(
+    [
+        [0.10, 0.15, 0.35, 0.35, 0.05],  # Short on [-1, 1], atoms every 0.5
+        [0.35, 0.35, 0.20, 0.05, 0.05],  # Hold on [-0.25, 0.75]
+        [0.35, 0.15, 0.30, 0.15, 0.05],  # Long on [0, 1]
+        [0.30, 0.05, 0.05, 0.20, 0.40],  # Flat on [-0.5, 0.5]
+    ]
+)
+DIFF_SUPPORT = linear_support([-1.0, -0.25, 0.0, -0.5], [1.0, 0.75, 1.0, 0.5], 5)
+
+
+def test_thompson_draws_each_direction_on_its_own_support(stream, stager):
+    """DIFF_P on four different supports, n = 8192: the counts pass the chi-square test against the exact fair
+    probabilities (atoms v_min + j * delta_z of each direction's own support; ties between supports shared
+    fairly). Alternatives a broken kernel would implement fail by over 10x the threshold: the atom at
+    v_min + j * v_max (which passes when every direction shares one support), every direction on Short's
+    support, and ties to the lowest or highest direction."""
+    n = 8192
+    logits, support, exact = direction_tile_batch(n, DIFF_P, DIFF_SUPPORT)
+    actions, _ = run_select(stream, stager, logits, support, xoroshiro_states(n, 99, stager), explore=True)
+    counts = np.bincount(actions[:, 0], minlength=4)
+    stat = chi2(counts, exact)
+    assert chi2_sf(stat, 3) > CHI2_P_MIN, f"counts {counts}, expected {n * exact}, chi2 {stat:.1f}"
+
+    p = softmax64(logits[0, :4])
+    values = atoms32(DIFF_SUPPORT, 5)
+    assert exact.min() > 0.09 and len(np.unique(values)) < values.size  # atom values shared across supports
+    assert_alternatives_fail(n, exact, {
+        "atom j at v_min + j * v_max": thompson_probs(p, DIFF_SUPPORT[:, :1] + np.arange(5) * DIFF_SUPPORT[:, 1:2]),
+        "every direction on Short's support": thompson_probs(p, np.broadcast_to(values[SHORT], (4, 5))),
+        "ties to the lowest direction": thompson_probs(p, values, "lowest"),
+        "ties to the highest direction": thompson_probs(p, values, "highest"),
+    })  # fmt: skip
 
 
 T8_Q = {1: (0.0, 0.0, 1.0), 2: (0.25, 0.0, 0.0), 3: (0.0, 0.5, 0.25)}  # branch -> E[Q] of its 3 bins
@@ -271,13 +447,13 @@ def test_boltzmann_histograms_match_the_seed_t8_probabilities(stream, stager):
 
 @pytest.mark.gpu_only("2**20 samples per launch: about an hour under the simulator")
 def test_thompson_and_boltzmann_at_a_million_samples(stream, stager):
-    """The two tiles above at n = 2**20: direction counts (3 dof) and each Boltzmann branch (2 dof) pass
-    chi-square at p > 1e-6; at this n a bias of 0.003 in any bin would fail."""
+    """The tiles above at n = 2**20: direction counts (3 dof) on shared and on different supports, and each
+    Boltzmann branch (2 dof) pass chi-square at p > 1e-6; at this n a bias of 0.003 in any bin would fail."""
     n = 1 << 20
-    logits, support, exact = thompson_batch(n)
-    actions, _ = run_select(stream, stager, logits, support, xoroshiro_states(n, 77, stager), explore=True)
-    counts = np.bincount(actions[:, 0], minlength=4)
-    assert chi2_sf(chi2(counts, exact), 3) > CHI2_P_MIN, f"counts {counts}, expected {n * exact}"
+    for seed, (logits, support, exact) in enumerate((thompson_batch(n), direction_tile_batch(n, DIFF_P, DIFF_SUPPORT))):
+        actions, _ = run_select(stream, stager, logits, support, xoroshiro_states(n, 77 + seed, stager), explore=True)
+        counts = np.bincount(actions[:, 0], minlength=4)
+        assert chi2_sf(chi2(counts, exact), 3) > CHI2_P_MIN, f"counts {counts}, expected {n * exact}"
     logits, support, exact_bins = t8_batch(n)
     actions, _ = run_select(stream, stager, logits, support, xoroshiro_states(n, 78, stager), explore=True)
     assert np.all(actions[:, 0] == LONG)
@@ -311,12 +487,15 @@ def test_hold_and_flat_record_magnitude_zero(stream, stager, explore):
         assert np.all(actions[2 * third :, 1] == Magnitude.FULL)
 
 
-def test_seed_t6_eval_prefers_flat_while_training_explores(stream, stager):
+def test_seed_t6_eval_prefers_hold_while_training_explores_every_direction_fairly(stream, stager):
     """Seed T6 failure mode: Hold and Flat peaked at v = 0, Long and Short log-Gaussian around -0.001 with
     sigma 0.05, support [-0.5, 0.5] in steps of 0.05 (21 atoms). E[Q] ranks Hold/Flat first, so eval picks
-    Hold for every sample (Hold ties Flat and wins as the lower index), identically for two RNG states; in
-    training Thompson picks Long or Short for >= 30% of 2048 samples (exactly about 79% here; the 30% bound
-    is ~40 sigma away), and the frequencies pass the exact chi-square test."""
+    Hold for every sample (Hold ties Flat and wins as the lower index), identically for two RNG states.
+    In training the four directions often draw the same atom (v = 0): shared fairly, the exact
+    probabilities are 1/3, 1/6, 1/3, 1/6 (Short and Long alike, Flat explored), where ties to the lowest
+    direction gave 0.56, 0.22, 0.22, ~1e-12. Over 2048 samples Thompson picks Long or Short for >= 30%
+    (~40 sigma below the exact 66%) and the counts pass the exact chi-square test, which the old rule
+    fails by over 10x the threshold."""
     n, z = 2048, 21
     support1 = linear_support(-0.5, 0.5, z)
     values = atoms64(support1, z)
@@ -330,11 +509,15 @@ def test_seed_t6_eval_prefers_flat_while_training_explores(stream, stager):
     assert np.all(first[:, 0] == HOLD)
     np.testing.assert_array_equal(first, second)
 
+    p, atom_values = softmax64(tile[:4]), np.broadcast_to(atoms32(support1, z), (4, z))
+    exact = thompson_probs(p, atom_values)
+    np.testing.assert_allclose(exact, [1 / 3, 1 / 6, 1 / 3, 1 / 6], atol=0.005)
+    lowest = thompson_probs(p, atom_values, "lowest")
+    np.testing.assert_allclose(lowest, [0.56, 0.22, 0.22, 0.0], atol=0.005)
+    assert_alternatives_fail(n, exact, {"ties to the lowest direction": lowest})
+
     train, _ = run_select(stream, stager, logits, support, xoroshiro_states(n, 3, stager), explore=True)
-    directional = np.isin(train[:, 0], (LONG, SHORT)).mean()
-    assert directional >= 0.30
-    exact = thompson_probs(softmax64(tile[:4]))
-    assert exact[SHORT] + exact[LONG] > 0.7
+    assert np.isin(train[:, 0], (LONG, SHORT)).mean() >= 0.30
     counts = np.bincount(train[:, 0], minlength=4)
     assert chi2_sf(chi2(counts, exact), 3) > CHI2_P_MIN, f"counts {counts}, expected {n * exact}"
 
@@ -342,8 +525,8 @@ def test_seed_t6_eval_prefers_flat_while_training_explores(stream, stager):
 def test_collect_step_replays_as_a_captured_graph(stream, stager, rng):
     """select_actions allocates nothing, so a collect step can be a StepGraph: four replays of a captured
     graph (GPU) draw exactly what four eager launches draw from the same seed, the states advancing between
-    replays (under the simulator both runs are eager and the launch traces are compared)."""
-    b, z = 64, 5
+    replays (under the simulator both runs are eager and the launch traces are compared). Production shape."""
+    b, z = 24, 5
     logits = stager.upload_new(rng.uniform(-1, 1, (b, N_HEADS, z)).astype(np.float32))
     support = stager.upload_new(np.broadcast_to(linear_support(-1.0, 1.0, z), (b, N_HEADS, 3)).copy())
 
@@ -388,3 +571,11 @@ def test_select_actions_rejects_bad_shapes(stream, stager):
     with pytest.raises(ValueError, match=r"conviction must be .* \[B\] = \(4,\)"):
         select_actions(logits, support, states, actions, device_empty(b + 1, np.float32),
                        explore=False, stream=stream)  # fmt: skip
+    big = MAX_ATOMS + 1
+    assert samples_per_block(MAX_ATOMS) == 1 and samples_per_block(big) == 0
+    with pytest.raises(ValueError, match=f"Z = {big} atoms.*at most Z = {MAX_ATOMS}"):
+        select_actions(device_empty((b, N_HEADS, big), np.float32), support, states, actions, conviction,
+                       explore=False, stream=stream)  # fmt: skip
+    for lanes in (0, LANES + 1):
+        with pytest.raises(ValueError, match=f"lanes = {lanes}: threads per sample must be 1 to 16"):
+            select_actions(logits, support, states, actions, conviction, explore=False, stream=stream, lanes=lanes)
