@@ -3,6 +3,12 @@
 Hot work runs as Numba-CUDA kernels; Python drives. The data flow, stage by stage:
 market store (`market`) -> features (`features`) -> folds (`walkforward`) -> collect / train / evaluate
 (`agent`, on the GPU through `device` and `kernels`) -> HEALTH_DIAG and profiling (`diag`).
+
+Importing the package decides GPU or CUDA simulator once, before numba loads (`accelerator.py`).
 """
+
+from fox_numba.accelerator import choose_backend
+
+choose_backend()
 
 __version__ = "0.1.0"

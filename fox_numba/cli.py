@@ -20,9 +20,10 @@ from typing import Annotated, NoReturn
 
 import typer
 from rich.console import Console
+from rich.table import Table
 
 from fox_numba.config import PRESETS, FoxConfig, load_config, toml_literal
-from fox_numba.errors import FoxError, NotAvailableError
+from fox_numba.errors import ConfigError, FoxError, NotAvailableError
 from fox_numba.market.default import default_definition_path, default_store_path
 from fox_numba.market.importer import FORMATS, import_market
 from fox_numba.market.inspect import summarize, summary_table
@@ -207,42 +208,137 @@ def data_inspect(
         Console(width=None if sys.stdout.isatty() else 200).print(summary_table(summary))
 
 
+def backend_line() -> str:
+    """Where the kernels run, in one line."""
+    from fox_numba.device.runtime import SIMULATOR
+
+    if SIMULATOR:
+        return "no CUDA GPU: kernels run on the CPU under numba's CUDA simulator (slow; timings mean nothing)"
+    return "CUDA GPU found: kernels run on the GPU"
+
+
+def stage_config(preset: str | None, config: Path | None, overrides: list[str] | None, store: str | None) -> FoxConfig:
+    """The config of a stage command: without --preset, `default` on a GPU and `smoke` under the simulator;
+    `default` asked for explicitly without a GPU is refused (it would run for days on the CPU)."""
+    from fox_numba.device.runtime import SIMULATOR
+
+    typer.echo(backend_line(), err=True)
+    if preset is None:
+        preset = "smoke" if SIMULATOR else "default"
+        typer.echo(f"preset: {preset}", err=True)
+    elif SIMULATOR and preset != "smoke":
+        raise ConfigError(
+            f"--preset {preset} is sized for a GPU and this machine has none; use --preset smoke (or run on a GPU)"
+        )
+    return resolve_config(preset, config, overrides, store)
+
+
+StagePresetOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--preset",
+        help=f"Starting config: {', '.join(PRESETS)} (default: 'default' on a GPU, 'smoke' without one, which runs "
+        "under the CUDA simulator).",
+    ),
+]
+
+
+def print_table(title: str, values: dict[str, float], as_json: bool) -> None:
+    if as_json:
+        typer.echo(json.dumps(values, indent=2))
+        return
+    table = Table(title=title)
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for name, value in values.items():
+        table.add_row(name, f"{value:,.6g}")
+    Console(width=None if sys.stdout.isatty() else 200).print(table)
+
+
 @app.command()
 def collect(
-    preset: PresetOpt = "default",
+    preset: StagePresetOpt = None,
     config: ConfigOpt = None,
     set_: SetOpt = None,
     store: StoreOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the metrics as JSON instead of a table.")] = False,
 ) -> None:
-    """Step the vectorised environments with the current policy and fill the GPU experience buffer."""
-    prepare_market(resolve_config(preset, config, set_, store))
-    not_available("collect", "the environment stage")
+    """Run one epoch of collection (env.collect_steps steps of env.n_envs environments) on fold 0 with a freshly
+    initialised network, and print the rollout metrics (reward and its split, active fraction, turnover, limit
+    fill rate, mean |position|, episode returns)."""
+    from fox_numba.agent.fold_market import FoldMarket
+    from fox_numba.agent.trainer import Trainer
+    from fox_numba.walkforward.driver import load_features
+
+    cfg = stage_config(preset, config, set_, store)
+    selection = prepare_market(cfg)
+    fold = make_folds(cfg.folds, selection.days)[0]
+    with progress_bar("collect: building features and the fold 0 market") as progress:
+        features = load_features(cfg, selection)
+        progress("collect: compiling and stepping the environments")
+        trainer = Trainer(cfg)
+        trainer.bind_fold(FoldMarket.build(features, fold, cfg.features, cfg.env), fold.index)
+        start = time.perf_counter()
+        metrics = trainer.collect()
+        seconds = time.perf_counter() - start
+    steps = cfg.env.n_envs * cfg.env.collect_steps
+    metrics = {**metrics, "seconds (compilation included)": seconds, "env_steps_per_second": steps / seconds}
+    print_table(f"fox collect: {fold.describe()}, {cfg.env.n_envs} environments x {cfg.env.collect_steps} steps",
+                metrics, as_json)
 
 
 @app.command()
 def train(
-    preset: PresetOpt = "default",
+    preset: StagePresetOpt = None,
     config: ConfigOpt = None,
     set_: SetOpt = None,
     store: StoreOpt = None,
+    resume: Annotated[
+        Path | None,
+        typer.Option(help="Continue the interrupted run in this run folder (its config.toml is used; other "
+                     "config options are refused)."),
+    ] = None,
 ) -> None:
-    """Walk-forward training: per fold, collect, learn and validate; keep the best checkpoint by Sharpe."""
-    cfg = resolve_config(preset, config, set_, store)
-    make_folds(cfg.folds, prepare_market(cfg).days)  # too few days for the folds stops here
-    not_available("train", "the walk-forward training stage")
+    """Walk-forward training: per fold, per epoch collect -> train -> validate; the best checkpoint of each fold by
+    validation Sharpe. Writes runs/<name>/ (config, folds, metrics.jsonl, checkpoints, summary.json) and prints
+    one line per epoch."""
+    from fox_numba.walkforward.driver import train_run
+
+    if resume is not None:
+        if preset or config or set_ or store:
+            raise ConfigError("--resume continues a run with its own config.toml; drop --preset/--config/--set/--store")
+        typer.echo(backend_line(), err=True)
+        cfg = load_config(path=resume / "config.toml")
+    else:
+        cfg = stage_config(preset, config, set_, store)
+    selection = prepare_market(cfg)
+    start = time.perf_counter()
+    run_dir, summary = train_run(cfg, selection, resume=resume, log=typer.echo)
+    typer.echo(f"run {run_dir} done in {time.perf_counter() - start:.0f} s: {summary_line(summary)}")
+
+
+def summary_line(summary: dict) -> str:
+    """Mean validation Sharpe across folds and the baselines, from summary.json."""
+    across = summary.get("across_folds", {})
+    mean = across.get("fold_sharpe_mean")
+    return f"mean validation daily Sharpe across folds {mean if mean is not None else 'n/a'}"
 
 
 @app.command()
 def evaluate(
-    checkpoint: Annotated[Path, typer.Argument(help="Checkpoint file written by `fox train`.")],
-    preset: PresetOpt = "default",
-    config: ConfigOpt = None,
+    checkpoint: Annotated[Path, typer.Argument(help="Checkpoint written by `fox train` (runs/NAME/fold_KK/best.h5).")],
     set_: SetOpt = None,
     store: StoreOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the results as JSON instead of a table.")] = False,
 ) -> None:
-    """Chunked validation backtest of a checkpoint with the deterministic policy (Sharpe, PnL, trades)."""
-    prepare_market(resolve_config(preset, config, set_, store))
-    not_available("evaluate", "the learner and evaluation stage")
+    """Backtest a checkpoint with the deterministic policy (argmax E[Q]) on every selected day of a store, with the
+    normalisation and risk unit of the fold it was trained on. Without --store/--set, the run's own store and the
+    checkpoint fold's validation days."""
+    from fox_numba.walkforward.evaluate import evaluate_checkpoint
+
+    typer.echo(backend_line(), err=True)
+    results = evaluate_checkpoint(checkpoint, store=store, overrides=set_ or [])
+    print_table(f"fox evaluate {checkpoint}", results, as_json)
 
 
 @app.command()

@@ -22,7 +22,7 @@ FIXTURES = Path(__file__).parent / "compile_fixtures"
 
 
 def run_compile_check(*extra: Path) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+    env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "0"}  # 0, not unset: unset, the package picks the simulator here
     proc = subprocess.run(
         [sys.executable, "-m", "fox_numba.kernels.compile_check", *map(str, extra)],
         capture_output=True,

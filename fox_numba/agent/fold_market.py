@@ -106,10 +106,22 @@ class FoldMarket:
         return int(self.mid.shape[0])
 
     @classmethod
-    def build(cls, fs: FeatureSet, fold: FoldWindows, features: FeatureConfig, env: EnvConfig) -> FoldMarket:
-        """The fold's tensors from the run's FeatureSet (ConfigError when the fold cannot hold an episode)."""
+    def build(
+        cls, fs: FeatureSet, fold: FoldWindows, features: FeatureConfig, env: EnvConfig, *,
+        stats: NormStats | None = None, risk_unit: float | None = None,
+    ) -> FoldMarket:
+        """The fold's tensors from the run's FeatureSet (ConfigError when the fold cannot hold an episode).
+
+        `stats` and `risk_unit` given (a trained network's, from its checkpoint) are used instead of being
+        fitted on the training window, which may then be empty: `fox evaluate` backtests a checkpoint on
+        any days this way, every selected day a validation day (the market then has no collect starts:
+        `train_starts` holds the single row 0, which an evaluation environment never reads).
+        """
         raw = fs.raw
-        if not (0 <= fold.train_first < fold.train_stop == fold.val_first < fold.val_stop <= fs.n_days):
+        given = stats is not None and risk_unit is not None
+        if not (0 <= fold.train_first <= fold.train_stop == fold.val_first < fold.val_stop <= fs.n_days) or (
+            fold.train_first == fold.train_stop and not given
+        ):
             raise ConfigError(
                 f"fold {fold.index}: windows train {fold.train_first}..{fold.train_stop - 1}, validate "
                 f"{fold.val_first}..{fold.val_stop - 1} must be consecutive days of the {fs.n_days} days"
@@ -121,14 +133,14 @@ class FoldMarket:
         g0 = int(raw.day_start[fold.train_first])
         g_val = int(raw.day_start[fold.val_first])
         g_end = int(raw.day_start[fold.val_stop])
-        g_train_stop = g_val - fold.purge_bars
-        if g_train_stop <= g0:
+        g_train_stop = g_val - fold.purge_bars if fold.train_stop > fold.train_first else g0
+        if g_train_stop <= g0 and not given:
             raise ConfigError(
                 f"fold {fold.index}: purging {fold.purge_bars} bars leaves no training bars (the window has "
                 f"{g_val - g0})"
             )
         rows = slice(g0, g_end)
-        stats = fit_normaliser(fs.values, slice(g0, g_train_stop))
+        stats = stats if given else fit_normaliser(fs.values, slice(g0, g_train_stop))
         z = apply_normaliser(fs.values[rows], stats, features.clip_sigma)
         day_start = (np.asarray(raw.day_start[fold.train_first : fold.val_stop + 1]) - g0).astype(np.int32)
         train_stop, val_start, n = g_train_stop - g0, g_val - g0, g_end - g0
@@ -145,9 +157,9 @@ class FoldMarket:
                 starts.append(np.arange(first, stop - env.episode_bars + 1))
             elif stop - first >= MIN_EPISODE_BARS:
                 starts.append(np.array([first]))
-        if not starts:
+        if not starts and not given:
             raise ConfigError(f"fold {fold.index}: no training day holds an episode of {MIN_EPISODE_BARS}+ bars")
-        train_starts = np.concatenate(starts).astype(np.int32)
+        train_starts = np.concatenate(starts).astype(np.int32) if starts else np.zeros(1, np.int32)
 
         val_days = range(fold.val_first - fold.train_first, fold.val_stop - fold.train_first)
         windows = [(int(day_start[d]), int(day_start[d + 1])) for d in val_days]
@@ -157,13 +169,14 @@ class FoldMarket:
         val_windows = np.array(windows, np.int32).reshape(-1, 2)
 
         mid = np.ascontiguousarray(raw.mid[rows], np.float64)
-        same_day = day_of_row[1:train_stop] == day_of_row[: train_stop - 1]
-        moves = np.diff(mid[:train_stop])[same_day]
-        if moves.size == 0 or not np.std(moves) > 0:
-            raise ConfigError(
-                f"fold {fold.index}: the close mid never moves within a training day; no risk unit can be set"
-            )
-        risk_unit = float(env.max_position * raw.point_value * np.std(moves))
+        if not given:
+            same_day = day_of_row[1:train_stop] == day_of_row[: train_stop - 1]
+            moves = np.diff(mid[:train_stop])[same_day]
+            if moves.size == 0 or not np.std(moves) > 0:
+                raise ConfigError(
+                    f"fold {fold.index}: the close mid never moves within a training day; no risk unit can be set"
+                )
+            risk_unit = float(env.max_position * raw.point_value * np.std(moves))
 
         def f64(a: np.ndarray) -> np.ndarray:
             return np.ascontiguousarray(a[rows], np.float64)
@@ -192,17 +205,29 @@ class FoldMarket:
             train_stop=train_stop,
             val_start=val_start,
             stats=stats,
-            risk_unit=risk_unit,
+            risk_unit=float(risk_unit),
             tick_size=float(raw.tick_size),
             point_value=float(raw.point_value),
             episode_bars=int(env.episode_bars),
         )
+
+    def checkpoint_arrays(self) -> dict[str, np.ndarray]:
+        """What a checkpoint keeps of the fold's market so that its network can be evaluated on other days:
+        the normalisation statistics and the risk unit (CHECKPOINT_ARRAYS)."""
+        return {
+            "market.norm_mean": np.asarray(self.stats.mean, np.float64),
+            "market.norm_std": np.asarray(self.stats.std, np.float64),
+            "market.risk_unit": np.asarray(self.risk_unit, np.float64),
+        }
 
     def upload(self, stager: Stager) -> FoldMarketDevice:
         """Copy every tensor to the device (once per fold)."""
         arrays = {name: stager.upload_new(getattr(self, name)) for name in DEVICE_TENSORS}
         return FoldMarketDevice(host=self, **arrays)
 
+
+CHECKPOINT_ARRAYS: tuple[str, ...] = ("market.norm_mean", "market.norm_std", "market.risk_unit")
+"""The names `FoldMarket.checkpoint_arrays` writes."""
 
 DEVICE_TENSORS: tuple[str, ...] = (
     "market_obs",

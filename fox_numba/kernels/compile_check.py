@@ -6,11 +6,12 @@ literal where a signature says float32...). This check imports every module of t
 extra files named on the command line), finds every `@cuda.jit` kernel, fails on kernels missing from
 `fox_numba.device.registry`, and compiles each registered signature with NVVM.
 
-    python -m fox_numba.kernels.compile_check [--cc 9.0] [extra_module.py ...]
+    NUMBA_ENABLE_CUDASIM=0 python -m fox_numba.kernels.compile_check [--cc 9.0] [extra_module.py ...]
 
 Exit codes: 0 all compiled; 1 a kernel failed to compile or is unregistered; 3 no CUDA toolkit (NVVM)
 is installed (`pip install 'fox_numba[cu13]'`); 4 run under the simulator, where nothing is compiled.
-Must run in a process without NUMBA_ENABLE_CUDASIM (the simulator switch is read once per process).
+Must run with NUMBA_ENABLE_CUDASIM=0 (the simulator switch is read once per process; left unset on a machine
+without a GPU, importing fox_numba turns the simulator on, see fox_numba/accelerator.py).
 """
 
 from __future__ import annotations

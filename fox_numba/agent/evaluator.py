@@ -1,0 +1,102 @@
+"""The evaluate stage: a backtest of the deterministic policy over the fold's validation days, on the device.
+
+One evaluation environment per validation day (VecEnv in eval mode: it starts flat at the day's first bar,
+trades with the same fill model as training, is closed at market on the day's last bar, then stays
+frozen). Every step, for all days at once:
+
+    env.observe(obs)                                   the portfolio part exact at every step
+    net.forward(params, obs, logits)                   the online network
+    select_actions(logits, supports, explore=False)    argmax E[Q] in every branch (no RNG)
+    env.step(actions)
+    record_eval_step(...)                              PnL (dollars) and position of the step, per day
+
+The steps run in chunks of `evaluation.chunk_bars`: one StepGraph holds a whole chunk of steps, so a
+validation pass is a handful of graph launches and one download of the per-step records at the end; the
+step index the records are written at lives in a device counter. The records become one
+`walkforward.metrics.DaySeries`-shaped (pnl, position) pair per day for the metrics.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from fox_numba.actions import N_BRANCHES, N_HEADS
+from fox_numba.agent.environment import VecEnv
+from fox_numba.agent.fold_market import FoldMarketDevice
+from fox_numba.agent.network import Network, ParamLayout
+from fox_numba.config import FoxConfig
+from fox_numba.device.elementwise import fill_u32
+from fox_numba.device.graphs import StepGraph
+from fox_numba.device.launch import i32, launch
+from fox_numba.device.memory import device_empty, device_zeros, words
+from fox_numba.device.rng import xoroshiro_states
+from fox_numba.device.staging import Stager
+from fox_numba.kernels.action_select import select_actions
+from fox_numba.kernels.evaluation import record_eval_step
+from fox_numba.kernels.heads import broadcast_supports
+from fox_numba.observation import OBS_DIM
+
+
+class Evaluator:
+    """The validation backtest of one fold (module docstring)."""
+
+    def __init__(
+        self, market: FoldMarketDevice, cfg: FoxConfig, layout: ParamLayout, params: Any, supports: Any, *,
+        isv: Any, stager: Stager, use_graph: bool,
+    ) -> None:
+        if cfg.evaluation.chunk_bars < 1:
+            raise ValueError(f"evaluation.chunk_bars must be at least 1, got {cfg.evaluation.chunk_bars}")
+        self.env = VecEnv(market, cfg.env, cfg.features, isv, stager=stager, mode="eval")
+        n, z = self.env.n, layout.n_atoms
+        self.steps = self.env.eval_steps
+        windows = market.host.val_windows[:n]
+        self.day_steps = (windows[:, 1] - windows[:, 0] - 1).astype(int)
+        """Steps of each validation day (one per bar but the last, where the day is closed)."""
+        self.params, self.supports = params, supports
+        self.stager, self.stream = stager, stager.stream
+        self.net = Network(layout, n)
+        self.obs = device_empty((n, OBS_DIM), np.float32)
+        self.logits = device_empty((n, N_HEADS, z), np.float32)
+        self.support_rows = device_empty((n, N_HEADS, 3), np.float32)
+        self.actions = device_empty((n, N_BRANCHES), np.int32)
+        self.conviction = device_empty(n, np.float32)
+        self.rng_states = xoroshiro_states(n, 0, stager)  # argmax draws nothing; the kernel takes states
+        self.pnl = device_zeros((self.steps, n), np.float32, stream=self.stream)
+        self.pos = device_zeros((self.steps, n), np.int32, stream=self.stream)
+        self.counter = device_zeros(1, np.int32, stream=self.stream)
+        self.chunk = min(cfg.evaluation.chunk_bars, self.steps)
+        self.graph = StepGraph("evaluate.chunk", self._chunk, self.stream, use_graph=use_graph)
+
+    def _step(self, s: Any) -> None:
+        env = self.env
+        env.observe(self.obs, stream=s)
+        self.net.forward(self.params, self.obs, self.logits, stream=s)
+        select_actions(self.logits, self.support_rows, self.rng_states, self.actions, self.conviction,
+                       explore=False, stream=s)  # fmt: skip
+        env.step(self.actions, stream=s)
+        record_eval_step(env.comps, env.si, env.params, self.counter, self.pnl, self.pos, stream=s)
+
+    def _chunk(self, s: Any) -> None:
+        for _ in range(self.chunk):
+            self._step(s)
+
+    def run(self) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Backtest every validation day with the current parameters: [(pnl dollars float64 [steps_d],
+        position int32 [steps_d])] per day, in day order."""
+        s = self.stream
+        self.env.reset(stream=s)
+        self.env.clear_metrics(stream=s)
+        w = words(self.counter)
+        launch(fill_u32, w.size, w, np.uint32(0), i32(w.size), stream=s)
+        broadcast_supports(self.supports, self.support_rows, stream=s)
+        for _ in range(-(-self.steps // self.chunk)):
+            self.graph.replay()
+        pnl = self.stager.download(self.pnl).astype(np.float64)
+        pos = self.stager.download(self.pos)
+        return [(pnl[:k, d], pos[:k, d]) for d, k in enumerate(self.day_steps)]
+
+    def metrics(self) -> dict[str, float]:
+        """The environment metrics of the last `run` (turnover, fill rate, mean |position| ...)."""
+        return self.env.read_metrics(stream=self.stream)

@@ -1,0 +1,140 @@
+"""The trainer: every stage of one run on one GPU stream, bound to one fold at a time.
+
+Run-wide (built once): the stream and its Stager, the ISV bus, the parameter layout, the replay buffer and
+the learner (parameters, target, Adam state, supports). Per fold (`bind_fold`): the fold's market tensors
+on the device, the collect environments and their collector, and the evaluator; the learner is pointed at
+the fold's observations. Per epoch (`collect`, `train`, `evaluate`): the three stages in order, each a
+replay loop of captured StepGraphs with one synchronisation at its end.
+
+    trainer = Trainer(cfg)
+    trainer.bind_fold(FoldMarket.build(features, fold, cfg.features, cfg.env), fold.index)
+    rollout = trainer.collect(); learning = trainer.train(); days = trainer.evaluate()
+
+Fold-boundary resets are not done here: the walk-forward driver runs them through the StateResetRegistry
+(walkforward/trainer_state.py registers every piece of this class's state with its reset).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from fox_numba.agent.collector import Collector
+from fox_numba.agent.environment import VecEnv
+from fox_numba.agent.evaluator import Evaluator
+from fox_numba.agent.fold_market import FoldMarket, FoldMarketDevice
+from fox_numba.agent.learner import Learner
+from fox_numba.agent.network import ParamLayout
+from fox_numba.agent.replay import ReplayBuffer
+from fox_numba.config import FoxConfig
+from fox_numba.device.isv import IsvBus
+from fox_numba.device.memory import Mapped
+from fox_numba.device.runtime import new_stream
+from fox_numba.device.staging import Stager
+from fox_numba.kernels.drift import update_q_drift_rate
+from fox_numba.observation import OBS_DIM
+
+# Seed streams of the run, each its own (seed, stream) pair so no two share draws.
+SEED_ENV, SEED_COLLECT, SEED_LEARNER = 1, 2, 3
+
+
+def stream_seed(seed: int, stream: int, fold: int = 0) -> int:
+    """A seed for one random stream of one fold, distinct for every (seed, stream, fold)."""
+    return (seed * 1_000_003 + stream * 10_007 + fold) % 2**63
+
+
+class Trainer:
+    """The stages of one run (module docstring)."""
+
+    def __init__(self, cfg: FoxConfig) -> None:
+        self.cfg = cfg
+        self.stream = new_stream()
+        self.stager = Stager(self.stream)
+        self.bus = IsvBus(self.stager)
+        self.layout = ParamLayout.build(OBS_DIM, cfg.network)
+        self.replay = ReplayBuffer(cfg.learner.buffer_size, stream=self.stream)
+        self.learner: Learner | None = None
+        self.market: FoldMarketDevice | None = None
+        self.env: VecEnv | None = None
+        self.collector: Collector | None = None
+        self.evaluator: Evaluator | None = None
+        self.fold: int | None = None
+        self._q_epoch = Mapped(1, np.float32)
+
+    def bind_fold(self, market: FoldMarket, fold: int) -> None:
+        """Upload the fold's market and build its environments, collector and evaluator (the learner is
+        built at the first fold and re-pointed at later ones)."""
+        cfg, seed = self.cfg, self.cfg.run.seed
+        dev = market.upload(self.stager)
+        if self.learner is None:
+            self.learner = Learner(cfg, self.layout, self.replay, dev.market_obs, isv=self.bus.values,
+                                   stager=self.stager, stream=self.stream,
+                                   seed=stream_seed(seed, SEED_LEARNER))  # fmt: skip
+        else:
+            self.learner.set_market(dev.market_obs)
+        lrn = self.learner
+        self.market, self.fold = dev, fold
+        self.env = VecEnv(dev, cfg.env, cfg.features, self.bus.values, stager=self.stager, mode="collect",
+                          seed=stream_seed(seed, SEED_ENV, fold))  # fmt: skip
+        self.collector = Collector(self.env, self.replay, self.layout, lrn.params, lrn.support_online,
+                                   stager=self.stager, seed=stream_seed(seed, SEED_COLLECT, fold),
+                                   use_graph=cfg.run.graphs)  # fmt: skip
+        self.evaluator = Evaluator(dev, cfg, self.layout, lrn.params, lrn.support_online, isv=self.bus.values,
+                                   stager=self.stager, use_graph=cfg.run.graphs)  # fmt: skip
+
+    def _bound(self) -> tuple[Learner, VecEnv, Collector, Evaluator]:
+        if self.learner is None or self.env is None or self.collector is None or self.evaluator is None:
+            raise RuntimeError("Trainer: bind a fold first (bind_fold)")
+        return self.learner, self.env, self.collector, self.evaluator
+
+    def collect(self) -> dict[str, float]:
+        """The epoch's collect phase: supports refreshed from the ISV, environments started at fresh draws,
+        env.collect_steps steps into the replay; the rollout metrics."""
+        learner, env, collector, _ = self._bound()
+        learner.refresh_supports()
+        env.reset(stream=self.stream)
+        return collector.collect(self.cfg.env.collect_steps)
+
+    def train(self) -> dict[str, float]:
+        """learner.steps_per_epoch gradient steps; the epoch's learning figures."""
+        learner, *_ = self._bound()
+        learner.train_epoch()
+        return learner.epoch_stats()
+
+    def evaluate(self) -> tuple[list[tuple[np.ndarray, np.ndarray]], dict[str, float]]:
+        """The validation backtest: per day (pnl dollars, position) per step, and the environment metrics."""
+        *_, evaluator = self._bound()
+        days = evaluator.run()
+        return days, evaluator.metrics()
+
+    def update_drift(self, q_epoch_mean: float) -> None:
+        """ISV[Q_DRIFT_RATE] from this epoch's mean E[Q] (after the kill check; kernels/drift.py)."""
+        self._q_epoch.host[0] = np.float32(q_epoch_mean)
+        update_q_drift_rate(self.bus.values, self._q_epoch.device, stream=self.stream)
+
+    def isv(self) -> np.ndarray:
+        """A host copy of the ISV bus (synchronises)."""
+        return self.bus.read()
+
+    def device_state(self) -> dict[str, Any]:
+        """Every device array a checkpoint holds to resume this run exactly, by name."""
+        learner, env, collector, _ = self._bound()
+        arrays = {f"learner.{k}": v for k, v in learner.state_arrays().items()}
+        arrays |= {f"replay.{k}": getattr(self.replay, k) for k in (*self.replay.FIELDS, "meta")}
+        arrays["isv"] = self.bus.values
+        arrays["env.states"] = env.states
+        arrays["collector.rng_states"] = collector.rng_states
+        return arrays
+
+    def download_state(self) -> dict[str, np.ndarray]:
+        """Host copies of `device_state` (synchronises)."""
+        return {name: self.stager.download(arr) for name, arr in self.device_state().items()}
+
+    def load_state(self, arrays: dict[str, np.ndarray]) -> None:
+        """Upload a checkpoint's arrays into `device_state` (names and shapes must match)."""
+        learner, *_ = self._bound()
+        learner.load_state({k.removeprefix("learner."): v for k, v in arrays.items() if k.startswith("learner.")})
+        for name, dev in self.device_state().items():
+            if not name.startswith("learner."):
+                self.stager.upload(np.ascontiguousarray(arrays[name]), dev)

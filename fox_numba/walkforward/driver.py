@@ -1,0 +1,224 @@
+"""The fold driver of `fox train`: walk-forward folds, each epoch collect -> train -> evaluate, resumable.
+
+    for each fold (walkforward/folds.py):
+        the fold's market on the device (normalisation fitted on its training rows only)
+        registry.reset(FoldReset)                     every entry logged (walkforward/trainer_state.py)
+        baselines of its validation days: flat, buy-and-hold, the ridge probe, the oracle (synthetic stores)
+        for each epoch:
+            collect   env.collect_steps steps of the collect environments into the replay buffer
+            train     learner.steps_per_epoch gradient steps (one captured graph each, no host sync)
+            kill checks (Q drift, gradient collapse, non-finite) -> ISV[Q_DRIFT_RATE]
+            evaluate  the deterministic policy on every validation day -> Sharpe etc.
+            metrics line, checkpoints (last, and best by validation daily Sharpe)
+            a kill ends the fold (the run goes on with the next one)
+    summary.json across folds
+
+Everything a run writes goes into its run folder (walkforward/run_folder.py); `resume` continues a killed
+run from its last checkpoint and ends with the same numbers as an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fox_numba.agent.fold_market import FoldMarket
+from fox_numba.agent.trainer import Trainer
+from fox_numba.config import FoxConfig
+from fox_numba.errors import ConfigError
+from fox_numba.features.build import build_features
+from fox_numba.features.feature_set import FeatureSet
+from fox_numba.market.select import MarketSelection
+from fox_numba.market.store import MarketStore
+from fox_numba.walkforward.folds import Fold, make_folds
+from fox_numba.walkforward.kill import EpochHealth, KillCriteria
+from fox_numba.walkforward.metrics import (
+    DaySeries,
+    Metrics,
+    OracleReference,
+    buy_and_hold_days,
+    compute_metrics,
+    flat_days,
+    fold_report,
+)
+from fox_numba.walkforward.probe import probe_baseline
+from fox_numba.walkforward.reset_registry import FoldReset, ResetContext, StateResetRegistry, format_resets
+from fox_numba.walkforward.run_folder import BestEpoch, RunFolder, epoch_line
+from fox_numba.walkforward.trainer_state import audit_trainer, register_trainer
+
+Log = Callable[[str], None]
+
+
+def load_features(cfg: FoxConfig, selection: MarketSelection) -> FeatureSet:
+    """Features and raw market of the selected days of the store."""
+    with MarketStore(selection.path) as store:
+        days = [store.read_day(day) for day in selection.days]
+        instrument = store.instrument
+    return build_features(days, instrument, cfg.features, source=str(selection.path))
+
+
+@dataclass(frozen=True)
+class Baselines:
+    """What the agent's validation figures are read against, per fold."""
+
+    flat: Metrics
+    buy_and_hold: Metrics
+    probe: Metrics
+    probe_r2: float
+    oracle_sharpe: float | None
+
+
+def fold_baselines(cfg: FoxConfig, market: FoldMarket, oracle: OracleReference | None,
+                   store_days: list[str]) -> Baselines:
+    """Flat, buy-and-hold (one contract per day) and the probe on the fold's validation days; the oracle's
+    Sharpe on those days when the store is synthetic."""
+    ev = cfg.evaluation
+    half = 0.5 * (market.ask_px[:, 0] - market.bid_px[:, 0])
+    windows = [(int(a), int(b)) for a, b in market.val_windows]
+    mids = [market.mid[a:b] for a, b in windows]
+    halves = [half[a:b] for a, b in windows]
+    costs = {"point_value": market.point_value, "commission": cfg.env.commission}
+    annual = ev.annualisation_days
+    n_train_days = len(market.days) - cfg.folds.val_days
+    val_days = [d for d in range(n_train_days, len(market.days))
+                if market.day_start[d + 1] - market.day_start[d] >= 2]  # fmt: skip
+    probe = probe_baseline(market.market_obs, market.mid, half, market.day_start, slice(0, market.train_stop),
+                           val_days, horizon=ev.probe_horizon_bars, ridge=ev.probe_ridge,
+                           tick_size=market.tick_size, annualisation_days=annual, **costs)  # fmt: skip
+    oracle_sharpe = None
+    if oracle is not None:
+        val_names = [market.days[d] for d in val_days]
+        oracle_sharpe = oracle.sharpe_on(oracle.day_indices(store_days, val_names), annual)
+    return Baselines(
+        flat=compute_metrics(flat_days([b - a for a, b in windows]), annualisation_days=annual),
+        buy_and_hold=compute_metrics(buy_and_hold_days(mids, halves, **costs), annualisation_days=annual),
+        probe=probe.metrics, probe_r2=probe.val_r2, oracle_sharpe=oracle_sharpe,
+    )
+
+
+def epoch_summary(fold: int, epoch: int, val: Metrics, train: dict[str, float], rollout: dict[str, float],
+                  seconds: float) -> str:
+    """One human line per epoch."""
+    return (f"fold {fold} epoch {epoch}: val Sharpe {val.sharpe_daily:+.2f} (daily) {val.sharpe_bar:+.2f} (bar), "
+            f"return ${val.total_return:,.0f}, active {val.active_fraction:.2f}, trades {val.trades} | "
+            f"loss {train['loss']:.4f}, grad {train['grad_norm']:.3g}, q {train['q_mean']:+.4f} | "
+            f"collect reward {rollout.get('reward_mean', float('nan')):+.4f} | {seconds:.1f} s")
+
+
+class Driver:
+    """One walk-forward run (module docstring)."""
+
+    def __init__(self, cfg: FoxConfig, selection: MarketSelection, run: RunFolder, *, log: Log) -> None:
+        self.cfg, self.selection, self.run, self.log = cfg, selection, run, log
+        self.features = load_features(cfg, selection)
+        self.folds = make_folds(cfg.folds, selection.days)
+        with MarketStore(selection.path) as store:
+            self.store_days = store.days()
+        self.oracle = OracleReference.for_store(selection.path)
+        self.trainer = Trainer(cfg)
+        self.kills, self.best = KillCriteria(), BestEpoch()
+        self.registry = StateResetRegistry()
+        self.fold_market: FoldMarket | None = None
+
+    def market(self, fold: Fold) -> FoldMarket:
+        return FoldMarket.build(self.features, fold, self.cfg.features, self.cfg.env)
+
+    def fold_line(self, fold: Fold, market: FoldMarket) -> str:
+        return (f"{fold.describe()}: {market.n_rows:,} bars, {len(market.train_starts):,} episode starts, "
+                f"risk unit ${market.risk_unit:,.2f}")
+
+    def train(self, *, resume: bool) -> dict[str, Any]:
+        cfg, trainer, log = self.cfg, self.trainer, self.log
+        point = None
+        if resume:
+            point = self.run.resume_point(len(self.folds), expected_fingerprints=self.fingerprints())
+            if point is not None and point.run_done:
+                log("every fold has finished; writing the summary")
+                return self.run.summarise(annualisation_days=cfg.evaluation.annualisation_days)
+        first = point.fold if point is not None else 0
+        for k in range(first, len(self.folds)):
+            fold = self.folds[k]
+            market = self.fold_market = self.market(fold)
+            trainer.bind_fold(market, k)
+            log(self.fold_line(fold, market))
+            if not self.registry.entries:
+                register_trainer(self.registry, trainer, self.kills, self.best)
+                problems = audit_trainer(self.registry, trainer, self.kills, self.best)
+                if problems:
+                    raise RuntimeError("trainer state not in the reset registry: " + "; ".join(problems))
+            start_epoch, resets = 0, None
+            if point is not None and k == point.fold:
+                trainer.load_state(point.checkpoint.arrays)
+                self.registry.load_host_state(point.checkpoint.registry_state, str(point.checkpoint.path))
+                start_epoch = point.epoch
+                log(f"resumed from {point.checkpoint.path} at fold {k} epoch {start_epoch}")
+            if start_epoch == 0:
+                records = self.registry.reset(FoldReset, ResetContext(fold=k, seed=cfg.run.seed, stream=trainer.stream))
+                log(format_resets(records, k))
+                resets = [r.name for r in records]
+            baselines = fold_baselines(cfg, market, self.oracle, self.store_days)
+            log(f"fold {k} baselines: probe Sharpe {baselines.probe.sharpe_daily:+.2f} (val R^2 "
+                f"{baselines.probe_r2:+.3f}), buy-and-hold {baselines.buy_and_hold.sharpe_daily:+.2f}"
+                + (f", oracle {baselines.oracle_sharpe:+.2f}" if baselines.oracle_sharpe is not None else ""))
+            for epoch in range(start_epoch, cfg.learner.epochs):
+                killed = self.epoch(k, epoch, baselines, resets if epoch == start_epoch else None)
+                if killed:
+                    break
+        return self.run.summarise(annualisation_days=cfg.evaluation.annualisation_days)
+
+    def fingerprints(self) -> dict[str, str]:
+        return {"params": self.trainer.layout.fingerprint}
+
+    def epoch(self, k: int, epoch: int, baselines: Baselines, resets: list[str] | None) -> bool:
+        """One epoch of fold k; True when a kill criterion ended the fold."""
+        cfg, trainer = self.cfg, self.trainer
+        t0 = time.perf_counter()
+        rollout = trainer.collect()
+        train = trainer.train()
+        isv = trainer.isv()
+        fold_step = int(trainer.learner.read_optim_state()["step"])
+        kill = self.kills.check(EpochHealth.from_isv(isv, epoch=epoch, q_mean=train["q_mean"],
+                                                     steps=int(train["steps"]), fold_step=fold_step))
+        trainer.update_drift(train["q_mean"])
+        records, eval_env = trainer.evaluate()
+        days = [DaySeries(pnl, pos.astype(np.float64)) for pnl, pos in records]
+        val = compute_metrics(days, annualisation_days=cfg.evaluation.annualisation_days)
+        report = fold_report(val, flat=baselines.flat, buy_and_hold=baselines.buy_and_hold, probe=baselines.probe,
+                             oracle_sharpe=baselines.oracle_sharpe)
+        last = epoch == cfg.learner.epochs - 1
+        line = epoch_line(k, epoch, val=val, report=report, kill=kill, resets=resets,
+                          train={**train, **{f"collect_{n}": v for n, v in rollout.items()},
+                                 **{f"eval_{n}": v for n, v in eval_env.items()}, "fold_step": fold_step})
+        arrays = trainer.download_state() | self.fold_market.checkpoint_arrays()
+        self.run.end_epoch(line, arrays=arrays, registry=self.registry, best=self.best,
+                           fold_done=kill is not None or last, validation=days, fingerprints=self.fingerprints())
+        self.log(epoch_summary(k, epoch, val, train, rollout, time.perf_counter() - t0))
+        if kill is not None:
+            self.log(f"fold {k} killed: {kill.reason}")
+        return kill is not None
+
+
+def train_run(cfg: FoxConfig, selection: MarketSelection, *, resume: Path | None = None,
+              log: Log = print) -> tuple[Path, dict[str, Any]]:
+    """Run (or resume) a walk-forward training; (run folder, summary)."""
+    folds = make_folds(cfg.folds, selection.days)  # too few days stops here, before any work
+    if resume is not None:
+        run = RunFolder.open(resume)
+        stored = run.config()
+        if stored.market.store != cfg.market.store and cfg.market.store != "default":
+            raise ConfigError(f"{resume}: the run trained on {stored.market.store}, not {cfg.market.store}")
+        cfg = stored
+    else:
+        run = RunFolder.create(cfg, folds)
+    with run:
+        log(f"run folder {run.path}")
+        for fold in folds:
+            log(fold.describe())
+        driver = Driver(cfg, selection, run, log=log)
+        summary = driver.train(resume=resume is not None)
+    return run.path, summary

@@ -1,0 +1,100 @@
+"""`fox evaluate CHECKPOINT`: backtest a trained network on any days of any store.
+
+The checkpoint carries what the network was trained against: its parameters and supports, the ISV bus,
+and the fold's normalisation statistics and risk unit (`market.*` arrays). Observations of the evaluated
+days are normalised with those statistics (never refitted on the days evaluated), every selected day is
+a validation day, and the backtest is the training run's own (agent/evaluator.py: argmax E[Q], the same
+fill model). Without --store / --set, the days are the validation days of the checkpoint's fold.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fox_numba.agent.evaluator import Evaluator
+from fox_numba.agent.fold_market import CHECKPOINT_ARRAYS, FoldMarket
+from fox_numba.agent.network import ParamLayout
+from fox_numba.checkpoint import load_checkpoint
+from fox_numba.config import load_config, parse_override, set_value
+from fox_numba.device.runtime import new_stream
+from fox_numba.device.staging import Stager
+from fox_numba.errors import InputError
+from fox_numba.features.normalise import NormStats
+from fox_numba.market.select import MarketSelection, select_market
+from fox_numba.market.store import MarketStore
+from fox_numba.observation import OBS_DIM
+from fox_numba.walkforward.driver import load_features
+from fox_numba.walkforward.folds import make_folds
+from fox_numba.walkforward.metrics import (
+    DaySeries,
+    OracleReference,
+    buy_and_hold_days,
+    compute_metrics,
+    flat_days,
+)
+
+@dataclass(frozen=True)
+class AllValidation:
+    """Every selected day a validation day (no training window: FoldMarket.build with given statistics)."""
+
+    index: int
+    val_stop: int
+    train_first: int = 0
+    train_stop: int = 0
+    val_first: int = 0
+    purge_bars: int = 0
+
+
+def evaluate_checkpoint(checkpoint: Path, *, store: str | None, overrides: list[str]) -> dict[str, Any]:
+    """The validation figures of the checkpoint's network on the chosen days, beside flat, buy-and-hold and the
+    oracle (on a synthetic store)."""
+    run_dir = checkpoint.resolve().parent.parent
+    cfg = load_config(path=run_dir / "config.toml")
+    layout = ParamLayout.build(OBS_DIM, cfg.network)
+    ck = load_checkpoint(checkpoint, expected_fingerprints={"params": layout.fingerprint})
+    missing = [n for n in (*CHECKPOINT_ARRAYS, "learner.params", "learner.support_online", "isv") if n not in ck.arrays]
+    if missing:
+        raise InputError(checkpoint, f"not a training checkpoint of this build: it lacks {missing}")
+    if store is None and not overrides:
+        selection = select_market(cfg.market)
+        fold = make_folds(cfg.folds, selection.days)[int(ck.meta["fold"])]
+        selection = MarketSelection(selection.path, fold.val_days)
+    else:
+        if store is not None:
+            set_value(cfg, "market.store", store)
+        for text in overrides:
+            set_value(cfg, *parse_override(text))
+        selection = select_market(cfg.market)
+    features = load_features(cfg, selection)
+    stats = NormStats(ck.arrays["market.norm_mean"], ck.arrays["market.norm_std"], 0)
+    market = FoldMarket.build(features, AllValidation(int(ck.meta["fold"]), features.n_days), cfg.features, cfg.env,
+                              stats=stats, risk_unit=float(ck.arrays["market.risk_unit"]))  # fmt: skip
+    stager = Stager(new_stream())
+    dev = market.upload(stager)
+    params = stager.upload_new(ck.arrays["learner.params"])
+    supports = stager.upload_new(ck.arrays["learner.support_online"])
+    isv = stager.upload_new(ck.arrays["isv"])
+    evaluator = Evaluator(dev, cfg, layout, params, supports, isv=isv, stager=stager, use_graph=cfg.run.graphs)
+    days = [DaySeries(pnl, pos.astype(np.float64)) for pnl, pos in evaluator.run()]
+    annual = cfg.evaluation.annualisation_days
+    agent = compute_metrics(days, annualisation_days=annual)
+    half = 0.5 * (market.ask_px[:, 0] - market.bid_px[:, 0])
+    windows = [(int(a), int(b)) for a, b in market.val_windows]
+    costs = {"point_value": market.point_value, "commission": cfg.env.commission}
+    bh = compute_metrics(buy_and_hold_days([market.mid[a:b] for a, b in windows], [half[a:b] for a, b in windows],
+                                           **costs), annualisation_days=annual)  # fmt: skip
+    out: dict[str, Any] = {f"agent_{k}": v for k, v in agent.as_dict().items()}
+    out["days"] = len(days)
+    out["flat_sharpe_daily"] = compute_metrics(flat_days([b - a for a, b in windows]),
+                                               annualisation_days=annual).sharpe_daily  # fmt: skip
+    out["buy_and_hold_sharpe_daily"] = bh.sharpe_daily
+    oracle = OracleReference.for_store(selection.path)
+    if oracle is not None:
+        with MarketStore(selection.path) as st:
+            store_days = st.days()
+        out["oracle_sharpe_daily"] = oracle.sharpe_on(oracle.day_indices(store_days, list(market.days)), annual)
+    return {k: (float("nan") if v is None else v) for k, v in out.items()}

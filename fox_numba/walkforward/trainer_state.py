@@ -1,0 +1,87 @@
+"""Every piece of the trainer's state in the StateResetRegistry: what a fold boundary resets, what carries over.
+
+The registry is the one place a fold boundary's resets are written (DESIGN.md): the driver calls
+`registry.reset(FoldReset, ctx)` and nothing else resets fold state. Entries run in registration order:
+
+    learner.adam_moments   Adam m *= 0.1, v *= 0.01 (direction kept, magnitude history damped; seed K)
+    learner.adam_step      Adam's t and the schedule's per-fold step restart at 0 (bias correction, cosine,
+    learner.fold_step        and the warm-up gates start again); one kernel resets both counters
+    learner.params         theta = 0.8 theta + 0.2 theta_fresh, theta_fresh seeded per (run seed, fold)
+    learner.target         target (and its supports) re-synced to the perturbed online network
+    learner.adaptive_tau   tau_eff's damping reads ISV[Q_DRIFT_RATE], reset with the ISV slots below
+    collector.replay       the replay buffer emptied: the new fold's market rows mean other bars
+    isv.<SLOT>             every ISV slot whose table entry has a fold-reset value (one launch)
+    kill.*                 the Q-drift window, the collapse and non-finite counters
+    run.best.*             the fold's best epoch
+
+Carried over (PerRun): the online supports, the learner's sampling stream, the ISV slots without a fold
+reset (the slow gradient-norm EMA, the Q scale references...). Built fresh at every fold by
+`Trainer.bind_fold`, so nothing in them crosses a boundary: the fold's market tensors, the collect
+environments and their collector, the evaluator. Their within-fold state (the environments' and the
+collector's random streams) is in every checkpoint as named arrays.
+
+`audit_trainer` lists every attribute of the run-wide components that is neither an entry nor declared
+wiring; the driver's test asserts it is empty, so a field added without its entry fails.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fox_numba.agent.trainer import Trainer
+from fox_numba.walkforward.kill import KillCriteria
+from fox_numba.walkforward.reset_registry import FoldReset, ResetContext, StateResetRegistry, register_isv
+from fox_numba.walkforward.run_folder import BestEpoch
+
+# Learner attributes that are wiring or scratch rewritten every step (not state a fold could leak).
+LEARNER_WIRING = (
+    "cfg", "layout", "replay", "market_obs", "isv", "stager", "stream", "online", "target_net", "graph", "batch",
+    "batch_size", "rows", "logits", "logits_tgt", "q", "entropy", "dlogits", "grads", "norm_partials", "adam_partials",
+    "polyak_partials", "hidden_partials", "support_rows", "decay_mask", "branch_weights", "schedule",
+    "steps_per_epoch", "epoch",
+)
+REPLAY_WIRING = ("capacity",)
+TRAINER_WIRING = (
+    "cfg", "stream", "stager", "bus", "layout", "replay", "learner", "market", "env", "collector", "evaluator",
+    "fold", "_q_epoch",
+)
+
+
+def register_trainer(registry: StateResetRegistry, trainer: Trainer, kills: KillCriteria, best: BestEpoch) -> None:
+    """Register the trainer's state (module docstring); the trainer must have bound its first fold."""
+    lrn, replay, bus, s = trainer.learner, trainer.replay, trainer.bus, trainer.stream
+    if lrn is None:
+        raise RuntimeError("register_trainer: bind the trainer's first fold before registering its state")
+    r = registry.owner(lrn, "learner", not_state=[a for a in LEARNER_WIRING if hasattr(lrn, a)])
+    r.action("adam_moments", FoldReset, "Adam m *= 0.1, v *= 0.01", fields=("adam_m", "adam_v"),
+             action=lambda ctx: lrn.shrink_adam())
+    counters = ("learner", "counters")
+    r.action("adam_step", FoldReset, "Adam t = 0 (bias correction restarts)", fields=("optim_state",),
+             action=lambda ctx: lrn.reset_step_counter(), batch=counters)
+    r.action("fold_step", FoldReset, "per-fold step counter = 0 (cosine schedule and warm-up gates restart)",
+             fields=("optim_state",), action=lambda ctx: lrn.reset_step_counter(), batch=counters)
+    r.action("params", FoldReset, "theta = 0.8 theta + 0.2 theta_fresh (seeded per fold)", fields=("params", "fresh"),
+             action=lambda ctx: lrn.shrink_perturb(ctx.seed_for("learner.params")))
+    r.action("target", FoldReset, "target network and supports re-synced to the online ones",
+             fields=("target", "support_target"), action=lambda ctx: lrn.sync_target())
+    r.action("adaptive_tau", FoldReset, "tau damping state ISV[Q_DRIFT_RATE] = 0 (with the ISV slots)",
+             fields=(), action=lambda ctx: bus.fold_reset(ctx.stream), batch=("isv", id(bus)))
+    r.carried("support_online", "the online supports follow the Q scale across folds", fields=("support_online",))
+    r.carried("rng_states", "the learner's minibatch sampling stream", fields=("rng_states",))
+    registry.owner(replay, "collector", not_state=[a for a in vars(replay) if a not in ("meta",)]).action(
+        "replay", FoldReset, "replay buffer emptied (cursor = size = 0)", fields=("meta",),
+        action=lambda ctx: replay.clear(stream=s))
+    register_isv(registry, bus)
+    kills.register_state(registry)
+    best.register_state(registry)
+    registry.owner(trainer, "trainer", not_state=[a for a in TRAINER_WIRING if hasattr(trainer, a)])
+
+
+def audit_trainer(registry: StateResetRegistry, trainer: Trainer, kills: KillCriteria, best: BestEpoch) -> list[str]:
+    """Attributes of the run-wide components that no entry covers and no list declares (empty: complete)."""
+    return registry.audit(trainer, trainer.learner, trainer.replay, trainer.bus, *kills.components(), best)
+
+
+def fold_reset(registry: StateResetRegistry, fold: int, seed: int, stream: Any) -> list[str]:
+    """Run the fold boundary's resets; the names of the entries reset, in order."""
+    return [rec.name for rec in registry.reset(FoldReset, ResetContext(fold=fold, seed=seed, stream=stream))]
