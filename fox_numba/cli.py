@@ -342,6 +342,18 @@ def evaluate(
 
 
 @app.command()
+def report(
+    run: Annotated[Path, typer.Argument(help="Run folder written by `fox train` (runs/NAME).")],
+) -> None:
+    """Write PNG plots and a one-page Markdown report into RUN/report/: validation equity per fold against flat,
+    buy-and-hold, the probe and the oracle; Sharpe per epoch; reward split, Q scale, gradient norm / clip / lr /
+    tau / warm-up factor from HEALTH_DIAG; action shares. `fox train` writes it at the end of every run."""
+    from fox_numba.walkforward.report import write_report
+
+    typer.echo(f"report {write_report(run)}")
+
+
+@app.command()
 def profile(
     preset: PresetOpt = "default",
     config: ConfigOpt = None,

@@ -33,6 +33,7 @@ from fox_numba.config import FoxConfig
 from fox_numba.errors import ConfigError
 from fox_numba.features.build import build_features
 from fox_numba.features.feature_set import FeatureSet
+from fox_numba.io import atomic_path
 from fox_numba.market.select import MarketSelection
 from fox_numba.market.store import MarketStore
 from fox_numba.walkforward.folds import Fold, make_folds
@@ -48,6 +49,7 @@ from fox_numba.walkforward.metrics import (
 )
 from fox_numba.walkforward.probe import probe_baseline
 from fox_numba.walkforward.reset_registry import FoldReset, ResetContext, StateResetRegistry, format_resets
+from fox_numba.walkforward.report import BASELINES, write_report
 from fox_numba.walkforward.run_folder import BestEpoch, RunFolder, epoch_line
 from fox_numba.walkforward.trainer_state import audit_trainer, register_trainer
 
@@ -71,6 +73,14 @@ class Baselines:
     probe: Metrics
     probe_r2: float
     oracle_sharpe: float | None
+    series: dict[str, np.ndarray]
+    """Per-bar PnL of buy-and-hold and the probe, the day lengths and the oracle's daily PnL (the report's curves)."""
+
+    def save(self, folder: Path) -> None:
+        """baselines.npz in the fold's folder (atomically)."""
+        folder.mkdir(parents=True, exist_ok=True)
+        with atomic_path(folder / BASELINES) as tmp, open(tmp, "wb") as fh:
+            np.savez(fh, **self.series)
 
 
 def fold_baselines(cfg: FoxConfig, market: FoldMarket, oracle: OracleReference | None,
@@ -90,14 +100,22 @@ def fold_baselines(cfg: FoxConfig, market: FoldMarket, oracle: OracleReference |
     probe = probe_baseline(market.market_obs, market.mid, half, market.day_start, slice(0, market.train_stop),
                            val_days, horizon=ev.probe_horizon_bars, ridge=ev.probe_ridge,
                            tick_size=market.tick_size, annualisation_days=annual, **costs)  # fmt: skip
-    oracle_sharpe = None
+    oracle_sharpe, oracle_daily = None, np.zeros(0)
     if oracle is not None:
-        val_names = [market.days[d] for d in val_days]
-        oracle_sharpe = oracle.sharpe_on(oracle.day_indices(store_days, val_names), annual)
+        index = oracle.day_indices(store_days, [market.days[d] for d in val_days])
+        oracle_sharpe = oracle.sharpe_on(index, annual)
+        oracle_daily = oracle.daily_pnl[index]
+    bh_days = buy_and_hold_days(mids, halves, **costs)
+    series = {
+        "lengths": np.array([b - a for a, b in windows], np.int64),
+        "buy_and_hold_pnl": np.concatenate([d.pnl for d in bh_days]),
+        "probe_pnl": np.concatenate([d.pnl for d in probe.days]),
+        "oracle_daily_pnl": np.asarray(oracle_daily, np.float64),
+    }
     return Baselines(
         flat=compute_metrics(flat_days([b - a for a, b in windows]), annualisation_days=annual),
-        buy_and_hold=compute_metrics(buy_and_hold_days(mids, halves, **costs), annualisation_days=annual),
-        probe=probe.metrics, probe_r2=probe.val_r2, oracle_sharpe=oracle_sharpe,
+        buy_and_hold=compute_metrics(bh_days, annualisation_days=annual),
+        probe=probe.metrics, probe_r2=probe.val_r2, oracle_sharpe=oracle_sharpe, series=series,
     )
 
 
@@ -162,6 +180,7 @@ class Driver:
                 log(format_resets(records, k))
                 resets = [r.name for r in records]
             baselines = fold_baselines(cfg, market, self.oracle, self.store_days)
+            baselines.save(self.run.fold_dir(k))
             log(f"fold {k} baselines: probe Sharpe {baselines.probe.sharpe_daily:+.2f} (val R^2 "
                 f"{baselines.probe_r2:+.3f}), buy-and-hold {baselines.buy_and_hold.sharpe_daily:+.2f}"
                 + (f", oracle {baselines.oracle_sharpe:+.2f}" if baselines.oracle_sharpe is not None else ""))
@@ -221,4 +240,6 @@ def train_run(cfg: FoxConfig, selection: MarketSelection, *, resume: Path | None
             log(fold.describe())
         driver = Driver(cfg, selection, run, log=log)
         summary = driver.train(resume=resume is not None)
+        report = write_report(run.path)
+        log(f"report {report}")
     return run.path, summary
