@@ -168,3 +168,26 @@ def adamw64(p, m, v, g, *, clip_scale, lr, t, beta1, beta2, eps, weight_decay, m
     u = lr * ((m / (1 - beta1**t)) / (np.sqrt(v / (1 - beta2**t)) + eps) + weight_decay * mask * p)
     p -= u
     return u
+
+
+def double_dqn64(logits, q, logits_tgt, sup_on, sup_tg, actions, rewards, dones, branch_w, gamma):
+    """The per-row outputs of double_dqn_rows in float64 (dict of arrays)."""
+    b, _, z = logits_tgt.shape
+    eff = effect64(actions)
+    out = {k: [] for k in ("taken", "p_next", "sup_next", "sup_proj", "rew", "disc", "w", "stats")}
+    for i in range(b):
+        for br, (off, size) in enumerate(branch_spans()):
+            a_t = off + actions[i, br]
+            a_n = off + int(np.argmax(q[b + i, off : off + size]))  # first maximum: ties to the lowest bin
+            p = softmax64(logits_tgt[i, a_n])
+            e_tgt = float(p @ atoms64(sup_tg[a_n], z))
+            disc = gamma * (1.0 - dones[i])
+            out["taken"].append(logits[i, a_t])
+            out["p_next"].append(p)
+            out["sup_next"].append(sup_tg[a_n])
+            out["sup_proj"].append(sup_on[a_t])
+            out["rew"].append(rewards[i])
+            out["disc"].append(disc)
+            out["w"].append(branch_w[br] * eff[i, br] / b)
+            out["stats"].append([rewards[i] + disc * e_tgt - q[i, a_t], e_tgt, e_tgt - q[b + i, a_n]])
+    return {k: np.array(v, np.float64) for k, v in out.items()}

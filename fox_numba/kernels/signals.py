@@ -18,8 +18,11 @@ and folds them into ISV slots; slot meanings are in fox_numba/device/ISV_SLOTS.m
   HIDDEN_RMS_L{0..3}_EMA: EMA 0.01 of each layer's RMS activation (layers past 3 are not reported);
   DEAD_UNIT_FRAC_EMA: EMA 0.01 of the fraction of trunk units that are 0 on every row of the batch.
 - The learner's finish_step (kernels/learner.py) produces UPDATE_RMS_EMA, PARAM_NORM and TARGET_DRIFT_EMA.
-An EMA never takes a non-finite observation (a NaN reward leaves the loss EMAs as they were); LOSS_RAW and
-Q_MAX_ABS are raw values and do (the step guard reads LOSS_RAW).
+An EMA never takes a non-finite observation; LOSS_RAW and Q_MAX_ABS are raw values and do. LOSS_RAW is NaN
+when any branch row's loss, TD or target E[Q] is not finite, whatever its weight: the landed projection
+gives a NaN target atom no mass (so the cross-entropy alone would hide a NaN reward), while the TD carries
+the reward, the discount and both networks' values. Such a step moves no loss signal and no epoch loss
+sum, and the learner's guard (kernels/learner.py loss_guard) reads LOSS_RAW to skip its update.
 
 Epoch accumulators: float64 [N_EPOCH_STATS] indexed by EpochStat, summed by the producers every step and
 read (then zeroed) once per epoch by the host: steps, applied and skipped steps, loss and per-branch loss
@@ -96,7 +99,7 @@ assert [int(Isv.HIDDEN_RMS_L0_EMA) + k for k in range(4)] == [int(Isv.HIDDEN_RMS
                                                               int(Isv.HIDDEN_RMS_L2_EMA), int(Isv.HIDDEN_RMS_L3_EMA)]
 
 N_Q_SUMS = 6  # |q| direction, |q| magnitude, q, q**2, direction gap, entropy
-N_LOSS_SUMS = 2 + 2 * N_BRANCHES + 3  # total, td, per-branch loss and count, effective rows, target q, drift
+N_LOSS_SUMS = 2 + 2 * N_BRANCHES + 4  # total, td, per-branch loss and count, effective rows, target q, drift, bad
 
 
 @cuda.jit(device=True)
@@ -205,28 +208,32 @@ def loss_signals(loss, weights, row_stats, isv, epoch, n_samples):
             acc[2 + 2 * N_BRANCHES, tid] += float64(1.0)
         acc[3 + 2 * N_BRANCHES, tid] += float64(row_stats[r, 1])
         acc[4 + 2 * N_BRANCHES, tid] += abs(float64(row_stats[r, 2]))
+        if not (finite(loss[r]) and finite(row_stats[r, 0]) and finite(row_stats[r, 1])):
+            acc[5 + 2 * N_BRANCHES, tid] += float64(1.0)
         r += cuda.blockDim.x
     tree_sums(acc, N_LOSS_SUMS, tid)
     if tid == 0:
+        epoch[_E_STEPS] += float64(1.0)
         total = float32(acc[0, 0])
+        if acc[5 + 2 * N_BRANCHES, 0] > float64(0.0):
+            total = float32(math.nan)  # a non-finite row anywhere: the guard skips the step
         isv[_LOSS_RAW] = total
+        if not finite(total):
+            return
         ema(isv, _LOSS_EMA, total, LOSS_ALPHA)
         effective = max(acc[2 + 2 * N_BRANCHES, 0], float64(1.0))
         td = float32(acc[1, 0] / effective)
         ema(isv, _TD, td, Q_ALPHA)
         ema(isv, _TARGET_Q, float32(acc[3 + 2 * N_BRANCHES, 0] / float64(n_rows)), Q_ALPHA)
         ema(isv, _TARGET_Q_DRIFT, float32(acc[4 + 2 * N_BRANCHES, 0] / float64(n_rows)), Q_ALPHA)
-        if finite(total):
-            epoch[_E_LOSS] += acc[0, 0]
-            epoch[_E_TD] += float64(td)
+        epoch[_E_LOSS] += acc[0, 0]
+        epoch[_E_TD] += float64(td)
         for b in range(N_BRANCHES):
             count = acc[2 + N_BRANCHES + b, 0]
             if count > float64(0.0):
                 mean_b = float32(acc[2 + b, 0] / count)
                 ema(isv, _LOSS_DIR + b, mean_b, LOSS_ALPHA)
-                if finite(total):
-                    epoch[_E_LOSS_DIR + b] += float64(mean_b)
-        epoch[_E_STEPS] += float64(1.0)
+                epoch[_E_LOSS_DIR + b] += float64(mean_b)
 
 
 @register((float32[:, :, ::1], float32[:, :, :, ::1], _STATE[::1], int32, int32))
