@@ -26,6 +26,8 @@ from fox_numba.io import atomic_write_text
 
 def opt(default: Any, help: str) -> Any:
     """A config field: its default and its help text (written above the field in every `config.toml`)."""
+    if isinstance(default, list):  # a mutable default: each config gets its own copy
+        return field(default_factory=lambda: list(default), metadata={"help": help})
     return field(default=default, metadata={"help": help})
 
 
@@ -102,6 +104,12 @@ class NetworkConfig:
     n_atoms: int = opt(51, "Atoms of the C51 value distribution of each action.")
     v_min: float = opt(-1.0, "Lower end of the base C51 support (rewards are scaled into it).")
     v_max: float = opt(1.0, "Upper end of the base C51 support.")
+    support_max_scale: float = opt(
+        10.0,
+        "Adaptive support cap: each head's support is the base [v_min, v_max] scaled by a factor in [1, this], "
+        "refreshed per epoch from the Q and reward scales in the ISV (rule in kernels/heads.py); 1 keeps the "
+        "base support.",
+    )
 
 
 @dataclass
@@ -114,6 +122,16 @@ class LearnerConfig:
     lr_min_frac: float = opt(0.1, "Cosine schedule ends at lr * lr_min_frac.")
     gamma: float = opt(0.99, "Discount factor.")
     tau: float = opt(0.005, "Polyak averaging rate of the target network (tau_base).")
+    tau_min_frac: float = opt(
+        1.0,
+        "The cosine schedule of tau ends at tau * tau_min_frac (1: no decay; the Q-drift damping still "
+        "divides tau by up to 5).",
+    )
+    weight_decay: float = opt(0.0, "Decoupled (AdamW) weight decay on the weights; biases never decay.")
+    branch_weights: list[float] = opt(  # noqa: RUF009 (opt gives a list default its default_factory)
+        [1.0, 1.0, 1.0, 1.0],
+        "Loss weight of each action branch (direction, magnitude, order type, urgency).",
+    )
     adam_beta1: float = opt(0.9, "Adam first-moment decay.")
     adam_beta2: float = opt(0.999, "Adam second-moment decay.")
     adam_eps: float = opt(1.5e-4, "Adam epsilon (Rainbow's value; guards the first steps of a fold).")
@@ -286,8 +304,10 @@ def load_config(
     return cfg
 
 
-def toml_literal(value: bool | int | float | str) -> str:
-    """`value` written as a TOML literal (strings quoted and escaped)."""
+def toml_literal(value: bool | int | float | str | list[float]) -> str:
+    """`value` written as a TOML literal (strings quoted and escaped, lists as arrays)."""
+    if isinstance(value, list):
+        return "[" + ", ".join(toml_literal(v) for v in value) + "]"
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, (int, float)):

@@ -115,3 +115,130 @@ def variance64(logits, support):
     p, z = softmax64(logits), atoms64(support, logits.shape[-1])
     q = (p * z).sum(axis=-1, keepdims=True)
     return (p * (z - q) ** 2).sum(axis=-1)
+
+# ---- the network, the learner's kernels and its step (float64) ------------------------------------------
+
+
+def branch_spans():
+    """[(first head, size)] of the four branches, from fox_numba.actions."""
+    from fox_numba.actions import BRANCHES
+
+    return [(b.offset, b.size) for b in BRANCHES]
+
+
+def dueling64(head, n_atoms):
+    """logits [B, 13, Z] = V_b + (A_a - mean of the branch's A) from the head GEMM output [B, 17 * Z]."""
+    spans = branch_spans()
+    h = np.asarray(head, np.float64).reshape(head.shape[0], -1, n_atoms)
+    nb = len(spans)
+    value, adv = h[:, :nb], h[:, nb:]
+    out = np.empty_like(adv)
+    for b, (off, size) in enumerate(spans):
+        a = adv[:, off : off + size]
+        out[:, off : off + size] = value[:, b : b + 1] + (a - a.mean(axis=1, keepdims=True))
+    return out
+
+
+def dueling_backward64(dlogits):
+    """d head [B, 17 * Z] of d logits [B, 13, Z] (the transpose of `dueling64`)."""
+    spans = branch_spans()
+    dl = np.asarray(dlogits, np.float64)
+    bsz = dl.shape[0]
+    dv = np.stack([dl[:, off : off + size].sum(axis=1) for off, size in spans], axis=1)
+    da = np.empty_like(dl)
+    for off, size in spans:
+        part = dl[:, off : off + size]
+        da[:, off : off + size] = part - part.mean(axis=1, keepdims=True)
+    return np.concatenate([dv, da], axis=1).reshape(bsz, -1)
+
+
+def net_forward64(p, n_layers, obs, n_atoms):
+    """(trunk activations [list of [B, H]], logits [B, 13, Z]) of the network with host params p (the
+    layout's `unpack` of a flat buffer) on obs, in float64."""
+    x = np.asarray(obs, np.float64)
+    acts = []
+    for layer in range(n_layers):
+        x = np.maximum(x @ p[f"trunk.{layer}.weight"].astype(np.float64) + p[f"trunk.{layer}.bias"], 0.0)
+        acts.append(x)
+    head = x @ p["head.weight"].astype(np.float64) + p["head.bias"]
+    return acts, dueling64(head, n_atoms)
+
+
+def net_backward64(p, n_layers, obs, acts, dlogits):
+    """{name: d(sum dlogits * logits) / d param} in float64, from `net_forward64`'s activations."""
+    grads = {}
+    inputs = [np.asarray(obs, np.float64)] + acts
+    dy = dueling_backward64(dlogits)
+    for layer in range(n_layers, -1, -1):
+        name = "head" if layer == n_layers else f"trunk.{layer}"
+        x = inputs[layer]
+        grads[f"{name}.weight"] = x.T @ dy
+        grads[f"{name}.bias"] = dy.sum(axis=0)
+        if layer > 0:
+            dy = (dy @ p[f"{name}.weight"].astype(np.float64).T) * (x > 0)
+    return grads
+
+
+def xoroshiro_next64(states, i):
+    """numba's xoroshiro128p_next on a host copy of the states (advances states[i]); returns a Python int."""
+    mask = (1 << 64) - 1
+    s0, s1 = int(states[i]["s0"]), int(states[i]["s1"])
+    result = (s0 + s1) & mask
+    s1 ^= s0
+
+    def rot(x, k):
+        return ((x << k) | (x >> (64 - k))) & mask
+
+    states[i]["s0"] = rot(s0, 55) ^ s1 ^ ((s1 << 14) & mask)
+    states[i]["s1"] = rot(s1, 36)
+    return result
+
+
+def sample_indices64(states, size):
+    """The learner's replay slots: floor(top 32 bits of one draw / 2**32 * size) per generator, in order."""
+    return np.array([((xoroshiro_next64(states, i) >> 32) * size) >> 32 for i in range(states.size)], np.int64)
+
+
+def effect64(actions):
+    """[B, 4] 1.0 where the branch's choice had an effect (see kernels/learner.py), else 0.0."""
+    from fox_numba.actions import FLAT, HOLD, OrderType
+
+    a = np.asarray(actions)
+    eff = np.ones(a.shape, np.float64)
+    eff[:, 1] = ~np.isin(a[:, 0], (HOLD, FLAT))
+    eff[:, 2] = a[:, 0] != HOLD
+    eff[:, 3] = (a[:, 0] != HOLD) & (a[:, 2] != int(OrderType.MARKET))
+    return eff
+
+
+def adamw64(p, m, v, g, *, clip_scale, lr, t, beta1, beta2, eps, weight_decay, mask):
+    """One AdamW step in float64, in place; returns the update u (param -= u)."""
+    g = np.asarray(g, np.float64) * clip_scale
+    m[:] = beta1 * m + (1 - beta1) * g
+    v[:] = beta2 * v + (1 - beta2) * g * g
+    u = lr * ((m / (1 - beta1**t)) / (np.sqrt(v / (1 - beta2**t)) + eps) + weight_decay * mask * p)
+    p -= u
+    return u
+
+
+def double_dqn64(logits, q, logits_tgt, sup_on, sup_tg, actions, rewards, dones, branch_w, gamma):
+    """The per-row outputs of double_dqn_rows in float64 (dict of arrays)."""
+    b, _, z = logits_tgt.shape
+    eff = effect64(actions)
+    out = {k: [] for k in ("taken", "p_next", "sup_next", "sup_proj", "rew", "disc", "w", "stats")}
+    for i in range(b):
+        for br, (off, size) in enumerate(branch_spans()):
+            a_t = off + actions[i, br]
+            a_n = off + int(np.argmax(q[b + i, off : off + size]))  # first maximum: ties to the lowest bin
+            p = softmax64(logits_tgt[i, a_n])
+            e_tgt = float(p @ atoms64(sup_tg[a_n], z))
+            disc = gamma * (1.0 - dones[i])
+            out["taken"].append(logits[i, a_t])
+            out["p_next"].append(p)
+            out["sup_next"].append(sup_tg[a_n])
+            out["sup_proj"].append(sup_on[a_t])
+            out["rew"].append(rewards[i])
+            out["disc"].append(disc)
+            out["w"].append(branch_w[br] * eff[i, br] / b)
+            out["stats"].append([rewards[i] + disc * e_tgt - q[i, a_t], e_tgt, e_tgt - q[b + i, a_n]])
+    return {k: np.array(v, np.float64) for k, v in out.items()}

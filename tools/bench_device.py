@@ -37,7 +37,7 @@ from numba import cuda
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fox_numba.device.control import ControlBlock  # noqa: E402
+from fox_numba.device.control import CONTROL_DTYPE, ControlBlock  # noqa: E402
 from fox_numba.device.elementwise import axpy_f32, scale_f32  # noqa: E402
 from fox_numba.device.graphs import StepGraph  # noqa: E402
 from fox_numba.device.launch import grid_1d, i32, launch  # noqa: E402
@@ -45,7 +45,16 @@ from fox_numba.device.memory import Mapped, copy_device, device_empty  # noqa: E
 from fox_numba.device.runtime import SIMULATOR, new_stream  # noqa: E402
 from fox_numba.device.staging import DEFAULT_HOST_THREADS, Stager  # noqa: E402
 from fox_numba.io import atomic_write_text  # noqa: E402
-from fox_numba.kernels.optim import polyak_update  # noqa: E402
+from fox_numba.device.registry import register  # noqa: E402
+
+
+@register((numba.float32[::1], numba.float32[::1], numba.from_dtype(CONTROL_DTYPE)[::1], numba.int32))
+@cuda.jit
+def lerp_by_control(target, online, ctl, n):  # type: ignore[no-untyped-def]
+    """target[i] += ctl tau_eff * (online[i] - target[i]): a kernel reading the control block each step."""
+    i = cuda.grid(1)
+    if i < n:
+        target[i] = target[i] + ctl[0].tau_eff * (online[i] - target[i])
 
 
 def timed(fn: Any, stream: Any, warmup: int, iters: int) -> list[float]:
@@ -209,7 +218,7 @@ def bench_control_step(n_kernels: int, n_elems: int, steps: int) -> dict[str, An
     def body(s: Any) -> None:
         ctl.upload(s)
         for _ in range(n_kernels):
-            launch(polyak_update, n_elems, target, online, ctl.device, i32(n_elems), stream=s)
+            launch(lerp_by_control, n_elems, target, online, ctl.device, i32(n_elems), stream=s)
             launch(scale_f32, n_elems, target, np.float32(1.0), i32(n_elems), stream=s)
 
     graph = StepGraph("control", body, stream, use_graph=True)

@@ -1,23 +1,33 @@
-"""The control block: the per-step scalars that kernels inside a captured graph read from memory.
+"""Control blocks: host-written values that kernels inside a captured graph read from device memory.
 
-A captured graph freezes every kernel argument, so a value that changes from step to step (the step
-counter, lr_sched, tau_eff, eps, the seed) can never be a kernel argument of a graph: the host
-writes it into this block, and kernels read `ctl[0].lr_sched` from the block's device copy.
+A captured graph freezes every kernel argument, so a value the host decides (a schedule's base rate, its
+horizon, an exploration rate) is never a kernel argument of a graph: the host writes it into a control
+block and kernels read `ctl[0].lr_base` from the block's device copy. Values that change from step to
+step (the step counter, this step's lr and tau) are not host values at all: kernels inside the graph
+compute them from device counters (see `fox_numba.kernels.optim.OPTIM_STATE_DTYPE`), so steps can be
+queued back to back with no host write and no fence between them.
 
-    ctl = ControlBlock()
-    def body(stream):
-        ctl.upload(stream)                       # first: refresh the device copy from the host record
-        launch(polyak_update, n, target, online, ctl.device, i32(n), stream=stream)
-    step = StepGraph("polyak", body, stream, use_graph=cfg.run.graphs)
-    for t in range(steps):
-        ctl.set(step=t, tau_eff=tau(t))          # waits until the last replay has read the block
-        step.replay()
+    sched = ControlBlock(SCHEDULE_DTYPE)        # any aligned record dtype of whole 32-bit words
+    def body(stream):                           # reads sched.device, never writes the host record
+        launch(step_schedule, 1, sched.device, state, isv, stream=stream)
+        ...
+    step = StepGraph("train", body, stream, use_graph=cfg.run.graphs)
+    for epoch in range(epochs):
+        sched.set(lr_base=..., horizon=...)     # once per epoch
+        sched.upload(stream)                    # ordered on the stream before the epoch's replays
+        for _ in range(steps_per_epoch):
+            step.replay()                       # no host write, no fence: replays queue back to back
 
-The host record is mapped pinned memory; `upload` launches a one-thread-per-word copy into a device
-copy, so the step's kernels read device memory (a read of mapped memory crosses PCIe each time), and a
-graph replay copies whatever the host wrote last. `set` first waits on a fence recorded after the last
-launch that read the record, so the host never overwrites values a queued step has not read yet.
-`StepGraph` refuses a step whose kernels read `ctl.device` before the step uploaded it.
+The host record is mapped pinned memory; `upload` launches a one-thread-per-word copy into the device
+copy, so kernels read device memory (a read of mapped memory crosses PCIe each time). Streams run in
+order, so replays queued before an upload read the old values and replays queued after it the new ones.
+`set` waits on a fence recorded after the last upload (at most once per upload, i.e. per epoch), so the
+host never overwrites bytes an upload has not copied yet. `StepGraph` refuses to replay a step that
+reads a block whose host record was `set` after its last upload (the step would read stale values).
+
+A body may still call `ctl.upload(stream)` itself (the per-step pattern: every replay copies whatever the
+host wrote last). Then each replay records the fence and the next `set` waits for that replay's upload,
+which serialises host and device once per step; per-step values belong in device counters instead.
 """
 
 from __future__ import annotations
@@ -34,15 +44,15 @@ from fox_numba.device.runtime import device_address, sync_event
 
 CONTROL_DTYPE = np.dtype(
     [
-        ("step", np.int64),  # gradient (or environment) step counter of the stage
-        ("seed", np.uint64),  # per-step seed for counter-based random draws
-        ("lr_sched", np.float32),  # the host schedule's learning rate (cosine per epoch), before the
-        # GPU's warm-up damping: adam_step uses lr_sched * max(0.05, ISV[FOLD_WARMUP_FACTOR])
-        ("tau_eff", np.float32),  # Polyak rate of the target network this step
+        ("step", np.int64),  # a host-side step or phase counter of the stage
+        ("seed", np.uint64),  # a seed for counter-based random draws
+        ("lr_sched", np.float32),  # a host-scheduled learning rate
+        ("tau_eff", np.float32),  # a host-scheduled Polyak rate
         ("eps", np.float32),  # exploration rate of action selection
     ],
     align=True,
 )
+"""The default record of a ControlBlock (stages with their own fields pass their own dtype)."""
 
 _LIVE: weakref.WeakValueDictionary[int, ControlBlock] = weakref.WeakValueDictionary()
 
@@ -52,15 +62,28 @@ def control_block_at(address: int) -> ControlBlock | None:
     return _LIVE.get(address)
 
 
-class ControlBlock:
-    """One CONTROL_DTYPE record: `host` (mapped, written by the host), `device` (read by kernels)."""
+def _check_dtype(dtype: np.dtype) -> np.dtype:
+    dtype = np.dtype(dtype)
+    if dtype.names is None or not dtype.isalignedstruct or dtype.itemsize % 4:
+        raise ValueError(f"a control block needs an aligned record dtype of whole 32-bit words, got {dtype}")
+    return dtype
 
-    def __init__(self) -> None:
-        self._mapped = Mapped(1, CONTROL_DTYPE)
-        self._mapped.host[0] = np.zeros((), CONTROL_DTYPE)
-        self.device: Any = device_empty(1, CONTROL_DTYPE)
+
+class ControlBlock:
+    """One record of `dtype`: `host` (mapped, written by the host), `device` (read by kernels).
+
+    `pending` is True while the host record holds values the device copy has not received (a new block,
+    or a `set` since the last `upload`).
+    """
+
+    def __init__(self, dtype: Any = CONTROL_DTYPE) -> None:
+        self.dtype = _check_dtype(dtype)
+        self._mapped = Mapped(1, self.dtype)
+        self._mapped.host[0] = np.zeros((), self.dtype)
+        self.device: Any = device_empty(1, self.dtype)
         self._fence = sync_event()
         self._fenced = False
+        self.pending = True
         self.address = device_address(self.device)
         _LIVE[self.address] = self
 
@@ -72,20 +95,23 @@ class ControlBlock:
         return view
 
     def set(self, **values: Any) -> None:
-        """Write fields of the host record, once the last step that read it is past its upload."""
+        """Write fields of the host record, once the last upload that read it has copied it."""
         if active_trace() is not None:
             raise LaunchError("ControlBlock.set inside a step body: a captured graph would never repeat it")
-        unknown = set(values) - set(CONTROL_DTYPE.names)
+        unknown = set(values) - set(self.dtype.names)
         if unknown:
-            raise KeyError(f"control block has no field {sorted(unknown)} (fields: {CONTROL_DTYPE.names})")
+            raise KeyError(f"control block has no field {sorted(unknown)} (fields: {self.dtype.names})")
         if self._fenced:
             self._fence.synchronize()
+            self._fenced = False
         rec = self._mapped.host[0]
         for name, value in values.items():
             rec[name] = value
+        self.pending = True
 
     def upload(self, stream: Any) -> None:
-        """Copy the host record into the device copy on `stream`: the first launch of every step."""
+        """Copy the host record into the device copy on `stream`: once after the `set`s of an epoch (or,
+        inside a step body, as the step's first launch: the per-step pattern of the module header)."""
         trace = active_trace()
         if trace is not None:
             trace.note(self)
@@ -95,6 +121,8 @@ class ControlBlock:
             self.fence(stream)
 
     def fence(self, stream: Any) -> None:
-        """Record that every launch on `stream` so far that reads the host record must finish before `set`."""
+        """Record that an upload reading the host record is queued on `stream` (it must finish before the
+        next `set`); the device copy will hold the host record's values from then on."""
         self._fence.record(stream)
         self._fenced = True
+        self.pending = False

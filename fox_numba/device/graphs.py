@@ -11,8 +11,10 @@ Each replay executes the sequence exactly once, so eager and graph runs give ide
 A graph freezes each launch's grid, array addresses and scalar arguments. Eager replays and the capture
 record a `LaunchTrace` and compare it with the first replay's, so a body that would replay differently as
 a graph fails on the simulator already: a scalar argument that changes (per-step values belong in the
-`ControlBlock`), an array allocated anew each step, a different number of launches. A body whose kernels
-read a control block's device copy before the step uploaded it fails too.
+`ControlBlock`), an array allocated anew each step, a different number of launches. A body that uploads a
+control block must do so before its kernels read it; a body that reads a block it does not upload (the
+block is uploaded per epoch, outside the step) refuses to replay while the block's host record was set
+after its last upload.
 """
 
 from __future__ import annotations
@@ -56,20 +58,36 @@ def _describe_difference(step: str, replay: int, pos: int, ref: LaunchRecord, go
     return f"{where}: differs from the first replay"
 
 
-def _check_controls_uploaded(step: str, trace: LaunchTrace) -> list[ControlBlock]:
-    """The control blocks the step uploads; fails if a kernel reads one before its upload."""
+def _check_controls_uploaded(step: str, trace: LaunchTrace) -> tuple[list[ControlBlock], list[ControlBlock]]:
+    """(blocks the step uploads, blocks it reads without uploading them); fails if a kernel reads a block
+    that the body uploads only later."""
     uploaded: dict[int, tuple[int, ControlBlock]] = {}
     for position, obj in trace.notes:
         if isinstance(obj, ControlBlock):
             uploaded.setdefault(obj.address, (position, obj))
+    read_only: dict[int, ControlBlock] = {}
     for pos, rec in enumerate(trace.launches):
         for address in rec.addresses:
-            if control_block_at(address) is not None and uploaded.get(address, (pos + 1,))[0] > pos:
+            ctl = control_block_at(address)
+            if ctl is None:
+                continue
+            if address not in uploaded:
+                read_only[address] = ctl
+            elif uploaded[address][0] > pos:
                 raise GraphError(
                     f"{step}: launch {pos} ({rec.kernel}) reads a control block the step has not uploaded "
                     "yet; call ctl.upload(stream) first in the body"
                 )
-    return [ctl for _, ctl in uploaded.values()]
+    return [ctl for _, ctl in uploaded.values()], list(read_only.values())
+
+
+def _check_current(step: str, controls: list[ControlBlock]) -> None:
+    for ctl in controls:
+        if ctl.pending:
+            raise GraphError(
+                f"{step}: reads a control block whose host record was set after its last upload (or never "
+                "uploaded); call ctl.upload(stream) before replaying"
+            )
 
 
 def _check(result: tuple[Any, ...], what: str) -> Any:
@@ -95,7 +113,8 @@ class StepGraph:
         self.replays = 0
         self.graph_nodes = 0
         self._reference: LaunchTrace | None = None
-        self._controls: list[ControlBlock] = []
+        self._controls: list[ControlBlock] = []  # uploaded by the body: fenced after each replay
+        self._read_controls: list[ControlBlock] = []  # read by the body, uploaded outside it
         self._exe: Any = None
         self._arrays: list[Any] = []
 
@@ -115,10 +134,10 @@ class StepGraph:
             self.body(self.stream)
         if not trace.launches:
             raise GraphError(f"{self.name}: the step body launched no kernel")
-        controls = _check_controls_uploaded(self.name, trace)
+        controls, read_controls = _check_controls_uploaded(self.name, trace)
         ref = self._reference
         if ref is None:
-            self._reference, self._controls = trace, controls
+            self._reference, self._controls, self._read_controls = trace, controls, read_controls
         else:
             if len(trace.launches) != len(ref.launches):
                 raise GraphError(
@@ -159,10 +178,14 @@ class StepGraph:
         """Run the step once on its stream (asynchronously: synchronise before reading results)."""
         if self._exe is None and self.use_graph and self._reference is not None:
             self._capture()
+        _check_current(self.name, self._read_controls)  # known from the first replay on
         if self._exe is not None:
             _check(rt.cudaGraphLaunch(self._exe, int(self.stream)), f"{self.name}: cudaGraphLaunch")
         else:
+            first = self._reference is None
             self._run_body(capturing=False)
+            if first:
+                _check_current(self.name, self._read_controls)
         for ctl in self._controls:
             ctl.fence(self.stream)
         self.replays += 1

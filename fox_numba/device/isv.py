@@ -82,8 +82,8 @@ _NAMED: tuple[Slot, ...] = (
          _CLIP, _DIAG),
     Slot("UPDATE_RMS_EMA", 5, "EMA (alpha 0.01) of the RMS of Adam's parameter update.",
          "learner Adam kernel reduce (every step, train graph)", _DIAG),
-    Slot("PARAM_NORM", 6, "L2 norm of the online network's parameters at the last diagnostic step.",
-         "learner param-norm reduce (every diag_every steps)", "TARGET_DRIFT_EMA producer; " + _DIAG,
+    Slot("PARAM_NORM", 6, "L2 norm of the online network's parameters after the last applied step.",
+         "learner Polyak reduce (every step, train graph)", "TARGET_DRIFT_EMA producer; " + _DIAG,
          fold_reset=None),
     Slot("GRAD_COLLAPSE_STEPS", 7, "Consecutive steps with GRAD_NORM_RAW under the collapse floor (count).",
          _GRAD, "gradient-collapse kill criterion"),
@@ -99,18 +99,21 @@ _NAMED: tuple[Slot, ...] = (
          "CLIP_ENGAGED_EMA; " + _DIAG, fold_reset=None),
     # 16-31: Q-value statistics
     Slot("Q_ABS_REF", 16, "EMA (alpha 0.05) of the mean |E[Q]| over the magnitude-branch bins: the "
-         "network's Q scale.", _QSTATS, "Q-drift kill floor; Q_DRIFT_RATE producer", bootstrap=0.05,
+         "network's Q scale.", _QSTATS,
+         "Q-drift kill floor; Q_DRIFT_RATE producer; learner support refresh (non-direction heads, per epoch)",
+         bootstrap=0.05,
          fold_reset=None),
     Slot("Q_MEAN_EMA", 17, "EMA (alpha 0.05) of the batch mean of E[Q] over all branch actions.", _QSTATS,
          _DIAG),
     Slot("Q_STD_EMA", 18, "EMA (alpha 0.05) of the batch standard deviation of E[Q].", _QSTATS, _DIAG),
     Slot("Q_EPOCH_MEAN_PREV", 19, "Mean E[Q] of the previous epoch: the Q-drift baseline.",
          "kernels/drift.py q_drift_rate_producer (every epoch, after the kill check)", "Q_DRIFT_RATE producer"),
-    Slot("TD_ABS_EMA", 20, "EMA (alpha 0.05) of the mean |E[target] - E[Q]| of the taken actions.", _LOSS,
-         _DIAG),
+    Slot("TD_ABS_EMA", 20, "EMA (alpha 0.05) of the mean |r + discount * E_target[Q(s', a*)] - E[Q(s, a)]| over "
+         "the branch rows of the taken actions that had an effect.", _LOSS, _DIAG),
     Slot("Q_DIR_ABS_REF", 21, "EMA (alpha 0.05) of the mean |E[Q]| over the direction-branch bins: the "
          "direction Q scale.", _QSTATS,
-         "reward-shaping caps (timing bonus, regime penalty); Q-drift kill floor; Q_DRIFT_RATE producer",
+         "reward-shaping caps (timing bonus, regime penalty); Q-drift kill floor; Q_DRIFT_RATE producer; "
+         "learner support refresh (direction heads, per epoch)",
          bootstrap=0.05, fold_reset=None),
     Slot("Q_DIR_GAP_EMA", 22, "EMA (alpha 0.05) of the gap between the best and second-best direction "
          "E[Q] (conviction).", _QSTATS, _DIAG),
@@ -118,17 +121,24 @@ _NAMED: tuple[Slot, ...] = (
          _QSTATS, _DIAG, fold_reset=None),
     Slot("ATOM_UTIL_EMA", 24, "EMA (alpha 0.05) of the fraction of atoms holding probability > 1e-3.",
          _QSTATS, _DIAG, fold_reset=None),
-    Slot("TARGET_Q_MEAN_EMA", 25, "EMA (alpha 0.05) of the batch mean of the target network's E[Q].",
-         _LOSS, _DIAG),
-    Slot("Q_MAX_ABS", 26, "Largest |E[Q]| of the last batch.", _QSTATS, "Q-drift kill; " + _DIAG),
+    Slot("TARGET_Q_MEAN_EMA", 25, "EMA (alpha 0.05) of the batch mean of the target network's E[Q] at the "
+         "double-DQN next bins (s', a*).", _LOSS, _DIAG),
+    Slot("Q_MAX_ABS", 26, "Largest |E[Q]| of the last batch (+inf if any E[Q] was not finite).", _QSTATS,
+         "Q-drift kill; " + _DIAG),
     # 32-47: losses
     Slot("LOSS_EMA", 32, "EMA (alpha 0.01) of the C51 cross-entropy summed over the four branches.", _LOSS,
          _DIAG),
-    Slot("LOSS_DIR_EMA", 33, "EMA (alpha 0.01) of the direction branch's cross-entropy.", _LOSS, _DIAG),
-    Slot("LOSS_MAG_EMA", 34, "EMA (alpha 0.01) of the magnitude branch's cross-entropy.", _LOSS, _DIAG),
-    Slot("LOSS_ORD_EMA", 35, "EMA (alpha 0.01) of the order-type branch's cross-entropy.", _LOSS, _DIAG),
-    Slot("LOSS_URG_EMA", 36, "EMA (alpha 0.01) of the urgency branch's cross-entropy.", _LOSS, _DIAG),
-    Slot("LOSS_RAW", 37, "Total C51 cross-entropy of the last step.", _LOSS, "kill criteria; " + _DIAG),
+    Slot("LOSS_DIR_EMA", 33, "EMA (alpha 0.01) of the direction branch's mean cross-entropy (rows where it had "
+         "an effect).", _LOSS, _DIAG),
+    Slot("LOSS_MAG_EMA", 34, "EMA (alpha 0.01) of the magnitude branch's mean cross-entropy (rows where it had "
+         "an effect).", _LOSS, _DIAG),
+    Slot("LOSS_ORD_EMA", 35, "EMA (alpha 0.01) of the order-type branch's mean cross-entropy (rows where it had "
+         "an effect).", _LOSS, _DIAG),
+    Slot("LOSS_URG_EMA", 36, "EMA (alpha 0.01) of the urgency branch's mean cross-entropy (rows where it had an "
+         "effect).", _LOSS, _DIAG),
+    Slot("LOSS_RAW", 37, "The loss of the last step: sum over branch rows of branch weight x effect / B x "
+         "cross-entropy (non-finite marks the step non-finite).", _LOSS,
+         "learner non-finite guard; kill criteria; " + _DIAG),
     # 48-62: the training rollouts
     Slot("ACT_SHORT_FRAC_EMA", 48, "EMA (alpha 0.05) of the fraction of rollout actions going Short.",
          _ROLLOUT, _DIAG + " (train active fraction = Short + Long)"),
@@ -143,7 +153,8 @@ _NAMED: tuple[Slot, ...] = (
     Slot("TURNOVER_EMA", 53, "EMA (alpha 0.05) of contracts traded per environment step.", _ROLLOUT, _DIAG),
     Slot("EPISODE_RETURN_EMA", 54, "EMA (alpha 0.05) of the returns of completed episodes.", _ROLLOUT,
          _DIAG),
-    Slot("REWARD_ABS_EMA", 55, "EMA (alpha 0.05) of the mean |reward| per step.", _ROLLOUT, _DIAG),
+    Slot("REWARD_ABS_EMA", 55, "EMA (alpha 0.05) of the mean |reward| per step.", _ROLLOUT,
+         "learner support refresh (per epoch); " + _DIAG),
     # 63-68: reward components (seed indices), EMA (alpha 0.05) of the mean |component| per step
     Slot("REWARD_PNL_EMA", 63, "Reward component: mark-to-market PnL net of commission.", _ROLLOUT,
          _DIAG + " reward_split"),
@@ -169,9 +180,9 @@ _NAMED: tuple[Slot, ...] = (
     Slot("DEAD_UNIT_FRAC_EMA", 84, "EMA (alpha 0.01) of the fraction of trunk ReLU units zero over a batch.",
          "learner forward reduce (every diag_every steps)", _DIAG, fold_reset=None),
     Slot("TARGET_DRIFT_EMA", 92, "EMA (alpha 0.05) of |theta_target - theta_online| / max(PARAM_NORM, "
-         "1e-6) (seed index).", "learner Polyak reduce (every diag_every steps)", _DIAG),
-    Slot("TARGET_Q_DRIFT_EMA", 93, "EMA (alpha 0.05) of the batch mean |E[Q_target] - E[Q_online]| (seed "
-         "index).", _LOSS, _DIAG),
+         "1e-6) (seed index).", "learner Polyak reduce (every step, train graph)", _DIAG),
+    Slot("TARGET_Q_DRIFT_EMA", 93, "EMA (alpha 0.05) of the batch mean |E[Q_target] - E[Q_online]| at the "
+         "double-DQN next bins (s', a*) (seed index).", _LOSS, _DIAG),
     # 128-130: seed tail
     Slot("MOE_LAMBDA_EFF", 128, "Effective mixture-of-experts load-balancing weight (seed index). This "
          "network has no mixture-of-experts head: the slot keeps its bootstrap value.", "none",
@@ -179,12 +190,13 @@ _NAMED: tuple[Slot, ...] = (
     Slot("Q_DRIFT_RATE", 129, "|q_mean(t) - q_mean(t-1)| / max(|q_mean(t-1)|, Q_ABS_REF + Q_DIR_ABS_REF, "
          "1e-6), clipped to [0, 4]; t counts epochs; unchanged while |q_mean(t-1)| <= 1e-6.",
          "kernels/drift.py q_drift_rate_producer (every epoch, after the kill check)",
-         "tau_eff = scheduled tau / (1 + Q_DRIFT_RATE), so tau_eff stays in [tau_base/5, tau_base]"),
+         "learner schedule kernel: tau = scheduled tau / (1 + clip(Q_DRIFT_RATE, 0, 4)), so tau stays in "
+         "[tau_base/5, tau_base] with tau_min_frac 1"),
     Slot("FOLD_WARMUP_FACTOR", 130, "clamp(GRAD_NORM_FAST_EMA / GRAD_NORM_SLOW_EMA, 0, 1); 1 while "
          "GRAD_NORM_OBSERVED is under 200 or the slow EMA is under 1e-6. 0 at a fold boundary (the fast EMA "
          "restarts at 0), back near 1 within ~20-50 steps.", _CLIP,
-         "learner Adam kernel: lr = control block lr_sched (host schedule) * max(0.05, factor); CLIP_EFF = "
-         "clip_base * (0.1 + 0.9 * factor)",
+         "learner Adam kernel: lr = the scheduled lr of the step (device optimiser state) * max(0.05, factor); "
+         "CLIP_EFF = clip_base * (0.1 + 0.9 * factor)",
          bootstrap=1.0, fold_reset=0.0),
 )
 

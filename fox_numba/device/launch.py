@@ -1,8 +1,10 @@
 """Kernel launches: grid sizes from element counts, the stream always explicit, arguments checked.
 
-Every kernel launch in the package goes through `launch` (1-D, one thread per element), `launch_2d`
-(one thread per element of a 2-D range), `launch_rows` (one block per row, for block reductions and
-single-thread producers) or `launch_tiles` (one block per output tile, for register-tiled kernels). They
+Every kernel launch in the package goes through `launch` (1-D, one thread per element), `launch_strided`
+(1-D grid-stride kernels: one thread per element on the GPU, one small block under the simulator),
+`launch_2d` (one thread per element of a 2-D range), `launch_rows` (one block per row, for block
+reductions and single-thread producers) or `launch_tiles` (one block per output tile, for register-tiled
+kernels). They
 - compute the grid, so no stage sizes grids by hand;
 - take the stream as a required keyword: the legacy default stream cannot be captured into a graph;
 - refuse plain numpy arrays (numba would copy them to the device and back at every launch, and the
@@ -31,6 +33,9 @@ from fox_numba.device.runtime import SIMULATOR, device_address, is_device_array,
 
 DEFAULT_BLOCK = 256
 DEFAULT_BLOCK_2D = (32, 8)
+# The simulator runs each CUDA thread as a Python thread: creating one costs ~100 us, one loop iteration
+# of a kernel ~2 us. A grid-stride kernel therefore runs under it as one block of this many threads.
+SIM_STRIDE_THREADS = 4
 _MAX_GRID_YZ = 65535
 _INT32_MAX = 2**31 - 1
 
@@ -233,6 +238,25 @@ def grid_1d(n: int, block: int = DEFAULT_BLOCK) -> int:
 def launch(kernel: Any, n: int, *args: Any, stream: Any, block: int = DEFAULT_BLOCK) -> None:
     """Launch `kernel` with one thread per element of `n` (the kernel guards `i < n`)."""
     _launch(kernel, (grid_1d(n, block),), (block,), args, stream)
+
+
+def strided_blocks(n: int, block: int = DEFAULT_BLOCK) -> int:
+    """Blocks `launch_strided` starts for `n` elements (1 under the simulator)."""
+    return 1 if SIMULATOR else grid_1d(n, block)
+
+
+def strided_threads(block: int = DEFAULT_BLOCK) -> int:
+    """Threads per block of `launch_strided` (min(block, SIM_STRIDE_THREADS) under the simulator); also
+    the block a single-block reduction launches with (`launch_rows(kernel, 1, strided_threads(b), ...)`)."""
+    return min(block, SIM_STRIDE_THREADS) if SIMULATOR else block
+
+
+def launch_strided(kernel: Any, n: int, *args: Any, stream: Any, block: int = DEFAULT_BLOCK) -> None:
+    """Launch a grid-stride kernel over `n` elements (`for i in range(cuda.grid(1), n, cuda.gridsize(1))`):
+    one thread per element on the GPU (blocks of `block`), one block of min(block, SIM_STRIDE_THREADS)
+    threads under the simulator. A kernel whose blocks reduce in shared memory sizes its tree from
+    `cuda.blockDim.x` (a power of two when `block` is)."""
+    _launch(kernel, (strided_blocks(n, block),), (strided_threads(block),), args, stream)
 
 
 def launch_2d(

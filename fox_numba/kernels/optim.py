@@ -5,29 +5,34 @@ adam_step (wrappers: global_grad_norm, update_adaptive_clip, adam_update), and p
 target network follows.
 
 Launch shapes:
-- grad_sq_partials: 1-D, NORM_BLOCK threads per block, one element per thread; block b writes the float64
-  sum of squares of its elements to partials[b] (a shared-memory tree, fixed order).
-- grad_norm_finish: one block of NORM_BLOCK threads (`launch_rows(.., 1, NORM_BLOCK, ..)`); thread j sums
-  partials j, j + NORM_BLOCK, ... in order, then the same tree. No atomics and no warp shuffles, so the
-  norm has the same bits on every run, and the simulator runs it.
+- grad_sq_partials, adam_step, polyak_update: grid-stride over the parameters through `launch_strided`
+  (one element per thread in blocks of NORM_BLOCK on the GPU; one block of 32 threads under the
+  simulator, whose cost is per thread). Each block reduces its elements' squares (gradient; Adam's update;
+  the target's distance to the online parameters and the online norm) in float64 through a shared-memory
+  tree sized from blockDim, and writes one partial per block, in a fixed order.
+- grad_norm_finish: one block (`launch_rows(.., 1, strided_threads(NORM_BLOCK), ..)`); thread j sums
+  partials j, j + blockDim, ... in order, then the same tree. No atomics and no warp shuffles, so the
+  norm has the same bits on every run of a build, and the simulator runs it.
 - adaptive_clip_producer: one thread (`launch_rows(.., 1, 1, ..)`), a cold-path producer of ISV slots.
-- adam_step, polyak_update: 1-D, one thread per parameter.
 
 Where the per-step values live (a captured graph freezes kernel arguments):
-- The control block (`ctl[0]`, host-written) carries the step t (Adam's bias correction; the learner
-  restarts it at a fold boundary), tau_eff, and lr_sched, the host schedule's rate (the per-epoch cosine
-  base), not yet damped.
+- The optimiser state `state[0]` (OPTIM_STATE_DTYPE, device memory, written only by kernels of the
+  step): `step` (gradient steps of the fold), `adam_t` (Adam updates applied since the last reset: the
+  bias correction uses t = adam_t + 1, and a skipped step does not advance it), `lr` (the scheduled rate
+  of this step, before the warm-up damping) and `tau` (this step's Polyak rate). The learner's schedule
+  kernel writes lr and tau at the start of each step; nothing is written from the host per step.
 - The ISV bus (GPU-written, GPU-read: adaptive signals never leave the device) carries GRAD_NORM_RAW,
-  the EMAs, FOLD_WARMUP_FACTOR and CLIP_EFF. adam_step composes lr = ctl lr_sched * max(LR_FLOOR, factor)
+  the EMAs, FOLD_WARMUP_FACTOR and CLIP_EFF. adam_step composes lr = state lr * max(LR_FLOOR, factor)
   itself and clips with ISV[CLIP_EFF].
 - The observation counter of the warm-up bootstrap is ISV[GRAD_NORM_OBSERVED]; like the slow EMA it
   carries over folds, so a fold boundary (FAST_EMA and FACTOR reset to 0) damps at once instead of
   re-entering the 200-step bootstrap.
-- beta1, beta2, eps, clip_ema_mult and the warm-up rule (learner.warmup_rule: what the EMAs see, the raw or
-  the clipped norm) are fixed per run: kernel arguments.
+- beta1, beta2, eps, weight decay, clip_ema_mult and the warm-up rule (learner.warmup_rule: what the EMAs
+  see, the raw or the clipped norm) are fixed per run: kernel arguments.
 Constraints: float32 C-contiguous arrays (partials float64); literals are float32 (a Python float makes
 the GPU compute in float64); slot indices are module constants taken from `Isv`. A non-finite gradient
-norm is counted in ISV[NONFINITE_STEPS], leaves the EMAs alone and skips the Adam step entirely.
+norm is counted in ISV[NONFINITE_STEPS], leaves the EMAs alone and skips the Adam step and the Polyak
+update entirely (parameters, moments and target keep their bits; their partials are then not written).
 """
 
 from __future__ import annotations
@@ -38,16 +43,33 @@ from typing import Any
 import numpy as np
 from numba import cuda, float32, float64, from_dtype, int32
 
-from fox_numba.device.control import CONTROL_DTYPE, ControlBlock
 from fox_numba.device.elementwise import scale_f32
 from fox_numba.device.isv import ISV_TOTAL_DIM, Isv
-from fox_numba.device.launch import check_array, grid_1d, i32, launch, launch_rows
+from fox_numba.device.launch import (
+    check_array,
+    grid_1d,
+    i32,
+    launch,
+    launch_rows,
+    launch_strided,
+    strided_blocks,
+    strided_threads,
+)
 from fox_numba.device.registry import register
 from fox_numba.errors import ConfigError
 
-_CONTROL = from_dtype(CONTROL_DTYPE)
+OPTIM_STATE_DTYPE = np.dtype(
+    [
+        ("step", np.int64),  # gradient steps taken since the last reset (the schedule's clock)
+        ("adam_t", np.int64),  # Adam updates applied since the last reset (bias correction t = adam_t + 1)
+        ("lr", np.float32),  # this step's scheduled learning rate, before the warm-up damping
+        ("tau", np.float32),  # this step's Polyak rate of the target network
+    ],
+    align=True,
+)
+_STATE = from_dtype(OPTIM_STATE_DTYPE)
 
-NORM_BLOCK = 256  # threads per block of both norm passes; a power of two (the tree halves it)
+NORM_BLOCK = 256  # threads per block of the reductions on the GPU; a power of two (the tree halves it)
 
 EMA_ALPHA = np.float32(0.01)  # GRAD_NORM_EMA and CLIP_ENGAGED_EMA
 FAST_ALPHA = np.float32(0.1)
@@ -55,7 +77,7 @@ SLOW_ALPHA = np.float32(0.001)
 WARMUP_MIN_OBSERVED = np.float32(200.0)  # bootstrap: factor 1 below this many observations
 SLOW_EMA_MIN = np.float32(1e-6)  # bootstrap: factor 1 while the slow EMA is below this
 OBSERVED_CAP = np.float32(2.0**24)  # float32 counts exactly up to here
-LR_FLOOR = np.float32(0.05)  # lr = ctl lr_sched * max(LR_FLOOR, factor)
+LR_FLOOR = np.float32(0.05)  # lr = state lr * max(LR_FLOOR, factor)
 CLIP_FLOOR = np.float32(0.1)  # clip_eff = clip_base * (CLIP_FLOOR + (1 - CLIP_FLOOR) * factor)
 CLIP_TINY = np.float32(1e-12)  # clip_eff never reaches 0
 NORM_EPS = np.float32(1e-12)  # clip scale = min(1, clip_eff / (norm + NORM_EPS))
@@ -78,9 +100,9 @@ _FACTOR = int(Isv.FOLD_WARMUP_FACTOR)
 
 @cuda.jit(device=True)
 def _tree_sum(acc, tid):
-    """Sum acc[0:NORM_BLOCK] into acc[0] by halving; every thread of the block calls it."""
+    """Sum acc[0:blockDim] into acc[0] by halving (blockDim a power of two); every thread calls it."""
     cuda.syncthreads()
-    s = NORM_BLOCK // 2
+    s = cuda.blockDim.x // 2
     while s > 0:
         if tid < s:
             acc[tid] += acc[tid + s]
@@ -88,17 +110,24 @@ def _tree_sum(acc, tid):
         s //= 2
 
 
+@cuda.jit(device=True)
+def _finite(x):
+    return not (math.isinf(x) or math.isnan(x))
+
+
 @register((float32[::1], float64[::1], int32))
 @cuda.jit
 def grad_sq_partials(grad, partials, n):
     """partials[b] = sum of grad[i]**2 over block b's elements, in float64 (pass 1 of the norm)."""
     tid = cuda.threadIdx.x
-    i = cuda.grid(1)
     acc = cuda.shared.array(NORM_BLOCK, float64)
-    g = float64(0.0)
-    if i < n:
+    s = float64(0.0)
+    i = cuda.grid(1)
+    while i < n:
         g = float64(grad[i])
-    acc[tid] = g * g
+        s += g * g
+        i += cuda.gridsize(1)
+    acc[tid] = s
     _tree_sum(acc, tid)
     if tid == 0:
         partials[cuda.blockIdx.x] = acc[0]
@@ -114,13 +143,13 @@ def grad_norm_finish(partials, isv, n_partials):
     j = tid
     while j < n_partials:
         s += partials[j]
-        j += NORM_BLOCK
+        j += cuda.blockDim.x
     acc[tid] = s
     _tree_sum(acc, tid)
     if tid == 0:
         norm = float32(math.sqrt(acc[0]))
         isv[_RAW] = norm
-        if math.isinf(norm) or math.isnan(norm):
+        if not _finite(norm):
             isv[_NONFINITE] += float32(1.0)
 
 
@@ -166,51 +195,105 @@ def adaptive_clip_producer(isv, clip_ema_mult, rule):
 
 
 @register(
-    (float32[::1], float32[::1], float32[::1], float32[::1], float32[::1], _CONTROL[::1], float32, float32,
-     float32, int32)
+    (float32[::1], float32[::1], float32[::1], float32[::1], float32[::1], float32[::1], _STATE[::1],
+     float64[::1], float32, float32, float32, float32, int32)
 )
 @cuda.jit
-def adam_step(params, grads, m, v, isv, ctl, beta1, beta2, eps, n):
-    """One Adam step on the clipped gradient; params, m, v untouched when GRAD_NORM_RAW is not finite.
+def adam_step(params, grads, m, v, decay_mask, isv, state, partials, beta1, beta2, eps, weight_decay, n):
+    """One AdamW step on the clipped gradient; nothing written when GRAD_NORM_RAW is not finite.
 
-    g = grad * min(1, CLIP_EFF / (norm + 1e-12)); bias corrections 1 - beta**t = -expm1(t * log(beta))
-    (accurate in float32 for small t), t = max(ctl step, 1); lr = ctl lr_sched * max(0.05, factor).
+    g = grad * min(1, CLIP_EFF / (norm + 1e-12)); m, v the usual moments; bias corrections
+    1 - beta**t = -expm1(t * log(beta)) (accurate in float32 for small t), t = state adam_t + 1;
+    lr = state lr * max(0.05, FOLD_WARMUP_FACTOR); update u = lr * (m_hat / (sqrt(v_hat) + eps) +
+    weight_decay * decay_mask * param) (decoupled weight decay, masked off biases); param -= u.
+    partials[block] = the float64 sum of u**2 over the block's parameters (UPDATE_RMS_EMA).
     """
-    i = cuda.grid(1)
-    if i >= n:
-        return
+    tid = cuda.threadIdx.x
     norm = isv[_RAW]
-    if math.isinf(norm) or math.isnan(norm):
+    if not _finite(norm):
         return
-    g = grads[i] * min(float32(1.0), isv[_CLIP_EFF] / (norm + NORM_EPS))
-    mi = beta1 * m[i] + (float32(1.0) - beta1) * g
-    vi = beta2 * v[i] + (float32(1.0) - beta2) * (g * g)
-    m[i] = mi
-    v[i] = vi
-    t = float32(max(ctl[0].step, 1))
+    acc = cuda.shared.array(NORM_BLOCK, float64)
+    scale = min(float32(1.0), isv[_CLIP_EFF] / (norm + NORM_EPS))
+    t = float32(state[0].adam_t + 1)
     bc1 = -math.expm1(t * math.log(beta1))
     bc2 = -math.expm1(t * math.log(beta2))
-    lr = ctl[0].lr_sched * max(LR_FLOOR, isv[_FACTOR])
-    params[i] -= lr * (mi / bc1) / (math.sqrt(vi / bc2) + eps)
-
-
-@register((float32[::1], float32[::1], _CONTROL[::1], int32))
-@cuda.jit
-def polyak_update(target, online, ctl, n):
-    """target[i] += tau_eff * (online[i] - target[i]), tau_eff read from the control block."""
+    lr = state[0].lr * max(LR_FLOOR, isv[_FACTOR])
+    s = float64(0.0)
     i = cuda.grid(1)
-    if i < n:
-        tau = ctl[0].tau_eff
-        target[i] = target[i] + tau * (online[i] - target[i])
+    while i < n:
+        g = grads[i] * scale
+        mi = beta1 * m[i] + (float32(1.0) - beta1) * g
+        vi = beta2 * v[i] + (float32(1.0) - beta2) * (g * g)
+        m[i] = mi
+        v[i] = vi
+        p = params[i]
+        u = lr * ((mi / bc1) / (math.sqrt(vi / bc2) + eps) + weight_decay * decay_mask[i] * p)
+        params[i] = p - u
+        s += float64(u) * float64(u)
+        i += cuda.gridsize(1)
+    acc[tid] = s
+    _tree_sum(acc, tid)
+    if tid == 0:
+        partials[cuda.blockIdx.x] = acc[0]
+
+
+@register((float32[::1], float32[::1], float32[::1], _STATE[::1], float64[:, ::1], int32))
+@cuda.jit
+def polyak_update(target, online, isv, state, partials, n):
+    """target += tau * (online - target), tau = state[0].tau; untouched when GRAD_NORM_RAW is not finite.
+
+    partials[block] = (sum of (target - online)**2 after the update, sum of online**2) over the block's
+    parameters, in float64 (TARGET_DRIFT_EMA and PARAM_NORM).
+    """
+    tid = cuda.threadIdx.x
+    if not _finite(isv[_RAW]):
+        return
+    acc_d = cuda.shared.array(NORM_BLOCK, float64)
+    acc_p = cuda.shared.array(NORM_BLOCK, float64)
+    tau = state[0].tau
+    d2 = float64(0.0)
+    p2 = float64(0.0)
+    i = cuda.grid(1)
+    while i < n:
+        o = online[i]
+        t = target[i] + tau * (o - target[i])
+        target[i] = t
+        d = float64(t) - float64(o)
+        d2 += d * d
+        p2 += float64(o) * float64(o)
+        i += cuda.gridsize(1)
+    acc_d[tid] = d2
+    acc_p[tid] = p2
+    cuda.syncthreads()
+    s = cuda.blockDim.x // 2
+    while s > 0:
+        if tid < s:
+            acc_d[tid] += acc_d[tid + s]
+            acc_p[tid] += acc_p[tid + s]
+        cuda.syncthreads()
+        s //= 2
+    if tid == 0:
+        partials[cuda.blockIdx.x, 0] = acc_d[0]
+        partials[cuda.blockIdx.x, 1] = acc_p[0]
 
 
 def norm_partials_len(n: int) -> int:
-    """Length of the float64 partials buffer that global_grad_norm needs for `n` gradient elements."""
+    """Length of the float64 partials buffers of the reductions over `n` parameters (gradient norm, Adam,
+    Polyak): the GPU's block count; the simulator uses the first partial only."""
     return grid_1d(n, NORM_BLOCK)
+
+
+def partials_used(n: int) -> int:
+    """Partials the reductions over `n` parameters write on this platform (their finish kernels sum these)."""
+    return strided_blocks(n, NORM_BLOCK)
 
 
 def _check_isv(isv: Any) -> None:
     check_array("isv", isv, "[ISV_TOTAL_DIM]", (ISV_TOTAL_DIM,))
+
+
+def check_state(state: Any) -> None:
+    check_array("state", state, "[1] OPTIM_STATE_DTYPE", (1,), OPTIM_STATE_DTYPE)
 
 
 def global_grad_norm(grad: Any, partials: Any, isv: Any, *, stream: Any) -> None:
@@ -221,8 +304,9 @@ def global_grad_norm(grad: Any, partials: Any, isv: Any, *, stream: Any) -> None
     k = norm_partials_len(n)
     check_array("partials", partials, "[norm_partials_len(n)]", (k,), np.float64)
     _check_isv(isv)
-    launch(grad_sq_partials, n, grad, partials, i32(n), stream=stream, block=NORM_BLOCK)
-    launch_rows(grad_norm_finish, 1, NORM_BLOCK, partials, isv, i32(k), stream=stream)
+    launch_strided(grad_sq_partials, n, grad, partials, i32(n), stream=stream, block=NORM_BLOCK)
+    launch_rows(grad_norm_finish, 1, strided_threads(NORM_BLOCK), partials, isv, i32(partials_used(n)),
+                stream=stream)
 
 
 def warmup_rule_code(name: str) -> int:
@@ -243,23 +327,43 @@ def update_adaptive_clip(isv: Any, clip_ema_mult: float, *, stream: Any, warmup_
 
 
 def adam_update(
-    params: Any, grads: Any, m: Any, v: Any, isv: Any, ctl: ControlBlock, *, beta1: float, beta2: float,
-    eps: float, stream: Any,
+    params: Any, grads: Any, m: Any, v: Any, decay_mask: Any, isv: Any, state: Any, partials: Any, *,
+    beta1: float, beta2: float, eps: float, weight_decay: float, stream: Any,
 ) -> None:
-    """One Adam step of `params` with the clip, step and lr described in the module header."""
+    """One AdamW step of `params` with the clip, step and lr described in the module header; `partials`
+    (float64 [norm_partials_len(n)]) receives the per-block sums of the squared update."""
     n = params.shape[0]
-    for name, arr in (("params", params), ("grads", grads), ("m", m), ("v", v)):
+    for name, arr in (("params", params), ("grads", grads), ("m", m), ("v", v), ("decay_mask", decay_mask)):
         check_array(name, arr, "[n]", (n,))
     _check_isv(isv)
-    if not (0 < beta1 < 1 and 0 < beta2 < 1 and eps > 0):
-        raise ValueError(f"Adam needs 0 < beta1, beta2 < 1 and eps > 0, got {beta1}, {beta2}, {eps}")
-    launch(adam_step, n, params, grads, m, v, isv, ctl.device, np.float32(beta1), np.float32(beta2),
-           np.float32(eps), i32(n), stream=stream)
+    check_state(state)
+    check_array("partials", partials, "[norm_partials_len(n)]", (norm_partials_len(n),), np.float64)
+    if not (0 < beta1 < 1 and 0 < beta2 < 1 and eps > 0 and weight_decay >= 0):
+        raise ValueError(
+            f"Adam needs 0 < beta1, beta2 < 1, eps > 0 and weight_decay >= 0, got {beta1}, {beta2}, {eps}, "
+            f"{weight_decay}"
+        )
+    launch_strided(adam_step, n, params, grads, m, v, decay_mask, isv, state, partials, np.float32(beta1),
+                   np.float32(beta2), np.float32(eps), np.float32(weight_decay), i32(n), stream=stream,
+                   block=NORM_BLOCK)
+
+
+def polyak(target: Any, online: Any, isv: Any, state: Any, partials: Any, *, stream: Any) -> None:
+    """target += state tau * (online - target) unless the step is non-finite; `partials` (float64
+    [norm_partials_len(n), 2]) receives the per-block drift and online-norm sums."""
+    n = online.shape[0]
+    check_array("target", target, "[n]", (n,))
+    check_array("online", online, "[n]", (n,))
+    _check_isv(isv)
+    check_state(state)
+    check_array("partials", partials, "[norm_partials_len(n), 2]", (norm_partials_len(n), 2), np.float64)
+    launch_strided(polyak_update, n, target, online, isv, state, partials, i32(n), stream=stream,
+                   block=NORM_BLOCK)
 
 
 def shrink_adam_moments(m: Any, v: Any, *, stream: Any) -> None:
     """Fold boundary: m *= ADAM_SHRINK_M, v *= ADAM_SHRINK_V (direction kept, magnitude history damped);
-    the learner also restarts the control block's step so the bias correction starts again."""
+    the learner also restarts the optimiser state's adam_t so the bias correction starts again."""
     n = m.shape[0]
     check_array("m", m, "[n]", (n,))
     check_array("v", v, "[n]", (n,))

@@ -53,3 +53,19 @@ def test_live_blocks_are_found_by_device_address():
     ctl = ControlBlock()
     assert control_block_at(ctl.address) is ctl
     assert control_block_at(ctl.address + 4) is None
+
+
+def test_a_block_of_another_record_dtype(stream):
+    dtype = np.dtype([("horizon", np.int64), ("rate", np.float32)], align=True)
+    stager = Stager(stream, chunk_bytes=64)
+    ctl = ControlBlock(dtype)
+    assert ctl.pending  # nothing uploaded yet
+    ctl.set(horizon=12, rate=np.float32(0.5))
+    ctl.upload(stream)
+    assert not ctl.pending
+    got = stager.download(ctl.device)[0]
+    assert got["horizon"] == 12 and got["rate"] == np.float32(0.5)
+    with pytest.raises(KeyError, match="no field"):
+        ctl.set(step=1)
+    with pytest.raises(ValueError, match="aligned record"):
+        ControlBlock(np.dtype([("a", np.int8)]))

@@ -1,51 +1,71 @@
-"""Optimiser kernels against float64 numpy references; per-step scalars come from the control block."""
+"""Optimiser kernels against float64 numpy references; per-step scalars come from the device optimiser
+state (step, adam_t, lr, tau), written by kernels, never by the host per step."""
 
 import numpy as np
 import pytest
 from reference import adaptive_clip64
+import reference
 
-from fox_numba.device.control import ControlBlock
 from fox_numba.device.elementwise import scatter_f32
 from fox_numba.device.graphs import StepGraph
 from fox_numba.device.isv import Isv, IsvBus, bootstrap_values, fold_reset_entries
 from fox_numba.device.launch import i32, launch
 from fox_numba.device.memory import Mapped
+from fox_numba.device.runtime import SIMULATOR
 from fox_numba.kernels.optim import (
     ADAM_SHRINK_M,
     ADAM_SHRINK_V,
     NORM_BLOCK,
+    OPTIM_STATE_DTYPE,
     adam_update,
     global_grad_norm,
     norm_partials_len,
-    polyak_update,
+    partials_used,
+    polyak,
     shrink_adam_moments,
     update_adaptive_clip,
 )
 
 N = 1000
-PREFIX = 901
 
 
-def test_polyak_update_reads_tau_from_the_control_block(stream, stager):
-    """Tolerance: 3 float32 ulps of the larger operand (a subtract, a multiply and an add)."""
+def optim_state(stager, step=0, adam_t=0, lr=0.0, tau=0.0):
+    rec = np.zeros(1, OPTIM_STATE_DTYPE)
+    rec[0] = (step, adam_t, lr, tau)
+    return stager.upload_new(rec)
+
+
+def test_polyak_reads_tau_from_the_device_state(stream, stager):
+    """Tolerance: 3 float32 ulps of the larger operand (a subtract, a multiply and an add); the partials'
+    sums 1e-12 relative (float64)."""
     rng = np.random.default_rng(7)
     target0 = rng.standard_normal(N).astype(np.float32)
     online0 = rng.standard_normal(N).astype(np.float32)
     tau = np.float32(rng.uniform(0.001, 0.5))
     target, online = stager.upload_new(target0), stager.upload_new(online0)
-    ctl = ControlBlock()
-    ctl.set(tau_eff=tau, lr_sched=np.float32(99.0), step=12)
-    ctl.upload(stream)
-    launch(polyak_update, PREFIX, target, online, ctl.device, i32(PREFIX), stream=stream)
+    isv0 = bootstrap_values()
+    isv0[RAW] = 1.5
+    partials = stager.upload_new(np.full((norm_partials_len(N), 2), np.nan))
+    polyak(target, online, stager.upload_new(isv0), optim_state(stager, tau=tau), partials, stream=stream)
 
     t64, o64 = target0.astype(np.float64), online0.astype(np.float64)
-    expected = t64.copy()
-    expected[:PREFIX] = t64[:PREFIX] + float(tau) * (o64[:PREFIX] - t64[:PREFIX])
+    expected = t64 + float(tau) * (o64 - t64)
     got = stager.download(target)
     scale = np.maximum(np.abs(t64), np.abs(o64)).astype(np.float32)
     assert np.all(np.abs(got - expected) <= 3 * np.spacing(scale).astype(np.float64))
-    np.testing.assert_array_equal(got[PREFIX:], target0[PREFIX:])
     np.testing.assert_array_equal(stager.download(online), online0)
+    sums = stager.download(partials)[: partials_used(N)].sum(axis=0)
+    np.testing.assert_allclose(sums, [np.sum((got.astype(np.float64) - o64) ** 2), np.sum(o64**2)], rtol=1e-12)
+
+
+def test_polyak_skips_a_nonfinite_step(stream, stager, rng):
+    target0, online0 = rng.standard_normal(N).astype(np.float32), rng.standard_normal(N).astype(np.float32)
+    target = stager.upload_new(target0)
+    isv0 = bootstrap_values()
+    isv0[RAW] = np.nan
+    polyak(target, stager.upload_new(online0), stager.upload_new(isv0), optim_state(stager, tau=0.5),
+           stager.upload_new(np.zeros((norm_partials_len(N), 2))), stream=stream)
+    np.testing.assert_array_equal(stager.download(target), target0)
 
 
 # ---- gradient norm, adaptive clip, Adam -------------------------------------------------------------
@@ -78,17 +98,16 @@ def ref_producer(isv, mult=CLIP_MULT, rule="damped"):
     adaptive_clip64(isv, mult, rule)
 
 
-def ref_adam(p, m, v, g, isv, lr_base, t):
-    """float64 Adam on the clipped gradient, in place; no update when the norm is not finite."""
+def ref_adam(p, m, v, g, isv, lr_base, t, weight_decay=0.0, mask=1.0):
+    """float64 AdamW on the clipped gradient, in place (returns the update); no update when the norm is
+    not finite."""
     b1, b2, eps = F32
     norm = isv[RAW]
     if not np.isfinite(norm):
-        return
-    g = g.astype(np.float64) * min(1.0, isv[CLIP] / (norm + 1e-12))
-    m[:] = b1 * m + (1 - b1) * g
-    v[:] = b2 * v + (1 - b2) * g * g
-    lr = lr_base * max(0.05, isv[FACTOR])
-    p -= lr * (m / (1 - b1**t)) / (np.sqrt(v / (1 - b2**t)) + eps)
+        return np.zeros_like(p)
+    return reference.adamw64(p, m, v, g, clip_scale=min(1.0, isv[CLIP] / (norm + 1e-12)),
+                             lr=lr_base * max(0.05, isv[FACTOR]), t=t, beta1=b1, beta2=b2, eps=eps,
+                             weight_decay=weight_decay, mask=mask)
 
 
 def assert_moment(got, ref):
@@ -107,9 +126,14 @@ def test_global_grad_norm_two_pass_reduction(stream, stager, rng, n):
     partials = stager.upload_new(np.full(norm_partials_len(n), np.nan))
     global_grad_norm(grad, partials, isv, stream=stream)
 
-    sq = np.zeros(norm_partials_len(n) * NORM_BLOCK)
-    sq[:n] = grad0.astype(np.float64) ** 2
-    np.testing.assert_allclose(stager.download(partials), sq.reshape(-1, NORM_BLOCK).sum(1), rtol=1e-12)
+    got_partials = stager.download(partials)
+    if SIMULATOR:  # one block of a few threads strides over every element
+        assert partials_used(n) == 1
+        np.testing.assert_allclose(got_partials[0], np.sum(grad0.astype(np.float64) ** 2), rtol=1e-12)
+    else:  # one element per thread, one partial per block of NORM_BLOCK
+        sq = np.zeros(norm_partials_len(n) * NORM_BLOCK)
+        sq[:n] = grad0.astype(np.float64) ** 2
+        np.testing.assert_allclose(got_partials, sq.reshape(-1, NORM_BLOCK).sum(1), rtol=1e-12)
     expected = isv0.astype(np.float64)
     ref_norm(grad0, expected)
     got = stager.download(isv)
@@ -129,12 +153,11 @@ def test_nonfinite_gradient_is_counted_and_skips_adam(stream, stager, rng, bad):
     grad, isv = stager.upload_new(grad0), stager.upload_new(isv0)
     partials = stager.upload_new(np.zeros(norm_partials_len(n)))
     p, m, v = stager.upload_new(p0), stager.upload_new(m0), stager.upload_new(v0)
-    ctl = ControlBlock()
-    ctl.set(step=3, lr_sched=np.float32(1e-3))
-    ctl.upload(stream)
+    mask = stager.upload_new(np.ones(n, np.float32))
     global_grad_norm(grad, partials, isv, stream=stream)
     update_adaptive_clip(isv, CLIP_MULT, stream=stream)
-    adam_update(p, grad, m, v, isv, ctl, beta1=B1, beta2=B2, eps=ADAM_EPS, stream=stream)
+    adam_update(p, grad, m, v, mask, isv, optim_state(stager, 3, 3, 1e-3), partials, beta1=B1, beta2=B2,
+                eps=ADAM_EPS, weight_decay=0.01, stream=stream)
 
     got = stager.download(isv)
     assert not np.isfinite(got[RAW]) and got[NONFINITE] == 3.0
@@ -224,15 +247,18 @@ def test_adaptive_clip_producer_bootstrap_boundaries(stream, stager, observed, s
 
 
 def test_adam_step_against_a_float64_reference(stream, stager, rng):
-    """Five steps; the clip engages on odd steps; factor 0 at step 1 puts lr on its 0.05 floor."""
+    """Five steps of AdamW with a decay mask; the clip engages on odd steps; factor 0 at step 1 puts lr on
+    its 0.05 floor. t = adam_t + 1 comes from the device state; the update's squares are summed per block."""
     n = 701
     p0 = rng.standard_normal(n).astype(np.float32)
+    mask0 = (rng.random(n) < 0.7).astype(np.float32)
     p, m, v = stager.upload_new(p0), stager.upload_new(np.zeros(n, np.float32)), stager.upload_new(
         np.zeros(n, np.float32))
-    grads = stager.upload_new(np.zeros(n, np.float32))
+    grads, mask = stager.upload_new(np.zeros(n, np.float32)), stager.upload_new(mask0)
     isv = stager.upload_new(bootstrap_values())
+    partials = stager.upload_new(np.full(norm_partials_len(n), np.nan))
     pr, mr, vr = p0.astype(np.float64), np.zeros(n), np.zeros(n)
-    ctl = ControlBlock()
+    wd = 0.02
     for t, factor in zip(range(1, 6), (0.0, 0.3, 1.0, 0.02, 0.7), strict=True):
         g0 = (rng.standard_normal(n) * 10.0 ** rng.uniform(-4, 0)).astype(np.float32)
         norm = np.float32(np.linalg.norm(g0.astype(np.float64)))
@@ -241,35 +267,57 @@ def test_adam_step_against_a_float64_reference(stream, stager, rng):
         stager.upload(g0, grads)
         stager.upload(isv0, isv)
         lr = np.float32(10.0 ** rng.uniform(-4, -2))
-        ctl.set(step=t, lr_sched=lr)
-        ctl.upload(stream)
-        adam_update(p, grads, m, v, isv, ctl, beta1=B1, beta2=B2, eps=ADAM_EPS, stream=stream)
-        ref_adam(pr, mr, vr, g0, isv0.astype(np.float64), float(lr), t)
+        state = optim_state(stager, step=100 + t, adam_t=t - 1, lr=lr)
+        adam_update(p, grads, m, v, mask, isv, state, partials, beta1=B1, beta2=B2, eps=ADAM_EPS,
+                    weight_decay=wd, stream=stream)
+        u = ref_adam(pr, mr, vr, g0, isv0.astype(np.float64), float(lr), t, float(np.float32(wd)), mask0)
         assert_moment(stager.download(m), mr)
         assert_moment(stager.download(v), vr)
         got = stager.download(p)
         tol = 2 * np.spacing(np.abs(got)).astype(np.float64) + 1e-4 * float(lr) * t
         assert np.all(np.abs(got - pr) <= tol)
+        np.testing.assert_allclose(stager.download(partials)[: partials_used(n)].sum(), np.sum(u**2), rtol=1e-4)
+        assert stager.download(state)[0]["adam_t"] == t - 1  # adam_step reads t, the learner advances it
+
+
+def test_weight_decay_spares_masked_entries(stream, stager):
+    """A zero gradient: AdamW moves only the decaying entries, each by lr * wd * p."""
+    n = 64
+    p0 = np.linspace(-2, 2, n).astype(np.float32)
+    mask0 = (np.arange(n) % 2).astype(np.float32)
+    p = stager.upload_new(p0)
+    zeros = [stager.upload_new(np.zeros(n, np.float32)) for _ in range(3)]
+    isv0 = bootstrap_values()
+    isv0[[RAW, CLIP, FACTOR]] = (0.0, 1.0, 1.0)
+    adam_update(p, zeros[0], zeros[1], zeros[2], stager.upload_new(mask0), stager.upload_new(isv0),
+                optim_state(stager, lr=0.1), stager.upload_new(np.zeros(norm_partials_len(n))), beta1=B1,
+                beta2=B2, eps=ADAM_EPS, weight_decay=0.5, stream=stream)
+    got = stager.download(p)
+    np.testing.assert_array_equal(got[mask0 == 0], p0[mask0 == 0])
+    np.testing.assert_allclose(got[mask0 == 1], p0[mask0 == 1] * (1 - 0.1 * 0.5), rtol=1e-6)
 
 
 def test_step_graph_replays_norm_clip_adam(stream, stager, rng):
-    """[norm, producer, adam] as one StepGraph; the step, lr and gradient change between replays."""
+    """[norm, producer, adam] as one StepGraph; the gradient and the device optimiser state (t, lr) change
+    between replays, no control block involved."""
     n = 300
     p0 = rng.standard_normal(n).astype(np.float32)
     p, m, v = stager.upload_new(p0), stager.upload_new(np.zeros(n, np.float32)), stager.upload_new(
         np.zeros(n, np.float32))
     grads = stager.upload_new(np.zeros(n, np.float32))
+    mask = stager.upload_new(np.ones(n, np.float32))
     partials = stager.upload_new(np.zeros(norm_partials_len(n)))
+    adam_partials = stager.upload_new(np.zeros(norm_partials_len(n)))
     isv0 = bootstrap_values()
     isv0[[EMA, FAST, SLOW, OBSERVED]] = (20.0, 2.0, 20.0, 300.0)  # a fold start: damped lr and clip
     isv = stager.upload_new(isv0)
-    ctl = ControlBlock()
+    state = optim_state(stager)
 
     def body(s):
-        ctl.upload(s)
         global_grad_norm(grads, partials, isv, stream=s)
         update_adaptive_clip(isv, CLIP_MULT, stream=s)
-        adam_update(p, grads, m, v, isv, ctl, beta1=B1, beta2=B2, eps=ADAM_EPS, stream=s)
+        adam_update(p, grads, m, v, mask, isv, state, adam_partials, beta1=B1, beta2=B2, eps=ADAM_EPS,
+                    weight_decay=0.0, stream=s)
 
     step = StepGraph("optim", body, stream, use_graph=True)
     ref, pr, mr, vr = isv0.astype(np.float64), p0.astype(np.float64), np.zeros(n), np.zeros(n)
@@ -277,7 +325,9 @@ def test_step_graph_replays_norm_clip_adam(stream, stager, rng):
         g0 = (rng.standard_normal(n) * 0.1 * t).astype(np.float32)
         stager.upload(g0, grads)
         lr = np.float32(1e-3 / t)
-        ctl.set(step=t, lr_sched=lr)
+        rec = np.zeros(1, OPTIM_STATE_DTYPE)
+        rec[0] = (t, t - 1, lr, 0.0)
+        stager.upload(rec, state)
         step.replay()
         ref_norm(g0, ref)
         ref_producer(ref)
@@ -291,7 +341,7 @@ def test_step_graph_replays_norm_clip_adam(stream, stager, rng):
         assert np.all(np.abs(got_p - pr) <= 2 * np.spacing(np.abs(got_p)).astype(np.float64) + 1e-4 * float(lr) * t)
     assert step.replays == 4
     assert [r.kernel.rsplit(".", 1)[1] for r in step.launches] == [
-        "copy_u32", "grad_sq_partials", "grad_norm_finish", "adaptive_clip_producer", "adam_step"]
+        "grad_sq_partials", "grad_norm_finish", "adaptive_clip_producer", "adam_step"]
 
 
 def test_shrink_adam_moments(stream, stager, rng):
@@ -310,5 +360,16 @@ def test_wrappers_check_shapes(stream, stager):
         global_grad_norm(grad, stager.upload_new(np.zeros(1)), isv, stream=stream)
     with pytest.raises(ValueError, match="isv"):
         update_adaptive_clip(grad, CLIP_MULT, stream=stream)
+    partials = stager.upload_new(np.zeros(norm_partials_len(300)))
+    state = optim_state(stager)
     with pytest.raises(ValueError, match="m must"):
-        adam_update(grad, grad, isv, grad, isv, ControlBlock(), beta1=B1, beta2=B2, eps=ADAM_EPS, stream=stream)
+        adam_update(grad, grad, isv, grad, grad, isv, state, partials, beta1=B1, beta2=B2, eps=ADAM_EPS,
+                    weight_decay=0.0, stream=stream)
+    with pytest.raises(ValueError, match="state must"):
+        adam_update(grad, grad, grad, grad, grad, isv, isv, partials, beta1=B1, beta2=B2, eps=ADAM_EPS,
+                    weight_decay=0.0, stream=stream)
+    with pytest.raises(ValueError, match="weight_decay"):
+        adam_update(grad, grad, grad, grad, grad, isv, state, partials, beta1=B1, beta2=B2, eps=ADAM_EPS,
+                    weight_decay=-1.0, stream=stream)
+    with pytest.raises(ValueError, match="partials"):
+        polyak(grad, grad, isv, state, partials, stream=stream)

@@ -6,17 +6,27 @@ with NUMBA_ENABLE_CUDASIM=0 the same tests replay captured CUDA graphs.
 
 import numpy as np
 import pytest
+from numba import cuda, float32, from_dtype, int32
 
-from fox_numba.device.control import ControlBlock
+from fox_numba.device.control import CONTROL_DTYPE, ControlBlock
 from fox_numba.device.elementwise import axpy_f32, scale_f32
 from fox_numba.device.graphs import GraphError, StepGraph
 from fox_numba.device.launch import i32, launch
 from fox_numba.device.memory import copy_device, device_empty
+from fox_numba.device.registry import register
 from fox_numba.device.runtime import SIMULATOR, new_stream
 from fox_numba.device.staging import Stager
-from fox_numba.kernels.optim import polyak_update
 
 N = 256
+
+
+@register((float32[::1], float32[::1], from_dtype(CONTROL_DTYPE)[::1], int32))
+@cuda.jit
+def lerp_by_control(target, online, ctl, n):
+    """target[i] += ctl tau_eff * (online[i] - target[i]): a kernel that reads a control block."""
+    i = cuda.grid(1)
+    if i < n:
+        target[i] = target[i] + ctl[0].tau_eff * (online[i] - target[i])
 
 
 @pytest.fixture()
@@ -41,7 +51,7 @@ def make_step(stager, stream, use_graph):
 
     def body(s):
         ctl.upload(s)
-        launch(polyak_update, N, target, online, ctl.device, i32(N), stream=s)
+        launch(lerp_by_control, N, target, online, ctl.device, i32(N), stream=s)
         copy_device(scratch, target, stream=s)
         launch(scale_f32, N, scratch, np.float32(0.5), i32(N), stream=s)
         launch(axpy_f32, N, online, np.float32(-0.25), scratch, i32(N), stream=s)
@@ -143,7 +153,7 @@ def test_reading_the_control_block_before_uploading_it_is_refused(stager, stream
     ctl = ControlBlock()
 
     def body(s):
-        launch(polyak_update, N, target, online, ctl.device, i32(N), stream=s)
+        launch(lerp_by_control, N, target, online, ctl.device, i32(N), stream=s)
         ctl.upload(s)
 
     with pytest.raises(GraphError, match="has not uploaded yet"):
@@ -153,3 +163,47 @@ def test_reading_the_control_block_before_uploading_it_is_refused(stager, stream
 def test_an_empty_body_is_refused(stream):
     with pytest.raises(GraphError, match="launched no kernel"):
         StepGraph("empty", lambda s: None, stream, use_graph=False).replay()
+
+
+def test_a_block_uploaded_outside_the_step_is_read_by_queued_replays(stager, stream):
+    """The per-epoch pattern: set + upload once, then replays with no host write between them; the stream
+    orders each upload between the replays queued before and after it."""
+    target, online = stager.upload_new(seeded(1)), stager.upload_new(seeded(2))
+    ctl = ControlBlock()
+
+    def body(s):
+        launch(lerp_by_control, N, target, online, ctl.device, i32(N), stream=s)
+
+    step = StepGraph("epochs", body, stream, use_graph=True)
+    taus = [0.5, 0.5, 0.5, 0.125, 0.125]
+    for epoch_taus in (taus[:3], taus[3:]):
+        ctl.set(tau_eff=np.float32(epoch_taus[0]))
+        ctl.upload(stream)
+        assert not ctl.pending
+        for _ in epoch_taus:
+            step.replay()
+    t = seeded(1).astype(np.float64)
+    for tau in taus:
+        t = t + tau * (seeded(2) - t)
+    np.testing.assert_allclose(stager.download(target), t, rtol=1e-5, atol=1e-6)
+    assert step._controls == [] and step._read_controls == [ctl]  # no per-replay fence
+
+
+def test_a_block_set_after_its_upload_is_refused(stager, stream):
+    target, online = stager.upload_new(seeded(1)), stager.upload_new(seeded(2))
+    ctl = ControlBlock()
+
+    def body(s):
+        launch(lerp_by_control, N, target, online, ctl.device, i32(N), stream=s)
+
+    step = StepGraph("stale", body, stream, use_graph=True)
+    with pytest.raises(GraphError, match="never uploaded"):
+        step.replay()  # a new block: the device copy holds nothing yet
+    ctl.upload(stream)
+    step.replay()
+    ctl.set(tau_eff=np.float32(0.25))
+    assert ctl.pending
+    with pytest.raises(GraphError, match="set after its last upload"):
+        step.replay()
+    ctl.upload(stream)
+    step.replay()

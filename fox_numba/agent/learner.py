@@ -1,0 +1,329 @@
+"""The learner: the train stage. One gradient step is one StepGraph; an epoch replays it K times.
+
+    learner = Learner(cfg, layout, replay, market_obs, isv=bus.values, stager=stager, stream=stream)
+    per fold:   learner.shrink_perturb(seed); learner.sync_target(); learner.shrink_adam();
+                learner.reset_step_counter()               (fold 0: only reset_step_counter is needed)
+    per epoch:  learner.refresh_supports()                 before collect (the collector reads
+                                                           learner.support_online)
+                learner.train_epoch()                      K = learner.steps_per_epoch replays, no host sync
+                stats = learner.epoch_stats()              one read of the device sums, then zeroed
+
+One step, in launch order (`_step`): the schedule (step counter, lr, tau on the device) -> sample B replay
+slots -> gather s, a, r, done, s' -> observations of s and s' -> online forward on s and s' as one batch
+of 2B rows (the s rows kept for backward) -> target forward on s' -> online E[Q] on s and s' -> double
+DQN rows: the greedy next bin per branch from the online E[Q](s'), evaluated with the target distribution
+-> C51 projection of r + gamma (1 - done) z onto the online support -> cross-entropy per branch row and its
+gradient -> ISV producers of the loss and of Q -> scatter into dlogits [B, 13, Z] -> backward -> global
+gradient norm -> the non-finite guard (a non-finite loss or gradient skips the update, counts
+NONFINITE_STEPS once, and leaves parameters, Adam state and target bit-identical) -> adaptive clip (the
+landed producer) -> AdamW (lr = cosine schedule x max(0.05, FOLD_WARMUP_FACTOR)) -> Polyak with
+tau = tau_base x cosine / (1 + clip(ISV[Q_DRIFT_RATE], 0, 4)) -> commit (Adam's t, the target supports,
+update / drift / parameter-norm signals) -> hidden-activation signals (every diag_every steps).
+n-step returns: the replay stores one-step transitions, so the discount is gamma (n = 1).
+
+Nothing in a step is written from the host: the schedule constants go into a ControlBlock once per epoch
+(`train_epoch`), so the K replays queue back to back. The replay arrays and market_obs are bound at
+construction; `set_market` binds another fold's market_obs (the step is captured again, once).
+Uniform replay only (prioritised replay is not implemented).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from fox_numba.actions import N_BRANCHES, N_HEADS
+from fox_numba.agent.network import Network, ParamLayout, init_params
+from fox_numba.config import FoxConfig
+from fox_numba.device.control import ControlBlock
+from fox_numba.device.elementwise import copy_u32, fill_u32
+from fox_numba.device.graphs import StepGraph
+from fox_numba.device.launch import i32, launch
+from fox_numba.device.memory import device_empty, device_zeros, words
+from fox_numba.device.rng import xoroshiro_states
+from fox_numba.device.staging import Stager
+from fox_numba.kernels.distributional import c51_loss, c51_project, expected_q
+from fox_numba.kernels.heads import base_support, broadcast_supports, refresh_supports
+from fox_numba.kernels.learner import (
+    SCHEDULE_DTYPE,
+    BranchRows,
+    finish,
+    gather_obs,
+    gather_replay,
+    guard_loss,
+    reset_counters,
+    sample_replay,
+    scatter_grads,
+    schedule_step,
+    select_rows,
+    shrink_perturb,
+)
+from fox_numba.kernels.optim import (
+    OPTIM_STATE_DTYPE,
+    adam_update,
+    global_grad_norm,
+    norm_partials_len,
+    polyak,
+    shrink_adam_moments,
+    update_adaptive_clip,
+)
+from fox_numba.kernels.signals import (
+    N_EPOCH_STATS,
+    EpochStat,
+    hidden_partials_shape,
+    produce_hidden_signals,
+    produce_loss_signals,
+    produce_q_signals,
+)
+
+SHRINK_KEEP = 0.8  # fold boundary: theta = 0.8 theta + 0.2 theta_fresh (the seed's shrink-and-perturb)
+
+
+@dataclass(frozen=True)
+class ReplayArrays:
+    """The replay buffer's struct of arrays as the learner reads it (capacity C, portfolio width P)."""
+
+    row: Any  # int32 [C] market row of s
+    port: Any  # float32 [C, P] portfolio part of s
+    action: Any  # int32 [C, 4]
+    reward: Any  # float32 [C]
+    done: Any  # float32 [C], 0 or 1
+    next_row: Any  # int32 [C]
+    next_port: Any  # float32 [C, P]
+    meta: Any  # int32 [2] = (cursor, size)
+
+
+class Batch:
+    """The sampled minibatch, B samples: s in rows 0..B-1 and s' in rows B..2B-1 of rows / port / obs."""
+
+    def __init__(self, batch: int, n_port: int, obs_dim: int) -> None:
+        self.idx = device_empty(batch, np.int32)
+        self.rows = device_empty(2 * batch, np.int32)
+        self.port = device_empty((2 * batch, n_port), np.float32)
+        self.actions = device_empty((batch, N_BRANCHES), np.int32)
+        self.rewards = device_empty(batch, np.float32)
+        self.dones = device_empty(batch, np.float32)
+        self.obs = device_empty((2 * batch, obs_dim), np.float32)
+        self.obs_next = self.obs[batch:]
+
+
+class Learner:
+    """The train stage around one fold's replay buffer and market observations (module header)."""
+
+    def __init__(
+        self, cfg: FoxConfig, layout: ParamLayout, replay: Any, market_obs: Any, *, isv: Any, stager: Stager,
+        stream: Any, seed: int | None = None, dense: str = "auto",
+    ) -> None:
+        lc = cfg.learner
+        if len(lc.branch_weights) != N_BRANCHES or min(lc.branch_weights) < 0:
+            raise ValueError(f"learner.branch_weights needs {N_BRANCHES} weights >= 0, got {lc.branch_weights}")
+        if not (0.0 <= lc.gamma < 1.0 and 0.0 <= lc.lr_min_frac <= 1.0 and 0.0 <= lc.tau_min_frac <= 1.0
+                and 0.0 < lc.tau <= 1.0 and lc.batch_size >= 1 and lc.steps_per_epoch >= 1):
+            raise ValueError("learner config out of range: need 0 <= gamma < 1, lr_min_frac and tau_min_frac in "
+                             "[0, 1], 0 < tau <= 1, batch_size >= 1, steps_per_epoch >= 1")
+        if cfg.run.diag_every < 1:
+            raise ValueError(f"run.diag_every must be >= 1, got {cfg.run.diag_every}")
+        self.cfg, self.layout, self.replay, self.isv = cfg, layout, replay, isv
+        self.stager, self.stream = stager, stream
+        self.seed = cfg.run.seed if seed is None else seed
+        b, z, n = lc.batch_size, layout.n_atoms, layout.size
+        self.batch_size, self.steps_per_epoch = b, lc.steps_per_epoch
+        n_port = int(replay.port.shape[1])
+        self._check_market(market_obs, n_port)
+        self.market_obs = market_obs
+
+        # parameters, target, optimiser state (the layout's one flat buffer each)
+        self.params = stager.upload_new(init_params(layout, self.seed))
+        self.target = device_empty(n, np.float32)
+        self.grads = device_zeros(n, np.float32, stream=stream)
+        self.adam_m = device_zeros(n, np.float32, stream=stream)
+        self.adam_v = device_zeros(n, np.float32, stream=stream)
+        self.decay_mask = stager.upload_new(layout.decay_mask())
+        self.fresh = device_empty(n, np.float32)  # shrink-and-perturb's fresh draw
+        self.optim_state = device_zeros(1, OPTIM_STATE_DTYPE, stream=stream)
+        self.schedule = ControlBlock(SCHEDULE_DTYPE)
+        self.branch_weights = stager.upload_new(np.asarray(lc.branch_weights, np.float32))
+        self.rng_states = xoroshiro_states(b, self.seed, stager)
+        self.epoch = device_zeros(N_EPOCH_STATS, np.float64, stream=stream)
+        k = norm_partials_len(n)
+        self.norm_partials = device_zeros(k, np.float64, stream=stream)
+        self.adam_partials = device_zeros(k, np.float64, stream=stream)
+        self.polyak_partials = device_zeros((k, 2), np.float64, stream=stream)
+
+        # supports: per head [13, 3]; online broadcast to the 2B rows expected_q reads
+        base = base_support(cfg.network.v_min, cfg.network.v_max, z)
+        self.support_online = stager.upload_new(base)
+        self.support_target = stager.upload_new(base)
+        self.support_rows = device_empty((2 * b, N_HEADS, 3), np.float32)
+
+        # the step's buffers
+        self.batch = Batch(b, n_port, layout.obs_dim)
+        self.online = Network(layout, 2 * b, grad_rows=b, dense=dense)
+        self.target_net = Network(layout, b, dense=dense)
+        self.logits = device_empty((2 * b, N_HEADS, z), np.float32)
+        self.logits_tgt = device_empty((b, N_HEADS, z), np.float32)
+        self.q = device_empty((2 * b, N_HEADS), np.float32)
+        self.entropy = device_empty((2 * b, N_HEADS), np.float32)
+        self.rows = BranchRows(b, z)
+        self.dlogits = device_empty((b, N_HEADS, z), np.float32)
+        self.hidden_partials = (
+            device_empty(hidden_partials_shape(layout.n_layers, b, layout.hidden), np.float32)
+            if layout.n_layers else None
+        )
+        self.sync_target()
+        broadcast_supports(self.support_online, self.support_rows, stream=stream)
+        self.graph = StepGraph("learner.step", self._step, stream, use_graph=cfg.run.graphs)
+
+    def _check_market(self, market_obs: Any, n_port: int) -> None:
+        width = int(market_obs.shape[1]) + n_port
+        if width != self.layout.obs_dim:
+            raise ValueError(
+                f"market_obs has {market_obs.shape[1]} columns and the replay's portfolio {n_port}: {width}, "
+                f"the network's obs_dim is {self.layout.obs_dim}"
+            )
+
+    # ---- one gradient step (the StepGraph body) ---------------------------------------------------------
+
+    def _step(self, s: Any) -> None:
+        lc, bt, rows, n = self.cfg.learner, self.batch, self.rows, self.layout.size
+        schedule_step(self.schedule.device, self.optim_state, self.isv, stream=s)
+        sample_replay(self.rng_states, self.replay.meta, bt.idx, stream=s)
+        gather_replay(bt.idx, self.replay, bt.rows, bt.port, bt.actions, bt.rewards, bt.dones, stream=s)
+        gather_obs(self.market_obs, bt.rows, bt.port, bt.obs, stream=s)
+        self.online.forward(self.params, bt.obs, self.logits, stream=s)  # s and s' (s kept for backward)
+        self.target_net.forward(self.target, bt.obs_next, self.logits_tgt, stream=s)
+        expected_q(self.logits, self.support_rows, self.q, self.entropy, stream=s)
+        select_rows(self.logits, self.q, self.logits_tgt, self.support_online, self.support_target, bt.actions,
+                    bt.rewards, bt.dones, self.branch_weights, lc.gamma, rows, stream=s)
+        c51_project(rows.p_next, rows.rewards, rows.discounts, rows.sup_next, rows.sup_proj, rows.target, stream=s)
+        c51_loss(rows.taken, rows.target, rows.weights, rows.loss, rows.dl, stream=s)
+        produce_loss_signals(rows.loss, rows.weights, rows.stats, self.isv, self.epoch, stream=s)
+        produce_q_signals(self.q, self.entropy, self.isv, self.epoch, n_rows=self.batch_size,
+                          n_atoms=self.layout.n_atoms, stream=s)
+        scatter_grads(rows.dl, bt.actions, self.dlogits, stream=s)
+        self.online.backward(self.params, self.dlogits, self.grads, stream=s)
+        global_grad_norm(self.grads, self.norm_partials, self.isv, stream=s)
+        guard_loss(self.isv, stream=s)
+        update_adaptive_clip(self.isv, lc.clip_ema_mult, stream=s)
+        adam_update(self.params, self.grads, self.adam_m, self.adam_v, self.decay_mask, self.isv, self.optim_state,
+                    self.adam_partials, beta1=lc.adam_beta1, beta2=lc.adam_beta2, eps=lc.adam_eps,
+                    weight_decay=lc.weight_decay, stream=s)
+        polyak(self.target, self.params, self.isv, self.optim_state, self.polyak_partials, stream=s)
+        finish(self.isv, self.optim_state, self.adam_partials, self.polyak_partials, n, self.support_online,
+               self.support_target, self.epoch, stream=s)
+        if self.hidden_partials is not None:
+            produce_hidden_signals(self.online.activations, self.hidden_partials, self.isv, self.optim_state,
+                                   n_rows=self.batch_size, diag_every=self.cfg.run.diag_every, stream=s)
+
+    # ---- per epoch ----------------------------------------------------------------------------------------
+
+    def set_schedule(self) -> None:
+        """Write the schedule constants (host, once per epoch) and queue their upload on the stream."""
+        lc = self.cfg.learner
+        self.schedule.set(
+            lr_base=np.float32(lc.lr), lr_min_frac=np.float32(lc.lr_min_frac), tau_base=np.float32(lc.tau),
+            tau_min_frac=np.float32(lc.tau_min_frac), horizon=lc.epochs * lc.steps_per_epoch,
+            diag_every=self.cfg.run.diag_every,
+        )
+        self.schedule.upload(self.stream)
+
+    def refresh_supports(self) -> None:
+        """Per epoch, before collect: each head's online support from the ISV (rule in kernels/heads.py)."""
+        nc = self.cfg.network
+        refresh_supports(self.isv, self.support_online, v_min=nc.v_min, v_max=nc.v_max, gamma=self.cfg.learner.gamma,
+                         scale_cap=nc.support_max_scale, n_atoms=self.layout.n_atoms, stream=self.stream)
+        broadcast_supports(self.support_online, self.support_rows, stream=self.stream)
+
+    def step(self) -> None:
+        """One gradient step (one replay), asynchronously; the schedule must have been set."""
+        if self.schedule.pending:
+            self.set_schedule()
+        self.graph.replay()
+
+    def train_epoch(self, steps: int | None = None) -> None:
+        """`steps` (default learner.steps_per_epoch) gradient steps queued back to back; no host sync."""
+        self.set_schedule()
+        for _ in range(self.steps_per_epoch if steps is None else steps):
+            self.graph.replay()
+
+    def epoch_stats(self) -> dict[str, float]:
+        """Means over the epoch's steps (one device read, then the sums restart at 0)."""
+        acc = self.stager.download(self.epoch)
+        self._zero_epoch()
+        applied = max(acc[EpochStat.APPLIED], 1.0)
+        steps = max(acc[EpochStat.STEPS], 1.0)
+        return {
+            "steps": float(acc[EpochStat.STEPS]),
+            "applied_steps": float(acc[EpochStat.APPLIED]),
+            "skipped_steps": float(acc[EpochStat.SKIPPED]),
+            "loss": float(acc[EpochStat.LOSS] / applied),
+            "loss_direction": float(acc[EpochStat.LOSS_DIR] / applied),
+            "loss_magnitude": float(acc[EpochStat.LOSS_MAG] / applied),
+            "loss_order": float(acc[EpochStat.LOSS_ORD] / applied),
+            "loss_urgency": float(acc[EpochStat.LOSS_URG] / applied),
+            "grad_norm": float(acc[EpochStat.GRAD_NORM] / applied),
+            "q_mean": float(acc[EpochStat.Q_MEAN] / steps),
+            "td_abs": float(acc[EpochStat.TD_ABS] / applied),
+        }
+
+    def _zero_epoch(self) -> None:
+        w = words(self.epoch)
+        launch(fill_u32, w.size, w, np.uint32(0), i32(w.size), stream=self.stream)
+
+    # ---- fold boundary (each a kernel launch or two; the walk-forward driver calls them) -----------------
+
+    def shrink_perturb(self, seed: int) -> None:
+        """theta = 0.8 theta + 0.2 theta_fresh, theta_fresh = init_params(layout, seed)."""
+        self.stager.upload(init_params(self.layout, seed), self.fresh)
+        shrink_perturb(self.params, self.fresh, SHRINK_KEEP, stream=self.stream)
+
+    def sync_target(self) -> None:
+        """target = params and target supports = online supports."""
+        for dst, src in ((self.target, self.params), (self.support_target, self.support_online)):
+            dw, sw = words(dst), words(src)
+            launch(copy_u32, dw.size, dw, sw, i32(dw.size), stream=self.stream)
+
+    def shrink_adam(self) -> None:
+        """m *= 0.1, v *= 0.01 (kernels/optim.py); Adam's t restarts with reset_step_counter."""
+        shrink_adam_moments(self.adam_m, self.adam_v, stream=self.stream)
+
+    def reset_step_counter(self) -> None:
+        """The schedule's step and Adam's t restart at 0 (the cosine and the bias correction start again)."""
+        reset_counters(self.optim_state, stream=self.stream)
+
+    def set_market(self, market_obs: Any) -> None:
+        """Bind another fold's market observations (the step is captured again at its next replays)."""
+        self._check_market(market_obs, int(self.replay.port.shape[1]))
+        self.market_obs = market_obs
+        self.graph = StepGraph("learner.step", self._step, self.stream, use_graph=self.cfg.run.graphs)
+
+    # ---- state ----------------------------------------------------------------------------------------------
+
+    def state_arrays(self) -> dict[str, Any]:
+        """Every device array a checkpoint needs to resume training bit for bit, by name."""
+        return {
+            "params": self.params,
+            "target_params": self.target,
+            "adam_m": self.adam_m,
+            "adam_v": self.adam_v,
+            "optim_state": self.optim_state,
+            "rng_states": self.rng_states,
+            "support_online": self.support_online,
+            "support_target": self.support_target,
+        }
+
+    def load_state(self, arrays: dict[str, np.ndarray]) -> None:
+        """Upload host arrays (a checkpoint's) into the arrays of `state_arrays` (names and shapes must match)."""
+        dev = self.state_arrays()
+        missing = set(dev) - set(arrays)
+        if missing:
+            raise KeyError(f"learner state lacks {sorted(missing)}")
+        for name, arr in dev.items():
+            self.stager.upload(np.ascontiguousarray(arrays[name]), arr)
+        broadcast_supports(self.support_online, self.support_rows, stream=self.stream)
+
+    def read_optim_state(self) -> np.ndarray:
+        """A host copy of the optimiser state record (step, adam_t, lr, tau); synchronises."""
+        return self.stager.download(self.optim_state)[0]

@@ -1,0 +1,256 @@
+"""The Q network: a ReLU trunk over the observation, then one dueling C51 head per action.
+
+    layout = ParamLayout.build(obs_dim, cfg.network)       # .size, .entries, .fingerprint
+    params = stager.upload_new(init_params(layout, seed))  # one flat float32 buffer [layout.size]
+    net = Network(layout, batch)                           # activation buffers, allocated once
+    net.forward(params, obs, logits, stream=s)             # obs [batch, D] -> logits [batch, 13, Z]
+    net.backward(params, dlogits, grads, stream=s)         # dlogits [G, 13, Z] -> grads [layout.size]
+
+Architecture: `n_layers` Linear+ReLU layers of width `hidden` (the trunk), then one head GEMM
+[H, (N_BRANCHES + N_HEADS) * Z] whose output holds 4 branch value streams and 13 advantage streams
+(`fox_numba.kernels.heads`), then the dueling combine into logits [B, 13, Z]: for each bin a of branch b,
+logits = V_b + (A_a - mean of the branch's A). 13 heads (fox_numba.actions), Z = network.n_atoms.
+
+Parameters live in one flat float32 buffer; `ParamLayout` is its table of (name, offset, shape), in the
+order trunk.0.weight, trunk.0.bias, ..., head.weight, head.bias, each entry starting on a 32-float
+(128-byte) boundary; the gaps hold zeros and receive zero gradient. Weights are [in, out] (y = x @ W + b).
+Adam, clipping, the weight-decay mask (weights decay, biases do not), shrink-and-perturb, Polyak and
+checkpoints all use this one table; the target network is a second buffer of the same layout. The
+fingerprint hashes the table and the sizes it came from; a checkpoint stores it.
+
+Initialisation (`init_params`, host, float32, deterministic in (layout, seed)): each entry draws from its
+own generator numpy.random.default_rng([seed, entry index]); trunk weights Kaiming-uniform for ReLU
+(U(+-sqrt(6 / fan_in))), head weights Xavier-uniform (U(+-sqrt(6 / (fan_in + fan_out)))), so fresh logits
+have unit scale and every head starts near a smooth distribution; biases 0.
+
+`Network(layout, batch, grad_rows=G)` keeps the forward's activations so `backward` can follow; backward
+uses the first G rows of the last forward (the learner runs s and s' through one forward of 2B rows and
+backpropagates the s rows only). Dense layers run on the register-tiled GEMMs (`kernels.nn`) on the GPU
+and on the grid-stride kernels (`kernels.dense_strided`, same arithmetic per element) under the simulator,
+or as `dense=` says. Every buffer is allocated in the constructor, so forward and backward run inside a
+captured StepGraph. `grads` must be zero in the layout's gaps (allocate it with device_zeros); backward
+writes every entry.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from fox_numba.actions import N_BRANCHES, N_HEADS
+from fox_numba.config import NetworkConfig
+from fox_numba.device.launch import check_array
+from fox_numba.device.memory import device_empty
+from fox_numba.device.runtime import SIMULATOR, device_address
+from fox_numba.kernels.dense_strided import (
+    strided_linear_backward_input,
+    strided_linear_forward,
+    strided_linear_weight_grad,
+)
+from fox_numba.kernels.heads import N_STREAMS, dueling_combine_backward, dueling_combine_forward
+from fox_numba.kernels.nn import LinearWeightGrad, linear_backward_input, linear_forward
+
+ALIGN = 32  # floats: every entry starts on a 128-byte boundary
+DENSE_KINDS = ("tiled", "strided")
+
+
+@dataclass(frozen=True)
+class ParamEntry:
+    """One tensor of the flat parameter buffer."""
+
+    name: str
+    offset: int
+    shape: tuple[int, ...]
+    decay: bool  # weight decay applies (weights) or not (biases)
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def stop(self) -> int:
+        return self.offset + self.size
+
+
+@dataclass(frozen=True)
+class ParamLayout:
+    """The table of the flat parameter buffer: entries in order, the total size, what built it."""
+
+    obs_dim: int
+    hidden: int
+    n_layers: int
+    n_atoms: int
+    entries: tuple[ParamEntry, ...]
+    size: int
+
+    @classmethod
+    def build(cls, obs_dim: int, cfg: NetworkConfig) -> ParamLayout:
+        """The layout of a network over observations of `obs_dim` columns, sized by `cfg`."""
+        if obs_dim < 1 or cfg.hidden < 1 or cfg.n_layers < 0 or cfg.n_atoms < 2:
+            raise ValueError(
+                f"network needs obs_dim >= 1, hidden >= 1, n_layers >= 0, n_atoms >= 2; got {obs_dim}, "
+                f"{cfg.hidden}, {cfg.n_layers}, {cfg.n_atoms}"
+            )
+        shapes: list[tuple[str, tuple[int, ...], bool]] = []
+        width = obs_dim
+        for layer in range(cfg.n_layers):
+            shapes += [(f"trunk.{layer}.weight", (width, cfg.hidden), True), (f"trunk.{layer}.bias", (cfg.hidden,), False)]
+            width = cfg.hidden
+        head_out = N_STREAMS * cfg.n_atoms
+        shapes += [("head.weight", (width, head_out), True), ("head.bias", (head_out,), False)]
+        entries, offset = [], 0
+        for name, shape, decay in shapes:
+            entries.append(ParamEntry(name, offset, shape, decay))
+            offset += -(-math.prod(shape) // ALIGN) * ALIGN
+        return cls(obs_dim, cfg.hidden, cfg.n_layers, cfg.n_atoms, tuple(entries), offset)
+
+    @property
+    def fingerprint(self) -> str:
+        """sha256 (first 16 hex digits) of the table and the sizes and action space it was built for."""
+        text = "\n".join(f"{e.name}:{e.offset}:{list(e.shape)}:{int(e.decay)}" for e in self.entries)
+        text += f"\nsize:{self.size}\nheads:{N_BRANCHES}+{N_HEADS}\natoms:{self.n_atoms}\n"
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    def entry(self, name: str) -> ParamEntry:
+        for e in self.entries:
+            if e.name == name:
+                return e
+        raise KeyError(f"parameter layout has no entry {name!r} (entries: {[e.name for e in self.entries]})")
+
+    def layer(self, index: int) -> tuple[ParamEntry, ParamEntry]:
+        """(weight, bias) of dense layer `index`: the trunk layers 0..n_layers-1, then the head."""
+        if index == self.n_layers:
+            return self.entry("head.weight"), self.entry("head.bias")
+        return self.entry(f"trunk.{index}.weight"), self.entry(f"trunk.{index}.bias")
+
+    def decay_mask(self) -> np.ndarray:
+        """float32 [size]: 1 on the entries that decay (weights), 0 on biases and gaps."""
+        mask = np.zeros(self.size, np.float32)
+        for e in self.entries:
+            if e.decay:
+                mask[e.offset : e.stop] = 1.0
+        return mask
+
+    def unpack(self, flat: np.ndarray) -> dict[str, np.ndarray]:
+        """Host views {name: array of the entry's shape} of a flat host buffer."""
+        if flat.shape != (self.size,):
+            raise ValueError(f"flat parameters of shape {flat.shape}, the layout has ({self.size},)")
+        return {e.name: flat[e.offset : e.stop].reshape(e.shape) for e in self.entries}
+
+    def views(self, flat: Any) -> dict[str, Any]:
+        """Device views {name: array of the entry's shape} of a flat device buffer (no copy)."""
+        check_array("flat parameters", flat, "[layout.size]", (self.size,))
+        return {e.name: flat[e.offset : e.stop].reshape(e.shape) for e in self.entries}
+
+    def markdown(self) -> str:
+        lines = ["| name | offset | shape | weight decay |", "| --- | ---: | --- | --- |"]
+        lines += [f"| {e.name} | {e.offset} | {list(e.shape)} | {e.decay} |" for e in self.entries]
+        return "\n".join(lines) + f"\n\n{self.size} floats, fingerprint `{self.fingerprint}`\n"
+
+
+def init_params(layout: ParamLayout, seed: int) -> np.ndarray:
+    """Seeded, deterministic float32 parameters [layout.size] (scheme in the module header)."""
+    flat = np.zeros(layout.size, np.float32)
+    for index, e in enumerate(layout.entries):
+        if not e.decay:
+            continue  # biases start at 0
+        rng = np.random.default_rng([seed % 2**63, index])
+        fan_in, fan_out = e.shape
+        bound = math.sqrt(6.0 / (fan_in + fan_out)) if e.name.startswith("head.") else math.sqrt(6.0 / fan_in)
+        flat[e.offset : e.stop] = rng.uniform(-bound, bound, e.size).astype(np.float32)
+    return flat
+
+
+class Network:
+    """Forward and backward of the network for `batch` rows (backward over the first `grad_rows`)."""
+
+    def __init__(self, layout: ParamLayout, batch: int, *, grad_rows: int | None = None, dense: str = "auto") -> None:
+        grad_rows = batch if grad_rows is None else grad_rows
+        if not 1 <= grad_rows <= batch:
+            raise ValueError(f"Network: need 1 <= grad_rows <= batch, got grad_rows={grad_rows}, batch={batch}")
+        if dense == "auto":
+            dense = "strided" if SIMULATOR else "tiled"
+        if dense not in DENSE_KINDS:
+            raise ValueError(f"Network: dense must be 'auto' or one of {DENSE_KINDS}, got {dense!r}")
+        self.layout, self.batch, self.grad_rows, self.dense = layout, batch, grad_rows, dense
+        n_layers, hidden, z = layout.n_layers, layout.hidden, layout.n_atoms
+        # Trunk outputs [layer, row, unit] in one buffer (the hidden-signal producers read it whole).
+        self.activations: Any = device_empty((n_layers, batch, hidden), np.float32) if n_layers else None
+        self.head_out = device_empty((batch, N_STREAMS * z), np.float32)
+        self.dhead = device_empty((grad_rows, N_STREAMS * z), np.float32)
+        self._dh = [device_empty((grad_rows, hidden), np.float32) for _ in range(min(n_layers, 2))]
+        widths = [layout.obs_dim] + [hidden] * n_layers + [N_STREAMS * z]
+        self._wgrads = (
+            [LinearWeightGrad(grad_rows, widths[k], widths[k + 1]) for k in range(n_layers + 1)]
+            if dense == "tiled"
+            else None
+        )
+        self._obs: Any = None
+        self._views: dict[int, dict[str, Any]] = {}
+
+    def _params(self, flat: Any) -> dict[str, Any]:
+        key = device_address(flat)
+        views = self._views.get(key)
+        if views is None:
+            views = self._views[key] = self.layout.views(flat)
+        return views
+
+    def _input(self, layer: int, rows: int) -> Any:
+        """Input activation of dense layer `layer` (the observation for layer 0), first `rows` rows."""
+        src = self._obs if layer == 0 else self.activations[layer - 1]
+        return src if rows == self.batch else src[:rows]
+
+    def _linear(self, x: Any, w: Any, b: Any, y: Any, relu: bool, stream: Any) -> None:
+        if self.dense == "tiled":
+            linear_forward(x, w, b, y, relu=relu, stream=stream)
+        else:
+            strided_linear_forward(x, w, b, y, relu=relu, stream=stream)
+
+    def forward(self, params: Any, obs: Any, logits: Any, *, stream: Any) -> None:
+        """logits [batch, N_HEADS, Z] of obs [batch, obs_dim]; keeps the activations for `backward`."""
+        lay = self.layout
+        check_array("obs", obs, "[batch, obs_dim]", (self.batch, lay.obs_dim))
+        check_array("logits", logits, "[batch, N_HEADS, Z]", (self.batch, N_HEADS, lay.n_atoms))
+        p = self._params(params)
+        self._obs = obs
+        for layer in range(lay.n_layers):
+            w, b = lay.layer(layer)
+            self._linear(self._input(layer, self.batch), p[w.name], p[b.name], self.activations[layer], True, stream)
+        w, b = lay.layer(lay.n_layers)
+        self._linear(self._input(lay.n_layers, self.batch), p[w.name], p[b.name], self.head_out, False, stream)
+        dueling_combine_forward(self.head_out, logits, stream=stream)
+
+    def _weight_grad(self, layer: int, x: Any, dy: Any, dw: Any, db: Any, stream: Any) -> None:
+        if self._wgrads is not None:
+            self._wgrads[layer](x, dy, dw, db, stream=stream)
+        else:
+            strided_linear_weight_grad(x, dy, dw, db, stream=stream)
+
+    def _backward_input(self, dy: Any, w: Any, dx: Any, act: Any, stream: Any) -> None:
+        if self.dense == "tiled":
+            linear_backward_input(dy, w, dx, act=act, stream=stream)
+        else:
+            strided_linear_backward_input(dy, w, dx, act=act, stream=stream)
+
+    def backward(self, params: Any, dlogits: Any, grads: Any, *, stream: Any) -> None:
+        """grads [layout.size] = d(sum dlogits * logits) / d params over the first grad_rows rows of the last
+        forward (whose activations must still be in place)."""
+        lay, rows = self.layout, self.grad_rows
+        if self._obs is None:
+            raise RuntimeError("Network.backward needs a forward first (it reads the kept activations)")
+        check_array("dlogits", dlogits, "[grad_rows, N_HEADS, Z]", (rows, N_HEADS, lay.n_atoms))
+        p, g = self._params(params), self._params(grads)
+        dueling_combine_backward(dlogits, self.dhead, stream=stream)
+        dy = self.dhead
+        for layer in range(lay.n_layers, -1, -1):
+            w, b = lay.layer(layer)
+            x = self._input(layer, rows)
+            self._weight_grad(layer, x, dy, g[w.name], g[b.name], stream)
+            if layer > 0:
+                dx = self._dh[layer % len(self._dh)]
+                self._backward_input(dy, p[w.name], dx, x, stream)  # x = the previous ReLU's output: mask
+                dy = dx

@@ -1,0 +1,20 @@
+"""tools/bench_learner.py runs end to end at its --tiny size (the GPU numbers come from the H200 run)."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+TOOL = Path(__file__).resolve().parents[2] / "tools" / "bench_learner.py"
+
+
+def test_bench_learner_tiny(tmp_path):
+    spec = importlib.util.spec_from_file_location("bench_learner", TOOL)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    out = tmp_path / "bench"
+    assert module.main(["--out", str(out), "--tiny"]) == 0
+    results = json.loads(out.with_suffix(".json").read_text())
+    assert results["modes"]["skipped_steps"] == 0 and results["modes"]["graph_equals_eager_bitwise"]
+    assert results["command"].endswith("--tiny")
+    text = out.with_suffix(".md").read_text()
+    assert "| graph, each replay waiting" in text and "learner.double_dqn_rows" in text

@@ -1,0 +1,260 @@
+"""The learner's step kernels against float64 references on small seeded inputs, every output checked.
+
+Tolerances: the schedule and the commit are a few float32 operations on each value (1e-6 relative);
+gathers, the sampled slots, the greedy bins, supports, rewards, weights and the gradient scatter are exact;
+the target softmax and the row statistics are Z-term float32 sums (1e-5 relative plus 1e-6 absolute).
+"""
+
+import math
+
+import numpy as np
+import pytest
+import reference
+
+from fox_numba.actions import FLAT, HOLD, N_HEADS, OrderType
+from fox_numba.device.control import ControlBlock
+from fox_numba.device.isv import Isv, bootstrap_values
+from fox_numba.device.rng import xoroshiro_states_host
+from fox_numba.kernels.learner import (
+    SCHEDULE_DTYPE,
+    BranchRows,
+    finish,
+    gather_obs,
+    gather_replay,
+    guard_loss,
+    reset_counters,
+    sample_replay,
+    scatter_grads,
+    schedule_step,
+    select_rows,
+    shrink_perturb,
+)
+from fox_numba.kernels.optim import OPTIM_STATE_DTYPE, norm_partials_len, partials_used
+from fox_numba.kernels.signals import N_EPOCH_STATS, EpochStat
+
+pytestmark = pytest.mark.usefixtures("long_switch_interval")
+
+
+class Replay:
+    """A replay buffer's struct of arrays, built by hand."""
+
+    def __init__(self, stager, rng, capacity, n_port, n_bars):
+        self.host = {
+            "row": rng.integers(0, n_bars, capacity).astype(np.int32),
+            "port": rng.standard_normal((capacity, n_port)).astype(np.float32),
+            "action": np.stack([rng.integers(0, 4, capacity)] + [rng.integers(0, 3, capacity)] * 1
+                               + [rng.integers(0, 3, capacity), rng.integers(0, 3, capacity)], 1).astype(np.int32),
+            "reward": rng.standard_normal(capacity).astype(np.float32),
+            "done": (rng.random(capacity) < 0.3).astype(np.float32),
+            "next_row": rng.integers(0, n_bars, capacity).astype(np.int32),
+            "next_port": rng.standard_normal((capacity, n_port)).astype(np.float32),
+            "meta": np.array([3, capacity], np.int32),
+        }
+        for name, arr in self.host.items():
+            setattr(self, name, stager.upload_new(arr))
+
+
+def state_record(step=0, adam_t=0, lr=0.0, tau=0.0):
+    rec = np.zeros(1, OPTIM_STATE_DTYPE)
+    rec[0] = (step, adam_t, lr, tau)
+    return rec
+
+
+def test_step_schedule(stream, stager):
+    sched = ControlBlock(SCHEDULE_DTYPE)
+    sched.set(lr_base=np.float32(1e-3), lr_min_frac=np.float32(0.1), tau_base=np.float32(0.01),
+              tau_min_frac=np.float32(0.5), horizon=10, diag_every=3)
+    sched.upload(stream)
+    state = stager.upload_new(state_record(adam_t=4))
+    isv0 = bootstrap_values()
+    isv = stager.upload_new(isv0)
+    drifts = [0.0, 2.0, 10.0, np.nan, -1.0, 0.5] * 2
+    for k, drift in enumerate(drifts, start=1):
+        isv0[Isv.Q_DRIFT_RATE] = drift
+        stager.upload(isv0, isv)
+        schedule_step(sched.device, state, isv, stream=stream)
+        got = stager.download(state)[0]
+        cosine = 0.5 * (1 + math.cos(math.pi * min((k - 1) / 10, 1.0)))
+        damp = 1 + (min(drift, 4.0) if drift > 0 else 0.0)
+        assert got["step"] == k and got["adam_t"] == 4
+        assert got["lr"] == pytest.approx(1e-3 * (0.1 + 0.9 * cosine), rel=1e-6)
+        assert got["tau"] == pytest.approx(0.01 * (0.5 + 0.5 * cosine) / damp, rel=1e-6)
+        assert 0.01 * 0.5 / 5 * (1 - 1e-6) <= got["tau"] <= 0.01
+    sched.set(horizon=0)  # no horizon: no decay
+    sched.upload(stream)
+    schedule_step(sched.device, state, isv, stream=stream)
+    assert stager.download(state)[0]["lr"] == np.float32(1e-3)
+
+
+@pytest.mark.parametrize("size", [1000, 7, 0])
+def test_sample_indices(stream, stager, size):
+    host_states = xoroshiro_states_host(37, seed=5)
+    states = stager.upload_new(host_states)
+    meta = stager.upload_new(np.array([0, size], np.int32))
+    idx = stager.upload_new(np.full(37, -7, np.int32))
+    sample_replay(states, meta, idx, stream=stream)
+    got = stager.download(idx)
+    expected = reference.sample_indices64(host_states.copy(), size) if size else np.full(37, -1)
+    np.testing.assert_array_equal(got, expected)
+    if size:
+        assert got.min() >= 0 and got.max() < size
+        again = host_states.copy()
+        reference.sample_indices64(again, size)
+        np.testing.assert_array_equal(stager.download(states), again)  # each generator advanced once
+
+
+def test_sampling_is_uniform(stream, stager):
+    """2**13 draws over 5 slots: every slot within 5 standard deviations of its expected count."""
+    states = stager.upload_new(xoroshiro_states_host(64, seed=9))
+    meta = stager.upload_new(np.array([0, 5], np.int32))
+    idx = stager.upload_new(np.zeros(64, np.int32))
+    counts = np.zeros(5)
+    for _ in range(128):
+        sample_replay(states, meta, idx, stream=stream)
+        counts += np.bincount(stager.download(idx), minlength=5)
+    expected = counts.sum() / 5
+    assert np.all(np.abs(counts - expected) < 5 * math.sqrt(expected * 0.8))
+
+
+def test_gather_transitions_and_obs(stream, stager, rng):
+    cap, n_port, n_market, n_bars, b = 50, 3, 4, 20, 9
+    rep = Replay(stager, rng, cap, n_port, n_bars)
+    idx0 = rng.integers(0, cap, b).astype(np.int32)
+    idx0[4] = -1  # an empty replay's slot
+    rows2 = stager.upload_new(np.full(2 * b, -9, np.int32))
+    port2 = stager.upload_new(np.full((2 * b, n_port), np.nan, np.float32))
+    actions = stager.upload_new(np.full((b, 4), -9, np.int32))
+    rewards, dones = stager.upload_new(np.zeros(b, np.float32)), stager.upload_new(np.zeros(b, np.float32))
+    gather_replay(stager.upload_new(idx0), rep, rows2, port2, actions, rewards, dones, stream=stream)
+    h, ok = rep.host, idx0 >= 0
+    j = idx0[ok]
+    got_rows, got_port = stager.download(rows2), stager.download(port2)
+    np.testing.assert_array_equal(got_rows[:b][ok], h["row"][j])
+    np.testing.assert_array_equal(got_rows[b:][ok], h["next_row"][j])
+    np.testing.assert_array_equal(got_port[:b][ok], h["port"][j])
+    np.testing.assert_array_equal(got_port[b:][ok], h["next_port"][j])
+    np.testing.assert_array_equal(stager.download(actions)[ok], h["action"][j])
+    np.testing.assert_array_equal(stager.download(rewards)[ok], h["reward"][j])
+    np.testing.assert_array_equal(stager.download(dones)[ok], h["done"][j])
+    assert np.isnan(stager.download(rewards)[4]) and got_rows[4] == 0 and not got_port[4].any()
+
+    market = rng.standard_normal((n_bars, n_market)).astype(np.float32)
+    rows = got_rows.copy()
+    rows[7] = n_bars  # a row outside this fold's market observations
+    obs = stager.upload_new(np.full((2 * b, n_market + n_port), -9.0, np.float32))
+    gather_obs(stager.upload_new(market), stager.upload_new(rows), port2, obs, stream=stream)
+    got = stager.download(obs)
+    good = np.arange(2 * b) != 7
+    np.testing.assert_array_equal(got[good, :n_market], market[rows[good]])
+    np.testing.assert_array_equal(got[:, n_market:], got_port)
+    assert np.isnan(got[7, :n_market]).all()
+
+
+def test_double_dqn_rows(stream, stager, rng):
+    b, z = 12, 6
+    logits = rng.standard_normal((2 * b, N_HEADS, z)).astype(np.float32)
+    q = rng.standard_normal((2 * b, N_HEADS)).astype(np.float32)
+    q[b + 1, 4:7] = 0.25  # a three-way tie in the magnitude branch: the lowest bin wins
+    logits_tgt = (2 * rng.standard_normal((b, N_HEADS, z))).astype(np.float32)
+    sup_on = reference.random_support(rng, (N_HEADS,), z)
+    sup_tg = reference.random_support(rng, (N_HEADS,), z)
+    actions = np.stack([rng.integers(0, 4, b), rng.integers(0, 3, b), rng.integers(0, 3, b),
+                        rng.integers(0, 3, b)], 1).astype(np.int32)
+    actions[:4, 0] = [HOLD, FLAT, 0, 2]  # every effect rule shows up
+    actions[2:4, 2] = [int(OrderType.MARKET), 1]
+    rewards = rng.standard_normal(b).astype(np.float32)
+    dones = (np.arange(b) % 3 == 0).astype(np.float32)
+    branch_w = np.array([1.0, 0.5, 2.0, 0.25], np.float32)
+    gamma = 0.9
+    rows = BranchRows(b, z)
+    select_rows(*(stager.upload_new(a) for a in (logits, q, logits_tgt, sup_on, sup_tg, actions, rewards, dones,
+                                                  branch_w)), gamma, rows, stream=stream)
+    ref = reference.double_dqn64(logits, q, logits_tgt, sup_on, sup_tg, actions, rewards, dones, branch_w,
+                       float(np.float32(gamma)))
+    np.testing.assert_array_equal(stager.download(rows.taken), ref["taken"])
+    np.testing.assert_array_equal(stager.download(rows.sup_next), ref["sup_next"])
+    np.testing.assert_array_equal(stager.download(rows.sup_proj), ref["sup_proj"])
+    np.testing.assert_array_equal(stager.download(rows.rewards), ref["rew"])
+    np.testing.assert_allclose(stager.download(rows.discounts), ref["disc"], rtol=1e-7)
+    np.testing.assert_allclose(stager.download(rows.weights), ref["w"], rtol=1e-7)
+    np.testing.assert_allclose(stager.download(rows.p_next), ref["p_next"], rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(stager.download(rows.stats), ref["stats"], rtol=1e-5, atol=1e-6)
+    w = stager.download(rows.weights).reshape(b, 4)
+    assert w[0, 1] == 0 and w[0, 2] == 0 and w[0, 3] == 0  # Hold: magnitude, order type, urgency
+    assert w[1, 1] == 0 and w[1, 2] > 0  # Flat: magnitude only
+    assert w[2, 3] == 0 and w[3, 3] > 0  # urgency of a market order
+    assert np.allclose(stager.download(rows.p_next).sum(axis=1), 1.0, atol=1e-6)
+
+
+def test_scatter_branch_grads(stream, stager, rng):
+    b, z = 7, 5
+    dl = rng.standard_normal((4 * b, z)).astype(np.float32)
+    actions = np.stack([rng.integers(0, 4, b)] + [rng.integers(0, 3, b) for _ in range(3)], 1).astype(np.int32)
+    out = stager.upload_new(np.full((b, N_HEADS, z), np.nan, np.float32))
+    scatter_grads(stager.upload_new(dl), stager.upload_new(actions), out, stream=stream)
+    ref = np.zeros((b, N_HEADS, z), np.float32)
+    for i in range(b):
+        for br, (off, _size) in enumerate(reference.branch_spans()):
+            ref[i, off + actions[i, br]] = dl[i * 4 + br]
+    np.testing.assert_array_equal(stager.download(out), ref)
+
+
+@pytest.mark.parametrize("loss, norm, flagged", [(1.5, 2.0, False), (np.nan, 2.0, True), (np.inf, 2.0, True),
+                                                 (np.nan, np.nan, False), (1.5, np.inf, False)])
+def test_loss_guard(stream, stager, loss, norm, flagged):
+    isv0 = bootstrap_values()
+    isv0[[Isv.LOSS_RAW, Isv.GRAD_NORM_RAW, Isv.NONFINITE_STEPS]] = (loss, norm, 2.0)
+    isv = stager.upload_new(isv0)
+    guard_loss(isv, stream=stream)
+    got = stager.download(isv)
+    if flagged:
+        assert np.isnan(got[Isv.GRAD_NORM_RAW]) and got[Isv.NONFINITE_STEPS] == 3.0
+    else:
+        np.testing.assert_array_equal(got, isv0)  # a non-finite norm was already counted by its kernel
+
+
+@pytest.mark.parametrize("applied", [True, False])
+def test_finish_step(stream, stager, rng, applied):
+    n = 3000
+    k = norm_partials_len(n)
+    adam_p = rng.uniform(0, 1e-6, k)
+    polyak_p = rng.uniform(0, 1, (k, 2))
+    used = partials_used(n)
+    isv0 = bootstrap_values()
+    isv0[[Isv.GRAD_NORM_RAW, Isv.UPDATE_RMS_EMA, Isv.TARGET_DRIFT_EMA]] = (2.5 if applied else np.nan, 1e-4, 0.2)
+    isv = stager.upload_new(isv0)
+    state = stager.upload_new(state_record(step=9, adam_t=5, lr=1e-3, tau=0.125))
+    sup_on, sup_tg = (reference.random_support(rng, (N_HEADS,), 7) for _ in range(2))
+    sup_target = stager.upload_new(sup_tg)
+    epoch = stager.upload_new(np.zeros(N_EPOCH_STATS))
+    finish(isv, state, stager.upload_new(adam_p), stager.upload_new(polyak_p), n, stager.upload_new(sup_on),
+           sup_target, epoch, stream=stream)
+    got, got_state, got_epoch = stager.download(isv), stager.download(state)[0], stager.download(epoch)
+    if not applied:
+        np.testing.assert_array_equal(got, isv0)
+        np.testing.assert_array_equal(stager.download(sup_target), sup_tg)
+        assert got_state["adam_t"] == 5 and got_epoch[EpochStat.SKIPPED] == 1 and got_epoch.sum() == 1
+        return
+    update = math.sqrt(adam_p[:used].sum() / n)
+    param_norm = math.sqrt(polyak_p[:used, 1].sum())
+    drift = math.sqrt(polyak_p[:used, 0].sum()) / param_norm
+    assert got_state["adam_t"] == 6 and got_state["step"] == 9
+    assert got[Isv.UPDATE_RMS_EMA] == pytest.approx(1e-4 + 0.01 * (update - 1e-4), rel=1e-5)
+    assert got[Isv.PARAM_NORM] == pytest.approx(param_norm, rel=1e-6)
+    assert got[Isv.TARGET_DRIFT_EMA] == pytest.approx(0.2 + 0.05 * (drift - 0.2), rel=1e-5)
+    np.testing.assert_allclose(stager.download(sup_target), sup_tg + 0.125 * (sup_on.astype(np.float64) - sup_tg),
+                               rtol=1e-6, atol=1e-7)
+    assert got_epoch[EpochStat.APPLIED] == 1 and got_epoch[EpochStat.GRAD_NORM] == np.float32(2.5)
+
+
+def test_fold_kernels(stream, stager, rng):
+    p0, f0 = rng.standard_normal(1000).astype(np.float32), rng.standard_normal(1000).astype(np.float32)
+    p = stager.upload_new(p0)
+    shrink_perturb(p, stager.upload_new(f0), 0.8, stream=stream)
+    np.testing.assert_allclose(stager.download(p), 0.8 * p0.astype(np.float64) + 0.2 * f0, rtol=1e-6, atol=1e-7)
+    state = stager.upload_new(state_record(step=40, adam_t=33, lr=1e-3, tau=0.01))
+    reset_counters(state, stream=stream)
+    got = stager.download(state)[0]
+    assert (got["step"], got["adam_t"]) == (0, 0) and got["lr"] == np.float32(1e-3)
+    with pytest.raises(ValueError, match="fraction"):
+        shrink_perturb(p, p, 1.5, stream=stream)
