@@ -10,8 +10,8 @@ frozen). Every step, for all days at once:
     env.step(actions)
     record_eval_step(...)                              PnL (dollars) and position of the step, per day
 
-The steps run in chunks of `evaluation.chunk_bars`: one StepGraph holds a whole chunk of steps, so a
-validation pass is a handful of graph launches and one download of the per-step records at the end; the
+The steps run in chunks of `evaluation.chunk_bars`: one StepGraph holds a whole chunk of steps (a second
+one the remainder), so a validation pass is a handful of graph launches and one download of the per-step records at the end; the
 step index the records are written at lives in a device counter. The records become one
 `walkforward.metrics.DaySeries`-shaped (pnl, position) pair per day for the metrics.
 """
@@ -66,8 +66,11 @@ class Evaluator:
         self.pnl = device_zeros((self.steps, n), np.float32, stream=self.stream)
         self.pos = device_zeros((self.steps, n), np.int32, stream=self.stream)
         self.counter = device_zeros(1, np.int32, stream=self.stream)
-        self.chunk = min(cfg.evaluation.chunk_bars, self.steps)
-        self.graph = StepGraph("evaluate.chunk", self._chunk, self.stream, use_graph=use_graph)
+        chunk = min(cfg.evaluation.chunk_bars, self.steps)
+        full, rest = divmod(self.steps, chunk)
+        self.chunks = [(StepGraph("evaluate.chunk", self._steps(chunk), self.stream, use_graph=use_graph), full)]
+        if rest:
+            self.chunks.append((StepGraph("evaluate.rest", self._steps(rest), self.stream, use_graph=use_graph), 1))
 
     def _step(self, s: Any) -> None:
         env = self.env
@@ -78,9 +81,14 @@ class Evaluator:
         env.step(self.actions, stream=s)
         record_eval_step(env.comps, env.si, env.params, self.counter, self.pnl, self.pos, stream=s)
 
-    def _chunk(self, s: Any) -> None:
-        for _ in range(self.chunk):
-            self._step(s)
+    def _steps(self, n: int) -> Any:
+        """A step body of `n` evaluation steps (one captured graph)."""
+
+        def body(s: Any) -> None:
+            for _ in range(n):
+                self._step(s)
+
+        return body
 
     def run(self) -> list[tuple[np.ndarray, np.ndarray]]:
         """Backtest every validation day with the current parameters: [(pnl dollars float64 [steps_d],
@@ -91,8 +99,9 @@ class Evaluator:
         w = words(self.counter)
         launch(fill_u32, w.size, w, np.uint32(0), i32(w.size), stream=s)
         broadcast_supports(self.supports, self.support_rows, stream=s)
-        for _ in range(-(-self.steps // self.chunk)):
-            self.graph.replay()
+        for graph, replays in self.chunks:
+            for _ in range(replays):
+                graph.replay()
         pnl = self.stager.download(self.pnl).astype(np.float64)
         pos = self.stager.download(self.pos)
         return [(pnl[:k, d], pos[:k, d]) for d, k in enumerate(self.day_steps)]

@@ -206,7 +206,7 @@ class Learner:
         self.online.backward(self.params, self.dlogits, self.grads, stream=s)
         global_grad_norm(self.grads, self.norm_partials, self.isv, stream=s)
         guard_loss(self.isv, stream=s)
-        update_adaptive_clip(self.isv, lc.clip_ema_mult, stream=s)
+        update_adaptive_clip(self.isv, lc.clip_ema_mult, stream=s, warmup_rule=lc.warmup_rule)
         adam_update(self.params, self.grads, self.adam_m, self.adam_v, self.decay_mask, self.isv, self.optim_state,
                     self.adam_partials, beta1=lc.adam_beta1, beta2=lc.adam_beta2, eps=lc.adam_eps,
                     weight_decay=lc.weight_decay, stream=s)

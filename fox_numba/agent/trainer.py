@@ -26,6 +26,7 @@ from fox_numba.agent.evaluator import Evaluator
 from fox_numba.agent.fold_market import FoldMarket, FoldMarketDevice
 from fox_numba.agent.learner import Learner
 from fox_numba.agent.network import ParamLayout
+from fox_numba.agent.replay import FIELDS as REPLAY_FIELDS
 from fox_numba.agent.replay import ReplayBuffer
 from fox_numba.config import FoxConfig
 from fox_numba.device.isv import IsvBus
@@ -121,7 +122,7 @@ class Trainer:
         """Every device array a checkpoint holds to resume this run exactly, by name."""
         learner, env, collector, _ = self._bound()
         arrays = {f"learner.{k}": v for k, v in learner.state_arrays().items()}
-        arrays |= {f"replay.{k}": getattr(self.replay, k) for k in (*self.replay.FIELDS, "meta")}
+        arrays |= {f"replay.{k}": getattr(self.replay, k) for k in (*REPLAY_FIELDS, "meta")}
         arrays["isv"] = self.bus.values
         arrays["env.states"] = env.states
         arrays["collector.rng_states"] = collector.rng_states

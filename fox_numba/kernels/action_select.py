@@ -72,6 +72,7 @@ from fox_numba.actions import (
 )
 from fox_numba.device.launch import check_array, launch_rows
 from fox_numba.device.registry import register
+from fox_numba.device.runtime import SIMULATOR
 from fox_numba.device.rng import XOROSHIRO_DTYPE
 from fox_numba.kernels.distributional import F32_3D, row_stats
 
@@ -326,7 +327,7 @@ def select_actions(
     float32. `explore` selects the training policy (Thompson + Boltzmann) or the evaluation policy
     (argmax E[Q]). Z is at most MAX_ATOMS.
 
-    `lanes` (1 to LANES, default LANES = 16) sets the threads per sample. Every head is computed by one
+    `lanes` (1 to LANES, default LANES = 16 on the GPU, 1 under the simulator) sets the threads per sample. Every head is computed by one
     thread with the same code and the uniforms by one thread in the same order, whatever the lanes, so
     the results have the same bits for every value (a test checks it): fewer lanes only make a longer
     serial chain per thread. Tests pass lanes = 1 to run large batches under the simulator, which pays
@@ -348,11 +349,13 @@ def select_actions(
     check_array("states", states, "[n >= B]", (states.shape[0],), XOROSHIRO_DTYPE)
     check_array("actions", actions, f"[B, {N_BRANCHES}]", (b, N_BRANCHES), np.int32)
     check_array("conviction", conviction, "[B]", (b,))
-    lanes = LANES if lanes is None else int(lanes)
+    lanes = (1 if SIMULATOR else LANES) if lanes is None else int(lanes)
     if not 1 <= lanes <= LANES:
         raise ValueError(f"lanes = {lanes}: threads per sample must be 1 to {LANES}")
     flag = np.int32(1 if explore else 0)
     spb = samples_per_block(z)
+    if SIMULATOR:
+        spb = min(spb, b)  # the simulator pays for every thread, idle ones included
     launch_rows(
         action_select_kernel, -(-b // spb), spb * lanes, logits, support, states, flag, actions, conviction,
         np.int32(lanes), stream=stream,

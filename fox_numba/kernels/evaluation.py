@@ -5,7 +5,7 @@ step index the record writes at cannot be a kernel argument: it lives in a devic
 `advance_step` increments after `record_step` has read it (two launches, so no thread of the record reads
 a counter another thread already moved).
 
-Launch shapes: record_step 1-D, one thread per environment; advance_step one thread.
+Launch shapes: record_step 1-D, one thread per environment (`env.thread_block`); advance_step one thread.
 record_step writes pnl[t, i] = comps[COMP_PNL, i] * risk_unit (dollars, net of costs: the equity change
 of the step that acted at bar t of window i) and pos[t, i] = the position after the step; steps past the
 end of a window (the environment is frozen) record 0 and the final, flat position.
@@ -20,7 +20,7 @@ from numba import cuda, float32, float64, int32
 
 from fox_numba.device.launch import check_array, launch, launch_rows
 from fox_numba.device.registry import register
-from fox_numba.kernels.env import COMP_PNL, N_COMPS, N_PARAMS, N_SI, PRM_RISK_UNIT, SI_POS
+from fox_numba.kernels.env import COMP_PNL, N_COMPS, N_PARAMS, N_SI, PRM_RISK_UNIT, SI_POS, thread_block
 
 
 @register((float32[:, ::1], int32[:, ::1], float64[::1], int32[::1], float32[:, ::1], int32[:, ::1]))
@@ -52,5 +52,5 @@ def record_eval_step(comps: Any, si: Any, params: Any, counter: Any, pnl: Any, p
     check_array("counter", counter, "[1]", (1,), np.int32)
     check_array("pnl", pnl, "[T, N]", (t, n))
     check_array("pos", pos, "[T, N]", (t, n), np.int32)
-    launch(record_step, n, comps, si, params, counter, pnl, pos, stream=stream)
+    launch(record_step, n, comps, si, params, counter, pnl, pos, stream=stream, block=thread_block(n))
     launch_rows(advance_step, 1, 1, counter, stream=stream)

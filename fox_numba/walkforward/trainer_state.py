@@ -35,7 +35,7 @@ from fox_numba.walkforward.run_folder import BestEpoch
 
 # Learner attributes that are wiring or scratch rewritten every step (not state a fold could leak).
 LEARNER_WIRING = (
-    "cfg", "layout", "replay", "market_obs", "isv", "stager", "stream", "online", "target_net", "graph", "batch",
+    "cfg", "layout", "replay", "market_obs", "isv", "stager", "stream", "seed", "online", "target_net", "graph", "batch",
     "batch_size", "rows", "logits", "logits_tgt", "q", "entropy", "dlogits", "grads", "norm_partials", "adam_partials",
     "polyak_partials", "hidden_partials", "support_rows", "decay_mask", "branch_weights", "schedule",
     "steps_per_epoch", "epoch",
