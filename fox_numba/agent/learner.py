@@ -71,11 +71,14 @@ from fox_numba.kernels.optim import (
 )
 from fox_numba.kernels.signals import (
     N_EPOCH_STATS,
+    N_LOSS_SUMS,
+    N_Q_PARTIALS,
     EpochStat,
     hidden_partials_shape,
     produce_hidden_signals,
     produce_loss_signals,
     produce_q_signals,
+    signal_partials_shape,
 )
 
 SHRINK_KEEP = 0.8  # fold boundary: theta = 0.8 theta + 0.2 theta_fresh (the seed's shrink-and-perturb)
@@ -151,6 +154,8 @@ class Learner:
         self.norm_partials = device_zeros(k, np.float64, stream=stream)
         self.adam_partials = device_zeros(k, np.float64, stream=stream)
         self.polyak_partials = device_zeros((k, 2), np.float64, stream=stream)
+        self.q_partials = device_empty(signal_partials_shape(b, N_Q_PARTIALS), np.float64)
+        self.loss_partials = device_empty(signal_partials_shape(N_BRANCHES * b, N_LOSS_SUMS), np.float64)
 
         # supports: per head [13, 3]; online broadcast to the 2B rows expected_q reads
         base = base_support(cfg.network.v_min, cfg.network.v_max, z)
@@ -199,8 +204,8 @@ class Learner:
                     bt.rewards, bt.dones, self.branch_weights, lc.gamma, rows, stream=s)
         c51_project(rows.p_next, rows.rewards, rows.discounts, rows.sup_next, rows.sup_proj, rows.target, stream=s)
         c51_loss(rows.taken, rows.target, rows.weights, rows.loss, rows.dl, stream=s)
-        produce_loss_signals(rows.loss, rows.weights, rows.stats, self.isv, self.epoch, stream=s)
-        produce_q_signals(self.q, self.entropy, self.isv, self.epoch, n_rows=self.batch_size,
+        produce_loss_signals(rows.loss, rows.weights, rows.stats, self.loss_partials, self.isv, self.epoch, stream=s)
+        produce_q_signals(self.q, self.entropy, self.q_partials, self.isv, self.epoch, n_rows=self.batch_size,
                           n_atoms=self.layout.n_atoms, stream=s)
         scatter_grads(rows.dl, bt.actions, self.dlogits, stream=s)
         self.online.backward(self.params, self.dlogits, self.grads, stream=s)
@@ -225,7 +230,6 @@ class Learner:
         self.schedule.set(
             lr_base=np.float32(lc.lr), lr_min_frac=np.float32(lc.lr_min_frac), tau_base=np.float32(lc.tau),
             tau_min_frac=np.float32(lc.tau_min_frac), horizon=lc.epochs * lc.steps_per_epoch,
-            diag_every=self.cfg.run.diag_every,
         )
         self.schedule.upload(self.stream)
 

@@ -66,7 +66,6 @@ SCHEDULE_DTYPE = np.dtype(
         ("tau_base", np.float32),  # learner.tau
         ("tau_min_frac", np.float32),  # the cosine of tau ends at tau_base * tau_min_frac
         ("horizon", np.int64),  # steps the cosine runs over (a fold's epochs * steps_per_epoch); 0: none
-        ("diag_every", np.int32),  # steps between the diagnostic producers (hidden RMS, dead units)
     ],
     align=True,
 )
@@ -95,6 +94,7 @@ _F3 = float32[:, :, ::1]
 _I1 = int32[::1]
 _I2 = int32[:, ::1]
 N_ROW_STATS = 3  # per branch row: TD, target E[Q(s', a*)], target minus online E[Q(s', a*)]
+ROWS_BLOCK = 64  # double_dqn_rows: a long serial loop per thread, so small blocks spread it over more SMs
 
 
 @register((_SCHED[::1], _STATE[::1], _F1))
@@ -438,7 +438,7 @@ def select_rows(logits: Any, q: Any, logits_tgt: Any, support_online: Any, suppo
         raise ValueError(f"gamma must be in [0, 1], got {gamma}")
     launch_strided(double_dqn_rows, r, logits, q, logits_tgt, support_online, support_target, actions, rewards,
                    dones, branch_w, np.float32(gamma), rows.taken, rows.p_next, rows.sup_next, rows.sup_proj,
-                   rows.rewards, rows.discounts, rows.weights, rows.stats, i32(r), stream=stream)
+                   rows.rewards, rows.discounts, rows.weights, rows.stats, i32(r), stream=stream, block=ROWS_BLOCK)
 
 
 def scatter_grads(dl_rows: Any, actions: Any, dlogits: Any, *, stream: Any) -> None:

@@ -28,9 +28,12 @@ Epoch accumulators: float64 [N_EPOCH_STATS] indexed by EpochStat, summed by the 
 read (then zeroed) once per epoch by the host: steps, applied and skipped steps, loss and per-branch loss
 of applied steps, gradient norm of applied steps, mean E[Q] and mean |TD| of every step.
 
-Launch shapes: the reductions are one block (`launch_rows(.., 1, strided_threads(STATS_BLOCK), ..)`):
-thread j takes rows j, j + blockDim, ... in order, then a shared-memory tree in float64 (fixed order,
-deterministic, no atomics); hidden_partials is grid-stride over (layer, row chunk, unit).
+Launch shapes: each reduction is two passes. The partials kernel is grid-stride over the rows
+(`launch_strided`, blocks of STATS_BLOCK: one row per thread on the GPU, one small block under the
+simulator) and reduces each block in shared memory into one row of a float64 partials buffer; the finish
+kernel is one block (`launch_rows(.., 1, strided_threads(STATS_BLOCK), ..)`) where thread j sums partials
+j, j + blockDim, ... in order, then a shared-memory tree. Fixed order, deterministic, no atomics.
+hidden_partials is grid-stride over (layer, row chunk, unit) and writes float32 partials.
 """
 
 from __future__ import annotations
@@ -44,7 +47,15 @@ from numba import cuda, float32, float64, from_dtype, int32
 
 from fox_numba.actions import DIR_OFFSET, MAG_OFFSET, N_BRANCHES, N_DIRECTIONS, N_HEADS, ORDER_OFFSET
 from fox_numba.device.isv import ISV_TOTAL_DIM, Isv
-from fox_numba.device.launch import check_array, i32, launch_rows, launch_strided, strided_threads
+from fox_numba.device.launch import (
+    check_array,
+    grid_1d,
+    i32,
+    launch_rows,
+    launch_strided,
+    strided_blocks,
+    strided_threads,
+)
 from fox_numba.device.registry import register
 from fox_numba.kernels.optim import OPTIM_STATE_DTYPE, check_state
 
@@ -99,6 +110,7 @@ assert [int(Isv.HIDDEN_RMS_L0_EMA) + k for k in range(4)] == [int(Isv.HIDDEN_RMS
                                                               int(Isv.HIDDEN_RMS_L2_EMA), int(Isv.HIDDEN_RMS_L3_EMA)]
 
 N_Q_SUMS = 6  # |q| direction, |q| magnitude, q, q**2, direction gap, entropy
+N_Q_PARTIALS = N_Q_SUMS + 1  # the sums, then the largest |E[Q]|
 N_LOSS_SUMS = 2 + 2 * N_BRANCHES + 4  # total, td, per-branch loss and count, effective rows, target q, drift, bad
 
 
@@ -127,17 +139,30 @@ def tree_sums(acc, n_sums, tid):
         s //= 2
 
 
-@register((float32[:, ::1], float32[:, ::1], float32[::1], float64[::1], int32, int32))
+@cuda.jit(device=True)
+def _sum_partials(partials, n_partials, acc, n_sums, tid):
+    """acc[k, tid] = partials[j, k] summed over j = tid, tid + blockDim, ... (k < n_sums), in order."""
+    for k in range(n_sums):
+        acc[k, tid] = float64(0.0)
+    j = tid
+    while j < n_partials:
+        for k in range(n_sums):
+            acc[k, tid] += partials[j, k]
+        j += cuda.blockDim.x
+
+
+@register((float32[:, ::1], float32[:, ::1], float64[:, ::1], int32))
 @cuda.jit
-def q_signals(q, entropy, isv, epoch, n_rows, n_atoms):
-    """The Q statistics of the module header over rows 0..n_rows-1 of q and entropy [rows, N_HEADS]."""
+def q_partials(q, entropy, partials, n_rows):
+    """partials[block] = the block's sums of the Q statistics over its rows of q, entropy [rows, N_HEADS]
+    (rows 0..n_rows-1, grid-stride), then its largest |E[Q]| (+inf for a non-finite E[Q])."""
     tid = cuda.threadIdx.x
     acc = cuda.shared.array((N_Q_SUMS, STATS_BLOCK), float64)
     top = cuda.shared.array(STATS_BLOCK, float32)
     for k in range(N_Q_SUMS):
         acc[k, tid] = float64(0.0)
     hi = float32(0.0)
-    i = tid
+    i = cuda.grid(1)
     while i < n_rows:
         best = q[i, DIR_OFFSET]
         second = float32(-math.inf)
@@ -162,7 +187,34 @@ def q_signals(q, entropy, isv, epoch, n_rows, n_atoms):
                 hi = float32(math.inf)  # a non-finite E[Q] shows as an infinite Q_MAX_ABS
             elif abs(x) > hi:
                 hi = abs(x)
-        i += cuda.blockDim.x
+        i += cuda.gridsize(1)
+    top[tid] = hi
+    tree_sums(acc, N_Q_SUMS, tid)
+    s = cuda.blockDim.x // 2
+    while s > 0:
+        if tid < s and top[tid + s] > top[tid]:
+            top[tid] = top[tid + s]
+        cuda.syncthreads()
+        s //= 2
+    if tid == 0:
+        for k in range(N_Q_SUMS):
+            partials[cuda.blockIdx.x, k] = acc[k, 0]
+        partials[cuda.blockIdx.x, N_Q_SUMS] = float64(top[0])
+
+
+@register((float64[:, ::1], float32[::1], float64[::1], int32, int32, int32))
+@cuda.jit
+def q_finish(partials, isv, epoch, n_partials, n_rows, n_atoms):
+    """The Q signals of the module header from the first n_partials partials of `q_partials`."""
+    tid = cuda.threadIdx.x
+    acc = cuda.shared.array((N_Q_SUMS, STATS_BLOCK), float64)
+    top = cuda.shared.array(STATS_BLOCK, float64)
+    _sum_partials(partials, n_partials, acc, N_Q_SUMS, tid)
+    hi = float64(0.0)
+    j = tid
+    while j < n_partials:
+        hi = max(hi, partials[j, N_Q_SUMS])
+        j += cuda.blockDim.x
     top[tid] = hi
     tree_sums(acc, N_Q_SUMS, tid)
     s = cuda.blockDim.x // 2
@@ -182,20 +234,19 @@ def q_signals(q, entropy, isv, epoch, n_rows, n_atoms):
         ema(isv, _Q_STD, float32(math.sqrt(var)), Q_ALPHA)
         ema(isv, _Q_GAP, float32(acc[4, 0] / rows), Q_ALPHA)
         ema(isv, _ENTROPY, float32(acc[5, 0] / count / math.log(float64(n_atoms))), Q_ALPHA)
-        isv[_Q_MAX] = top[0]
+        isv[_Q_MAX] = float32(top[0])
         epoch[_E_Q] += mean
 
 
-@register((float32[::1], float32[::1], float32[:, ::1], float32[::1], float64[::1], int32))
+@register((float32[::1], float32[::1], float32[:, ::1], float64[:, ::1], int32))
 @cuda.jit
-def loss_signals(loss, weights, row_stats, isv, epoch, n_samples):
-    """The loss statistics of the module header over the R = 4 * n_samples branch rows."""
+def loss_partials(loss, weights, row_stats, partials, n_rows):
+    """partials[block] = the block's sums of the loss statistics over its branch rows (grid-stride)."""
     tid = cuda.threadIdx.x
     acc = cuda.shared.array((N_LOSS_SUMS, STATS_BLOCK), float64)
     for k in range(N_LOSS_SUMS):
         acc[k, tid] = float64(0.0)
-    n_rows = n_samples * N_BRANCHES
-    r = tid
+    r = cuda.grid(1)
     while r < n_rows:
         b = r % N_BRANCHES
         w = weights[r]
@@ -210,9 +261,23 @@ def loss_signals(loss, weights, row_stats, isv, epoch, n_samples):
         acc[4 + 2 * N_BRANCHES, tid] += abs(float64(row_stats[r, 2]))
         if not (finite(loss[r]) and finite(row_stats[r, 0]) and finite(row_stats[r, 1])):
             acc[5 + 2 * N_BRANCHES, tid] += float64(1.0)
-        r += cuda.blockDim.x
+        r += cuda.gridsize(1)
     tree_sums(acc, N_LOSS_SUMS, tid)
     if tid == 0:
+        for k in range(N_LOSS_SUMS):
+            partials[cuda.blockIdx.x, k] = acc[k, 0]
+
+
+@register((float64[:, ::1], float32[::1], float64[::1], int32, int32))
+@cuda.jit
+def loss_finish(partials, isv, epoch, n_partials, n_samples):
+    """The loss signals of the module header from the first n_partials partials of `loss_partials`."""
+    tid = cuda.threadIdx.x
+    acc = cuda.shared.array((N_LOSS_SUMS, STATS_BLOCK), float64)
+    _sum_partials(partials, n_partials, acc, N_LOSS_SUMS, tid)
+    tree_sums(acc, N_LOSS_SUMS, tid)
+    if tid == 0:
+        n_rows = n_samples * N_BRANCHES
         epoch[_E_STEPS] += float64(1.0)
         total = float32(acc[0, 0])
         if acc[5 + 2 * N_BRANCHES, 0] > float64(0.0):
@@ -306,31 +371,47 @@ def check_epoch(epoch: Any) -> None:
     check_array("epoch", epoch, "[N_EPOCH_STATS]", (N_EPOCH_STATS,), np.float64)
 
 
-def produce_q_signals(q: Any, entropy: Any, isv: Any, epoch: Any, *, n_rows: int, n_atoms: int, stream: Any) -> None:
-    """Q statistics of the first n_rows rows of q, entropy [rows, N_HEADS] into the ISV and the epoch sums."""
+def signal_partials_shape(n_rows: int, n_values: int) -> tuple[int, int]:
+    """Shape of the float64 partials buffer of a two-pass reduction over n_rows rows (the GPU's block
+    count; the simulator uses the first partial only)."""
+    return (grid_1d(n_rows, STATS_BLOCK), n_values)
+
+
+def produce_q_signals(q: Any, entropy: Any, partials: Any, isv: Any, epoch: Any, *, n_rows: int, n_atoms: int,
+                      stream: Any) -> None:
+    """Q statistics of the first n_rows rows of q, entropy [rows, N_HEADS] into the ISV and the epoch sums;
+    partials: float64 signal_partials_shape(n_rows, N_Q_PARTIALS)."""
     rows = int(q.shape[0])
     check_array("q", q, "[rows, N_HEADS]", (rows, N_HEADS))
     check_array("entropy", entropy, "[rows, N_HEADS]", (rows, N_HEADS))
+    check_array("partials", partials, "signal_partials_shape(n_rows, N_Q_PARTIALS)",
+                signal_partials_shape(n_rows, N_Q_PARTIALS), np.float64)
     _check_isv(isv)
     check_epoch(epoch)
     if not 1 <= n_rows <= rows or n_atoms < 2:
         raise ValueError(f"q signals: need 1 <= n_rows <= {rows} and n_atoms >= 2, got {n_rows}, {n_atoms}")
-    launch_rows(q_signals, 1, strided_threads(STATS_BLOCK), q, entropy, isv, epoch, i32(n_rows), i32(n_atoms),
-                stream=stream)
+    launch_strided(q_partials, n_rows, q, entropy, partials, i32(n_rows), stream=stream, block=STATS_BLOCK)
+    launch_rows(q_finish, 1, strided_threads(STATS_BLOCK), partials, isv, epoch,
+                i32(strided_blocks(n_rows, STATS_BLOCK)), i32(n_rows), i32(n_atoms), stream=stream)
 
 
-def produce_loss_signals(loss: Any, weights: Any, row_stats: Any, isv: Any, epoch: Any, *, stream: Any) -> None:
-    """Loss statistics of the branch rows (loss, weights [R], row_stats [R, 3]) into the ISV and epoch sums."""
+def produce_loss_signals(loss: Any, weights: Any, row_stats: Any, partials: Any, isv: Any, epoch: Any, *,
+                         stream: Any) -> None:
+    """Loss statistics of the branch rows (loss, weights [R], row_stats [R, 3]) into the ISV and epoch sums;
+    partials: float64 signal_partials_shape(R, N_LOSS_SUMS)."""
     r = int(loss.shape[0])
     if r % N_BRANCHES or r < N_BRANCHES:
         raise ValueError(f"loss signals: R = {r} rows is not a positive multiple of {N_BRANCHES}")
     check_array("loss", loss, "[R]", (r,))
     check_array("weights", weights, "[R]", (r,))
     check_array("row_stats", row_stats, "[R, 3]", (r, 3))
+    check_array("partials", partials, "signal_partials_shape(R, N_LOSS_SUMS)", signal_partials_shape(r, N_LOSS_SUMS),
+                np.float64)
     _check_isv(isv)
     check_epoch(epoch)
-    launch_rows(loss_signals, 1, strided_threads(STATS_BLOCK), loss, weights, row_stats, isv, epoch,
-                i32(r // N_BRANCHES), stream=stream)
+    launch_strided(loss_partials, r, loss, weights, row_stats, partials, i32(r), stream=stream, block=STATS_BLOCK)
+    launch_rows(loss_finish, 1, strided_threads(STATS_BLOCK), partials, isv, epoch,
+                i32(strided_blocks(r, STATS_BLOCK)), i32(r // N_BRANCHES), stream=stream)
 
 
 def hidden_partials_shape(n_layers: int, n_rows: int, hidden: int) -> tuple[int, int, int, int]:

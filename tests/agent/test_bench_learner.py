@@ -14,7 +14,8 @@ def test_bench_learner_tiny(tmp_path):
     out = tmp_path / "bench"
     assert module.main(["--out", str(out), "--tiny"]) == 0
     results = json.loads(out.with_suffix(".json").read_text())
-    assert results["modes"]["skipped_steps"] == 0 and results["modes"]["graph_equals_eager_bitwise"]
+    (only,) = results["batches"]
+    assert only["modes"]["skipped_steps"] == 0 and only["modes"]["graph_equals_eager_bitwise"]
     assert results["command"].endswith("--tiny")
     text = out.with_suffix(".md").read_text()
     assert "| graph, each replay waiting" in text and "learner.double_dqn_rows" in text

@@ -245,7 +245,8 @@ def test_the_step_lists_its_kernels_in_order(stream, stager, rng):
     assert names[:4] == ["learner.step_schedule", "learner.sample_indices", "learner.gather_transitions",
                          "learner.gather_obs_kernel"]
     order = ["distributional.expected_q_kernel", "learner.double_dqn_rows", "distributional.c51_project_kernel",
-             "distributional.c51_loss_kernel", "signals.loss_signals", "signals.q_signals",
+             "distributional.c51_loss_kernel", "signals.loss_partials", "signals.loss_finish", "signals.q_partials",
+             "signals.q_finish",
              "learner.scatter_branch_grads", "heads.dueling_combine_bwd", "optim.grad_sq_partials",
              "optim.grad_norm_finish", "learner.loss_guard", "optim.adaptive_clip_producer", "optim.adam_step",
              "optim.polyak_update", "learner.finish_step", "signals.hidden_partials", "signals.hidden_finish"]

@@ -63,7 +63,7 @@ def state_record(step=0, adam_t=0, lr=0.0, tau=0.0):
 def test_step_schedule(stream, stager):
     sched = ControlBlock(SCHEDULE_DTYPE)
     sched.set(lr_base=np.float32(1e-3), lr_min_frac=np.float32(0.1), tau_base=np.float32(0.01),
-              tau_min_frac=np.float32(0.5), horizon=10, diag_every=3)
+              tau_min_frac=np.float32(0.5), horizon=10)
     sched.upload(stream)
     state = stager.upload_new(state_record(adam_t=4))
     isv0 = bootstrap_values()

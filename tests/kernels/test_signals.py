@@ -14,11 +14,14 @@ from fox_numba.device.isv import Isv, bootstrap_values
 from fox_numba.kernels.optim import OPTIM_STATE_DTYPE
 from fox_numba.kernels.signals import (
     N_EPOCH_STATS,
+    N_LOSS_SUMS,
+    N_Q_PARTIALS,
     EpochStat,
     hidden_partials_shape,
     produce_hidden_signals,
     produce_loss_signals,
     produce_q_signals,
+    signal_partials_shape,
 )
 
 pytestmark = pytest.mark.usefixtures("long_switch_interval")
@@ -35,14 +38,16 @@ def seeded_isv(rng, slots):
 
 
 def test_q_signals(stream, stager, rng):
-    rows, used, z = 40, 33, 11
+    rows, used, z = 300, 290, 11  # two blocks of partials on the GPU
     q = rng.standard_normal((rows, N_HEADS)).astype(np.float32)
     q[used:] = 100.0  # rows past n_rows are not read
     ent = rng.uniform(0, math.log(z), (rows, N_HEADS)).astype(np.float32)
     slots = [Isv.Q_ABS_REF, Isv.Q_DIR_ABS_REF, Isv.Q_MEAN_EMA, Isv.Q_STD_EMA, Isv.Q_DIR_GAP_EMA, Isv.ATOM_ENTROPY_EMA]
     isv0 = seeded_isv(rng, slots)
     isv, epoch = stager.upload_new(isv0), stager.upload_new(np.zeros(N_EPOCH_STATS))
-    produce_q_signals(stager.upload_new(q), stager.upload_new(ent), isv, epoch, n_rows=used, n_atoms=z, stream=stream)
+    partials = stager.upload_new(np.full(signal_partials_shape(used, N_Q_PARTIALS), np.nan))
+    produce_q_signals(stager.upload_new(q), stager.upload_new(ent), partials, isv, epoch, n_rows=used, n_atoms=z,
+                      stream=stream)
     got = stager.download(isv)
     q64, e64 = q[:used].astype(np.float64), ent[:used].astype(np.float64)
     top2 = np.sort(q64[:, :4], axis=1)[:, -2:]
@@ -67,7 +72,8 @@ def test_q_signals_report_a_nonfinite_q(stream, stager, rng):
     q[3, 5] = np.nan
     isv0 = bootstrap_values()
     isv = stager.upload_new(isv0)
-    produce_q_signals(stager.upload_new(q), stager.upload_new(np.ones_like(q)), isv,
+    produce_q_signals(stager.upload_new(q), stager.upload_new(np.ones_like(q)),
+                      stager.upload_new(np.zeros(signal_partials_shape(8, N_Q_PARTIALS))), isv,
                       stager.upload_new(np.zeros(N_EPOCH_STATS)), n_rows=8, n_atoms=5, stream=stream)
     got = stager.download(isv)
     assert got[Isv.Q_MAX_ABS] == np.inf
@@ -84,13 +90,14 @@ def loss_inputs(rng, b):
 
 
 def test_loss_signals(stream, stager, rng):
-    b = 13
+    b = 70  # 280 branch rows: two blocks of partials on the GPU
     loss, weights, stats = loss_inputs(rng, b)
     slots = [Isv.LOSS_EMA, Isv.LOSS_DIR_EMA, Isv.LOSS_MAG_EMA, Isv.LOSS_ORD_EMA, Isv.LOSS_URG_EMA, Isv.TD_ABS_EMA,
              Isv.TARGET_Q_MEAN_EMA, Isv.TARGET_Q_DRIFT_EMA]
     isv0 = seeded_isv(rng, slots)
     isv, epoch = stager.upload_new(isv0), stager.upload_new(np.zeros(N_EPOCH_STATS))
-    produce_loss_signals(*(stager.upload_new(a) for a in (loss, weights, stats)), isv, epoch, stream=stream)
+    partials = stager.upload_new(np.full(signal_partials_shape(loss.size, N_LOSS_SUMS), np.nan))
+    produce_loss_signals(*(stager.upload_new(a) for a in (loss, weights, stats)), partials, isv, epoch, stream=stream)
     got, got_epoch = stager.download(isv), stager.download(epoch)
     l64, w64, s64 = loss.astype(np.float64), weights.astype(np.float64), stats.astype(np.float64)
     total = float(np.sum(w64 * l64))
@@ -129,7 +136,8 @@ def test_a_nonfinite_row_is_raw_only(stream, stager, rng, where):
              Isv.TARGET_Q_MEAN_EMA, Isv.TARGET_Q_DRIFT_EMA]
     isv0 = seeded_isv(rng, slots)
     isv, epoch = stager.upload_new(isv0), stager.upload_new(np.zeros(N_EPOCH_STATS))
-    produce_loss_signals(*(stager.upload_new(a) for a in (loss, weights, stats)), isv, epoch, stream=stream)
+    partials = stager.upload_new(np.full(signal_partials_shape(loss.size, N_LOSS_SUMS), np.nan))
+    produce_loss_signals(*(stager.upload_new(a) for a in (loss, weights, stats)), partials, isv, epoch, stream=stream)
     got, got_epoch = stager.download(isv), stager.download(epoch)
     assert np.isnan(got[Isv.LOSS_RAW])
     np.testing.assert_array_equal(got[slots], isv0[slots])
