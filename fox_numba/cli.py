@@ -23,6 +23,7 @@ from rich.console import Console
 
 from fox_numba.config import PRESETS, FoxConfig, load_config, toml_literal
 from fox_numba.errors import FoxError, NotAvailableError
+from fox_numba.market.calendar import CALENDARS
 from fox_numba.market.default import default_definition_path, default_store_path
 from fox_numba.market.importer import FORMATS, import_market
 from fox_numba.market.inspect import summarize, summary_table
@@ -171,8 +172,20 @@ def data_import(
     day_roll: Annotated[
         str | None,
         typer.Option(
-            help="Local time from which events count for the next trading day (default: futures 18:00, stocks 24:00)."
+            help="Local time at which a trading day ends and the next begins (default: futures 17:00, the CME "
+            "Globex close; stocks 24:00)."
         ),
+    ] = None,
+    day_open: Annotated[
+        str | None,
+        typer.Option(
+            help="Local time, the evening before, at which a trading day's full session opens (default: futures "
+            "18:00, the Globex reopen; stocks 24:00)."
+        ),
+    ] = None,
+    calendar: Annotated[
+        str | None,
+        typer.Option(help=f"Exchange calendar of trading days: {', '.join(CALENDARS)} (default us: NYSE/CME holidays)."),
     ] = None,
 ) -> None:
     """Import Databento DBN (mbp-10, trades, ohlcv-1m) or LOBSTER files into a market store."""
@@ -186,6 +199,8 @@ def data_import(
         "session_open": session_open,
         "session_close": session_close,
         "day_roll": day_roll,
+        "day_open": day_open,
+        "calendar": calendar,
     }
     overrides = {k: v for k, v in given.items() if v is not None}
     with progress_bar(f"importing into {out}") as progress:

@@ -43,8 +43,10 @@ TIMEZONE = "America/New_York"
 
 
 def equity_instrument(ticker: str) -> Instrument:
-    """Defaults for a US stock: one-cent tick, $1 per share, NYSE/Nasdaq hours, calendar-date days."""
-    return Instrument(symbol=ticker, tick_size=0.01, point_value=1.0, timezone=TIMEZONE, day_roll="24:00")
+    """Defaults for a US stock: one-cent tick, $1 per share, NYSE/Nasdaq hours and holidays, calendar-date days."""
+    return Instrument(
+        symbol=ticker, tick_size=0.01, point_value=1.0, timezone=TIMEZONE, day_roll="24:00", day_open="24:00"
+    )
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,8 @@
 """The HDF5 market store: one file per market, one group per schema and trading day.
 
-Layout (version 1):
+Layout (version 2):
     /                       attrs: layout_version, symbol, tick_size, point_value, price_scale, timezone,
-                                   session_open, session_close, day_roll, and the writer's own attrs
+                                   session_open, session_close, day_roll, day_open, calendar, and the writer's own attrs
     /{schema}/{YYYY-MM-DD}/ one dataset per column, dtypes from `schema.DTYPES`; MBP-10 book columns are
                             [n, 10] (`bid_px[:, k]` is Databento's `bid_px_0k`); price datasets carry
                             a `price_scale` attr. Chunked, byte-shuffled and LZF-compressed (h5py only).
@@ -37,7 +37,7 @@ from fox_numba.market.schema import (
 )
 from fox_numba.market.validate import validate_day, validate_instrument
 
-LAYOUT_VERSION = 1
+LAYOUT_VERSION = 2
 CHUNK_ROWS = 1 << 14
 """Rows per chunk (an MBP-10 price chunk is 16384 x 10 x 8 B = 1.3 MB before compression)."""
 

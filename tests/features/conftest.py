@@ -11,7 +11,7 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from fox_numba.market.calendar import session_bounds
+from fox_numba.market.calendar import session_bounds, trading_days
 from fox_numba.market.schema import (
     N_LEVELS,
     NS_PER_MINUTE,
@@ -22,7 +22,6 @@ from fox_numba.market.schema import (
     Mbp10,
     Trades,
 )
-from fox_numba.market.synthetic import trading_days
 
 ES = Instrument()
 
@@ -88,7 +87,7 @@ def make_random_market(
     seed: int, n_days: int = 2, n_bars: int = 20, events: tuple[int, int] = (5, 30)
 ) -> list[MarketDay]:
     rng = np.random.default_rng(seed)
-    return [random_day(rng, day, n_bars, events) for day in trading_days("2024-03-04", n_days)]
+    return [random_day(rng, day, n_bars, events) for day in trading_days("2024-03-04", n_days, ES.calendar)]
 
 
 def _take(record: Bars | Mbp10 | Trades, keep: np.ndarray) -> Bars | Mbp10 | Trades:

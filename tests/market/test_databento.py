@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from fox_numba.errors import InputError
+from fox_numba.market.bars import bars_from_trades
 from fox_numba.market.databento import DatabentoImport, read_header, read_records
 from fox_numba.market.importer import import_market
 from fox_numba.market.schema import UNDEF_PRICE, Instrument
@@ -154,8 +155,8 @@ OPEN = ns("2024-07-02T13:30:00")
 S = 10**9
 
 
-def test_multi_day_file_is_split_at_the_18_00_roll(tmp_path):
-    evening = ns("2024-07-02T22:00:00")  # 18:00 New York: 3 July's session
+def test_multi_day_file_is_split_at_the_17_00_roll(tmp_path):
+    evening = ns("2024-07-02T21:00:00")  # 17:00 New York, the Globex close: from here on 3 July's day
     records = [book(T), book(T + S, PX + TICK), book(evening - 1, PX), book(evening, PX + TICK), book(evening + S, PX)]
     path = write_dbn(tmp_path / "two.mbp-10.dbn.zst", dbn.Schema.MBP_10, records, start=T)
     _, days = all_days([path])
@@ -295,11 +296,12 @@ def test_a_folder_of_daily_files_assembles_trading_days_across_files(tmp_path):
         write_dbn(folder / f"glbx-mdp3-{stamp}.trades.dbn.zst", dbn.Schema.TRADES, trades, start=start)
     out = tmp_path / "es.h5"
     result = import_market([folder], out)
-    # 23:00 UTC is 19:00 New York: the evening rows of one UTC file belong to the next trading day.
+    # 23:00 UTC is 19:00 New York: the evening rows of one UTC file belong to the next trading day, which
+    # after 3 July is 5 July (4 July, Independence Day, is not a trading day).
     assert result.rows == {
         "2024-07-02": {"bars": 1, "mbp10": 2, "trades": 1},
         "2024-07-03": {"bars": 2, "mbp10": 3, "trades": 2},
-        "2024-07-04": {"bars": 1, "mbp10": 1, "trades": 1},
+        "2024-07-05": {"bars": 1, "mbp10": 1, "trades": 1},
     }
     require_schemas(out)
     with MarketStore(out) as store:
@@ -319,3 +321,59 @@ def test_cut_short_files_are_refused(tmp_path):
     plain.write_bytes(plain.read_bytes()[:-10])
     with pytest.raises(InputError, match=r"p.trades.dbn: the file ends inside a record \(after record 0\)"):
         read_records(read_header(plain))
+
+
+# A Globex evening: CME's pre-open (17:00-18:00 New York) may cross; trading from 18:00 is the next day's.
+
+XMAS_PRE_OPEN = ns("2023-12-25T22:39:55")  # 17:39:55 New York on Christmas Day 2023, a holiday
+XMAS_REOPEN = ns("2023-12-25T23:00:00")  # 18:00 New York: trading for 26 December starts
+P4800 = 4_800_000_000_000
+
+
+def globex_evening(tmp_path: Path, pre_open: int, reopen: int) -> list[Path]:
+    """A pre-open with a crossed book (bid 4805 >= ask 4799.5), then 40 minutes of trading from `reopen`."""
+    books = [book(pre_open - 600 * S, P4800), book(pre_open, 4_805_000_000_000, ask=4_799_500_000_000)]
+    books += [book(reopen + k * 60 * S, P4800 + (k % 3) * TICK) for k in range(40)]
+    trades = [trade(reopen + k * 20 * S + S, P4800 + (k % 3) * TICK, size=1 + k % 4) for k in range(117)]
+    start = pre_open - 3600 * S
+    symbols = {"ESH4": 5002}
+    return [
+        write_dbn(tmp_path / "evening.mbp-10.dbn.zst", dbn.Schema.MBP_10, [_iid(r, 5002) for r in books], start=start, symbols=symbols),
+        write_dbn(tmp_path / "evening.trades.dbn.zst", dbn.Schema.TRADES, [_iid(r, 5002) for r in trades], start=start, symbols=symbols),
+    ]
+
+
+def _iid(record, iid: int):
+    record.instrument_id = iid
+    return record
+
+
+def test_a_holiday_evening_reopen_with_a_crossed_pre_open_imports_as_the_next_trading_day(tmp_path):
+    files = globex_evening(tmp_path, XMAS_PRE_OPEN, XMAS_REOPEN)
+    result = import_market(files, tmp_path / "es.h5")
+    assert result.rows == {"2023-12-26": {"bars": 39, "mbp10": 42, "trades": 117}}
+    with MarketStore(tmp_path / "es.h5") as store:
+        day = store.read_day("2023-12-26")
+    assert day.trades.ts_event.size == 117 and day.mbp10.bid_px[1, 0] > day.mbp10.ask_px[1, 0]
+    rebuilt = bars_from_trades(day.trades)
+    for name in ("ts_event", "open", "high", "low", "close", "volume"):
+        np.testing.assert_array_equal(getattr(day.bars, name), getattr(rebuilt, name))
+    # The old reading (the day rolling at 18:00, no holiday calendar) puts the pre-open into the 25th, after
+    # its 09:30 open; the error says which option changes that.
+    with pytest.raises(InputError) as info:
+        import_market(files, tmp_path / "old.h5", overrides={"day_roll": "18:00", "calendar": "weekdays"})
+    e = info.value
+    assert (e.path, e.group, e.field, e.row) == (str(files[0]), "mbp-10 ESH4 2023-12-25", "bid_px_00", 1)
+    assert e.reason == (
+        "crossed book after the session open: bid 4805 >= ask 4799.5 at 2023-12-25 17:39:55.000000 America/New_York "
+        "(it is after the 16:00 close, and the day rolls only at 18:00: an earlier --day-roll (CME Globex: 17:00 "
+        "New York) makes it the next trading day's pre-open)"
+    )
+    assert not (tmp_path / "old.h5").exists()
+
+
+def test_an_ordinary_evening_pre_open_belongs_to_the_next_day(tmp_path):
+    files = globex_evening(tmp_path, ns("2024-07-09T21:45:00"), ns("2024-07-09T22:00:00"))  # Tuesday 17:45 EDT
+    assert list(import_market(files, tmp_path / "es.h5").rows) == ["2024-07-10"]
+    with pytest.raises(InputError, match=r"2024-07-09 17:45:00.000000 America/New_York \(it is after the 16:00 close.*--day-roll"):
+        import_market(files, tmp_path / "old.h5", overrides={"day_roll": "18:00"})
