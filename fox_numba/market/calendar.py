@@ -121,7 +121,8 @@ def session_bounds(day: str, instrument: Instrument, session: str = "regular") -
     d = date.fromisoformat(day)
     tz = instrument.timezone
     if session == "regular":
-        return local_ns(d, parse_hhmm(instrument.session_open), tz), local_ns(d, parse_hhmm(instrument.session_close), tz)
+        open_min, close_min = parse_hhmm(instrument.session_open), parse_hhmm(instrument.session_close)
+        return local_ns(d, open_min, tz), local_ns(d, close_min, tz)
     if session == "full":
         return local_ns(d - timedelta(days=1), parse_hhmm(instrument.day_open), tz), _roll_ns(d, instrument)
     raise ValueError(f"session {session!r} is not one of {', '.join(SESSIONS)}")

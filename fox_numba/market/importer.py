@@ -26,12 +26,14 @@ FORMATS = ("auto", "databento", "lobster")
 
 @dataclass
 class ImportResult:
-    """What an import wrote: rows per schema per trading day, and notes on what was chosen or dropped."""
+    """What an import wrote: rows per schema per trading day, notes on what was chosen or dropped, and
+    warnings (signs of damaged input that did not stop the import)."""
 
     path: Path
     instrument: Instrument
     rows: dict[str, dict[str, int]] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
 
     def lines(self) -> list[str]:
         days = sorted(self.rows)
@@ -39,7 +41,7 @@ class ImportResult:
         out = [f"wrote {self.path}: {self.instrument.symbol}, {len(days)} trading day(s), {span}"]
         for day in days:
             out.append(f"  {day}: " + ", ".join(f"{s} {n:,}" for s, n in self.rows[day].items()))
-        return out + [f"  note: {n}" for n in self.notes]
+        return out + [f"  note: {n}" for n in self.notes] + [f"  warning: {w}" for w in self.warnings]
 
 
 def import_market(
@@ -71,6 +73,7 @@ def import_market(
     write_store(out, inst, _counted(days, result), extend=True, progress=progress)
     if source is not None:
         result.notes = source.summary()
+        result.warnings = source.warnings
     return result
 
 

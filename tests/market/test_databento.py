@@ -2,6 +2,9 @@
 databento-dbn's encoder (multi-day, unsorted, crossed, snapshots, bad-book and bad-ts flags)."""
 
 import io
+import os
+import subprocess
+import sys
 from datetime import UTC, date, datetime
 from pathlib import Path
 from types import SimpleNamespace
@@ -29,16 +32,23 @@ def ns(text: str) -> int:
     return int(datetime.fromisoformat(text).replace(tzinfo=UTC).timestamp()) * 1_000_000_000
 
 
-def write_dbn(path: Path, schema: dbn.Schema, records: list, *, start: int, compress: bool = True, symbols=None) -> Path:
+def write_dbn(
+    path: Path, schema: dbn.Schema, records: list, *, start: int, compress: bool = True, symbols=None, end: int | None = None
+) -> Path:
     """A DBN file as Databento writes one: metadata (with raw symbol -> instrument_id mappings), records."""
-    symbols = symbols or {"ESU4": 118}
+    symbols = symbols or {"ESU4": 118}  # a parent symbol maps to a list of ids: {"ES.FUT": [118, 999]}
     mappings = [
-        SimpleNamespace(raw_symbol=s, intervals=[SimpleNamespace(start_date=date(2024, 6, 1), end_date=date(2024, 8, 1), symbol=str(i))])
-        for s, i in symbols.items()
+        SimpleNamespace(
+            raw_symbol=s,
+            intervals=[SimpleNamespace(start_date=date(2024, 6, 1), end_date=date(2024, 8, 1), symbol=str(i)) for i in np.atleast_1d(ids)],
+        )
+        for s, ids in symbols.items()
     ]
+    if end is None:  # the query's end: just after the last record, as for a download of exactly this range
+        end = max((r.ts_event for r in records if r.ts_event < 2**62), default=start) + 60 * 10**9
     meta = dbn.Metadata(
         dataset="GLBX.MDP3", start=start, stype_in=dbn.SType.RAW_SYMBOL, stype_out=dbn.SType.INSTRUMENT_ID,
-        schema=schema, symbols=list(symbols), end=start + 86_400 * 10**9, mappings=mappings,
+        schema=schema, symbols=list(symbols), end=end, mappings=mappings,
     )  # fmt: skip
     raw = bytes(meta.encode()) + b"".join(bytes(r) for r in records)
     if compress:
@@ -95,12 +105,17 @@ def test_real_multi_instrument_ohlcv_picks_one_and_says_so():
     path = next(ESU4.glob("futures_ohlcv-1m_*"))
     source, days = all_days([path])
     assert source.name == "ESU4"
-    assert source.summary()[0] == f"instrument ESU4: 30 records in {path.name}, the most (others: NQU4 30; choose with --instrument)"
+    assert source.summary()[0] == (
+        f"instrument ESU4: 30 records in {path.name}, the most; tied with NQU4: the alphabetically first is taken "
+        "(others: NQU4 30; choose with --instrument)"
+    )
     assert days[0].bars.open[0] == 5527250000000 and days[0].bars.volume[0] == 180
     nq, days = all_days([path], "NQU4")
     assert nq.symbol == "NQ" and days[0].bars.ts_event.size == 30 and days[0].bars.open[0] != 5527250000000
-    _, by_id = all_days([path], "4358")
-    np.testing.assert_array_equal(by_id[0].bars.close, days[0].bars.close)
+    by_id, by_id_days = all_days([path], "4358")  # an instrument_id is read as the raw symbol it maps to
+    assert (by_id.name, by_id.symbol) == ("NQU4", "NQ")
+    assert by_id.summary() == ["instrument NQU4 (instrument_id 4358, chosen with --instrument)"]
+    np.testing.assert_array_equal(by_id_days[0].bars.close, days[0].bars.close)
     with pytest.raises(InputError, match=r"ohlcv-1m.*dbn.zst: no records for instrument ESZ4 \(the file holds ESU4, NQU4\)"):
         all_days([path], "ESZ4")
 
@@ -319,7 +334,7 @@ def test_cut_short_files_are_refused(tmp_path):
             read_records(read_header(path))
     plain = write_dbn(tmp_path / "p.trades.dbn", dbn.Schema.TRADES, [trade(T), trade(T + S)], start=T, compress=False)
     plain.write_bytes(plain.read_bytes()[:-10])
-    with pytest.raises(InputError, match=r"p.trades.dbn: the file ends inside a record \(after record 0\)"):
+    with pytest.raises(InputError, match=r"p.trades.dbn: the file ends inside a record \(after record 0, 38 bytes of record 1\)"):
         read_records(read_header(plain))
 
 
@@ -377,3 +392,105 @@ def test_an_ordinary_evening_pre_open_belongs_to_the_next_day(tmp_path):
     assert list(import_market(files, tmp_path / "es.h5").rows) == ["2024-07-10"]
     with pytest.raises(InputError, match=r"2024-07-09 17:45:00.000000 America/New_York \(it is after the 16:00 close.*--day-roll"):
         import_market(files, tmp_path / "old.h5", overrides={"day_roll": "18:00"})
+
+
+def test_children_of_a_parent_symbol_are_named_by_id_with_the_parent_root(tmp_path):
+    records = [trade(OPEN + S, iid=118), trade(OPEN + 2 * S, iid=999), trade(OPEN + 3 * S, iid=118)]
+    path = write_dbn(tmp_path / "p.trades.dbn.zst", dbn.Schema.TRADES, records, start=T, symbols={"ES.FUT": [118, 999]})
+    source, days = all_days([path])
+    assert (source.name, source.symbol) == ("118", "ES") and days[0].trades.ts_event.size == 2
+    source, days = all_days([path], "999")
+    assert (source.name, source.symbol) == ("999", "ES") and days[0].trades.ts_event.size == 1
+
+
+# Damaged files: every decoder failure is one line naming the file; a plain file cut short is flagged.
+
+
+def trades_file(tmp_path: Path, name: str, n: int, *, compress: bool, end: int | None = None) -> Path:
+    """`n` trades, one a second from the open (23,400 cover the regular session)."""
+    records = [trade(OPEN + k * S, PX + (k % 3) * TICK, size=1 + k % 5) for k in range(n)]
+    return write_dbn(tmp_path / name, dbn.Schema.TRADES, records, start=OPEN, compress=compress, end=end)
+
+
+def test_bit_flips_in_a_zstd_file_are_one_line_errors_naming_it(tmp_path):
+    good = trades_file(tmp_path, "good.trades.dbn.zst", 23_400, compress=True).read_bytes()  # 200 KB
+    reasons = set()
+    for pos in range(60, len(good), 1499):  # past the frame header: data, block headers or the checksum
+        flipped = bytearray(good)
+        flipped[pos] ^= 1 << (pos % 8)
+        path = tmp_path / "flip.trades.dbn.zst"
+        path.write_bytes(bytes(flipped))
+        with pytest.raises(InputError) as info:
+            all_days([path])
+        message = str(info.value)
+        assert message.startswith(f"{path}: ") and "\n" not in message, message
+        reasons.add(info.value.reason.split(" (")[0].split(" after")[0])
+    # The metadata is decoded from the first 64 KiB (a flip there: not readable), the records after it.
+    assert {"not a readable DBN file", "DBN decoding failed"} <= reasons
+
+
+def test_a_corrupted_record_length_in_a_plain_file_names_the_record_and_its_offset(tmp_path):
+    good = trades_file(tmp_path, "good.trades.dbn", 300, compress=False).read_bytes()
+    first = len(good) - 300 * 48
+    for value in (0, 1, 6, 13, 200, 255):  # 6 words (24 bytes) made the Rust decoder panic
+        damaged = bytearray(good)
+        damaged[first + 48 * 250] = value
+        path = tmp_path / "bad.trades.dbn"
+        path.write_bytes(bytes(damaged))
+        with pytest.raises(InputError) as info:
+            all_days([path])
+        e = info.value
+        assert (e.path, e.field, e.row) == (str(path), "length", 250)
+        assert e.reason == (
+            f"record at byte {first + 48 * 250:,} declares a length of {value * 4} bytes, expected 48 for trades: "
+            "the file is damaged"
+        )
+
+
+def test_damaged_files_through_the_cli_are_one_line_without_a_panic_or_traceback(tmp_path):
+    good = trades_file(tmp_path, "good.trades.dbn", 300, compress=False).read_bytes()
+    damaged = bytearray(good)
+    damaged[len(good) - 50 * 48] = 6
+    plain = tmp_path / "bad.trades.dbn"
+    plain.write_bytes(bytes(damaged))
+    zipped = bytearray(trades_file(tmp_path, "good.trades.dbn.zst", 2000, compress=True).read_bytes())
+    zipped[len(zipped) // 2] ^= 0x10
+    flipped = tmp_path / "flip.trades.dbn.zst"
+    flipped.write_bytes(bytes(zipped))
+    for path in (plain, flipped):
+        proc = subprocess.run(
+            [sys.executable, "-m", "fox_numba", "data", "import", str(path), "--out", str(tmp_path / "es.h5")],
+            check=False, capture_output=True, text=True, timeout=120, env={**os.environ, "RUST_BACKTRACE": "1"},
+        )  # fmt: skip
+        assert proc.returncode == 1
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith(f"fox: error: {path}"), proc.stderr
+        assert not (tmp_path / "es.h5").exists()
+
+
+def test_a_plain_file_cut_at_a_record_boundary_is_flagged(tmp_path):
+    close = OPEN + 23_400 * S
+    whole = trades_file(tmp_path, "whole.trades.dbn", 23_400, compress=False, end=close)
+    source, days = all_days([whole])
+    assert days[0].trades.ts_event.size == 23_400 and source.warnings == []
+    assert source.summary()[1] == (
+        "1 plain .dbn file(s) (whole.trades.dbn): no checksum or frame, so a file cut at a record boundary shows "
+        "only as a last record far before the metadata's end (checked)"
+    )
+    cut = tmp_path / "cut.trades.dbn"
+    raw = whole.read_bytes()
+    cut.write_bytes(raw[: len(raw) - (23_400 - 12_000) * 48])
+    result = import_market([cut], tmp_path / "es.h5")
+    assert result.rows["2024-07-02"]["trades"] == 12_000
+    assert result.warnings == [
+        (
+            "cut.trades.dbn: its last record (2024-07-02 12:49:59) is 190 minutes of open market before the end its "
+            "metadata gives (2024-07-02 16:00:00 America/New_York): was the file cut short? Compare it with the download"
+        )
+    ]
+    assert "  warning: " + result.warnings[0] in result.lines()
+
+
+def test_records_past_the_metadata_end_are_refused(tmp_path):
+    path = trades_file(tmp_path, "late.trades.dbn.zst", 10, compress=True, end=OPEN + 5 * S)
+    rejects([path], path, None, "ts_recv", 5, "ts_recv 2024-07-02 13:30:05.000000 UTC is at or past the end of the file's metadata")
