@@ -13,6 +13,7 @@ file, field and row, with exit code 1; a command whose machinery has not landed 
 from __future__ import annotations
 
 import json
+import signal
 import sys
 import time
 from pathlib import Path
@@ -22,7 +23,7 @@ import typer
 from rich.console import Console
 
 from fox_numba.config import PRESETS, FoxConfig, load_config, toml_literal
-from fox_numba.errors import FoxError, NotAvailableError
+from fox_numba.errors import FoxError, Interrupted, NotAvailableError
 from fox_numba.market.calendar import CALENDARS
 from fox_numba.market.default import default_definition_path, default_store_path
 from fox_numba.market.importer import FORMATS, import_market
@@ -272,11 +273,29 @@ def profile(
     not_available("profile", "the HEALTH_DIAG and profiling stage")
 
 
+def _interrupt(signum: int, frame: object) -> NoReturn:
+    """Signal handler: ignore further SIGINT/SIGTERM while the interrupted work cleans up, then stop it."""
+    for sig in INTERRUPTS:
+        signal.signal(sig, signal.SIG_IGN)
+    raise Interrupted(signum)
+
+
+INTERRUPTS = (signal.SIGINT, signal.SIGTERM)
+
+
 def main() -> None:
     """Entry point of `fox`: a `FoxError` becomes a one-line message and its exit code, no traceback;
-    so does an operating-system error (an unwritable output folder, a full disk), which names the path."""
+    so does an operating-system error (an unwritable output folder, a full disk), which names the path.
+    SIGINT and SIGTERM stop the command as `Interrupted`: temporary files are removed, and the message
+    names the outputs left unchanged (exit code 128 + the signal number)."""
+    for sig in INTERRUPTS:
+        signal.signal(sig, _interrupt)
     try:
         app()
+    except Interrupted as e:
+        kept = "".join(f"; {path} unchanged" for path in e.unchanged)
+        typer.echo(f"fox: interrupted{kept}", err=True)
+        sys.exit(128 + e.signum)
     except FoxError as e:
         typer.echo(f"fox: error: {e}", err=True)
         sys.exit(e.exit_code)

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from fox_numba.errors import InputError
+from fox_numba.errors import InputError, OutputError
 from fox_numba.market.databento import SUFFIXES, DatabentoImport, find_files
 from fox_numba.market.lobster import NAME, LobsterPair, equity_instrument, find_pairs, read_pair
 from fox_numba.market.schema import Instrument, MarketDay, n_rows
@@ -54,6 +54,8 @@ def import_market(
     progress: Callable[[str], None] | None = None,
 ) -> ImportResult:
     """Import `paths` into the store `out` (created or extended); `overrides` set Instrument fields."""
+    if out.is_dir():
+        raise OutputError(f"{out}: is a folder; --out names the store file to write or extend, e.g. {out / 'es.h5'}")
     fmt = detect_format(paths) if fmt == "auto" else fmt
     if fmt not in FORMATS[1:]:
         raise ValueError(f"format {fmt!r} is not one of {FORMATS}")

@@ -104,6 +104,8 @@ class MarketStore:
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
+        if self.path.is_dir():
+            raise InputError(self.path, "is a folder, not a market store file")
         if not self.path.is_file():
             raise InputError(self.path, "no such market store (write one with `fox data synth` or `fox data import`)")
         try:
