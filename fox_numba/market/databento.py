@@ -234,7 +234,7 @@ class DatabentoImport:
             if "bars" not in parts and "trades" in parts:
                 parts["bars"] = bars_sourced(parts["trades"])
                 labels["bars"] = f"bars built from trades {self.name}"
-            yield validate_sourced(day, parts, instrument, labels)
+            yield validate_sourced(day, parts, instrument, labels, self.name)
 
     def _convert(self, f: DbnFile, records: np.ndarray) -> Sourced:
         ids = [i for i, n in f.names.items() if n == self.name]

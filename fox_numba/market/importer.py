@@ -76,7 +76,23 @@ def import_market(
     if source is not None:
         result.notes = source.summary()
         result.warnings = source.warnings
+    with MarketStore(out) as store:
+        result.notes += contract_changes(store.contracts(), set(result.rows))
     return result
+
+
+def contract_changes(contracts: Mapping[str, str], touched: set[str]) -> list[str]:
+    """A note for each change of contract between consecutive days of a store that involves a day in
+    `touched` (the days an import wrote): where a continuous series rolls from one contract to the next."""
+    days = list(contracts)
+    notes = []
+    for before, after in zip(days, days[1:], strict=False):
+        if contracts[before] != contracts[after] and {before, after} & touched:
+            notes.append(
+                f"the contract changes from {contracts[before]} (last day {before}) to {contracts[after]} (first "
+                f"day {after}): a roll; prices jump by the spread between the two contracts there"
+            )
+    return notes
 
 
 def detect_format(paths: Iterable[Path]) -> str:

@@ -90,7 +90,7 @@ def read_pair(pair: LobsterPair, instrument: Instrument) -> MarketDay:
     trades = _trades(msg, ts, pair.message)
     parts = {"mbp10": mbp, "trades": trades, "bars": bars_sourced(trades)}
     labels = {"mbp10": "orderbook", "trades": "executions", "bars": "bars built from executions"}
-    return validate_sourced(pair.day, parts, instrument, labels)
+    return validate_sourced(pair.day, parts, instrument, labels, pair.ticker)
 
 
 def _load(path: Path, n_cols: int, dtype: type) -> np.ndarray:

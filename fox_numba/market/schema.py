@@ -138,6 +138,9 @@ class MarketDay:
     bars: Bars | None = None
     mbp10: Mbp10 | None = None
     trades: Trades | None = None
+    contract: str = ""
+    """The contract the rows are from (Databento raw symbol such as ESU4, LOBSTER ticker); empty: the
+    store's symbol. One per day: a store may follow a continuous series across contract rolls."""
 
     def present(self) -> tuple[str, ...]:
         return tuple(s for s in SCHEMAS if getattr(self, s) is not None)

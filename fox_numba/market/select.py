@@ -1,7 +1,9 @@
 """The market a stage runs on: the store named by the config and the trading days it selects.
 
-Every stage command starts here, so a bad store, a day range outside it, or a store without the
-mandatory MBP-10 and trades stops the command before any work, with a message saying what to do.
+Every stage command starts here, so a bad store, a day range outside it, a store without the mandatory
+MBP-10 and trades, or a selected day that fails validation stops the command before any work, with a
+message saying what to do. Every selected day is read and validated here, as `fox data inspect` does,
+so a stage refuses a store that inspect refuses, with the same message.
 """
 
 from __future__ import annotations
@@ -34,8 +36,9 @@ def _day(key: str, text: str) -> str:
 
 def select_market(cfg: MarketConfig, progress: Callable[[str], None] | None = None) -> MarketSelection:
     """Resolve `cfg.store` ('default': the embedded market, built or reused), pick the days between
-    `first_day` and `last_day` (inclusive; empty: the store's first / last), and check that each selected
-    day holds MBP-10 and trades (MissingDataError, saying how to import them, otherwise)."""
+    `first_day` and `last_day` (inclusive; empty: the store's first / last), check that each selected
+    day holds MBP-10 and trades (MissingDataError, saying how to import them, otherwise), and validate
+    each selected day (InputError naming the group, field and row, as `fox data inspect` reports it)."""
     path = ensure_default_store(progress) if cfg.store == "default" else Path(cfg.store)
     if not path.is_file():
         raise InputError(path, "market store not found (build one with `fox data synth` or `fox data import`)")
@@ -50,4 +53,9 @@ def select_market(cfg: MarketConfig, progress: Callable[[str], None] | None = No
         span = f"{available[0]} to {available[-1]}" if available else "no days"
         raise ConfigError(f"{path}: no trading day between {first or 'the start'} and {last or 'the end'} ({span})")
     require_schemas(path, days=days)
+    with MarketStore(path) as store:
+        for k, day in enumerate(days):
+            if progress is not None:
+                progress(f"checking {day} ({k + 1} of {len(days)})")
+            store.read_day(day)
     return MarketSelection(path, days)

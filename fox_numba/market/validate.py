@@ -92,7 +92,7 @@ class _Where:
 def validate_day(day: MarketDay, instrument: Instrument, path: str | Path) -> MarketDay:
     """Check one trading day; return it with every column cast to the store's dtypes."""
     _check_day_name(day.day, instrument, path)
-    out = MarketDay(day.day)
+    out = MarketDay(day.day, contract=day.contract)
     for schema in CHECK_ORDER:
         if getattr(day, schema) is None:
             continue

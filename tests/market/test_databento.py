@@ -12,11 +12,14 @@ from types import SimpleNamespace
 import databento_dbn as dbn
 import numpy as np
 import pytest
+from typer.testing import CliRunner
 
+from fox_numba.cli import app
 from fox_numba.errors import InputError
 from fox_numba.market.bars import bars_from_trades
 from fox_numba.market.databento import DatabentoImport, read_header, read_records
 from fox_numba.market.importer import import_market
+from fox_numba.market.inspect import summarize
 from fox_numba.market.schema import UNDEF_PRICE, Instrument
 from fox_numba.market.store import MarketStore, require_schemas
 
@@ -494,3 +497,30 @@ def test_a_plain_file_cut_at_a_record_boundary_is_flagged(tmp_path):
 def test_records_past_the_metadata_end_are_refused(tmp_path):
     path = trades_file(tmp_path, "late.trades.dbn.zst", 10, compress=True, end=OPEN + 5 * S)
     rejects([path], path, None, "ts_recv", 5, "ts_recv 2024-07-02 13:30:05.000000 UTC is at or past the end of the file's metadata")
+
+
+def test_a_store_following_two_contracts_records_the_roll(tmp_path):
+    """ESZ4 days imported into a store of ESU4 days: kept, each day's contract recorded, the roll noted."""
+    files = []
+    for day, symbol, iid in (("2024-07-02", "ESU4", 118), ("2024-07-03", "ESZ4", 999)):
+        open_ns = ns(f"{day}T13:30:00")
+        books = [book(open_ns - S, iid=iid), book(open_ns + 60 * S, PX + TICK, iid=iid)]
+        trades = [trade(open_ns + k * S, iid=iid) for k in range(1, 50)]
+        for schema, records in ((dbn.Schema.MBP_10, books), (dbn.Schema.TRADES, trades)):
+            name = f"{symbol}.{schema.value}.dbn.zst"
+            files.append(write_dbn(tmp_path / name, schema, records, start=open_ns - 60 * S, symbols={symbol: iid}))
+    out = tmp_path / "es.h5"
+    first = import_market(files[:2], out)
+    assert first.notes == [f"instrument ESU4: 2 records in {files[0].name}, the most"]
+    second = import_market(files[2:], out)
+    assert second.notes[-1] == (
+        "the contract changes from ESU4 (last day 2024-07-02) to ESZ4 (first day 2024-07-03): a roll; prices jump "
+        "by the spread between the two contracts there"
+    )
+    with MarketStore(out) as store:
+        assert store.instrument.symbol == "ES" and store.contracts() == {"2024-07-02": "ESU4", "2024-07-03": "ESZ4"}
+    summary = summarize(out)
+    assert [(d["day"], d["contract"]) for d in summary["days"]] == [("2024-07-02", "ESU4"), ("2024-07-03", "ESZ4")]
+    table = CliRunner().invoke(app, ["data", "inspect", str(out)])
+    assert table.exit_code == 0 and "contract" in table.output and "ESZ4" in table.output
+    assert import_market(files[2:], out).notes[-1] == second.notes[-1]  # re-importing the roll day says it again
