@@ -88,7 +88,10 @@ def prepare_market(cfg: FoxConfig) -> MarketSelection:
     """The checked market of a stage: MBP-10 and trades are mandatory, so a store without them stops the
     command here with a message saying what to import."""
     with progress_bar(f"market store: {cfg.market.store}") as progress:
-        return select_market(cfg.market, progress)
+        selection = select_market(cfg.market, progress)
+    for note in selection.notes:
+        typer.echo(f"fox: note: {note}", err=True)
+    return selection
 
 
 def not_available(command: str, lands_with: str) -> NoReturn:

@@ -134,6 +134,13 @@ def session_minutes(day: str, instrument: Instrument, session: str = "regular") 
     return np.arange(start, end, NS_PER_MINUTE, dtype=np.uint64)
 
 
+def bars_in_session(bar_ts: np.ndarray, day: str, instrument: Instrument, session: str) -> np.ndarray:
+    """Indices of the 1-minute bars (minute starts, UTC ns) that start and end inside `session` of `day`."""
+    open_ns, close_ns = session_bounds(day, instrument, session)
+    ts = np.asarray(bar_ts).astype(np.int64)
+    return np.flatnonzero((ts >= open_ns) & (ts + NS_PER_MINUTE <= close_ns))
+
+
 def assign_days(ts_event: np.ndarray, instrument: Instrument) -> tuple[list[str], np.ndarray]:
     """The trading days touched by `ts_event` (sorted) and each row's index into that list."""
     ts = np.asarray(ts_event, dtype=np.uint64)
