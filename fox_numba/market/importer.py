@@ -11,6 +11,7 @@ so a rejected import leaves it as it was.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -86,7 +87,7 @@ def contract_changes(contracts: Mapping[str, str], touched: set[str]) -> list[st
     `touched` (the days an import wrote): where a continuous series rolls from one contract to the next."""
     days = list(contracts)
     notes = []
-    for before, after in zip(days, days[1:], strict=False):
+    for before, after in itertools.pairwise(days):
         if contracts[before] != contracts[after] and {before, after} & touched:
             notes.append(
                 f"the contract changes from {contracts[before]} (last day {before}) to {contracts[after]} (first "
