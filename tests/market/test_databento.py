@@ -3,6 +3,7 @@ databento-dbn's encoder (multi-day, unsorted, crossed, snapshots, bad-book and b
 
 import io
 import os
+import signal
 import subprocess
 import sys
 from datetime import UTC, date, datetime
@@ -10,11 +11,13 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import databento_dbn as dbn
+import h5py
 import numpy as np
 import pytest
 from typer.testing import CliRunner
 
 from fox_numba.cli import app
+from fox_numba.cli import main as cli_main
 from fox_numba.errors import InputError
 from fox_numba.market.bars import bars_from_trades
 from fox_numba.market.databento import DatabentoImport, read_header, read_records
@@ -524,3 +527,78 @@ def test_a_store_following_two_contracts_records_the_roll(tmp_path):
     table = CliRunner().invoke(app, ["data", "inspect", str(out)])
     assert table.exit_code == 0 and "contract" in table.output and "ESZ4" in table.output
     assert import_market(files[2:], out).notes[-1] == second.notes[-1]  # re-importing the roll day says it again
+
+
+# The bad-input battery through the command line's entry point: one line, exit 1, the store kept.
+
+
+def fox_main(args: list[str]) -> int:
+    """Run `fox ARGS` in this process through `cli.main` (restoring the signal handlers it installs)."""
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    old_argv = sys.argv
+    sys.argv = ["fox", *args]
+    try:
+        cli_main()
+    except SystemExit as e:
+        return int(e.code or 0)
+    finally:
+        sys.argv = old_argv
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+    return 0
+
+
+def test_every_bad_input_ends_in_one_line_and_keeps_the_store(tmp_path, capfd):
+    store = tmp_path / "es.h5"
+    good = trades_file(tmp_path, "good.trades.dbn.zst", 600, compress=True)
+    import_market([good], store)
+    corrupt = tmp_path / "corrupt.h5"
+    corrupt.write_bytes(store.read_bytes())
+    with h5py.File(corrupt, "r+") as f:
+        f["trades/2024-07-02/price"][7] = 0
+    aapl = tmp_path / "aapl.h5"
+    import_market([Path(__file__).parents[1] / "fixtures" / "lobster_aapl_head"], aapl)
+    zipped = trades_file(tmp_path, "flip.trades.dbn.zst", 23_400, compress=True)
+    damaged = bytearray(zipped.read_bytes())
+    damaged[len(damaged) // 2] ^= 0x10
+    zipped.write_bytes(bytes(damaged))
+    plain = trades_file(tmp_path, "length.trades.dbn", 300, compress=False)
+    damaged = bytearray(plain.read_bytes())
+    damaged[len(damaged) - 100 * 48] = 6
+    plain.write_bytes(bytes(damaged))
+    cut = trades_file(tmp_path, "cut.trades.dbn.zst", 23_400, compress=True)
+    cut.write_bytes(cut.read_bytes()[: cut.stat().st_size // 2])
+    late = trades_file(tmp_path, "late.trades.dbn.zst", 10, compress=True, end=OPEN + 5 * S)
+    junk = tmp_path / "junk.dbn"
+    junk.write_bytes(b"not dbn at all" * 10)
+    evening = tmp_path / "evening"
+    evening.mkdir()
+    globex = globex_evening(evening, XMAS_PRE_OPEN, XMAS_REOPEN)
+    lobster = tmp_path / "lobster"
+    lobster.mkdir()
+    name = "AAPL_2012-06-21_34200000_57600000_{}_1.csv"
+    (lobster / name.format("message")).write_text("34200.5,1,1,100,nan,1\n")
+    (lobster / name.format("orderbook")).write_text("1001000,5,1000000,7\n")
+    cases = [
+        ([zipped], store, "DBN decoding failed"),
+        ([plain], store, "declares a length of 24 bytes, expected 48"),
+        ([cut], store, "the zstd stream is cut short"),
+        ([late], store, "is at or past the end of the file's metadata"),
+        ([junk], store, "not a readable DBN file"),
+        ([STUBS / "test_data.definition.dbn.zst"], store, "DBN schema definition is not imported"),
+        ([*globex, "--day-roll", "18:00", "--calendar", "weekdays"], store, "the store holds another instrument"),
+        ([*globex, "--day-roll", "18:00", "--calendar", "weekdays"], tmp_path / "new.h5", "an earlier --day-roll"),
+        ([*globex, "--day-roll", "25:00"], store, "time '25:00' is not a time of day"),
+        ([*globex, "--out", str(tmp_path)], store, "is a folder; --out names the store file"),
+        ([lobster], aapl, "field price, row 0: NaN or infinite value"),
+        ([good], corrupt, "row 7: non-positive price (the store fails validation on 2024-07-02, so it is not extended"),
+    ]
+    for args, out, words in cases:
+        before = out.read_bytes() if out.exists() else None
+        status = fox_main(["data", "import", *map(str, args), *(["--out", str(out)] if "--out" not in args else [])])
+        captured = capfd.readouterr()
+        lines = captured.err.strip().splitlines()
+        assert status == 1 and len(lines) == 1 and lines[0].startswith("fox: error: "), (args, captured.err)
+        assert words in lines[0], lines[0]
+        assert (out.read_bytes() if out.exists() else None) == before
+    assert sorted(p.name for p in tmp_path.glob(".*")) == []
