@@ -51,7 +51,7 @@ def use_fallback_folder() -> Path | None:
         folder = Path(tempfile.gettempdir()) / FALLBACK_NAME.format(uid=os.getuid())
         folder.mkdir(mode=0o700, exist_ok=True)
         info = folder.stat(follow_symlinks=False)
-    except (OSError, FileNotFoundError):
+    except OSError:  # no usable temporary directory either (gettempdir raises FileNotFoundError)
         return None
     private = stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid() and not info.st_mode & 0o022
     if not private:
