@@ -13,6 +13,7 @@ file, field and row, with exit code 1; a command whose machinery has not landed 
 from __future__ import annotations
 
 import json
+import signal
 import sys
 import time
 from pathlib import Path
@@ -23,7 +24,8 @@ from rich.console import Console
 from rich.table import Table
 
 from fox_numba.config import PRESETS, FoxConfig, load_config, toml_literal
-from fox_numba.errors import ConfigError, FoxError, NotAvailableError
+from fox_numba.errors import ConfigError, FoxError, Interrupted, NotAvailableError
+from fox_numba.market.calendar import CALENDARS
 from fox_numba.market.default import default_definition_path, default_store_path
 from fox_numba.market.importer import FORMATS, import_market
 from fox_numba.market.inspect import summarize, summary_table
@@ -87,7 +89,10 @@ def prepare_market(cfg: FoxConfig) -> MarketSelection:
     """The checked market of a stage: MBP-10 and trades are mandatory, so a store without them stops the
     command here with a message saying what to import."""
     with progress_bar(f"market store: {cfg.market.store}") as progress:
-        return select_market(cfg.market, progress)
+        selection = select_market(cfg.market, progress)
+    for note in selection.notes:
+        typer.echo(f"fox: note: {note}", err=True)
+    return selection
 
 
 def not_available(command: str, lands_with: str) -> NoReturn:
@@ -172,8 +177,20 @@ def data_import(
     day_roll: Annotated[
         str | None,
         typer.Option(
-            help="Local time from which events count for the next trading day (default: futures 18:00, stocks 24:00)."
+            help="Local time at which a trading day ends and the next begins (default: futures 17:00, the CME "
+            "Globex close; stocks 24:00)."
         ),
+    ] = None,
+    day_open: Annotated[
+        str | None,
+        typer.Option(
+            help="Local time, the evening before, at which a trading day's full session opens (default: futures "
+            "18:00, the Globex reopen; stocks 24:00)."
+        ),
+    ] = None,
+    calendar: Annotated[
+        str | None,
+        typer.Option(help=f"Exchange calendar of trading days: {', '.join(CALENDARS)} (default us: NYSE/CME holidays)."),
     ] = None,
 ) -> None:
     """Import Databento DBN (mbp-10, trades, ohlcv-1m) or LOBSTER files into a market store."""
@@ -187,6 +204,8 @@ def data_import(
         "session_open": session_open,
         "session_close": session_close,
         "day_roll": day_roll,
+        "day_open": day_open,
+        "calendar": calendar,
     }
     overrides = {k: v for k, v in given.items() if v is not None}
     with progress_bar(f"importing into {out}") as progress:
@@ -365,11 +384,29 @@ def profile(
     not_available("profile", "the HEALTH_DIAG and profiling stage")
 
 
+def _interrupt(signum: int, frame: object) -> NoReturn:
+    """Signal handler: ignore further SIGINT/SIGTERM while the interrupted work cleans up, then stop it."""
+    for sig in INTERRUPTS:
+        signal.signal(sig, signal.SIG_IGN)
+    raise Interrupted(signum)
+
+
+INTERRUPTS = (signal.SIGINT, signal.SIGTERM)
+
+
 def main() -> None:
     """Entry point of `fox`: a `FoxError` becomes a one-line message and its exit code, no traceback;
-    so does an operating-system error (an unwritable output folder, a full disk), which names the path."""
+    so does an operating-system error (an unwritable output folder, a full disk), which names the path.
+    SIGINT and SIGTERM stop the command as `Interrupted`: temporary files are removed, and the message
+    names the outputs left unchanged (exit code 128 + the signal number)."""
+    for sig in INTERRUPTS:
+        signal.signal(sig, _interrupt)
     try:
         app()
+    except Interrupted as e:
+        kept = "".join(f"; {path} unchanged" for path in e.unchanged)
+        typer.echo(f"fox: interrupted{kept}", err=True)
+        sys.exit(128 + e.signum)
     except FoxError as e:
         typer.echo(f"fox: error: {e}", err=True)
         sys.exit(e.exit_code)

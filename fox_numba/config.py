@@ -40,6 +40,12 @@ class MarketConfig:
     )
     first_day: str = opt("", "First trading day to use, YYYY-MM-DD (empty: the store's first).")
     last_day: str = opt("", "Last trading day to use, YYYY-MM-DD (empty: the store's last).")
+    session: str = opt(
+        "regular",
+        "Bars that features and episodes use: 'regular' (the instrument's regular hours, ES 09:30-16:00 New "
+        "York) or 'full' (the whole trading day, ES: the Globex day 18:00-17:00 New York). A day without a bar "
+        "in the session is skipped with a note.",
+    )
 
 
 @dataclass

@@ -54,6 +54,24 @@ class LayoutMismatchError(FoxError):
     """A checkpoint or snapshot written with another layout (ISV table, parameter shapes)."""
 
 
+class OutputError(FoxError):
+    """A file that cannot be written (a read-only folder, a full disk, a folder where a file should be);
+    names the target, never the temporary file it was being written under."""
+
+
+class Interrupted(BaseException):  # noqa: N818 (it is a signal, not an error)
+    """SIGINT or SIGTERM during a command (raised by the CLI's signal handlers).
+
+    A BaseException, like KeyboardInterrupt, so that `except Exception` does not swallow it; atomic writes
+    that it stops list their targets in `unchanged` for the message the CLI prints.
+    """
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+        self.unchanged: list[Path] = []
+
+
 class NotAvailableError(FoxError):
     """A command whose machinery has not landed yet (exit code 2, as for a usage error)."""
 

@@ -30,8 +30,9 @@ def range_feature(high: np.ndarray, low: np.ndarray, mid: np.ndarray) -> dict[st
     return {"range_rel": (high - low) / mid}
 
 
-def session_features(bar_ts: np.ndarray, day: str, instrument: Instrument) -> dict[str, np.ndarray]:
-    """Time of day at each bar's end (int64 ns bar starts) as a session fraction and on the unit circle."""
-    open_ns, close_ns = session_bounds(day, instrument)
+def session_features(bar_ts: np.ndarray, day: str, instrument: Instrument, session: str) -> dict[str, np.ndarray]:
+    """Time of day at each bar's end (int64 ns bar starts) as a fraction of `session` ("regular" or "full",
+    `calendar.session_bounds`) and on the unit circle; bars inside the session give (0, 1]."""
+    open_ns, close_ns = session_bounds(day, instrument, session)
     frac = (bar_ts + NS_PER_MINUTE - open_ns) / (close_ns - open_ns)
     return {"tod_sin": np.sin(2 * np.pi * frac), "tod_cos": np.cos(2 * np.pi * frac), "session_frac": frac}

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
+from fox_numba.jitcache import cached_njit
 from fox_numba.market.schema import NS_PER_MINUTE, UNDEF_PRICE
 
 _UNDEF = np.int64(UNDEF_PRICE)
@@ -38,7 +38,7 @@ def close_book_features(
     }
 
 
-@njit(cache=True)
+@cached_njit()
 def _time_weighted_spread(
     book_ts: np.ndarray,
     best_bid: np.ndarray,

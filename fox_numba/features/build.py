@@ -1,4 +1,4 @@
-"""Build the per-bar features and the raw market of a run of trading days."""
+"""Build the per-bar features and the raw market of a run of trading days, over the bars of one session."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from fox_numba.config import FeatureConfig
-from fox_numba.errors import InputError, MissingDataError
+from fox_numba.errors import ConfigError, InputError, MissingDataError
 from fox_numba.features.bar_features import range_feature, return_features, session_features
 from fox_numba.features.book_features import close_book_features, mean_spread
 from fox_numba.features.feature_set import FeatureSet, RawMarket
@@ -16,35 +16,66 @@ from fox_numba.features.ofi import bar_order_flow, ofi_features
 from fox_numba.features.trade_features import trade_features, trade_flow
 from fox_numba.features.trade_summary import trade_summary
 from fox_numba.features.windows import book_windows, trade_windows
-from fox_numba.market.schema import PRICE_SCALE, UNDEF_PRICE, Bars, Instrument, MarketDay, Mbp10, Trades, to_price
+from fox_numba.market.calendar import SESSIONS, bars_in_session
+from fox_numba.market.schema import (
+    DTYPES,
+    PRICE_SCALE,
+    UNDEF_PRICE,
+    Bars,
+    Instrument,
+    MarketDay,
+    Mbp10,
+    Trades,
+    to_price,
+)
 
 
 def build_features(
-    days: Sequence[MarketDay], instrument: Instrument, config: FeatureConfig, source: str = "market data"
+    days: Sequence[MarketDay],
+    instrument: Instrument,
+    config: FeatureConfig,
+    source: str = "market data",
+    session: str = "regular",
 ) -> FeatureSet:
-    """Features and raw market of every session bar of `days` (in time order).
+    """Features and raw market of the bars of `days` inside `session` (in time order).
 
+    `session` is "regular" (the instrument's regular hours) or "full" (the whole trading day from its
+    reopen, `calendar.session_bounds`): a bar is used when it starts and ends inside it, and look-backs
+    restart at the day's first such bar. A day without one is left out, with a note in `FeatureSet.notes`.
     Every day needs bars, MBP-10 and trades (MissingDataError otherwise); `source` names the data in
     error messages (e.g. the store's path). Bad rows raise InputError naming the day, schema and row.
     """
     check_feature_config(config)
+    if session not in SESSIONS:
+        raise ConfigError(f"market.session is {session!r}; it must be one of {', '.join(SESSIONS)}")
     if not days:
         raise MissingDataError(f"{source}: no trading days to build features from")
-    parts = [_day_features(day, instrument, config, source) for day in days]
-    _check_day_order(days, [p[1]["ts"] for p in parts], source)
+    parts, kept, notes = [], [], []
+    for day in days:
+        part = _day_features(day, instrument, config, source, session)
+        if part is None:
+            notes.append(f"{day.day} skipped: no bar in its {session} session")
+        else:
+            parts.append(part)
+            kept.append(day)
+    if not parts:
+        raise MissingDataError(f"{source}: none of the {len(days)} trading days has a bar in the {session} session")
+    _check_day_order(kept, [p[1]["ts"] for p in parts], source)
     n_per_day = np.array([p[0].shape[0] for p in parts], dtype=np.int64)
     raw = {key: np.concatenate([p[1][key] for p in parts]) for key in parts[0][1]}
     return FeatureSet(
         values=np.concatenate([p[0] for p in parts]),
         names=FEATURE_NAMES,
-        days=tuple(day.day for day in days),
+        days=tuple(day.day for day in kept),
         raw=RawMarket(
             **raw,
-            day_index=np.repeat(np.arange(len(days), dtype=np.int32), n_per_day),
+            day_index=np.repeat(np.arange(len(kept), dtype=np.int32), n_per_day),
             day_start=np.concatenate(([0], np.cumsum(n_per_day))),
             tick_size=instrument.tick_size,
             point_value=instrument.point_value,
         ),
+        session=session,
+        notes=tuple(notes),
     )
 
 
@@ -109,14 +140,19 @@ def _check_close_books(close: np.ndarray, book: Mbp10, bars: Bars, source: str, 
 
 
 def _day_features(
-    day: MarketDay, instrument: Instrument, config: FeatureConfig, source: str
-) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-    """One day's feature matrix [n_bars, n_features] and its raw-market columns."""
+    day: MarketDay, instrument: Instrument, config: FeatureConfig, source: str, session: str
+) -> tuple[np.ndarray, dict[str, np.ndarray]] | None:
+    """One day's feature matrix [n_bars, n_features] and its raw-market columns, over the session's bars
+    (None without one)."""
     bars, book, trades = _require(day, source)
+    _check_sorted(bars.ts_event.astype(np.int64), source, f"day {day.day} bars", strict=True)
+    rows = bars_in_session(bars.ts_event, day.day, instrument, session)
+    if rows.size == 0:
+        return None
+    bars = Bars(**{name: getattr(bars, name)[rows] for name in DTYPES["bars"]})
     bar_ts = bars.ts_event.astype(np.int64)
     book_ts = book.ts_event.astype(np.int64)
     trade_ts = trades.ts_event.astype(np.int64)
-    _check_sorted(bar_ts, source, f"day {day.day} bars", strict=True)
     _check_sorted(book_ts, source, f"day {day.day} mbp10", strict=False)
     _check_sorted(trade_ts, source, f"day {day.day} trades", strict=False)
 
@@ -136,7 +172,7 @@ def _day_features(
     spread = mean_spread(book_ts, book.bid_px[:, 0], book.ask_px[:, 0], bar_ts, enter, stop)
     columns["spread_mean_ticks"] = spread / instrument.tick_fixed
     try:
-        columns |= session_features(bar_ts, day.day, instrument)
+        columns |= session_features(bar_ts, day.day, instrument, session)
     except (ValueError, KeyError) as e:
         message = f"cannot place day {day.day} in the session hours of {instrument.symbol}: {e}"
         raise InputError(source, message) from None

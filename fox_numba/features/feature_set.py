@@ -78,8 +78,12 @@ class FeatureSet:
     values: np.ndarray
     names: tuple[str, ...]
     days: tuple[str, ...]
-    """Trading days (YYYY-MM-DD, exchange-local), in order."""
+    """Trading days (YYYY-MM-DD, exchange-local), in order: those with a bar in the session."""
     raw: RawMarket
+    session: str = "regular"
+    """The session whose bars these are (`market.session`)."""
+    notes: tuple[str, ...] = ()
+    """What the builder left out and why (a day without a bar in the session)."""
 
     @property
     def n_bars(self) -> int:

@@ -65,7 +65,8 @@ FEATURES: tuple[tuple[str, str], ...] = (
     ("tod_cos", "cos(2 pi f), f = session_frac."),
     (
         "session_frac",
-        "(bar end - session open) / (session close - session open), in the instrument's local session hours.",
+        "(bar end - session open) / (session close - session open) of the run's session (market.session: the "
+        "regular hours, or the whole trading day from the reopen to the day roll); in (0, 1].",
     ),
 )
 """(name, definition) of every feature, in the column order of `FeatureSet.values`."""

@@ -20,17 +20,17 @@ contracts.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
 from fox_numba.features.lookback import rolling_sum
 from fox_numba.features.names import FLOW_SUM_BARS
+from fox_numba.jitcache import cached_njit
 from fox_numba.market.schema import UNDEF_PRICE
 
 _UNDEF = np.int64(UNDEF_PRICE)
 _EMPTY_BID = np.int64(np.iinfo(np.int64).min)
 
 
-@njit(cache=True, inline="always")
+@cached_njit(inline="always")
 def _event_ofi(pb0: int, qb0: float, pa0: int, qa0: float, pb1: int, qb1: float, pa1: int, qa1: float) -> float:
     """e_n for one level: (pb0, qb0, pa0, qa0) before the event, (pb1, qb1, pa1, qa1) after it."""
     e = 0.0
@@ -45,7 +45,7 @@ def _event_ofi(pb0: int, qb0: float, pa0: int, qa0: float, pb1: int, qb1: float,
     return e
 
 
-@njit(cache=True)
+@cached_njit()
 def _bar_ofi(
     bid_px: np.ndarray,
     bid_sz: np.ndarray,

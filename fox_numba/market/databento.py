@@ -4,10 +4,11 @@ Files are decoded with `databento_dbn` and their records viewed as numpy structu
 are fixed-size C structs), so a day of MBP-10 converts without a Python loop per field.
 
 Decisions:
-- One instrument per import. `--instrument` names it by raw symbol (ESU4) or instrument_id; without it the
-  instrument with the most records in the earliest file is taken (ties: the first name), and the choice is
-  reported. Every file must hold it. Parent/continuous files, whose metadata maps one name to several
-  ids, name each child by its instrument_id.
+- One instrument per import. `--instrument` names it by raw symbol (ESU4) or instrument_id (an id the
+  metadata maps to a raw symbol is read as that symbol); without it the instrument with the most records
+  in the earliest file is taken (ties: the alphabetically first name), and the choice is reported. Every
+  file must hold it. Parent/continuous files, whose metadata maps one name to several ids, name each
+  child by its instrument_id, and the store's symbol is the parent's root (ES for ES.FUT).
 - Records keep the file's order (the exchange's sequence) and are never re-sorted: a decreasing
   `ts_event` within the chosen instrument is an error naming the record.
 - `F_MAYBE_BAD_BOOK` (the feed lost packets, the book may be wrong): such MBP-10 records are dropped;
@@ -23,14 +24,24 @@ Decisions:
 - Trading days: rows are split by `calendar.assign_days`; a day whose rows come from several files is
   joined before it is validated, and it is complete once a later file starts after the day's end.
   Days with trades but no `ohlcv-1m` file get bars built from the trades (`bars.bars_from_trades`).
-- A zstd file that is cut short (an interrupted download) is refused: the decoder alone would return
-  its first records as if the day had ended early.
+- Corrupt files: a zstd file that is cut short (an interrupted download) is refused: the decoder alone
+  would return its first records as if the day had ended early; a damaged zstd frame fails its checksum.
+  Plain `.dbn` files have neither, so their records are read here (fixed-size records, each declaring its
+  length): a record whose declared length is wrong, or a file ending inside a record, is refused with its
+  record number and byte offset. Every decoder failure (including the Rust decoder's panics, which are
+  BaseExceptions) becomes a one-line InputError naming the file.
+- Against the metadata: a record whose index time (`ts_recv`; `ts_event` for ohlcv-1m) is at or past the
+  metadata's `end` is an error; a last record more than `CUT_WARNING_MINUTES` of open market before the
+  `end` is a warning in the import's notes (a plain file cut at a record boundary shows only this way).
 Rows in errors are 0-based record numbers of the file, counting every instrument's records.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
+import sys
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -41,7 +52,7 @@ import databento_dbn as dbn
 import numpy as np
 
 from fox_numba.errors import InputError
-from fox_numba.market.calendar import assign_days, day_bounds
+from fox_numba.market.calendar import assign_days, day_bounds, format_ns, open_ns_between
 from fox_numba.market.schema import (
     DTYPES,
     N_LEVELS,
@@ -61,7 +72,12 @@ DBN_SCHEMAS = {"mbp-10": "mbp10", "trades": "trades", "ohlcv-1m": "bars"}
 """DBN schemas this importer reads -> store schema."""
 SUFFIXES = (".dbn", ".dbn.zst")
 
+CUT_WARNING_MINUTES = 60
+"""Open-market minutes between a file's last record and its metadata's `end` that raise a cut-file warning."""
+
 _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+_DBN_PREFIX = 8
+"""b"DBN", the version byte and the metadata length (u32) precede the metadata."""
 _CHUNK = 1 << 22
 _HEADER = [("length", "u1"), ("rtype", "u1"), ("publisher_id", "<u2"), ("instrument_id", "<u4"), ("ts_event", "<u8")]
 _MBP = [
@@ -81,6 +97,8 @@ RECORD_FIELDS = {
 RTYPES = {"mbp10": 0x0A, "trades": 0x00, "bars": 0x21}
 _ORDER = {"mbp10": 0, "trades": 1, "bars": 2}
 _ROOT = re.compile(r"^([A-Z0-9]+?)[FGHJKMNQUVXZ]\d{1,2}$")
+_PARENT = re.compile(r"^([A-Z0-9]+)\.")
+"""Parent (ES.FUT) and continuous (ES.c.0) symbols: the root precedes the first dot."""
 
 
 @dataclass
@@ -94,6 +112,14 @@ class DbnFile:
     ts_out: bool
     names: dict[int, str]
     """instrument_id -> raw symbol (or the id itself where the metadata cannot tell children apart)."""
+    parents: dict[int, str]
+    """instrument_id -> the parent or continuous symbol it was requested by (ES.FUT), where the metadata
+    maps that symbol to several ids."""
+    end: int | None
+    """The metadata's `end` (exclusive, UTC ns), None when it has none (live data)."""
+    compressed: bool
+    records_at: int
+    """Byte offset of the first record in a plain file."""
 
 
 @dataclass
@@ -106,6 +132,8 @@ class DatabentoImport:
     notes: list[str] = field(default_factory=list)
     counts: Counter = field(default_factory=Counter)
     _first: np.ndarray | None = None
+    warnings: list[str] = field(default_factory=list)
+    """Signs of a damaged input that do not stop the import (a file that may be cut short)."""
 
     @classmethod
     def open(cls, paths: Sequence[Path], instrument: str | None = None) -> DatabentoImport:
@@ -118,18 +146,36 @@ class DatabentoImport:
             if not have:
                 raise InputError(files[0].path, "the file holds no records")
             name = min(have, key=lambda k: (-have[k], k))
+            tied = sorted(k for k in have if k != name and have[k] == have[name])
             others = ", ".join(f"{k} {c:,}" for k, c in have.most_common() if k != name)
             note = f"instrument {name}: {have[name]:,} records in {files[0].path.name}, the most"
+            if tied:
+                note += f"; tied with {', '.join(tied)}: the alphabetically first is taken"
             notes = [note + (f" (others: {others}; choose with --instrument)" if others else "")]
         else:
-            name, notes = instrument, [f"instrument {instrument} (chosen with --instrument)"]
+            name = _raw_symbol(instrument, files)
+            how = f"instrument_id {instrument}, " if name != instrument else ""
+            notes = [f"instrument {name} ({how}chosen with --instrument)"]
+        plain = [f.path.name for f in files if not f.compressed]
+        if plain:
+            notes.append(
+                f"{len(plain)} plain .dbn file(s) ({', '.join(plain[:3])}{', ...' if len(plain) > 3 else ''}): "
+                "no checksum or frame, so a file cut at a record boundary shows only as a last record far "
+                "before the metadata's end (checked)"
+            )
         return cls(files, name, notes, Counter(), first)
 
     @property
     def symbol(self) -> str:
-        """The contract's root (ES for ESU4), the store's default symbol."""
+        """The contract's root (ES for ESU4, or for a child of ES.FUT), the store's default symbol."""
         match = _ROOT.match(self.name)
-        return match.group(1) if match else self.name
+        if match:
+            return match.group(1)
+        if self.name.isdigit():
+            parent = next((f.parents[int(self.name)] for f in self.files if int(self.name) in f.parents), "")
+            if match := _PARENT.match(parent):
+                return match.group(1)
+        return self.name
 
     def days(self, instrument: Instrument, progress: Callable[[str], None] | None = None) -> Iterator[MarketDay]:
         """Validated trading days, each complete across files, with bars built from trades if none came."""
@@ -140,11 +186,34 @@ class DatabentoImport:
                 progress(f"reading {f.path.name}")
             records = self._first if k == 0 and self._first is not None else read_records(f)
             rows = self._convert(f, records)
+            self._check_end(f, records, instrument)
             day_names, day_idx = assign_days(rows.data.ts_event, instrument)
             for j, day in enumerate(day_names):
                 pending.setdefault(day, {}).setdefault(f.schema, []).append(rows.take(np.flatnonzero(day_idx == j)))
         self._first = None
         yield from self._flush(pending, instrument, before=None)
+
+    def _check_end(self, f: DbnFile, records: np.ndarray, instrument: Instrument) -> None:
+        """Refuse records at or past the metadata's end; warn when the last one is far before it."""
+        if f.end is None or records.size == 0:
+            return
+        index = "ts_event" if f.schema == "bars" else "ts_recv"
+        late = np.flatnonzero(records[index] >= np.uint64(f.end))
+        if late.size:
+            k = int(late[0])
+            message = (
+                f"{index} {format_ns(int(records[index][k]), 'UTC')} UTC is at or past the end of the file's "
+                f"metadata ({format_ns(f.end, 'UTC')} UTC): the file is damaged or its records are not its own"
+            )
+            raise InputError(f.path, message, field=index, row=k)
+        last = int(records[index].max()) + (60 * 10**9 if f.schema == "bars" else 0)
+        gap = open_ns_between(last, f.end, instrument) / 60e9
+        if gap > CUT_WARNING_MINUTES:
+            self.warnings.append(
+                f"{f.path.name}: its last record ({format_ns(last, instrument.timezone)[:19]}) is {gap:,.0f} "
+                f"minutes of open market before the end its metadata gives ({format_ns(f.end, instrument.timezone)[:19]} "
+                f"{instrument.timezone}): was the file cut short? Compare it with the download"
+            )
 
     def summary(self) -> list[str]:
         """The instrument choice and what the flags made the import drop or keep."""
@@ -165,7 +234,7 @@ class DatabentoImport:
             if "bars" not in parts and "trades" in parts:
                 parts["bars"] = bars_sourced(parts["trades"])
                 labels["bars"] = f"bars built from trades {self.name}"
-            yield validate_sourced(day, parts, instrument, labels)
+            yield validate_sourced(day, parts, instrument, labels, self.name)
 
     def _convert(self, f: DbnFile, records: np.ndarray) -> Sourced:
         ids = [i for i, n in f.names.items() if n == self.name]
@@ -203,57 +272,88 @@ class DatabentoImport:
 def read_header(path: Path) -> DbnFile:
     """The metadata of a DBN file (only its first block is decoded)."""
     with _open(path) as fh:
-        decoder = _decoder(fh.read(4))
-        while True:
-            chunk = fh.read(1 << 16)
-            try:
-                decoder.write(chunk)
-                out = decoder.decode()
-            except dbn.DBNError as e:
-                raise InputError(path, f"not a readable DBN file ({e})") from None
-            if out:
-                break
-            if not chunk:
+        head = fh.read(_DBN_PREFIX)
+        compressed = head[:4] == _ZSTD_MAGIC
+        plain = not compressed and head[:3] == b"DBN"
+        records_at = _DBN_PREFIX + int.from_bytes(head[4:8], "little") if plain else 0
+        decoder = dbn.DBNDecoder(compression=dbn.Compression.ZSTD if compressed else dbn.Compression.NONE)
+        block = head + (fh.read(records_at - _DBN_PREFIX) if plain else b"")  # plain: the metadata alone
+        while not (out := _decode(decoder, block, path, "not a readable DBN file")):
+            if not block:
                 raise InputError(path, "not a readable DBN file (no metadata)")
+            block = fh.read(1 << 16)
     meta = out[0]
+    if not isinstance(meta, dbn.Metadata):
+        raise InputError(path, "not a readable DBN file (no metadata)")
     schema = None if meta.schema is None else str(meta.schema.value)
     if schema not in DBN_SCHEMAS:
         raise InputError(path, f"DBN schema {schema} is not imported (use {', '.join(DBN_SCHEMAS)})")
-    return DbnFile(path, schema, DBN_SCHEMAS[schema], int(meta.start), bool(meta.ts_out), _names(meta))
+    end = None if meta.end is None or int(meta.end) >= int(np.iinfo(np.int64).max) else int(meta.end)
+    names, parents = _names(meta)
+    return DbnFile(
+        path, schema, DBN_SCHEMAS[schema], int(meta.start), bool(meta.ts_out), names, parents, end, compressed,
+        records_at,
+    )  # fmt: skip
 
 
 def read_records(f: DbnFile) -> np.ndarray:
     """All data records of the file as a structured array (file order, every instrument)."""
     dtype = np.dtype(RECORD_FIELDS[f.schema] + ([("ts_out", "<u8")] if f.ts_out else []))
-    blobs: list[bytes] = []
     with _open(f.path) as fh:
-        magic = fh.read(4)
-        if magic == _ZSTD_MAGIC and not _zstd_complete(fh):
-            raise InputError(f.path, "the zstd stream is cut short (an interrupted download?)")
-        fh.seek(4)
-        decoder = _decoder(magic)
-        while chunk := fh.read(_CHUNK):
-            try:
-                decoder.write(chunk)
-                out = decoder.decode()
-            except dbn.DBNError as e:
-                raise InputError(f.path, f"DBN decoding failed after record {len(blobs)} ({e})") from None
-            if out and isinstance(out[0], dbn.Metadata):
-                out = out[1:]
-            blobs.extend(map(bytes, out))
-        if decoder.buffer():
-            raise InputError(f.path, f"the file ends inside a record (after record {len(blobs) - 1})")
-    sizes = np.fromiter((len(b) for b in blobs), dtype=np.int64, count=len(blobs))
-    wrong = np.flatnonzero(sizes != dtype.itemsize)
-    if wrong.size:
-        message = f"record of {sizes[wrong[0]]} bytes, expected {dtype.itemsize} for {f.dbn_schema}"
-        raise InputError(f.path, message, row=int(wrong[0]))
-    records = np.frombuffer(b"".join(blobs), dtype=dtype)
+        if f.compressed:
+            data = _zstd_records(fh, f, dtype.itemsize)
+        else:
+            fh.seek(f.records_at)
+            data = fh.read()
+            _check_plain_lengths(data, f, dtype.itemsize)
+    records = np.frombuffer(data, dtype=dtype)
     other = np.flatnonzero(records["rtype"] != RTYPES[f.schema])
     if other.size:
         message = f"record type {records['rtype'][other[0]]:#x} in a {f.dbn_schema} file"
         raise InputError(f.path, message, field="rtype", row=int(other[0]))
     return records
+
+
+def _zstd_records(fh: BinaryIO, f: DbnFile, itemsize: int) -> bytes:
+    """The record bytes of a DBN+zstd file, decoded with databento_dbn (after checking the frames are whole)."""
+    if not _zstd_complete(fh):
+        raise InputError(f.path, "the zstd stream is cut short (an interrupted download?)")
+    fh.seek(0)
+    decoder = _decoder(fh.read(4))
+    blobs: list[bytes] = []
+    while chunk := fh.read(_CHUNK):
+        out = _decode(decoder, chunk, f.path, f"DBN decoding failed after record {len(blobs)}")
+        if out and isinstance(out[0], dbn.Metadata):
+            out = out[1:]
+        blobs.extend(map(bytes, out))
+    if decoder.buffer():
+        raise InputError(f.path, f"the file ends inside a record (after record {len(blobs) - 1})")
+    sizes = np.fromiter((len(b) for b in blobs), dtype=np.int64, count=len(blobs))
+    wrong = np.flatnonzero(sizes != itemsize)
+    if wrong.size:
+        message = f"record of {sizes[wrong[0]]} bytes, expected {itemsize} for {f.dbn_schema}"
+        raise InputError(f.path, message, row=int(wrong[0]))
+    return b"".join(blobs)
+
+
+def _check_plain_lengths(data: bytes, f: DbnFile, itemsize: int) -> None:
+    """Every record of a plain file declares the schema's length (in 4-byte words) and the file ends on a
+    record boundary; otherwise name the first bad record and its byte offset."""
+    n = len(data) // itemsize
+    declared = np.frombuffer(data, dtype=np.uint8, count=n * itemsize)[::itemsize].astype(np.int64) * 4
+    wrong = np.flatnonzero(declared != itemsize)
+    if wrong.size:
+        k = int(wrong[0])
+        message = (
+            f"record at byte {f.records_at + k * itemsize:,} declares a length of {declared[k]} bytes, "
+            f"expected {itemsize} for {f.dbn_schema}: the file is damaged"
+        )
+        raise InputError(f.path, message, field="length", row=k)
+    if len(data) % itemsize:
+        raise InputError(
+            f.path,
+            f"the file ends inside a record (after record {n - 1}, {len(data) % itemsize} bytes of record {n})",
+        )
 
 
 def find_files(folder: Path) -> list[Path]:
@@ -295,7 +395,9 @@ def _check_order(ts: np.ndarray, records: np.ndarray, path: Path, label: str) ->
         )
 
 
-def _names(meta: dbn.Metadata) -> dict[int, str]:
+def _names(meta: dbn.Metadata) -> tuple[dict[int, str], dict[int, str]]:
+    """instrument_id -> raw symbol (an id mapped from a symbol of several ids is named by itself), and
+    instrument_id -> that symbol (the parent) for those ids."""
     pairs: list[tuple[int, str]] = []
     for key, intervals in meta.mappings.items():
         for iv in intervals:
@@ -304,7 +406,18 @@ def _names(meta: dbn.Metadata) -> dict[int, str]:
             elif key.isdigit():
                 pairs.append((int(key), iv["symbol"]))
     per_name = Counter(name for _, name in set(pairs))
-    return {i: (name if per_name[name] == 1 else str(i)) for i, name in pairs}
+    names = {i: (name if per_name[name] == 1 else str(i)) for i, name in pairs}
+    return names, {i: name for i, name in pairs if per_name[name] > 1}
+
+
+def _raw_symbol(instrument: str, files: list[DbnFile]) -> str:
+    """`--instrument` as the data names it: an instrument_id that a file maps to a raw symbol is that symbol."""
+    if instrument.isdigit():
+        for f in files:
+            name = f.names.get(int(instrument))
+            if name is not None and not name.isdigit():
+                return name
+    return instrument
 
 
 def _zstd_complete(fh: BinaryIO) -> bool:
@@ -354,3 +467,41 @@ def _decoder(magic: bytes) -> dbn.DBNDecoder:
     decoder = dbn.DBNDecoder(compression=compression)
     decoder.write(magic)
     return decoder
+
+
+def _decode(decoder: dbn.DBNDecoder, chunk: bytes, path: Path, what: str) -> list:
+    """Feed `chunk` and decode; any failure of the Rust decoder becomes an InputError "{what} (reason)".
+
+    It raises DBNError, RuntimeError (zstd: "Restored data doesn't match checksum", "Data corruption
+    detected") or, on a malformed record, pyo3's PanicException, a BaseException whose Rust panic message
+    also goes to stderr: that is kept off the terminal while the decoder runs.
+    """
+    try:
+        with _stderr_to_void():
+            decoder.write(chunk)
+            return decoder.decode()
+    except Exception as e:  # noqa: BLE001 (every decoder error is the input's fault)
+        raise InputError(path, f"{what} ({_first_line(e)})") from None
+    except BaseException as e:
+        if type(e).__name__ != "PanicException":
+            raise
+        raise InputError(path, f"{what} ({_first_line(e)})") from None
+
+
+@contextlib.contextmanager
+def _stderr_to_void() -> Iterator[None]:
+    """Send file descriptor 2 to /dev/null for the duration (Python's sys.stderr is flushed first)."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "wb") as void:
+            os.dup2(void.fileno(), 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip() or type(e).__name__
+    return text.splitlines()[0]

@@ -11,11 +11,12 @@ so a rejected import leaves it as it was.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from fox_numba.errors import InputError
+from fox_numba.errors import InputError, OutputError
 from fox_numba.market.databento import SUFFIXES, DatabentoImport, find_files
 from fox_numba.market.lobster import NAME, LobsterPair, equity_instrument, find_pairs, read_pair
 from fox_numba.market.schema import Instrument, MarketDay, n_rows
@@ -26,12 +27,14 @@ FORMATS = ("auto", "databento", "lobster")
 
 @dataclass
 class ImportResult:
-    """What an import wrote: rows per schema per trading day, and notes on what was chosen or dropped."""
+    """What an import wrote: rows per schema per trading day, notes on what was chosen or dropped, and
+    warnings (signs of damaged input that did not stop the import)."""
 
     path: Path
     instrument: Instrument
     rows: dict[str, dict[str, int]] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
 
     def lines(self) -> list[str]:
         days = sorted(self.rows)
@@ -39,7 +42,7 @@ class ImportResult:
         out = [f"wrote {self.path}: {self.instrument.symbol}, {len(days)} trading day(s), {span}"]
         for day in days:
             out.append(f"  {day}: " + ", ".join(f"{s} {n:,}" for s, n in self.rows[day].items()))
-        return out + [f"  note: {n}" for n in self.notes]
+        return out + [f"  note: {n}" for n in self.notes] + [f"  warning: {w}" for w in self.warnings]
 
 
 def import_market(
@@ -52,6 +55,8 @@ def import_market(
     progress: Callable[[str], None] | None = None,
 ) -> ImportResult:
     """Import `paths` into the store `out` (created or extended); `overrides` set Instrument fields."""
+    if out.is_dir():
+        raise OutputError(f"{out}: is a folder; --out names the store file to write or extend, e.g. {out / 'es.h5'}")
     fmt = detect_format(paths) if fmt == "auto" else fmt
     if fmt not in FORMATS[1:]:
         raise ValueError(f"format {fmt!r} is not one of {FORMATS}")
@@ -71,7 +76,24 @@ def import_market(
     write_store(out, inst, _counted(days, result), extend=True, progress=progress)
     if source is not None:
         result.notes = source.summary()
+        result.warnings = source.warnings
+    with MarketStore(out) as store:
+        result.notes += contract_changes(store.contracts(), set(result.rows))
     return result
+
+
+def contract_changes(contracts: Mapping[str, str], touched: set[str]) -> list[str]:
+    """A note for each change of contract between consecutive days of a store that involves a day in
+    `touched` (the days an import wrote): where a continuous series rolls from one contract to the next."""
+    days = list(contracts)
+    notes = []
+    for before, after in itertools.pairwise(days):
+        if contracts[before] != contracts[after] and {before, after} & touched:
+            notes.append(
+                f"the contract changes from {contracts[before]} (last day {before}) to {contracts[after]} (first "
+                f"day {after}): a roll; prices jump by the spread between the two contracts there"
+            )
+    return notes
 
 
 def detect_format(paths: Iterable[Path]) -> str:

@@ -1,4 +1,5 @@
-"""`fox data inspect`: a per-day summary of a market store (rows, time range, spread, depth, trades, gaps).
+"""`fox data inspect`: a per-day summary of a market store (contract, rows, time range, spread, depth, trades,
+gaps).
 
 Book statistics are taken over the book rows of the whole trading day: the median spread (in ticks) of
 rows with both sides present, the mean size at the best bid and ask, and the count of one-sided rows in
@@ -22,6 +23,8 @@ from fox_numba.market.store import MarketStore
 @dataclass
 class DaySummary:
     day: str
+    contract: str
+    """The contract the day's rows are from (a change from one day to the next is a roll)."""
     rows: dict[str, int]
     first: str | None
     """Earliest ts_event of the day over all schemas (local time)."""
@@ -64,6 +67,7 @@ def summarize_day(day: MarketDay, instrument: Instrument) -> DaySummary:
     trades = day.trades
     return DaySummary(
         day=day.day,
+        contract=day.contract,
         rows={s: n_rows(getattr(day, s)) for s in day.present()},
         first=None if first is None else format_ns(first, instrument.timezone),
         last=None if last is None else format_ns(last, instrument.timezone),
@@ -99,11 +103,12 @@ def summary_table(summary: dict) -> Table:
         title_justify="left",
     )
     stats = ("spread (ticks)", "top depth", "one-sided", "trades", "volume", "missing min", "max book gap (s)")
-    for name in ("day", *SCHEMAS, "first", "last", *stats):
-        table.add_column(name, justify="left" if name in ("day", "first", "last") else "right")
+    for name in ("day", "contract", *SCHEMAS, "first", "last", *stats):
+        table.add_column(name, justify="left" if name in ("day", "contract", "first", "last") else "right")
     for d in summary["days"]:
         table.add_row(
             d["day"],
+            d["contract"],
             *(_num(d["rows"].get(s)) for s in SCHEMAS),
             _clock(d["first"]),
             _clock(d["last"]),

@@ -14,7 +14,9 @@ Row i of the orderbook is the book after message i. Conversions:
 - trades are the executions, types 4 (visible) and 5 (hidden); `direction` is the side of the resting
   limit order, so the aggressor is its opposite (executing a sell limit order, -1, is a buy, +1). Type 6
   (auction cross) is not a continuous-trading execution and is left out.
-Rows in errors are 0-based data rows of the named file (the files have no header line).
+Rows in errors are 0-based data rows of the named file (the files have no header line), fields are named
+as above (`price`, `ask_price_1`); a value that is not a number, a NaN or a row of the wrong width is
+found and named here, not in numpy's words.
 """
 
 from __future__ import annotations
@@ -40,11 +42,22 @@ TO_FIXED = 100_000
 EMPTY_ASK, EMPTY_BID = 9_999_999_999, -9_999_999_999
 EXECUTIONS = (4, 5)
 TIMEZONE = "America/New_York"
+MESSAGE_FIELDS = ("time", "type", "order_id", "size", "price", "direction")
+
+
+def orderbook_fields(levels: int) -> tuple[str, ...]:
+    """LOBSTER's orderbook columns: ask price, ask size, bid price, bid size per level 1..levels."""
+    return tuple(f"{side}_{what}_{m}" for m in range(1, levels + 1) for side, what in _BOOK_COLUMNS)
+
+
+_BOOK_COLUMNS = (("ask", "price"), ("ask", "size"), ("bid", "price"), ("bid", "size"))
 
 
 def equity_instrument(ticker: str) -> Instrument:
-    """Defaults for a US stock: one-cent tick, $1 per share, NYSE/Nasdaq hours, calendar-date days."""
-    return Instrument(symbol=ticker, tick_size=0.01, point_value=1.0, timezone=TIMEZONE, day_roll="24:00")
+    """Defaults for a US stock: one-cent tick, $1 per share, NYSE/Nasdaq hours and holidays, calendar-date days."""
+    return Instrument(
+        symbol=ticker, tick_size=0.01, point_value=1.0, timezone=TIMEZONE, day_roll="24:00", day_open="24:00"
+    )
 
 
 @dataclass(frozen=True)
@@ -79,8 +92,8 @@ def find_pairs(folder: Path) -> list[LobsterPair]:
 
 def read_pair(pair: LobsterPair, instrument: Instrument) -> MarketDay:
     """The validated trading day of a pair: book changes, executions, bars from the executions."""
-    msg = _load(pair.message, 6, np.float64)
-    book = _load(pair.orderbook, 4 * pair.levels, np.int64)
+    msg = _load(pair.message, MESSAGE_FIELDS, np.float64)
+    book = _load(pair.orderbook, orderbook_fields(pair.levels), np.int64)
     if msg.shape[0] != book.shape[0]:
         raise InputError(pair.orderbook, f"{book.shape[0]} rows, but the message file has {msg.shape[0]}")
     ts = _timestamps(msg[:, 0], pair)
@@ -88,21 +101,48 @@ def read_pair(pair: LobsterPair, instrument: Instrument) -> MarketDay:
     trades = _trades(msg, ts, pair.message)
     parts = {"mbp10": mbp, "trades": trades, "bars": bars_sourced(trades)}
     labels = {"mbp10": "orderbook", "trades": "executions", "bars": "bars built from executions"}
-    return validate_sourced(pair.day, parts, instrument, labels)
+    return validate_sourced(pair.day, parts, instrument, labels, pair.ticker)
 
 
-def _load(path: Path, n_cols: int, dtype: type) -> np.ndarray:
+def _load(path: Path, names: tuple[str, ...], dtype: type) -> np.ndarray:
+    """The CSV as a [rows, len(names)] array; a malformed file is an InputError naming the row and field."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)  # "input contained no data": refused just below
             data = np.loadtxt(path, delimiter=",", dtype=dtype, ndmin=2)
-    except (OSError, ValueError) as e:
-        raise InputError(path, f"not a LOBSTER CSV ({e})") from None
+    except OSError as e:
+        raise InputError(path, f"cannot read the file ({e.strerror or e})") from None
+    except ValueError:  # numpy's words and 1-based rows: find the fault and say it in ours
+        _find_bad_value(path, names, dtype)
+        raise InputError(path, "not a LOBSTER CSV (comma-separated numbers, no header)") from None
     if data.shape[0] == 0:
         raise InputError(path, "the file holds no rows (a day without messages cannot be imported)")
-    if data.shape[1] != n_cols:
-        raise InputError(path, f"{data.shape[1]} columns, expected {n_cols}", row=0)
+    if data.shape[1] != len(names):
+        raise InputError(path, f"{data.shape[1]} fields, expected {len(names)} ({', '.join(names[:6])}...)", row=0)
+    if data.dtype.kind == "f":
+        bad = ~np.isfinite(data)
+        if bad.any():
+            row = int(np.argmax(bad.any(axis=1)))
+            raise InputError(path, "NaN or infinite value", field=names[int(np.argmax(bad[row]))], row=row)
     return data
+
+
+def _find_bad_value(path: Path, names: tuple[str, ...], dtype: type) -> None:
+    """Raise an InputError at the first row of the wrong width or value that does not parse as `dtype`."""
+    parse, kind = (int, "an integer") if np.dtype(dtype).kind == "i" else (float, "a number")
+    try:
+        with path.open(encoding="utf-8") as fh:
+            for row, line in enumerate(fh):
+                values = line.rstrip("\r\n").split(",")
+                if len(values) != len(names):
+                    raise InputError(path, f"{len(values)} fields, expected {len(names)}", row=row)
+                for name, text in zip(names, values, strict=True):
+                    try:
+                        parse(text)
+                    except ValueError:
+                        raise InputError(path, f"{text.strip()!r} is not {kind}", field=name, row=row) from None
+    except UnicodeDecodeError:
+        raise InputError(path, "not a LOBSTER CSV (not UTF-8 text)") from None
 
 
 def _timestamps(seconds: np.ndarray, pair: LobsterPair) -> np.ndarray:

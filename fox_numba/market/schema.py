@@ -48,9 +48,16 @@ class Instrument:
     """Start of the regular session (HH:MM, local)."""
     session_close: str = "16:00"
     """End of the regular session (HH:MM, local)."""
-    day_roll: str = "18:00"
-    """Local time from which events belong to the next trading day (CME Globex opens the next day's
-    session at 18:00 New York time); "24:00" means the trading day is the calendar date."""
+    day_roll: str = "17:00"
+    """Local time at which a trading day ends and the next one begins (CME Globex closes the day at 17:00
+    New York time; the break and pre-open after it belong to the next trading day); "24:00" means the
+    trading day is the calendar date."""
+    day_open: str = "18:00"
+    """Local time, on the calendar day before a trading day, at which its full session opens (CME Globex
+    reopens at 18:00 New York time after the daily break); at or after `day_roll`, "24:00" for equities."""
+    calendar: str = "us"
+    """Exchange calendar of trading days (`calendar.CALENDARS`): "us" (NYSE holidays, which CME equity
+    futures follow for their trade dates), "weekdays" or "all-days"."""
 
     @property
     def tick_fixed(self) -> int:
@@ -131,6 +138,9 @@ class MarketDay:
     bars: Bars | None = None
     mbp10: Mbp10 | None = None
     trades: Trades | None = None
+    contract: str = ""
+    """The contract the rows are from (Databento raw symbol such as ESU4, LOBSTER ticker); empty: the
+    store's symbol. One per day: a store may follow a continuous series across contract rolls."""
 
     def present(self) -> tuple[str, ...]:
         return tuple(s for s in SCHEMAS if getattr(self, s) is not None)

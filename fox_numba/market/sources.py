@@ -63,12 +63,13 @@ def bars_sourced(trades: Sourced) -> Sourced:
     return Sourced(bars, trades.files, trades.file_idx[first], trades.record[first])
 
 
-def validate_sourced(day: str, parts: dict[str, Sourced], instrument: Instrument, labels: dict[str, str]) -> MarketDay:
-    """Validate the day made of `parts` (schema -> rows); a failure names the input file and record.
-
-    `labels` names each schema as the input calls it (e.g. "mbp-10 ESU4"); it becomes the error's group.
+def validate_sourced(
+    day: str, parts: dict[str, Sourced], instrument: Instrument, labels: dict[str, str], contract: str
+) -> MarketDay:
+    """Validate the day made of `parts` (schema -> rows) of `contract`; a failure names the input file and
+    record. `labels` names each schema as the input calls it (e.g. "mbp-10 ESU4"); it becomes the error's group.
     """
-    market_day = MarketDay(day, **{schema: p.data for schema, p in parts.items()})
+    market_day = MarketDay(day, contract=contract, **{schema: p.data for schema, p in parts.items()})
     try:
         return validate_day(market_day, instrument, "<import>")
     except InputError as e:

@@ -1,21 +1,25 @@
 """The HDF5 market store: one file per market, one group per schema and trading day.
 
-Layout (version 1):
+Layout (version 2):
     /                       attrs: layout_version, symbol, tick_size, point_value, price_scale, timezone,
-                                   session_open, session_close, day_roll, and the writer's own attrs
-    /{schema}/{YYYY-MM-DD}/ one dataset per column, dtypes from `schema.DTYPES`; MBP-10 book columns are
-                            [n, 10] (`bid_px[:, k]` is Databento's `bid_px_0k`); price datasets carry
-                            a `price_scale` attr. Chunked, byte-shuffled and LZF-compressed (h5py only).
+                                   session_open, session_close, day_roll, day_open, calendar, and the writer's own attrs
+    /{schema}/{YYYY-MM-DD}/ attr `contract` (the contract the day's rows are from: ESU4, a LOBSTER
+                            ticker, the synthetic symbol; one per day, so a continuous series across a
+                            roll shows where the contract changes); one dataset per column, dtypes from
+                            `schema.DTYPES`; MBP-10 book columns are [n, 10] (`bid_px[:, k]` is
+                            Databento's `bid_px_0k`); price datasets carry a `price_scale` attr.
+                            Chunked, byte-shuffled and LZF-compressed (h5py only).
 
 Every day is validated (`validate.validate_day`) before it is written and again when it is read. Writes
 go to a temporary file that is renamed over the target at the end, so an interrupted or rejected write
-leaves the previous store untouched.
+leaves the previous store untouched; the file is written afresh each time, so it does not grow with
+re-imports of the same days.
 """
 
 from __future__ import annotations
 
-import shutil
-from collections.abc import Callable, Iterable, Mapping, Sequence
+import contextlib
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import fields
 from pathlib import Path
 
@@ -37,7 +41,7 @@ from fox_numba.market.schema import (
 )
 from fox_numba.market.validate import validate_day, validate_instrument
 
-LAYOUT_VERSION = 1
+LAYOUT_VERSION = 2
 CHUNK_ROWS = 1 << 14
 """Rows per chunk (an MBP-10 price chunk is 16384 x 10 x 8 B = 1.3 MB before compression)."""
 
@@ -63,39 +67,47 @@ def write_store(
 ) -> Path:
     """Validate and write `days` to the store at `path`; return the path.
 
-    With `extend`, the existing store is copied and each incoming schema of a day replaces that schema
-    of that day (other schemas of the day are kept and checked against the new data). Pieces of the same
-    schema and day arriving in one call (a day split over two files) are joined in arrival order.
-    `attrs` go on the root group; their names must not clash with the layout's own.
+    The file is always written afresh: HDF5 does not reclaim the space of a replaced dataset in place,
+    so a store rewritten in place grew with every re-import of the same days. With `extend`, every day
+    the existing store holds is validated first (a store that fails is refused, naming the day: extending
+    it would keep the fault), then its root attrs and the groups this write does not replace are copied
+    over unchanged, and each incoming schema of a day replaces that schema of that day (the day's other
+    schemas are kept, checked against the new data, and must come from the same contract). Pieces of the
+    same schema and day arriving in one call (a day split over two files) are joined in arrival order.
+    Each day group records its contract (`MarketDay.contract`, else the instrument's symbol). `attrs` go
+    on the root group; their names must not clash with the layout's own.
     """
     path = Path(path)
     clash = RESERVED_ATTRS & set(attrs or {})
     if clash:
         raise ValueError(f"attrs {sorted(clash)} are reserved by the store layout")
     validate_instrument(instrument, path)
-    with atomic_path(path) as tmp:
-        if extend and path.exists():
-            with MarketStore(path) as old:
-                _check_same_instrument(path, old.instrument, instrument)
-            shutil.copyfile(path, tmp)
-            mode = "r+"
-        else:
-            mode = "w"
-        with h5py.File(tmp, mode) as f:
-            if mode == "w":
-                _write_instrument(f, instrument)
+    with contextlib.ExitStack() as stack:
+        old = stack.enter_context(_store_to_extend(path, instrument)) if extend and path.exists() else None
+        tmp = stack.enter_context(atomic_path(path))
+        with h5py.File(tmp, "w") as f:
+            _write_instrument(f, instrument)
+            if old is not None:
+                for key, value in old.file.attrs.items():
+                    if key not in RESERVED_ATTRS:
+                        f.attrs[key] = value
             for key, value in (attrs or {}).items():
                 f.attrs[key] = value
             written: set[tuple[str, str]] = set()
             for day in days:
-                merged = _merge(f, day, written, path)
+                contract = day.contract or instrument.symbol
+                merged = _merge(f, old, day, contract, written, path)
                 checked = validate_day(merged, instrument, path)
                 for schema in day.present():
-                    _write_schema(f, schema, day.day, getattr(checked, schema))
+                    _write_schema(f, schema, day.day, getattr(checked, schema), contract)
                     written.add((schema, day.day))
                 if progress is not None:
                     rows = ", ".join(f"{s} {n_rows(getattr(checked, s)):,}" for s in day.present())
                     progress(f"wrote {day.day}: {rows}")
+            if old is not None:
+                for schema, day_name in _groups(old.file):
+                    if (schema, day_name) not in written:
+                        f.copy(old.file[f"{schema}/{day_name}"], f.require_group(schema), name=day_name)
     return path
 
 
@@ -104,6 +116,8 @@ class MarketStore:
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
+        if self.path.is_dir():
+            raise InputError(self.path, "is a folder, not a market store file")
         if not self.path.is_file():
             raise InputError(self.path, "no such market store (write one with `fox data synth` or `fox data import`)")
         try:
@@ -141,20 +155,41 @@ class MarketStore:
         return schema in self._file and len(self._file[schema]) > 0
 
     def read_day(self, day: str, schemas: Sequence[str] = SCHEMAS) -> MarketDay:
-        """The requested schemas of `day` (absent ones are None), validated."""
+        """The requested schemas of `day` (absent ones are None), validated, with the day's contract."""
         unknown = [s for s in schemas if s not in SCHEMAS]
         if unknown:
             raise ValueError(f"unknown schemas {unknown}; the store holds {list(SCHEMAS)}")
         if day not in self.days():
             raise InputError(self.path, f"no trading day {day} in the store (it holds {_span(self.days())})")
-        out = MarketDay(day)
+        out = MarketDay(day, contract=self.contract(day))
         for schema in schemas:
             if day in self._file.get(schema, {}):
                 setattr(out, schema, _read_schema(self._file, schema, day, self.path))
         return validate_day(out, self.instrument, self.path)
 
+    def contract(self, day: str) -> str:
+        """The contract `day`'s rows are from; every schema of the day must name the same one."""
+        named = {schema: _contract_of(self._file, schema, day, self.path) for schema in self._schemas_of(day)}
+        if len(set(named.values())) > 1:
+            which = ", ".join(f"{s} {c}" for s, c in named.items())
+            group = f"/{list(named)[-1]}/{day}"
+            raise InputError(self.path, f"the day's schemas come from different contracts ({which})", group=group)
+        return next(iter(named.values()))
+
+    def contracts(self) -> dict[str, str]:
+        """The contract of every trading day, in day order."""
+        return {day: self.contract(day) for day in self.days()}
+
+    @property
+    def file(self) -> h5py.File:
+        """The open HDF5 file (read-only), for copying groups unchanged into a rewritten store."""
+        return self._file
+
     def close(self) -> None:
         self._file.close()
+
+    def _schemas_of(self, day: str) -> list[str]:
+        return [schema for schema in SCHEMAS if day in self._file.get(schema, {})]
 
 
 def require_schemas(
@@ -179,15 +214,47 @@ def require_schemas(
         raise MissingDataError(f"{path}: {how}. Training needs MBP-10 book snapshots and trades on every day.")
 
 
-def _merge(f: h5py.File, day: MarketDay, written: set[tuple[str, str]], path: Path) -> MarketDay:
-    """The incoming day joined with what the file already holds for that day."""
-    merged = MarketDay(day.day)
+@contextlib.contextmanager
+def _store_to_extend(path: Path, instrument: Instrument) -> Iterator[MarketStore]:
+    """The existing store, open, after checking its instrument and validating every day it holds."""
+    with MarketStore(path) as old:
+        _check_same_instrument(path, old.instrument, instrument)
+        for day in old.days():
+            try:
+                old.read_day(day)
+            except InputError as e:
+                reason = f"{e.reason} (the store fails validation on {day}, so it is not extended; re-import that day)"
+                raise InputError(e.path, reason, group=e.group, field=e.field, row=e.row) from None
+        yield old
+
+
+def _merge(
+    f: h5py.File, old: MarketStore | None, day: MarketDay, contract: str, written: set[tuple[str, str]], path: Path
+) -> MarketDay:
+    """The incoming day joined with what this write (`f`) or the store being extended (`old`) holds for it;
+    kept schemas must be of the incoming day's contract."""
+    merged = MarketDay(day.day, contract=contract)
     for schema in SCHEMAS:
         incoming = getattr(day, schema)
-        stored = day.day in f.get(schema, {})
+        if (schema, day.day) in written:
+            source, where = f, path
+        elif old is not None and day.day in old.file.get(schema, {}):
+            source, where = old.file, old.path
+        else:
+            source = where = None
+        if source is not None and (incoming is None or (schema, day.day) in written):
+            have = _contract_of(source, schema, day.day, where)
+            if have != contract:
+                raise InputError(
+                    where,
+                    f"the store's {schema} of {day.day} is from {have}, the data being added from {contract}: one "
+                    f"contract per day (add every schema of the day from {contract})",
+                    group=f"/{schema}/{day.day}",
+                    field="contract",
+                )
         if incoming is None:
-            if stored:
-                setattr(merged, schema, _read_schema(f, schema, day.day, path))
+            if source is not None:
+                setattr(merged, schema, _read_schema(source, schema, day.day, where))
         elif (schema, day.day) in written:
             before = columns(_read_schema(f, schema, day.day, path))
             joined = {
@@ -200,11 +267,23 @@ def _merge(f: h5py.File, day: MarketDay, written: set[tuple[str, str]], path: Pa
     return merged
 
 
-def _write_schema(f: h5py.File, schema: str, day: str, record: object) -> None:
+def _groups(f: h5py.File) -> list[tuple[str, str]]:
+    return [(schema, day) for schema in SCHEMAS for day in f.get(schema, {})]
+
+
+def _contract_of(f: h5py.File, schema: str, day: str, path: Path) -> str:
+    value = f[f"{schema}/{day}"].attrs.get("contract")
+    if value is None:
+        raise InputError(path, "missing attribute", group=f"/{schema}/{day}", field="contract")
+    return str(_plain(value))
+
+
+def _write_schema(f: h5py.File, schema: str, day: str, record: object, contract: str) -> None:
     name = f"{schema}/{day}"
     if name in f:
         del f[name]
     group = f.require_group(name)
+    group.attrs["contract"] = contract
     for col, values in columns(record).items():
         n = values.shape[0]
         opts = {"chunks": (min(n, CHUNK_ROWS), *values.shape[1:]), "compression": "lzf", "shuffle": True} if n else {}

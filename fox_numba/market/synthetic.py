@@ -40,14 +40,13 @@ import dataclasses
 import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, fields
-from datetime import date, timedelta
 from pathlib import Path
 
 import numpy as np
 
 from fox_numba.io import atomic_path, atomic_write_text
 from fox_numba.market.bars import bars_from_trades
-from fox_numba.market.calendar import session_bounds
+from fox_numba.market.calendar import session_bounds, trading_days
 from fox_numba.market.schema import (
     DTYPES,
     N_LEVELS,
@@ -65,16 +64,6 @@ from fox_numba.market.synthetic_oracle import Oracle, oracle_pnl
 
 STEPS_PER_DAY = 2
 """Progress messages per day of `build_store`: one when generated, one when written to the store."""
-
-
-def trading_days(start_date: str, n: int) -> list[str]:
-    """`n` weekdays from `start_date` on (YYYY-MM-DD)."""
-    out, d = [], date.fromisoformat(start_date)
-    while len(out) < n:
-        if d.weekday() < 5:
-            out.append(d.isoformat())
-        d += timedelta(days=1)
-    return out
 
 
 def intraday_pattern(n_minutes: int, act: ActivitySection) -> np.ndarray:
@@ -223,7 +212,7 @@ def generate(d: SynthDefinition, progress: Callable[[str], None] | None = None) 
     f = d.market.start_price / tick
     days: list[MarketDay] = []
     parts: dict[str, list[np.ndarray]] = {field.name: [] for field in fields(Latent)}
-    for i, name in enumerate(trading_days(d.market.start_date, d.market.days)):
+    for i, name in enumerate(trading_days(d.market.start_date, d.market.days, instrument.calendar)):
         rng = np.random.default_rng(streams[i])
         open_ns, close_ns = session_bounds(name, instrument)
         n_min = (close_ns - open_ns) // NS_PER_MINUTE

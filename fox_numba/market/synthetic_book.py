@@ -39,8 +39,8 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import numpy as np
-from numba import njit
 
+from fox_numba.jitcache import cached_njit
 from fox_numba.market.schema import N_LEVELS, NS_PER_MINUTE
 
 HIDDEN_LEVELS = 20
@@ -80,18 +80,18 @@ class DayBook(NamedTuple):
     close_f: np.ndarray  # float64 [minutes]: efficient price at each minute's end
 
 
-@njit(cache=True)
+@cached_njit()
 def _sigmoid(z: float) -> float:
     return 1.0 / (1.0 + np.exp(-z))
 
 
-@njit(cache=True)
+@cached_njit()
 def _fresh_size(mean: float, sigma: float) -> int:
     """A positive integer size around `mean` (log-normal, mean preserved)."""
     return max(1, int(np.rint(mean * np.exp(sigma * np.random.standard_normal() - 0.5 * sigma * sigma))))
 
 
-@njit(cache=True)
+@cached_njit()
 def _level_mean(k: int, sign: float, x: float, depth_scale: float, bp: BookParams) -> float:
     """Mean size of level k of a side (sign +1 bid, -1 ask) at equilibrium of the add/cancel odds under
     latent state x: depth_k * exp(tilt_k * x * sign / gamma) (levels past the 10th use the 10th's tilt)."""
@@ -99,7 +99,7 @@ def _level_mean(k: int, sign: float, x: float, depth_scale: float, bp: BookParam
     return depth_scale * bp.depth[k] * np.exp(tilt * x * sign / bp.gamma)
 
 
-@njit(cache=True)
+@cached_njit()
 def _pop_best(sz: np.ndarray, osz: np.ndarray, sign: float, x: float, depth_scale: float, bp: BookParams) -> None:
     """Remove the best level; a fresh level appears at the back (the book stays contiguous)."""
     m = sz.size
@@ -110,7 +110,7 @@ def _pop_best(sz: np.ndarray, osz: np.ndarray, sign: float, x: float, depth_scal
     osz[m - 1] = bp.order_size * np.exp(0.3 * np.random.standard_normal())
 
 
-@njit(cache=True)
+@cached_njit()
 def _push_best(
     sz: np.ndarray, osz: np.ndarray, n: int, sign: float, x: float, depth_scale: float, bp: BookParams
 ) -> None:
@@ -130,7 +130,7 @@ def _push_best(
         osz[k] = bp.order_size * np.exp(0.3 * np.random.standard_normal())
 
 
-@njit(cache=True)
+@cached_njit()
 def _trade(trades: np.ndarray, nt: int, ts: int, px: int, qty: int, side: int) -> int:
     """Append one trade row (ts, price ticks, size, side) and return the new count."""
     if nt >= trades.shape[0]:
@@ -142,7 +142,7 @@ def _trade(trades: np.ndarray, nt: int, ts: int, px: int, qty: int, side: int) -
     return nt + 1
 
 
-@njit(cache=True)
+@cached_njit()
 def _walk(
     sz: np.ndarray, osz: np.ndarray, qty: int, side: int, best: int, x: float, depth_scale: float,
     bp: BookParams, trades: np.ndarray, nt: int, ts: int,
@@ -161,7 +161,7 @@ def _walk(
     return gone, nt
 
 
-@njit(cache=True)
+@cached_njit()
 def _clear(
     sz: np.ndarray, osz: np.ndarray, n: int, side: int, best: int, sweep: bool, partial: bool, x: float,
     depth_scale: float, bp: BookParams, trades: np.ndarray, nt: int, ts: int,
@@ -179,7 +179,7 @@ def _clear(
     return nt
 
 
-@njit(cache=True)
+@cached_njit()
 def _add_or_cancel(
     b_sz: np.ndarray, a_sz: np.ndarray, b_os: np.ndarray, a_os: np.ndarray, x: float, depth_scale: float,
     bp: BookParams,
@@ -205,7 +205,7 @@ def _add_or_cancel(
     return 0
 
 
-@njit(cache=True)
+@cached_njit()
 def _snapshot(
     book: np.ndarray, ts_out: np.ndarray, row: int, ts: int, bid: int, ask: int,
     b_sz: np.ndarray, a_sz: np.ndarray, b_os: np.ndarray, a_os: np.ndarray,
@@ -221,7 +221,7 @@ def _snapshot(
         book[5, row, k] = max(1, int(np.rint(a_sz[k] / a_os[k])))
 
 
-@njit(cache=True)
+@cached_njit()
 def simulate_day(
     seed: int,
     open_ns: int,

@@ -17,9 +17,10 @@ from typing import Any, get_type_hints
 
 from fox_numba.config import coerce, read_toml
 from fox_numba.errors import ConfigError
+from fox_numba.market.calendar import closed_reason
 from fox_numba.market.schema import N_LEVELS, Instrument
 
-GENERATOR_VERSION = 1
+GENERATOR_VERSION = 2
 """Part of the definition hash: bump it when a code change alters what a definition generates."""
 
 
@@ -28,7 +29,8 @@ class MarketSection:
     symbol: str
     seed: int
     start_date: str
-    """First trading day (YYYY-MM-DD, a weekday); weekends are skipped, holidays are not modelled."""
+    """First trading day (YYYY-MM-DD); the market runs on the trading days of the instrument's exchange
+    calendar (weekends and US exchange holidays are skipped; early closes are not modelled)."""
     days: int
     tick_size: float
     point_value: float
@@ -165,11 +167,10 @@ def load_definition(path: str | Path) -> SynthDefinition:
 def _validate(d: SynthDefinition, origin: str) -> None:
     m, r, lt, b, o = d.market, d.regimes, d.latent, d.book, d.oracle
     try:
-        first = date.fromisoformat(m.start_date)
+        closed = closed_reason(date.fromisoformat(m.start_date), d.instrument().calendar)
     except ValueError:
-        first = None
-    weekday = first is not None and first.weekday() < 5
-    _check(weekday, f"market.start_date {m.start_date!r} is not a weekday YYYY-MM-DD", origin)
+        closed = "not a date"
+    _check(closed is None, f"market.start_date {m.start_date!r} is not a trading day YYYY-MM-DD ({closed})", origin)
     _check(m.seed >= 0, "market.seed must be non-negative", origin)
     _check(m.days >= 1 and m.tick_size > 0 and m.point_value > 0 and m.start_price > 100 * m.tick_size,
            "market: days >= 1, tick_size > 0, point_value > 0 and start_price > 100 ticks are required", origin)

@@ -8,6 +8,7 @@ What each rule means, with real feeds in mind:
 - Columns: every field of the schema, equal lengths, book arrays `[n, 10]`. Values are cast to the
   store's dtypes (`schema.DTYPES`); a NaN or infinite value, a fraction, or a negative size is rejected
   before casting.
+- Trading day: a YYYY-MM-DD date that is a trading day of the instrument's exchange calendar.
 - Timestamps: never 0 or Databento's undefined value; inside the trading day (`calendar.day_bounds`);
   never decreasing.
 - Duplicates, per schema:
@@ -23,6 +24,8 @@ What each rule means, with real feeds in mind:
   level on one side is a one-sided book and is allowed.
 - Crossed or locked book (best bid >= best ask, both present): an error from the session open of the
   trading day on; before it (the pre-open, incl. CME's overnight Globex session) auctions may cross.
+A time outside the day or a crossed book often means the day is cut at the wrong hour: those errors say
+which import option (`--day-roll`, `--calendar`, `--session-open`) would read the row differently.
 - Trades: positive size, side in {-1, 0, +1}, and, when the day has a book, inside the book's time range.
 - Bars against trades: on every minute fully covered by the trades (after the first trade's minute and
   before the last one's), each bar equals the bar rebuilt from trades (`bars.bars_from_trades`), and no
@@ -40,7 +43,7 @@ import numpy as np
 
 from fox_numba.errors import InputError
 from fox_numba.market.bars import bars_from_trades, minute_of
-from fox_numba.market.calendar import day_bounds, format_ns, parse_hhmm, session_bounds
+from fox_numba.market.calendar import CALENDARS, closed_reason, day_bounds, format_ns, parse_hhmm, session_bounds
 from fox_numba.market.schema import (
     DTYPES,
     N_LEVELS,
@@ -88,8 +91,8 @@ class _Where:
 
 def validate_day(day: MarketDay, instrument: Instrument, path: str | Path) -> MarketDay:
     """Check one trading day; return it with every column cast to the store's dtypes."""
-    _check_day_name(day.day, path)
-    out = MarketDay(day.day)
+    _check_day_name(day.day, instrument, path)
+    out = MarketDay(day.day, contract=day.contract)
     for schema in CHECK_ORDER:
         if getattr(day, schema) is None:
             continue
@@ -109,7 +112,8 @@ def validate_day(day: MarketDay, instrument: Instrument, path: str | Path) -> Ma
 
 
 def validate_instrument(instrument: Instrument, path: str | Path) -> None:
-    """Check the instrument's attributes: positive tick and point value, a known zone, HH:MM times."""
+    """Check the instrument's attributes: positive tick and point value, a known zone and calendar, HH:MM
+    times in order (session open < close <= day roll <= day open)."""
     for name in ("tick_size", "point_value"):
         value = getattr(instrument, name)
         if not (isinstance(value, int | float) and np.isfinite(value) and value > 0):
@@ -118,22 +122,41 @@ def validate_instrument(instrument: Instrument, path: str | Path) -> None:
         ZoneInfo(instrument.timezone)
     except (TypeError, ValueError, ZoneInfoNotFoundError):
         raise InputError(path, f"unknown time zone {instrument.timezone!r}", group="/", field="timezone") from None
-    for name in ("session_open", "session_close", "day_roll"):
+    if instrument.calendar not in CALENDARS:
+        message = f"calendar {instrument.calendar!r} is not one of {', '.join(CALENDARS)}"
+        raise InputError(path, message, group="/", field="calendar")
+    minutes = {}
+    for name in ("session_open", "session_close", "day_roll", "day_open"):
         try:
-            parse_hhmm(getattr(instrument, name))
+            minutes[name] = parse_hhmm(getattr(instrument, name))
         except (AttributeError, ValueError) as e:
             raise InputError(path, str(e), group="/", field=name) from None
-    if parse_hhmm(instrument.session_open) >= parse_hhmm(instrument.session_close):
-        raise InputError(path, "session_open must be before session_close", group="/", field="session_open")
+    order = (
+        ("session_open", "session_close", "session_open must be before session_close"),
+        ("session_close", "day_roll", "the regular session must end by the day roll (session_close <= day_roll)"),
+        ("day_roll", "day_open", "day_open (the reopen after the daily break) must not be before day_roll"),
+    )
+    for first, then, message in order:
+        late = minutes[first] >= minutes[then] if first == "session_open" else minutes[first] > minutes[then]
+        if late:
+            raise InputError(path, message, group="/", field=first)
 
 
-def _check_day_name(day: str, path: str | Path) -> None:
+def _check_day_name(day: str, instrument: Instrument, path: str | Path) -> None:
     try:
         ok = date.fromisoformat(day).isoformat() == day
     except (TypeError, ValueError):
         ok = False
     if not ok:
         raise InputError(path, f"trading day {day!r} is not a YYYY-MM-DD date")
+    closed = closed_reason(date.fromisoformat(day), instrument.calendar)
+    if closed is not None:
+        others = ", ".join(c for c in CALENDARS if c != instrument.calendar)
+        raise InputError(
+            path,
+            f"{day} is {closed}, not a trading day of the {instrument.calendar!r} calendar "
+            f"(--calendar {others} would count it)",
+        )
 
 
 def _cast(record: Bars | Mbp10 | Trades, schema: str, where: _Where) -> Bars | Mbp10 | Trades:
@@ -177,7 +200,8 @@ def _check_timestamps(ts: np.ndarray, day: str, instrument: Instrument, where: _
             "ts_event",
             row,
             f"{where.time(int(ts[row]))} is outside trading day {day[:10]} "
-            f"({where.time(start)} to {where.time(end)})",
+            f"({where.time(start)} to {where.time(end)}; a day runs from the day roll on the trading day "
+            f"before it, set by --day-roll {instrument.day_roll} and --calendar {instrument.calendar})",
         )
     if ts.size > 1:
         step = ts[1:].astype(np.int64) - ts[:-1].astype(np.int64)
@@ -228,16 +252,25 @@ def _check_book(book: Mbp10, day: str, instrument: Instrument, where: _Where) ->
 
 def _check_cross(book: Mbp10, day: str, instrument: Instrument, where: _Where) -> None:
     bid, ask = book.bid_px[:, 0], book.ask_px[:, 0]
-    session_open = np.uint64(session_bounds(day, instrument)[0])
-    crossed = (book.ts_event >= session_open) & (bid != UNDEF_PRICE) & (ask != UNDEF_PRICE) & (bid >= ask)
+    session_open, session_close = session_bounds(day, instrument)
+    crossed = (book.ts_event >= np.uint64(session_open)) & (bid != UNDEF_PRICE) & (ask != UNDEF_PRICE) & (bid >= ask)
     if crossed.any():
         row = int(np.argmax(crossed))
+        ts = int(book.ts_event[row])
         kind = "locked" if bid[row] == ask[row] else "crossed"
+        if ts >= session_close:
+            hint = (
+                f"it is after the {instrument.session_close} close, and the day rolls only at "
+                f"{instrument.day_roll}: an earlier --day-roll (CME Globex: 17:00 New York) makes it the next "
+                "trading day's pre-open"
+            )
+        else:
+            hint = f"a crossed book is allowed only before the session open, --session-open {instrument.session_open}"
         where.fail(
             "bid_px_00",
             row,
             f"{kind} book after the session open: bid {bid[row] * PRICE_SCALE:.9g} >= ask "
-            f"{ask[row] * PRICE_SCALE:.9g} at {where.time(int(book.ts_event[row]))}",
+            f"{ask[row] * PRICE_SCALE:.9g} at {where.time(ts)} ({hint})",
         )
 
 

@@ -61,7 +61,7 @@ def load_features(cfg: FoxConfig, selection: MarketSelection) -> FeatureSet:
     with MarketStore(selection.path) as store:
         days = [store.read_day(day) for day in selection.days]
         instrument = store.instrument
-    return build_features(days, instrument, cfg.features, source=str(selection.path))
+    return build_features(days, instrument, cfg.features, source=str(selection.path), session=selection.session)
 
 
 @dataclass(frozen=True)

@@ -62,7 +62,7 @@ def evaluate_checkpoint(checkpoint: Path, *, store: str | None, overrides: list[
     if store is None and not overrides:
         selection = select_market(cfg.market)
         fold = make_folds(cfg.folds, selection.days)[int(ck.meta["fold"])]
-        selection = MarketSelection(selection.path, fold.val_days)
+        selection = MarketSelection(selection.path, fold.val_days, selection.session)
     else:
         if store is not None:
             set_value(cfg, "market.store", store)

@@ -11,7 +11,7 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from fox_numba.market.calendar import session_bounds
+from fox_numba.market.calendar import session_bounds, trading_days
 from fox_numba.market.schema import (
     N_LEVELS,
     NS_PER_MINUTE,
@@ -22,7 +22,6 @@ from fox_numba.market.schema import (
     Mbp10,
     Trades,
 )
-from fox_numba.market.synthetic import trading_days
 
 ES = Instrument()
 
@@ -33,9 +32,10 @@ def _empty_tail(px: np.ndarray, sz: np.ndarray, n_levels: np.ndarray) -> None:
     sz[empty] = 0
 
 
-def random_day(rng: np.random.Generator, day: str, n_bars: int, events: tuple[int, int]) -> MarketDay:
+def random_day(rng: np.random.Generator, day: str, n_bars: int, events: tuple[int, int], start: int = 0) -> MarketDay:
+    """`n_bars` consecutive bars from `start` minutes after the regular session's open (negative: before)."""
     tick = ES.tick_fixed
-    open_ns = session_bounds(day, ES)[0]
+    open_ns = session_bounds(day, ES)[0] + start * NS_PER_MINUTE
     bar_ts = open_ns + np.arange(n_bars, dtype=np.int64) * NS_PER_MINUTE
 
     counts = rng.integers(events[0], events[1] + 1, n_bars)
@@ -85,10 +85,10 @@ def random_day(rng: np.random.Generator, day: str, n_bars: int, events: tuple[in
 
 
 def make_random_market(
-    seed: int, n_days: int = 2, n_bars: int = 20, events: tuple[int, int] = (5, 30)
+    seed: int, n_days: int = 2, n_bars: int = 20, events: tuple[int, int] = (5, 30), start: int = 0
 ) -> list[MarketDay]:
     rng = np.random.default_rng(seed)
-    return [random_day(rng, day, n_bars, events) for day in trading_days("2024-03-04", n_days)]
+    return [random_day(rng, day, n_bars, events, start) for day in trading_days("2024-03-04", n_days, ES.calendar)]
 
 
 def _take(record: Bars | Mbp10 | Trades, keep: np.ndarray) -> Bars | Mbp10 | Trades:
@@ -115,7 +115,7 @@ def splice_markets(a: list[MarketDay], b: list[MarketDay], cut_ns: int) -> list[
 
 @pytest.fixture
 def random_market() -> Callable[..., list[MarketDay]]:
-    """Factory: random_market(seed, n_days=2, n_bars=20, events=(5, 30)) -> list[MarketDay]."""
+    """Factory: random_market(seed, n_days=2, n_bars=20, events=(5, 30), start=0) -> list[MarketDay]."""
     return make_random_market
 
 

@@ -26,7 +26,7 @@ Day 2, 2024-03-11 (EDT, T1 = 13:30 UTC), bars at T1, T1+60 s; the book starts in
 from __future__ import annotations
 
 import math
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime, timedelta
 from fractions import Fraction
 from zoneinfo import ZoneInfo
 
@@ -34,6 +34,7 @@ import numpy as np
 import pytest
 
 from fox_numba.config import FeatureConfig
+from fox_numba.errors import ConfigError, MissingDataError
 from fox_numba.features import FEATURE_NAMES, build_features
 from fox_numba.market.schema import (
     N_LEVELS,
@@ -227,12 +228,31 @@ def test_raw_market_on_hand_book():
     assert raw.bid_sz.dtype == np.uint32 and raw.bid_px.dtype == np.float64 and raw.ts.dtype == np.uint64
 
 
-def reference_features(days: list[MarketDay], instrument: Instrument, ofi_levels: int) -> np.ndarray:
-    """Plain-Python float64 features, bar by bar, straight from the definitions in `names.FEATURES`."""
+def session_hours(day: str, instrument: Instrument, session: str) -> tuple[int, int]:
+    """[open, close) in UTC ns: regular hours on the day, or from the reopen the evening before to the roll."""
+    tz = ZoneInfo(instrument.timezone)
+
+    def at(d: date, hhmm: str) -> int:
+        hours, minutes = map(int, hhmm.split(":"))
+        wall = datetime.combine(d, datetime.min.time()) + timedelta(hours=hours, minutes=minutes)
+        return int(wall.replace(tzinfo=tz).timestamp()) * S
+
+    d = date.fromisoformat(day)
+    if session == "regular":
+        return at(d, instrument.session_open), at(d, instrument.session_close)
+    return at(d - timedelta(days=1), instrument.day_open), at(d, instrument.day_roll)
+
+
+def reference_features(days: list[MarketDay], instrument: Instrument, ofi_levels: int, session: str = "regular") -> np.ndarray:
+    """Plain-Python float64 features, bar by bar, straight from the definitions in `names.FEATURES`, over
+    the bars that start and end inside `session`."""
     out = []
     tick = instrument.tick_fixed
     for day in days:
-        bk, tr, br = day.mbp10, day.trades, day.bars
+        open_ns, close_ns = session_hours(day.day, instrument, session)
+        inside = [b for b, t in enumerate(day.bars.ts_event) if open_ns <= int(t) and int(t) + NS_PER_MINUTE <= close_ns]
+        bk, tr = day.mbp10, day.trades
+        br = Bars(**{k: v[inside] for k, v in vars(day.bars).items()})
         ts = [int(t) for t in bk.ts_event]
 
         def level(r: int, m: int, bk: Mbp10 = bk) -> tuple[float, float, float, float]:
@@ -241,11 +261,6 @@ def reference_features(days: list[MarketDay], instrument: Instrument, ofi_levels
             qa = 0.0 if pa == UNDEF_PRICE else float(bk.ask_sz[r, m])
             return (-math.inf if pb == UNDEF_PRICE else pb), qb, (math.inf if pa == UNDEF_PRICE else pa), qa
 
-        tz = ZoneInfo(instrument.timezone)
-        open_ns, close_ns = (
-            int(datetime.fromisoformat(f"{day.day}T{hhmm}").replace(tzinfo=tz).timestamp()) * S
-            for hhmm in (instrument.session_open, instrument.session_close)
-        )
         session_ns = close_ns - open_ns
         mids, multis, flows = [], [], []
         for b, t in enumerate(int(x) for x in br.ts_event):
@@ -342,3 +357,37 @@ def test_one_bar_days_without_events_or_trades_match_the_reference(random_market
     zero = [n for n in FEATURE_NAMES if n.startswith(("ofi_", "trade_", "ret_", "realised_")) or "_count" in n]
     np.testing.assert_array_equal(fs.values[:, [FEATURE_NAMES.index(n) for n in zero]], 0.0)
     assert fs.raw.day_start.tolist() == [0, 1, 2]
+
+
+@pytest.mark.parametrize("session", ["regular", "full"])
+def test_builder_matches_reference_over_the_session_bars(random_market, session):
+    """Bars from 20 minutes before the open to 10 after it: the regular session takes the last 10 of each
+    day, the full (Globex) session all 30; look-backs restart at the session's first bar and the time of
+    day is a fraction of the session's hours."""
+    days = random_market(5, n_days=2, n_bars=30, start=-20)
+    fs = build_features(days, ES, FeatureConfig(), session=session)
+    ref = reference_features(days, ES, 10, session)
+    assert fs.n_bars == ref.shape[0] == 2 * (10 if session == "regular" else 30)
+    assert fs.session == session and fs.notes == ()
+    for col, name in enumerate(FEATURE_NAMES):
+        np.testing.assert_allclose(fs.values[:, col], ref[:, col], rtol=1e-10, atol=1e-13, err_msg=name)
+    frac = fs.values[:, FEATURE_NAMES.index("session_frac")]
+    if session == "regular":
+        np.testing.assert_allclose(frac[:10], np.arange(1, 11) / 390, rtol=1e-12)
+    else:  # 09:10 EST is 15 h 10 min after the 18:00 reopen, in a 23-hour Globex day
+        np.testing.assert_allclose(frac[:30], (15 * 60 + 10 + np.arange(1, 31)) / (23 * 60), rtol=1e-12)
+    assert 0 < frac.min() and frac.max() <= 1
+
+
+def test_a_day_without_a_bar_in_the_session_is_skipped_with_a_note(random_market):
+    early = random_market(6, n_days=1, n_bars=5, start=-30)[0]  # 2024-03-04, bars 09:00-09:05 only
+    later = random_market(7, n_days=2, n_bars=5)[1]  # 2024-03-05, regular hours
+    regular = build_features([early, later], ES, FeatureConfig())
+    assert regular.days == ("2024-03-05",) and regular.raw.day_start.tolist() == [0, 5]
+    assert regular.notes == ("2024-03-04 skipped: no bar in its regular session",)
+    full = build_features([early, later], ES, FeatureConfig(), session="full")
+    assert full.days == ("2024-03-04", "2024-03-05") and full.n_bars == 10 and full.notes == ()
+    with pytest.raises(MissingDataError, match="es.h5: none of the 1 trading days has a bar in the regular session"):
+        build_features([early], ES, FeatureConfig(), source="es.h5")
+    with pytest.raises(ConfigError, match="market.session is 'night'; it must be one of regular, full"):
+        build_features([later], ES, FeatureConfig(), session="night")

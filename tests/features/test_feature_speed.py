@@ -1,4 +1,4 @@
-"""A default-sized market (31 days x 390 bars, 5-30 book events and trades a minute) builds in seconds."""
+"""A default-sized market (120 days x 390 bars, 5-30 book events and trades a minute) builds in seconds."""
 
 from __future__ import annotations
 
@@ -12,12 +12,12 @@ from fox_numba.market.schema import Instrument
 
 
 def test_default_sized_market_builds_in_seconds(random_market):
-    days = random_market(7, n_days=31, n_bars=390)
+    days = random_market(7, n_days=120, n_bars=390)
     build_features(days[:1], Instrument(), FeatureConfig())  # compile (or load the numba cache)
     start = time.perf_counter()
     fs = build_features(days, Instrument(), FeatureConfig())
     seconds = time.perf_counter() - start
     n_rows = sum(d.mbp10.ts_event.shape[0] for d in days)
     print(f"features: {fs.n_bars} bars, {n_rows} MBP-10 rows in {seconds:.3f} s")
-    assert fs.values.shape == (31 * 390, 32) and np.isfinite(fs.values).all()
+    assert fs.values.shape == (120 * 390, 32) and np.isfinite(fs.values).all()
     assert seconds < 5.0

@@ -2,17 +2,27 @@
 databento-dbn's encoder (multi-day, unsorted, crossed, snapshots, bad-book and bad-ts flags)."""
 
 import io
+import os
+import signal
+import subprocess
+import sys
 from datetime import UTC, date, datetime
 from pathlib import Path
 from types import SimpleNamespace
 
 import databento_dbn as dbn
+import h5py
 import numpy as np
 import pytest
+from typer.testing import CliRunner
 
+from fox_numba.cli import app
+from fox_numba.cli import main as cli_main
 from fox_numba.errors import InputError
+from fox_numba.market.bars import bars_from_trades
 from fox_numba.market.databento import DatabentoImport, read_header, read_records
 from fox_numba.market.importer import import_market
+from fox_numba.market.inspect import summarize
 from fox_numba.market.schema import UNDEF_PRICE, Instrument
 from fox_numba.market.store import MarketStore, require_schemas
 
@@ -28,16 +38,23 @@ def ns(text: str) -> int:
     return int(datetime.fromisoformat(text).replace(tzinfo=UTC).timestamp()) * 1_000_000_000
 
 
-def write_dbn(path: Path, schema: dbn.Schema, records: list, *, start: int, compress: bool = True, symbols=None) -> Path:
+def write_dbn(
+    path: Path, schema: dbn.Schema, records: list, *, start: int, compress: bool = True, symbols=None, end: int | None = None
+) -> Path:
     """A DBN file as Databento writes one: metadata (with raw symbol -> instrument_id mappings), records."""
-    symbols = symbols or {"ESU4": 118}
+    symbols = symbols or {"ESU4": 118}  # a parent symbol maps to a list of ids: {"ES.FUT": [118, 999]}
     mappings = [
-        SimpleNamespace(raw_symbol=s, intervals=[SimpleNamespace(start_date=date(2024, 6, 1), end_date=date(2024, 8, 1), symbol=str(i))])
-        for s, i in symbols.items()
+        SimpleNamespace(
+            raw_symbol=s,
+            intervals=[SimpleNamespace(start_date=date(2024, 6, 1), end_date=date(2024, 8, 1), symbol=str(i)) for i in np.atleast_1d(ids)],
+        )
+        for s, ids in symbols.items()
     ]
+    if end is None:  # the query's end: just after the last record, as for a download of exactly this range
+        end = max((r.ts_event for r in records if r.ts_event < 2**62), default=start) + 60 * 10**9
     meta = dbn.Metadata(
         dataset="GLBX.MDP3", start=start, stype_in=dbn.SType.RAW_SYMBOL, stype_out=dbn.SType.INSTRUMENT_ID,
-        schema=schema, symbols=list(symbols), end=start + 86_400 * 10**9, mappings=mappings,
+        schema=schema, symbols=list(symbols), end=end, mappings=mappings,
     )  # fmt: skip
     raw = bytes(meta.encode()) + b"".join(bytes(r) for r in records)
     if compress:
@@ -94,12 +111,17 @@ def test_real_multi_instrument_ohlcv_picks_one_and_says_so():
     path = next(ESU4.glob("futures_ohlcv-1m_*"))
     source, days = all_days([path])
     assert source.name == "ESU4"
-    assert source.summary()[0] == f"instrument ESU4: 30 records in {path.name}, the most (others: NQU4 30; choose with --instrument)"
+    assert source.summary()[0] == (
+        f"instrument ESU4: 30 records in {path.name}, the most; tied with NQU4: the alphabetically first is taken "
+        "(others: NQU4 30; choose with --instrument)"
+    )
     assert days[0].bars.open[0] == 5527250000000 and days[0].bars.volume[0] == 180
     nq, days = all_days([path], "NQU4")
     assert nq.symbol == "NQ" and days[0].bars.ts_event.size == 30 and days[0].bars.open[0] != 5527250000000
-    _, by_id = all_days([path], "4358")
-    np.testing.assert_array_equal(by_id[0].bars.close, days[0].bars.close)
+    by_id, by_id_days = all_days([path], "4358")  # an instrument_id is read as the raw symbol it maps to
+    assert (by_id.name, by_id.symbol) == ("NQU4", "NQ")
+    assert by_id.summary() == ["instrument NQU4 (instrument_id 4358, chosen with --instrument)"]
+    np.testing.assert_array_equal(by_id_days[0].bars.close, days[0].bars.close)
     with pytest.raises(InputError, match=r"ohlcv-1m.*dbn.zst: no records for instrument ESZ4 \(the file holds ESU4, NQU4\)"):
         all_days([path], "ESZ4")
 
@@ -154,8 +176,8 @@ OPEN = ns("2024-07-02T13:30:00")
 S = 10**9
 
 
-def test_multi_day_file_is_split_at_the_18_00_roll(tmp_path):
-    evening = ns("2024-07-02T22:00:00")  # 18:00 New York: 3 July's session
+def test_multi_day_file_is_split_at_the_17_00_roll(tmp_path):
+    evening = ns("2024-07-02T21:00:00")  # 17:00 New York, the Globex close: from here on 3 July's day
     records = [book(T), book(T + S, PX + TICK), book(evening - 1, PX), book(evening, PX + TICK), book(evening + S, PX)]
     path = write_dbn(tmp_path / "two.mbp-10.dbn.zst", dbn.Schema.MBP_10, records, start=T)
     _, days = all_days([path])
@@ -295,11 +317,12 @@ def test_a_folder_of_daily_files_assembles_trading_days_across_files(tmp_path):
         write_dbn(folder / f"glbx-mdp3-{stamp}.trades.dbn.zst", dbn.Schema.TRADES, trades, start=start)
     out = tmp_path / "es.h5"
     result = import_market([folder], out)
-    # 23:00 UTC is 19:00 New York: the evening rows of one UTC file belong to the next trading day.
+    # 23:00 UTC is 19:00 New York: the evening rows of one UTC file belong to the next trading day, which
+    # after 3 July is 5 July (4 July, Independence Day, is not a trading day).
     assert result.rows == {
         "2024-07-02": {"bars": 1, "mbp10": 2, "trades": 1},
         "2024-07-03": {"bars": 2, "mbp10": 3, "trades": 2},
-        "2024-07-04": {"bars": 1, "mbp10": 1, "trades": 1},
+        "2024-07-05": {"bars": 1, "mbp10": 1, "trades": 1},
     }
     require_schemas(out)
     with MarketStore(out) as store:
@@ -317,5 +340,265 @@ def test_cut_short_files_are_refused(tmp_path):
             read_records(read_header(path))
     plain = write_dbn(tmp_path / "p.trades.dbn", dbn.Schema.TRADES, [trade(T), trade(T + S)], start=T, compress=False)
     plain.write_bytes(plain.read_bytes()[:-10])
-    with pytest.raises(InputError, match=r"p.trades.dbn: the file ends inside a record \(after record 0\)"):
+    with pytest.raises(InputError, match=r"p.trades.dbn: the file ends inside a record \(after record 0, 38 bytes of record 1\)"):
         read_records(read_header(plain))
+
+
+# A Globex evening: CME's pre-open (17:00-18:00 New York) may cross; trading from 18:00 is the next day's.
+
+XMAS_PRE_OPEN = ns("2023-12-25T22:39:55")  # 17:39:55 New York on Christmas Day 2023, a holiday
+XMAS_REOPEN = ns("2023-12-25T23:00:00")  # 18:00 New York: trading for 26 December starts
+P4800 = 4_800_000_000_000
+
+
+def globex_evening(tmp_path: Path, pre_open: int, reopen: int) -> list[Path]:
+    """A pre-open with a crossed book (bid 4805 >= ask 4799.5), then 40 minutes of trading from `reopen`."""
+    books = [book(pre_open - 600 * S, P4800), book(pre_open, 4_805_000_000_000, ask=4_799_500_000_000)]
+    books += [book(reopen + k * 60 * S, P4800 + (k % 3) * TICK) for k in range(40)]
+    trades = [trade(reopen + k * 20 * S + S, P4800 + (k % 3) * TICK, size=1 + k % 4) for k in range(117)]
+    start = pre_open - 3600 * S
+    symbols = {"ESH4": 5002}
+    return [
+        write_dbn(tmp_path / "evening.mbp-10.dbn.zst", dbn.Schema.MBP_10, [_iid(r, 5002) for r in books], start=start, symbols=symbols),
+        write_dbn(tmp_path / "evening.trades.dbn.zst", dbn.Schema.TRADES, [_iid(r, 5002) for r in trades], start=start, symbols=symbols),
+    ]
+
+
+def _iid(record, iid: int):
+    record.instrument_id = iid
+    return record
+
+
+def test_a_holiday_evening_reopen_with_a_crossed_pre_open_imports_as_the_next_trading_day(tmp_path):
+    files = globex_evening(tmp_path, XMAS_PRE_OPEN, XMAS_REOPEN)
+    result = import_market(files, tmp_path / "es.h5")
+    assert result.rows == {"2023-12-26": {"bars": 39, "mbp10": 42, "trades": 117}}
+    with MarketStore(tmp_path / "es.h5") as store:
+        day = store.read_day("2023-12-26")
+    assert day.trades.ts_event.size == 117 and day.mbp10.bid_px[1, 0] > day.mbp10.ask_px[1, 0]
+    rebuilt = bars_from_trades(day.trades)
+    for name in ("ts_event", "open", "high", "low", "close", "volume"):
+        np.testing.assert_array_equal(getattr(day.bars, name), getattr(rebuilt, name))
+    # The old reading (the day rolling at 18:00, no holiday calendar) puts the pre-open into the 25th, after
+    # its 09:30 open; the error says which option changes that.
+    with pytest.raises(InputError) as info:
+        import_market(files, tmp_path / "old.h5", overrides={"day_roll": "18:00", "calendar": "weekdays"})
+    e = info.value
+    assert (e.path, e.group, e.field, e.row) == (str(files[0]), "mbp-10 ESH4 2023-12-25", "bid_px_00", 1)
+    assert e.reason == (
+        "crossed book after the session open: bid 4805 >= ask 4799.5 at 2023-12-25 17:39:55.000000 America/New_York "
+        "(it is after the 16:00 close, and the day rolls only at 18:00: an earlier --day-roll (CME Globex: 17:00 "
+        "New York) makes it the next trading day's pre-open)"
+    )
+    assert not (tmp_path / "old.h5").exists()
+
+
+def test_an_ordinary_evening_pre_open_belongs_to_the_next_day(tmp_path):
+    files = globex_evening(tmp_path, ns("2024-07-09T21:45:00"), ns("2024-07-09T22:00:00"))  # Tuesday 17:45 EDT
+    assert list(import_market(files, tmp_path / "es.h5").rows) == ["2024-07-10"]
+    with pytest.raises(InputError, match=r"2024-07-09 17:45:00.000000 America/New_York \(it is after the 16:00 close.*--day-roll"):
+        import_market(files, tmp_path / "old.h5", overrides={"day_roll": "18:00"})
+
+
+def test_children_of_a_parent_symbol_are_named_by_id_with_the_parent_root(tmp_path):
+    records = [trade(OPEN + S, iid=118), trade(OPEN + 2 * S, iid=999), trade(OPEN + 3 * S, iid=118)]
+    path = write_dbn(tmp_path / "p.trades.dbn.zst", dbn.Schema.TRADES, records, start=T, symbols={"ES.FUT": [118, 999]})
+    source, days = all_days([path])
+    assert (source.name, source.symbol) == ("118", "ES") and days[0].trades.ts_event.size == 2
+    source, days = all_days([path], "999")
+    assert (source.name, source.symbol) == ("999", "ES") and days[0].trades.ts_event.size == 1
+
+
+# Damaged files: every decoder failure is one line naming the file; a plain file cut short is flagged.
+
+
+def trades_file(tmp_path: Path, name: str, n: int, *, compress: bool, end: int | None = None) -> Path:
+    """`n` trades, one a second from the open (23,400 cover the regular session)."""
+    records = [trade(OPEN + k * S, PX + (k % 3) * TICK, size=1 + k % 5) for k in range(n)]
+    return write_dbn(tmp_path / name, dbn.Schema.TRADES, records, start=OPEN, compress=compress, end=end)
+
+
+def test_bit_flips_in_a_zstd_file_are_one_line_errors_naming_it(tmp_path):
+    good = trades_file(tmp_path, "good.trades.dbn.zst", 23_400, compress=True).read_bytes()  # 200 KB
+    reasons = set()
+    for pos in range(60, len(good), 1499):  # past the frame header: data, block headers or the checksum
+        flipped = bytearray(good)
+        flipped[pos] ^= 1 << (pos % 8)
+        path = tmp_path / "flip.trades.dbn.zst"
+        path.write_bytes(bytes(flipped))
+        with pytest.raises(InputError) as info:
+            all_days([path])
+        message = str(info.value)
+        assert message.startswith(f"{path}: ") and "\n" not in message, message
+        reasons.add(info.value.reason.split(" (")[0].split(" after")[0])
+    # The metadata is decoded from the first 64 KiB (a flip there: not readable), the records after it.
+    assert {"not a readable DBN file", "DBN decoding failed"} <= reasons
+
+
+def test_a_corrupted_record_length_in_a_plain_file_names_the_record_and_its_offset(tmp_path):
+    good = trades_file(tmp_path, "good.trades.dbn", 300, compress=False).read_bytes()
+    first = len(good) - 300 * 48
+    for value in (0, 1, 6, 13, 200, 255):  # 6 words (24 bytes) made the Rust decoder panic
+        damaged = bytearray(good)
+        damaged[first + 48 * 250] = value
+        path = tmp_path / "bad.trades.dbn"
+        path.write_bytes(bytes(damaged))
+        with pytest.raises(InputError) as info:
+            all_days([path])
+        e = info.value
+        assert (e.path, e.field, e.row) == (str(path), "length", 250)
+        assert e.reason == (
+            f"record at byte {first + 48 * 250:,} declares a length of {value * 4} bytes, expected 48 for trades: "
+            "the file is damaged"
+        )
+
+
+def test_damaged_files_through_the_cli_are_one_line_without_a_panic_or_traceback(tmp_path):
+    good = trades_file(tmp_path, "good.trades.dbn", 300, compress=False).read_bytes()
+    damaged = bytearray(good)
+    damaged[len(good) - 50 * 48] = 6
+    plain = tmp_path / "bad.trades.dbn"
+    plain.write_bytes(bytes(damaged))
+    zipped = bytearray(trades_file(tmp_path, "good.trades.dbn.zst", 2000, compress=True).read_bytes())
+    zipped[len(zipped) // 2] ^= 0x10
+    flipped = tmp_path / "flip.trades.dbn.zst"
+    flipped.write_bytes(bytes(zipped))
+    for path in (plain, flipped):
+        proc = subprocess.run(
+            [sys.executable, "-m", "fox_numba", "data", "import", str(path), "--out", str(tmp_path / "es.h5")],
+            check=False, capture_output=True, text=True, timeout=120, env={**os.environ, "RUST_BACKTRACE": "1"},
+        )  # fmt: skip
+        assert proc.returncode == 1
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith(f"fox: error: {path}"), proc.stderr
+        assert not (tmp_path / "es.h5").exists()
+
+
+def test_a_plain_file_cut_at_a_record_boundary_is_flagged(tmp_path):
+    close = OPEN + 23_400 * S
+    whole = trades_file(tmp_path, "whole.trades.dbn", 23_400, compress=False, end=close)
+    source, days = all_days([whole])
+    assert days[0].trades.ts_event.size == 23_400 and source.warnings == []
+    assert source.summary()[1] == (
+        "1 plain .dbn file(s) (whole.trades.dbn): no checksum or frame, so a file cut at a record boundary shows "
+        "only as a last record far before the metadata's end (checked)"
+    )
+    cut = tmp_path / "cut.trades.dbn"
+    raw = whole.read_bytes()
+    cut.write_bytes(raw[: len(raw) - (23_400 - 12_000) * 48])
+    result = import_market([cut], tmp_path / "es.h5")
+    assert result.rows["2024-07-02"]["trades"] == 12_000
+    assert result.warnings == [
+        (
+            "cut.trades.dbn: its last record (2024-07-02 12:49:59) is 190 minutes of open market before the end its "
+            "metadata gives (2024-07-02 16:00:00 America/New_York): was the file cut short? Compare it with the download"
+        )
+    ]
+    assert "  warning: " + result.warnings[0] in result.lines()
+
+
+def test_records_past_the_metadata_end_are_refused(tmp_path):
+    path = trades_file(tmp_path, "late.trades.dbn.zst", 10, compress=True, end=OPEN + 5 * S)
+    rejects([path], path, None, "ts_recv", 5, "ts_recv 2024-07-02 13:30:05.000000 UTC is at or past the end of the file's metadata")
+
+
+def test_a_store_following_two_contracts_records_the_roll(tmp_path):
+    """ESZ4 days imported into a store of ESU4 days: kept, each day's contract recorded, the roll noted."""
+    files = []
+    for day, symbol, iid in (("2024-07-02", "ESU4", 118), ("2024-07-03", "ESZ4", 999)):
+        open_ns = ns(f"{day}T13:30:00")
+        books = [book(open_ns - S, iid=iid), book(open_ns + 60 * S, PX + TICK, iid=iid)]
+        trades = [trade(open_ns + k * S, iid=iid) for k in range(1, 50)]
+        for schema, records in ((dbn.Schema.MBP_10, books), (dbn.Schema.TRADES, trades)):
+            name = f"{symbol}.{schema.value}.dbn.zst"
+            files.append(write_dbn(tmp_path / name, schema, records, start=open_ns - 60 * S, symbols={symbol: iid}))
+    out = tmp_path / "es.h5"
+    first = import_market(files[:2], out)
+    assert first.notes == [f"instrument ESU4: 2 records in {files[0].name}, the most"]
+    second = import_market(files[2:], out)
+    assert second.notes[-1] == (
+        "the contract changes from ESU4 (last day 2024-07-02) to ESZ4 (first day 2024-07-03): a roll; prices jump "
+        "by the spread between the two contracts there"
+    )
+    with MarketStore(out) as store:
+        assert store.instrument.symbol == "ES" and store.contracts() == {"2024-07-02": "ESU4", "2024-07-03": "ESZ4"}
+    summary = summarize(out)
+    assert [(d["day"], d["contract"]) for d in summary["days"]] == [("2024-07-02", "ESU4"), ("2024-07-03", "ESZ4")]
+    table = CliRunner().invoke(app, ["data", "inspect", str(out)])
+    assert table.exit_code == 0 and "contract" in table.output and "ESZ4" in table.output
+    assert import_market(files[2:], out).notes[-1] == second.notes[-1]  # re-importing the roll day says it again
+
+
+# The bad-input battery through the command line's entry point: one line, exit 1, the store kept.
+
+
+def fox_main(args: list[str]) -> int:
+    """Run `fox ARGS` in this process through `cli.main` (restoring the signal handlers it installs)."""
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    old_argv = sys.argv
+    sys.argv = ["fox", *args]
+    try:
+        cli_main()
+    except SystemExit as e:
+        return int(e.code or 0)
+    finally:
+        sys.argv = old_argv
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+    return 0
+
+
+def test_every_bad_input_ends_in_one_line_and_keeps_the_store(tmp_path, capfd):
+    store = tmp_path / "es.h5"
+    good = trades_file(tmp_path, "good.trades.dbn.zst", 600, compress=True)
+    import_market([good], store)
+    corrupt = tmp_path / "corrupt.h5"
+    corrupt.write_bytes(store.read_bytes())
+    with h5py.File(corrupt, "r+") as f:
+        f["trades/2024-07-02/price"][7] = 0
+    aapl = tmp_path / "aapl.h5"
+    import_market([Path(__file__).parents[1] / "fixtures" / "lobster_aapl_head"], aapl)
+    zipped = trades_file(tmp_path, "flip.trades.dbn.zst", 23_400, compress=True)
+    damaged = bytearray(zipped.read_bytes())
+    damaged[len(damaged) // 2] ^= 0x10
+    zipped.write_bytes(bytes(damaged))
+    plain = trades_file(tmp_path, "length.trades.dbn", 300, compress=False)
+    damaged = bytearray(plain.read_bytes())
+    damaged[len(damaged) - 100 * 48] = 6
+    plain.write_bytes(bytes(damaged))
+    cut = trades_file(tmp_path, "cut.trades.dbn.zst", 23_400, compress=True)
+    cut.write_bytes(cut.read_bytes()[: cut.stat().st_size // 2])
+    late = trades_file(tmp_path, "late.trades.dbn.zst", 10, compress=True, end=OPEN + 5 * S)
+    junk = tmp_path / "junk.dbn"
+    junk.write_bytes(b"not dbn at all" * 10)
+    evening = tmp_path / "evening"
+    evening.mkdir()
+    globex = globex_evening(evening, XMAS_PRE_OPEN, XMAS_REOPEN)
+    lobster = tmp_path / "lobster"
+    lobster.mkdir()
+    name = "AAPL_2012-06-21_34200000_57600000_{}_1.csv"
+    (lobster / name.format("message")).write_text("34200.5,1,1,100,nan,1\n")
+    (lobster / name.format("orderbook")).write_text("1001000,5,1000000,7\n")
+    cases = [
+        ([zipped], store, "DBN decoding failed"),
+        ([plain], store, "declares a length of 24 bytes, expected 48"),
+        ([cut], store, "the zstd stream is cut short"),
+        ([late], store, "is at or past the end of the file's metadata"),
+        ([junk], store, "not a readable DBN file"),
+        ([STUBS / "test_data.definition.dbn.zst"], store, "DBN schema definition is not imported"),
+        ([*globex, "--day-roll", "18:00", "--calendar", "weekdays"], store, "the store holds another instrument"),
+        ([*globex, "--day-roll", "18:00", "--calendar", "weekdays"], tmp_path / "new.h5", "an earlier --day-roll"),
+        ([*globex, "--day-roll", "25:00"], store, "time '25:00' is not a time of day"),
+        ([*globex, "--out", str(tmp_path)], store, "is a folder; --out names the store file"),
+        ([lobster], aapl, "field price, row 0: NaN or infinite value"),
+        ([good], corrupt, "row 7: non-positive price (the store fails validation on 2024-07-02, so it is not extended"),
+    ]
+    for args, out, words in cases:
+        before = out.read_bytes() if out.exists() else None
+        status = fox_main(["data", "import", *map(str, args), *(["--out", str(out)] if "--out" not in args else [])])
+        captured = capfd.readouterr()
+        lines = captured.err.strip().splitlines()
+        assert status == 1 and len(lines) == 1 and lines[0].startswith("fox: error: "), (args, captured.err)
+        assert words in lines[0], lines[0]
+        assert (out.read_bytes() if out.exists() else None) == before
+    assert sorted(p.name for p in tmp_path.glob(".*")) == []

@@ -1,7 +1,9 @@
 """`fox data import` end to end: real files, folders, extending a store, and one-line errors."""
 
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -9,6 +11,7 @@ from typer.testing import CliRunner
 
 from fox_numba.cli import app
 from fox_numba.errors import InputError, MissingDataError
+from fox_numba.io import temporary_path
 from fox_numba.market.importer import detect_format, import_market
 from fox_numba.market.store import MarketStore, require_schemas
 
@@ -84,3 +87,73 @@ def test_bad_input_is_one_line_exit_1_and_the_store_is_kept(tmp_path):
     assert "missing.h5: no such market store" in proc.stderr
     proc = run_fox("data", "import", str(AAPL), "-o", str(out), "--format", "csv")
     assert proc.returncode == 2 and "'csv' is not one of auto, databento, lobster" in proc.stderr
+
+
+# Interrupted and killed imports: the store is kept, the temporary file does not outlive the next write.
+
+PAUSED_IMPORT = """
+import sys, time
+from pathlib import Path
+from fox_numba import cli
+from fox_numba.market import store
+
+ready, write_schema = Path(sys.argv[1]), store._write_schema
+def paused(*args):  # write the first schema of the first day, then wait to be stopped
+    write_schema(*args)
+    ready.touch()
+    time.sleep(120)
+store._write_schema = paused
+sys.argv = ["fox", *sys.argv[2:]]
+cli.main()
+"""
+
+
+def stopped_import(tmp_path: Path, out: Path, sig: signal.Signals) -> tuple[int, str, int]:
+    """`fox data import AAPL --out out`, stopped by `sig` while the store's temporary file is open:
+    (exit status, stderr, process id)."""
+    ready = tmp_path / "ready"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", PAUSED_IMPORT, str(ready), "data", "import", str(AAPL), "--out", str(out)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 120
+    while not ready.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert ready.exists(), proc.communicate()
+    proc.send_signal(sig)
+    _, stderr = proc.communicate(timeout=60)
+    return proc.returncode, stderr, proc.pid
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_an_interrupted_import_says_so_and_keeps_the_store(tmp_path, sig):
+    out = tmp_path / "s.h5"
+    import_market([AAPL], out)
+    before = out.read_bytes()
+    status, stderr, _ = stopped_import(tmp_path, out, sig)
+    assert status == 128 + sig
+    assert stderr.strip() == f"fox: interrupted; {out} unchanged"
+    assert out.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ready", "s.h5"]
+
+
+def test_a_killed_import_leaves_a_temporary_file_that_the_next_write_removes(tmp_path):
+    out = tmp_path / "s.h5"
+    import_market([AAPL], out)
+    before = out.read_bytes()
+    status, _, pid = stopped_import(tmp_path, out, signal.SIGKILL)
+    assert status == -signal.SIGKILL
+    left = temporary_path(out, pid)
+    assert left.exists() and left.stat().st_size > 0 and out.read_bytes() == before
+    import_market([AAPL], out)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ready", "s.h5"]
+
+
+def test_out_naming_a_folder_is_refused_plainly(tmp_path):
+    proc = run_fox("data", "import", str(AAPL), "--out", str(tmp_path))
+    assert proc.returncode == 1
+    assert proc.stderr.strip() == (
+        f"fox: error: {tmp_path}: is a folder; --out names the store file to write or extend, e.g. {tmp_path / 'es.h5'}"
+    )
+    proc = run_fox("data", "inspect", str(tmp_path))
+    assert proc.stderr.strip() == f"fox: error: {tmp_path}: is a folder, not a market store file"

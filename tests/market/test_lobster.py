@@ -113,9 +113,9 @@ def test_bad_files(tmp_path):
     pair = write_pair(tmp_path, [[OPEN, 1, 1, 1, 1, 1]], [BOOK, BOOK])
     rejects(lambda: read_pair(pair, INST), pair.orderbook, None, None, None, "2 rows, but the message file has 1")
     pair = write_pair(tmp_path, [[OPEN, 1, 1, 1, 1, 1]], [BOOK[:6]])
-    rejects(lambda: read_pair(pair, INST), pair.orderbook, None, None, 0, "6 columns, expected 8")
+    rejects(lambda: read_pair(pair, INST), pair.orderbook, None, None, 0, "6 fields, expected 8")
     pair = write_pair(tmp_path, [[OPEN, 1, 1, 1, 1, 1]], [["x"] + BOOK[1:]])
-    rejects(lambda: read_pair(pair, INST), pair.orderbook, None, None, None, "not a LOBSTER CSV")
+    rejects(lambda: read_pair(pair, INST), pair.orderbook, None, "ask_price_1", 0, "'x' is not an integer")
     pair = write_pair(tmp_path, [[OPEN, 1, 1, 1, 1, 1]], [[1001000, -5, 1000000, 100, 1002000, 5, 999000, 7]])
     rejects(lambda: read_pair(pair, INST), pair.orderbook, "orderbook 2012-06-21", "ask_sz_00", 0, "negative value")
     pair = write_pair(tmp_path, [], [])
@@ -125,3 +125,18 @@ def test_bad_files(tmp_path):
     odd = tmp_path / "AAPL_message.csv"
     odd.write_text("")
     rejects(lambda: LobsterPair.of(odd), odd, None, None, None, "not a LOBSTER file name")
+
+
+def test_malformed_rows_are_named_in_our_words_with_0_based_rows(tmp_path):
+    messages = [[OPEN, 1, 1, 1, 1, 1], [OPEN + 1, 1, 2, 10, 1001000, 1], [OPEN + 2, 1, 3, 10, 1001000]]
+    pair = write_pair(tmp_path, messages, [BOOK] * 3)  # numpy: "the number of columns changed ... at row 3; use `usecols`"
+    rejects(lambda: read_pair(pair, INST), pair.message, None, None, 2, "5 fields, expected 6")
+    with pytest.raises(InputError) as info:
+        read_pair(pair, INST)
+    assert str(info.value) == f"{pair.message}, row 2: 5 fields, expected 6"
+    pair = write_pair(tmp_path, [[OPEN, 1, 1, 1, 1, 1], [OPEN + 1, 4, 2, 10, "nan", 1]], [BOOK, BOOK])
+    rejects(lambda: read_pair(pair, INST), pair.message, None, "price", 1, "NaN or infinite value")  # was "non-positive price"
+    pair = write_pair(tmp_path, [[OPEN, 1, 1, 1, 1, 1]] * 2, [BOOK, [*BOOK[:6], "nan", 7]])
+    rejects(lambda: read_pair(pair, INST), pair.orderbook, None, "bid_price_2", 1, "'nan' is not an integer")
+    pair.message.write_bytes(b"\xff\xfe" + bytes(range(200)))
+    rejects(lambda: read_pair(pair, INST), pair.message, None, None, None, "not a LOBSTER CSV (not UTF-8 text)")

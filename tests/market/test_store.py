@@ -157,7 +157,7 @@ def test_opening_what_is_not_a_store(tmp_path):
         MarketStore(tmp_path / "text.h5")
     with h5py.File(tmp_path / "old.h5", "w") as f:
         f.attrs["layout_version"] = 0
-    with pytest.raises(InputError, match="old.h5: store layout version 0 is not 1"):
+    with pytest.raises(InputError, match=f"old.h5: store layout version 0 is not {LAYOUT_VERSION}"):
         MarketStore(tmp_path / "old.h5")
 
 
@@ -221,3 +221,60 @@ def test_a_day_of_synthetic_size_writes_and_reads_in_seconds(tmp_path):
         got = store.read_day(day)
     assert time.perf_counter() - started < 5.0
     assert got.mbp10.ts_event.size == n and got.bars.ts_event[1] - got.bars.ts_event[0] == NS_PER_MINUTE
+
+
+def test_each_day_records_its_contract(tmp_path):
+    path = tmp_path / "s.h5"
+    write_store(path, INST, [dataclasses.replace(make_day("2024-07-02"), contract="ESU4"), make_day("2024-07-03")])
+    with MarketStore(path) as store:
+        assert store.contracts() == {"2024-07-02": "ESU4", "2024-07-03": "ES"}  # no contract given: the symbol
+        assert store.read_day("2024-07-02").contract == "ESU4"
+    with h5py.File(path, "r") as f:
+        assert {f[f"{s}/2024-07-02"].attrs["contract"] for s in ("bars", "mbp10", "trades")} == {"ESU4"}
+    # One contract per day: replacing only the book of an ESU4 day with ESZ4 data is refused.
+    day = make_day("2024-07-02", shift=1)
+    with pytest.raises(InputError) as info:
+        write_store(path, INST, [MarketDay(day.day, mbp10=day.mbp10, contract="ESZ4")], extend=True)
+    assert (info.value.group, info.value.field) == ("/bars/2024-07-02", "contract")
+    assert "the store's bars of 2024-07-02 is from ESU4, the data being added from ESZ4: one contract per day" in str(info.value)
+    write_store(path, INST, [dataclasses.replace(day, contract="ESZ4")], extend=True)  # the whole day: fine
+    with MarketStore(path) as store:
+        assert store.contracts() == {"2024-07-02": "ESZ4", "2024-07-03": "ES"}
+    with h5py.File(path, "r+") as f:
+        f["trades/2024-07-02"].attrs["contract"] = "ESH5"
+        del f["bars/2024-07-03"].attrs["contract"]
+    with MarketStore(path) as store, pytest.raises(InputError, match=r"group /trades/2024-07-02: the day's schemas come from different contracts \(bars ESZ4, mbp10 ESZ4, trades ESH5\)"):
+        store.read_day("2024-07-02")
+    with MarketStore(path) as store, pytest.raises(InputError, match=r"group /bars/2024-07-03, field contract: missing attribute"):
+        store.read_day("2024-07-03")
+
+
+def test_extending_a_store_that_fails_validation_is_refused_naming_the_day(tmp_path):
+    path = write_store(tmp_path / "s.h5", INST, [make_day("2024-07-02"), make_day("2024-07-03")])
+    with h5py.File(path, "r+") as f:
+        f["trades/2024-07-03/price"][4] = -5
+    before = path.read_bytes()
+    with pytest.raises(InputError) as info:
+        write_store(path, INST, [make_day("2024-07-05")], extend=True)
+    e = info.value
+    assert (e.path, e.group, e.field, e.row) == (str(path), "/trades/2024-07-03", "price", 4)
+    assert e.reason == "non-positive price (the store fails validation on 2024-07-03, so it is not extended; re-import that day)"
+    assert path.read_bytes() == before and [p.name for p in tmp_path.iterdir()] == ["s.h5"]
+
+
+def test_rewriting_the_same_days_does_not_grow_the_store(tmp_path):
+    path = tmp_path / "s.h5"
+    days = [make_day("2024-07-02", n=600), make_day("2024-07-03", n=600, shift=1)]
+    write_store(path, INST, days, attrs={"seed": 1})
+    sizes = [path.stat().st_size]
+    for _ in range(3):
+        write_store(path, INST, days, extend=True)  # a full re-import of the same days
+        sizes.append(path.stat().st_size)
+    for _ in range(2):  # one schema of one day, the rest copied from the old file
+        write_store(path, INST, [MarketDay(days[0].day, mbp10=days[0].mbp10)], extend=True)
+        sizes.append(path.stat().st_size)
+    assert sizes[1:4] == sizes[:3] and sizes[5] == sizes[4] <= sizes[0], sizes
+    with MarketStore(path) as store:
+        assert store.attrs == {"seed": 1}
+        for day in days:
+            assert_same(day, store.read_day(day.day))

@@ -1,8 +1,9 @@
 """The synthetic market: deterministic, a valid book whose trades consume depth, a U-shaped day, a planted
 signal that is really there, and an oracle that follows its documented formula.
 
-Statistical tests run on the default market itself (31 days, 12,090 bars, under a second once numba has
-compiled); each states its tolerance and how far it lies from what a market without the property gives.
+Statistical tests run on the default market itself (120 days, 46,800 bars, about two seconds to generate
+once numba has compiled); each states its tolerance and how far it lies from what a market without the
+property gives.
 """
 
 from __future__ import annotations
@@ -178,9 +179,9 @@ def test_bars_are_the_trades_minute_by_minute(small):
 
 def test_intraday_volume_is_u_shaped(market):
     """Designed: the first and last half hours trade about 3x the midday volume (u = 1 + 2(2 tau - 1)^2
-    plus an opening burst). Without a U, each 30-minute x 31-day mean would match midday within about
-    10% (per-minute volume has a coefficient of variation near 1, averaged over 930 minutes), so a 1.5x
-    ratio at both ends is more than five standard errors away from a flat day."""
+    plus an opening burst; measured 3.2 and 2.6). Without a U, each 30-minute x 120-day mean would match
+    midday within about 5% (per-minute volume has a coefficient of variation near 1, averaged over 3,600
+    minutes), so a 1.5x ratio at both ends is far more than five standard errors away from a flat day."""
     volume = np.stack([d.bars.volume for d in market.days]).astype(float).mean(axis=0)
     midday = volume[165:225].mean()
     assert volume[:30].mean() > 1.5 * midday and volume[-30:].mean() > 1.5 * midday
@@ -201,10 +202,10 @@ def minute_ofi(day: MarketDay) -> np.ndarray:
 
 
 def test_latent_state_shows_in_multi_level_ofi(market):
-    """The minute's OFI correlates with the latent state (about 0.07 here and across seeds). Per-minute
-    OFI is nearly serially uncorrelated, so without a link the sample correlation over N = 12,090 minutes
-    has standard error 1/sqrt(N) = 0.009: the 0.04 floor is 4.4 standard errors from zero. Summed over
-    15 minutes the link is about 0.17; the 0.1 floor is about 2.5 standard errors (N/15 windows)."""
+    """The minute's OFI correlates with the latent state (0.075 here, about 0.07 across seeds). Per-minute
+    OFI is nearly serially uncorrelated, so without a link the sample correlation over N = 46,800 minutes
+    has standard error 1/sqrt(N) = 0.0046: the 0.04 floor is 8.7 standard errors from zero. Summed over
+    15 minutes the link is 0.21; the 0.1 floor is 5.6 standard errors (N/15 windows)."""
     ofi = np.stack([minute_ofi(d) for d in market.days])
     x = market.latent.x.reshape(ofi.shape)
     assert np.corrcoef(ofi.ravel(), x.ravel())[0, 1] > 0.04
@@ -215,8 +216,8 @@ def test_latent_state_shows_in_multi_level_ofi(market):
 
 def test_latent_state_tilts_aggressors_and_depth(market):
     """Buyer-initiated market orders and bid depth rise with x (designed: sigmoid(mo_tilt * x) and tilted
-    queue sizes). Measured about 0.24 (trade-count imbalance) and 0.08 (close-book depth imbalance over
-    10 levels); the floors 0.15 and 0.04 are 16 and 4.4 null standard errors (0.009) from zero."""
+    queue sizes). Measured 0.25 (trade-count imbalance) and 0.068 (close-book depth imbalance over 10
+    levels); the floors 0.15 and 0.04 are 32 and 8.7 null standard errors (0.0046) from zero."""
     count_imb, depth_imb = [], []
     for day in market.days:
         t, b = day.trades, day.mbp10
@@ -236,10 +237,10 @@ def test_latent_state_tilts_aggressors_and_depth(market):
 def test_latent_expected_return_predicts_the_next_minutes(market):
     """er is the exact expected change of the efficient price f over the next 15 minutes, so regressing the
     realised change on er gives slope 1 in expectation (0.95 and 1.00 measured over 300-day runs); the mid
-    follows f within about a tick, so its slope is the same. Over 31 days the slope's standard error is
-    about 0.15 (15-minute windows, persistent er): [0.6, 1.4] holds 1 comfortably, and a market without
-    the signal (slope 0) would need a 4-standard-error accident to pass. The mid's gap to f at bar closes
-has a standard deviation of about 0.9 ticks."""
+    follows f within about a tick, so its slope is the same (0.97 and 0.97 here). Over 120 days the
+    slope's standard error is about 0.08 (15-minute windows, persistent er): [0.6, 1.4] holds 1 by five
+    standard errors, and a market without the signal (slope 0) would need a 7-standard-error accident to
+    pass. The mid's gap to f at bar closes has a standard deviation of about 0.9 ticks."""
     latent = market.latent
     er = latent.expected_return.reshape(-1, BARS_PER_DAY)[:, :-H].ravel()
     for price in (latent.efficient_price, latent.mid):
@@ -338,7 +339,7 @@ def write_definition(path: Path, **replace: str) -> Path:
 
 
 def test_default_store_is_built_once_and_rebuilt_when_the_definition_changes(tmp_path, monkeypatch):
-    spec = write_definition(tmp_path / "market.toml", **{"days = 31": "days = 1"})
+    spec = write_definition(tmp_path / "market.toml", **{"days = 120": "days = 1"})
     monkeypatch.setattr(default, "DEFINITION_PATH", spec)
     monkeypatch.setenv(default.DATA_DIR_ENV, str(tmp_path / "cache"))
     store = default.ensure_default_store()
@@ -346,7 +347,7 @@ def test_default_store_is_built_once_and_rebuilt_when_the_definition_changes(tmp
     first = store.stat().st_mtime_ns
     spec.write_text(spec.read_text().replace("[market]", "# a comment changes nothing\n[market]"))
     assert default.ensure_default_store() == store and store.stat().st_mtime_ns == first
-    write_definition(spec, **{"days = 31": "days = 1", "seed = 20240708": "seed = 5"})
+    write_definition(spec, **{"days = 120": "days = 1", "seed = 20240708": "seed = 5"})
     default.ensure_default_store()
     with MarketStore(store) as s:
         assert s.attrs["seed"] == 5 and s.attrs["definition_hash"] == load_definition(spec).digest()
@@ -370,8 +371,9 @@ def test_default_paths(monkeypatch, tmp_path):
     [
         ("phi = 0.97", "phi = 0.97\nphy = 1.0", r"\[latent\] has unknown keys \['phy'\]"),
         ("gamma = 1.0 ", "# gamma removed ", r"\[book\] lacks \['gamma'\]"),
-        ("days = 31", 'days = "31"', "market.days: expected int"),
-        ('start_date = "2024-07-08"', 'start_date = "2024-07-06"', "not a weekday"),
+        ("days = 120", 'days = "120"', "market.days: expected int"),
+        ('start_date = "2024-07-08"', 'start_date = "2024-07-06"', r"not a trading day YYYY-MM-DD \(a Saturday\)"),
+        ('start_date = "2024-07-08"', 'start_date = "2024-09-02"', r"not a trading day YYYY-MM-DD \(Labor Day\)"),
         ("vol_ticks = [2.5, 5.0]", "vol_ticks = [2.5]", "regimes.vol_ticks needs two"),
         ("vol_ticks = [2.5, 5.0]", 'vol_ticks = [2.5, "5"]', r"regimes\.vol_ticks\[1\]: expected float"),
         ("phi = 0.97", "phi = nan", r"latent\.phi: nan is not a finite number"),

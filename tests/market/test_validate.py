@@ -99,7 +99,8 @@ def test_timestamp_outside_the_trading_day_and_undefined():
     day = make_day()
     day.mbp10.ts_event[0] = day_bounds(DAY, INST)[0] - 1
     e = rejects(day, BOOK, "ts_event", 0, "outside trading day 2024-07-02")
-    assert "2024-07-01 17:59:59.999999 America/New_York" in e.reason
+    assert e.reason.startswith("2024-07-01 16:59:59.999999 America/New_York is outside")
+    assert e.reason.endswith("set by --day-roll 17:00 and --calendar us)")
     day = make_day()
     day.mbp10.ts_event[0] = UNDEF_TIMESTAMP
     rejects(day, BOOK, "ts_event", 0, "undefined timestamp")
@@ -111,6 +112,7 @@ def test_crossed_and_locked_book_after_the_open():
     day.mbp10.bid_px[row, 0] = day.mbp10.ask_px[row, 0] + TICK
     e = rejects(day, BOOK, "bid_px_00", row, "crossed book after the session open")
     assert "bid 5501 >= ask 5500.75 at 2024-07-02 09:35:00.000000 America/New_York" in e.reason
+    assert e.reason.endswith("(a crossed book is allowed only before the session open, --session-open 09:30)")
     day = make_day()
     day.mbp10.bid_px[row, 0] = day.mbp10.ask_px[row, 0]
     rejects(day, BOOK, "bid_px_00", row, "locked book")
@@ -243,6 +245,10 @@ def test_shapes_and_day_name():
     day.day = "2024-7-2"
     with pytest.raises(InputError, match="m.h5: trading day '2024-7-2' is not a YYYY-MM-DD date"):
         validate_day(day, INST, "m.h5")
+    day.day = "2024-07-04"
+    with pytest.raises(InputError, match=r"m.h5: 2024-07-04 is Independence Day, not a trading day of the 'us' "
+                       r"calendar \(--calendar weekdays, all-days would count it\)"):
+        validate_day(day, INST, "m.h5")
 
 
 @pytest.mark.parametrize(
@@ -252,6 +258,9 @@ def test_shapes_and_day_name():
         ({"timezone": "Mars/Olympus"}, "timezone", "unknown time zone"),
         ({"session_open": "9h30"}, "session_open", "is not HH:MM"),
         ({"session_open": "17:00"}, "session_open", "before session_close"),
+        ({"day_roll": "15:00"}, "session_close", "the regular session must end by the day roll"),
+        ({"day_open": "16:30"}, "day_roll", "day_open (the reopen after the daily break) must not be before day_roll"),
+        ({"calendar": "nyse"}, "calendar", "calendar 'nyse' is not one of us, weekdays, all-days"),
     ],
 )
 def test_bad_instrument(change, field, words):
