@@ -227,29 +227,29 @@ def data_inspect(
         Console(width=None if sys.stdout.isatty() else 200).print(summary_table(summary))
 
 
-def backend_line() -> str:
-    """Where the kernels run, in one line."""
+def backend_line(preset: str | None = None) -> str:
+    """Where the kernels run (and the preset a stage chose), in one line for stderr."""
     from fox_numba.device.runtime import SIMULATOR
 
-    if SIMULATOR:
-        return "no CUDA GPU: kernels run on the CPU under numba's CUDA simulator (slow; timings mean nothing)"
-    return "CUDA GPU found: kernels run on the GPU"
+    where = ("no CUDA GPU: kernels run on the CPU under numba's CUDA simulator (slow; timings mean nothing)"
+             if SIMULATOR else "CUDA GPU found: kernels run on the GPU")
+    return where + (f"; preset {preset}" if preset else "")
 
 
-def stage_config(preset: str | None, config: Path | None, overrides: list[str] | None, store: str | None) -> FoxConfig:
-    """The config of a stage command: without --preset, `default` on a GPU and `smoke` under the simulator;
-    `default` asked for explicitly without a GPU is refused (it would run for days on the CPU)."""
+def stage_config(
+    preset: str | None, config: Path | None, overrides: list[str] | None, store: str | None
+) -> tuple[FoxConfig, str]:
+    """(config, preset name) of a stage command: without --preset, `default` on a GPU and `smoke` under the
+    simulator; a GPU preset asked for explicitly without a GPU is refused (it would run for days on a CPU)."""
     from fox_numba.device.runtime import SIMULATOR
 
-    typer.echo(backend_line(), err=True)
     if preset is None:
         preset = "smoke" if SIMULATOR else "default"
-        typer.echo(f"preset: {preset}", err=True)
     elif SIMULATOR and preset != "smoke":
         raise ConfigError(
             f"--preset {preset} is sized for a GPU and this machine has none; use --preset smoke (or run on a GPU)"
         )
-    return resolve_config(preset, config, overrides, store)
+    return resolve_config(preset, config, overrides, store), preset
 
 
 StagePresetOpt = Annotated[
@@ -289,9 +289,10 @@ def collect(
     from fox_numba.agent.trainer import Trainer
     from fox_numba.walkforward.driver import load_features
 
-    cfg = stage_config(preset, config, set_, store)
+    cfg, chosen = stage_config(preset, config, set_, store)
     selection = prepare_market(cfg)
     fold = make_folds(cfg.folds, selection.days)[0]
+    typer.echo(backend_line(chosen), err=True)
     with progress_bar("collect: building features and the fold 0 market") as progress:
         features = load_features(cfg, selection)
         progress("collect: compiling and stepping the environments")
@@ -326,11 +327,12 @@ def train(
     if resume is not None:
         if preset or config or set_ or store:
             raise ConfigError("--resume continues a run with its own config.toml; drop --preset/--config/--set/--store")
-        typer.echo(backend_line(), err=True)
-        cfg = load_config(path=resume / "config.toml")
+        cfg, chosen = load_config(path=resume / "config.toml"), f"of {resume}"
     else:
-        cfg = stage_config(preset, config, set_, store)
+        cfg, chosen = stage_config(preset, config, set_, store)
     selection = prepare_market(cfg)
+    make_folds(cfg.folds, selection.days)  # too few days for the folds stops here, before any work
+    typer.echo(backend_line(chosen), err=True)
     start = time.perf_counter()
     run_dir, summary = train_run(cfg, selection, resume=resume, log=typer.echo)
     typer.echo(f"run {run_dir} done in {time.perf_counter() - start:.0f} s: {summary_line(summary)}")
@@ -355,8 +357,7 @@ def evaluate(
     checkpoint fold's validation days."""
     from fox_numba.walkforward.evaluate import evaluate_checkpoint
 
-    typer.echo(backend_line(), err=True)
-    results = evaluate_checkpoint(checkpoint, store=store, overrides=set_ or [])
+    results = evaluate_checkpoint(checkpoint, store=store, overrides=set_ or [], log=lambda m: typer.echo(m, err=True))
     print_table(f"fox evaluate {checkpoint}", results, as_json)
 
 

@@ -23,6 +23,7 @@ import numpy as np
 
 from fox_numba.actions import N_BRANCHES, N_HEADS
 from fox_numba.agent.environment import VecEnv
+from fox_numba.agent.health import HealthDiag
 from fox_numba.agent.network import Network, ParamLayout
 from fox_numba.agent.replay import ReplayBuffer
 from fox_numba.device.graphs import StepGraph
@@ -39,10 +40,10 @@ class Collector:
 
     def __init__(
         self, env: VecEnv, replay: ReplayBuffer, layout: ParamLayout, params: Any, supports: Any, *,
-        stager: Stager, seed: int, use_graph: bool,
+        stager: Stager, seed: int, use_graph: bool, health: HealthDiag,
     ) -> None:
         n, z = env.n, layout.n_atoms
-        self.env, self.replay, self.params, self.supports = env, replay, params, supports
+        self.env, self.replay, self.params, self.supports, self.health = env, replay, params, supports, health
         self.stream = stager.stream
         self.net = Network(layout, n)
         self.obs = device_empty((n, OBS_DIM), np.float32)
@@ -69,8 +70,10 @@ class Collector:
         broadcast_supports(self.supports, self.support_rows, stream=self.stream)
 
     def collect(self, steps: int) -> dict[str, float]:
-        """`steps` collect steps queued back to back, then the epoch's environment metrics (one sync)."""
+        """`steps` collect steps queued back to back, the last step's actions into HEALTH_DIAG, then the
+        epoch's environment metrics (one sync)."""
         self.refresh()
         for _ in range(steps):
             self.graph.replay()
+        self.health.collect_step(self.actions, self.env.reward, stream=self.stream)
         return self.env.read_metrics(stream=self.stream)

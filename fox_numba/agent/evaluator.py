@@ -9,6 +9,7 @@ frozen). Every step, for all days at once:
     select_actions(logits, supports, explore=False)    argmax E[Q] in every branch (no RNG)
     env.step(actions)
     record_eval_step(...)                              PnL (dollars) and position of the step, per day
+    health.eval_step(actions, counts)                  HEALTH_DIAG's per-day action tallies (optional)
 
 The steps run in chunks of `evaluation.chunk_bars`: one StepGraph holds a whole chunk of steps (a second
 one the remainder), so a validation pass is a handful of graph launches and one download of the per-step records at the end; the
@@ -25,6 +26,7 @@ import numpy as np
 from fox_numba.actions import N_BRANCHES, N_HEADS
 from fox_numba.agent.environment import VecEnv
 from fox_numba.agent.fold_market import FoldMarketDevice
+from fox_numba.agent.health import HealthDiag
 from fox_numba.agent.network import Network, ParamLayout
 from fox_numba.config import FoxConfig
 from fox_numba.device.elementwise import fill_u32
@@ -44,7 +46,7 @@ class Evaluator:
 
     def __init__(
         self, market: FoldMarketDevice, cfg: FoxConfig, layout: ParamLayout, params: Any, supports: Any, *,
-        isv: Any, stager: Stager, use_graph: bool,
+        isv: Any, stager: Stager, use_graph: bool, health: HealthDiag | None = None,
     ) -> None:
         if cfg.evaluation.chunk_bars < 1:
             raise ValueError(f"evaluation.chunk_bars must be at least 1, got {cfg.evaluation.chunk_bars}")
@@ -54,7 +56,7 @@ class Evaluator:
         windows = market.host.val_windows[:n]
         self.day_steps = (windows[:, 1] - windows[:, 0] - 1).astype(int)
         """Steps of each validation day (one per bar but the last, where the day is closed)."""
-        self.params, self.supports = params, supports
+        self.params, self.supports, self.health = params, supports, health
         self.stager, self.stream = stager, stager.stream
         self.net = Network(layout, n)
         self.obs = device_empty((n, OBS_DIM), np.float32)
@@ -66,6 +68,7 @@ class Evaluator:
         self.pnl = device_zeros((self.steps, n), np.float32, stream=self.stream)
         self.pos = device_zeros((self.steps, n), np.int32, stream=self.stream)
         self.counter = device_zeros(1, np.int32, stream=self.stream)
+        self.counts = HealthDiag.eval_counts(n, stream=self.stream) if health is not None else None
         chunk = min(cfg.evaluation.chunk_bars, self.steps)
         full, rest = divmod(self.steps, chunk)
         self.chunks = [(StepGraph("evaluate.chunk", self._steps(chunk), self.stream, use_graph=use_graph), full)]
@@ -80,6 +83,8 @@ class Evaluator:
                        explore=False, stream=s)  # fmt: skip
         env.step(self.actions, stream=s)
         record_eval_step(env.comps, env.si, env.params, self.counter, self.pnl, self.pos, stream=s)
+        if self.health is not None:
+            self.health.eval_step(self.actions, self.counts, stream=s)
 
     def _steps(self, n: int) -> Any:
         """A step body of `n` evaluation steps (one captured graph)."""
@@ -102,6 +107,8 @@ class Evaluator:
         for graph, replays in self.chunks:
             for _ in range(replays):
                 graph.replay()
+        if self.health is not None:
+            self.health.eval_done(self.counts, stream=s)
         pnl = self.stager.download(self.pnl).astype(np.float64)
         pos = self.stager.download(self.pos)
         return [(pnl[:k, d], pos[:k, d]) for d, k in enumerate(self.day_steps)]

@@ -115,6 +115,16 @@ class Batch:
 class Learner:
     """The train stage around one fold's replay buffer and market observations (module header)."""
 
+    # Wiring, constants and per-step scratch (rewritten before every read within a step, so nothing a fold
+    # could leak); the state is params, target, adam_m, adam_v, optim_state, fresh, rng_states and the
+    # supports, each an entry of walkforward/trainer_state.py.
+    NOT_STATE = (
+        "cfg", "layout", "replay", "market_obs", "isv", "stager", "stream", "seed", "batch_size", "steps_per_epoch",
+        "online", "target_net", "graph", "batch", "rows", "logits", "logits_tgt", "q", "entropy", "dlogits", "grads",
+        "norm_partials", "adam_partials", "polyak_partials", "loss_partials", "q_partials", "hidden_partials",
+        "support_rows", "decay_mask", "branch_weights", "schedule", "epoch",
+    )
+
     def __init__(
         self, cfg: FoxConfig, layout: ParamLayout, replay: Any, market_obs: Any, *, isv: Any, stager: Stager,
         stream: Any, seed: int | None = None, dense: str = "auto",

@@ -82,6 +82,9 @@ class ReplayBuffer:
     (0 or 1), next_row int32 [C], next_port float32 [C, N_PORTFOLIO]; meta int32 [2].
     """
 
+    NOT_STATE = ("capacity",)  # the transitions and the cursor are state: the fold reset empties the buffer
+
+
     def __init__(self, capacity: int, *, stream: Any) -> None:
         if capacity < 1:
             raise ValueError(f"the replay buffer needs a capacity of at least 1, got {capacity}")

@@ -16,6 +16,7 @@ Fold-boundary resets are not done here: the walk-forward driver runs them throug
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -24,6 +25,7 @@ from fox_numba.agent.collector import Collector
 from fox_numba.agent.environment import VecEnv
 from fox_numba.agent.evaluator import Evaluator
 from fox_numba.agent.fold_market import FoldMarket, FoldMarketDevice
+from fox_numba.agent.health import HealthDiag
 from fox_numba.agent.learner import Learner
 from fox_numba.agent.network import ParamLayout
 from fox_numba.agent.replay import FIELDS as REPLAY_FIELDS
@@ -48,6 +50,11 @@ def stream_seed(seed: int, stream: int, fold: int = 0) -> int:
 class Trainer:
     """The stages of one run (module docstring)."""
 
+    # Every attribute is wiring or a per-fold object rebuilt by bind_fold; the state lives in the learner,
+    # the replay buffer and the ISV bus (walkforward/trainer_state.py).
+    NOT_STATE = ("cfg", "stream", "stager", "bus", "layout", "replay", "learner", "market", "env", "collector",
+                 "evaluator", "fold", "_q_epoch", "health")
+
     def __init__(self, cfg: FoxConfig) -> None:
         self.cfg = cfg
         self.stream = new_stream()
@@ -62,6 +69,7 @@ class Trainer:
         self.evaluator: Evaluator | None = None
         self.fold: int | None = None
         self._q_epoch = Mapped(1, np.float32)
+        self.health = HealthDiag(self.stager)
 
     def bind_fold(self, market: FoldMarket, fold: int) -> None:
         """Upload the fold's market and build its environments, collector and evaluator (the learner is
@@ -80,9 +88,9 @@ class Trainer:
                           seed=stream_seed(seed, SEED_ENV, fold))  # fmt: skip
         self.collector = Collector(self.env, self.replay, self.layout, lrn.params, lrn.support_online,
                                    stager=self.stager, seed=stream_seed(seed, SEED_COLLECT, fold),
-                                   use_graph=cfg.run.graphs)  # fmt: skip
+                                   use_graph=cfg.run.graphs, health=self.health)  # fmt: skip
         self.evaluator = Evaluator(dev, cfg, self.layout, lrn.params, lrn.support_online, isv=self.bus.values,
-                                   stager=self.stager, use_graph=cfg.run.graphs)  # fmt: skip
+                                   stager=self.stager, use_graph=cfg.run.graphs, health=self.health)  # fmt: skip
 
     def _bound(self) -> tuple[Learner, VecEnv, Collector, Evaluator]:
         if self.learner is None or self.env is None or self.collector is None or self.evaluator is None:
@@ -97,10 +105,18 @@ class Trainer:
         env.reset(stream=self.stream)
         return collector.collect(self.cfg.env.collect_steps)
 
-    def train(self) -> dict[str, float]:
-        """learner.steps_per_epoch gradient steps; the epoch's learning figures."""
-        learner, *_ = self._bound()
-        learner.train_epoch()
+    def train(self, diag: Callable[[], None]) -> dict[str, float]:
+        """learner.steps_per_epoch gradient steps, with a HEALTH_DIAG snapshot every run.diag_every steps (and
+        after the last): `diag()` is called after each snapshot, to read and log it; the epoch's figures."""
+        learner, env, *_ = self._bound()
+        total, every = self.cfg.learner.steps_per_epoch, max(1, self.cfg.run.diag_every)
+        done = 0
+        while done < total:
+            steps = min(every, total - done)
+            learner.train_epoch(steps)
+            done += steps
+            self.health.snapshot(self.bus.values, learner.optim_state, env.metrics.device, use_graph=self.cfg.run.graphs)
+            diag()
         return learner.epoch_stats()
 
     def evaluate(self) -> tuple[list[tuple[np.ndarray, np.ndarray]], dict[str, float]]:
@@ -129,8 +145,11 @@ class Trainer:
         return arrays
 
     def download_state(self) -> dict[str, np.ndarray]:
-        """Host copies of `device_state` (synchronises)."""
-        return {name: self.stager.download(arr) for name, arr in self.device_state().items()}
+        """Host copies of `device_state` and of the HEALTH_DIAG record (its histograms span epochs);
+        synchronises."""
+        arrays = {name: self.stager.download(arr) for name, arr in self.device_state().items()}
+        arrays["health.record"] = self.health.record.host.copy()
+        return arrays
 
     def load_state(self, arrays: dict[str, np.ndarray]) -> None:
         """Upload a checkpoint's arrays into `device_state` (names and shapes must match)."""
@@ -139,3 +158,4 @@ class Trainer:
         for name, dev in self.device_state().items():
             if not name.startswith("learner."):
                 self.stager.upload(np.ascontiguousarray(arrays[name]), dev)
+        self.health.record.host[:] = arrays["health.record"]

@@ -72,8 +72,8 @@ from fox_numba.actions import (
 )
 from fox_numba.device.launch import check_array, launch_rows
 from fox_numba.device.registry import register
-from fox_numba.device.runtime import SIMULATOR
 from fox_numba.device.rng import XOROSHIRO_DTYPE
+from fox_numba.device.runtime import SIMULATOR
 from fox_numba.kernels.distributional import F32_3D, row_stats
 
 # Below this Q range a 3-bin branch's Boltzmann tends to uniform instead of stretching differences that

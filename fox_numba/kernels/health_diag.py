@@ -9,6 +9,10 @@ Launch shapes:
 - action_histogram: one block of DIAG_BLOCK threads; thread t counts the rows t, t + DIAG_BLOCK, ... of
   actions [N, 4] into 13 per-head counters, then a shared-memory tree adds the threads' counters.
   Integer sums: the same result in any order, so deterministic without atomics.
+- finalise: one thread: the step counter, the clipped gradient norm, lr_eff and tau_eff from the learner's
+  optimiser state and the ISV, the limit fill rate from the collect environments' metrics record.
+- tally_actions: one thread per row (per evaluation environment, every evaluation step), count_histogram
+  one block once per validation pass: the eval histogram without a block reduction per step.
 - magnitude_stats: one block of DIAG_BLOCK threads; per magnitude bin, over the rows whose direction is
   Long or Short: count, wins (reward > 0), sum and sum of squares of the reward, in float64 per thread
   (strided rows, in order), then a fixed shared-memory tree: the same bits on every run.
@@ -21,14 +25,34 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from numba import cuda, float32, float64, int32, uint32
+from numba import cuda, float32, float64, from_dtype, int32, uint32
 
 from fox_numba.actions import DIR_OFFSET, LONG, MAG_OFFSET, N_BRANCHES, N_HEADS, ORDER_OFFSET, SHORT, URGENCY_OFFSET
+from fox_numba.device.isv import ISV_TOTAL_DIM, Isv
 from fox_numba.device.launch import check_array, i32, launch, launch_rows
 from fox_numba.device.registry import register
-from fox_numba.diag.layout import N_WORDS, W_EVAL_HIST, W_MAG_VAR, W_MAG_WIN, W_TRAIN_HIST
+from fox_numba.device.runtime import SIMULATOR
+from fox_numba.diag.layout import (
+    N_WORDS,
+    W_EVAL_HIST,
+    W_GRAD_CLIPPED,
+    W_LIMIT_FILL,
+    W_LR_EFF,
+    W_MAG_VAR,
+    W_MAG_WIN,
+    W_STEP,
+    W_TAU_EFF,
+    W_TRAIN_HIST,
+)
+from fox_numba.kernels.env import thread_block
+from fox_numba.kernels.env_stats import METRIC_NAMES, N_METRICS
+from fox_numba.kernels.optim import LR_FLOOR, OPTIM_STATE_DTYPE
 
-DIAG_BLOCK = 256  # threads of the single-block reductions; a power of two (the trees halve it)
+# Threads of the single-block reductions; a power of two (the trees halve it). Under the simulator, which
+# pays for every thread, 4 (the sums are integers or float64 trees: fewer threads change no result's
+# meaning, and the integer histograms not even a bit).
+DIAG_BLOCK = 4 if SIMULATOR else 256
+M_FILL_RATE = METRIC_NAMES.index("fill_rate")
 N_MAGS = 3
 MAG_COLS = 4 * N_MAGS  # count, wins, sum, sum of squares per magnitude (a constant: shared shapes must be)
 
@@ -76,6 +100,36 @@ def action_histogram(actions, snap_u, base, accumulate):
         if accumulate != 0:
             total += snap_u[base + tid]
         snap_u[base + tid] = total
+
+
+@register((int32[:, ::1], int32[:, ::1]))
+@cuda.jit
+def tally_actions(actions, counts):
+    """counts[i, h] += 1 for the four heads of row i's action (one thread per row, no atomics)."""
+    i = cuda.grid(1)
+    if i < actions.shape[0]:
+        counts[i, DIR_OFFSET + actions[i, 0]] += 1
+        counts[i, MAG_OFFSET + actions[i, 1]] += 1
+        counts[i, ORDER_OFFSET + actions[i, 2]] += 1
+        counts[i, URGENCY_OFFSET + actions[i, 3]] += 1
+
+
+@register((int32[:, ::1], uint32[::1], int32))
+@cuda.jit
+def count_histogram(counts, snap_u, base):
+    """snap_u[base + h] = sum over rows of counts[:, h] (one block, a shared-memory tree)."""
+    tid = cuda.threadIdx.x
+    acc = cuda.shared.array((DIAG_BLOCK, N_HEADS), int32)
+    for h in range(N_HEADS):
+        acc[tid, h] = 0
+    r = tid
+    while r < counts.shape[0]:
+        for h in range(N_HEADS):
+            acc[tid, h] += counts[r, h]
+        r += DIAG_BLOCK
+    _tree_sum_i32(acc, tid)
+    if tid < N_HEADS:
+        snap_u[base + tid] = uint32(acc[0, tid])
 
 
 @register((int32[:, ::1], float32[::1], float32[::1]))
@@ -144,6 +198,21 @@ def histogram_actions(actions: Any, snap_u: Any, *, evaluation: bool, accumulate
                 stream=stream)
 
 
+def tally(actions: Any, counts: Any, *, stream: Any) -> None:
+    """Add the actions [N, 4] of one step to the per-row head counts [N, 13] (the evaluation's tally)."""
+    n = actions.shape[0]
+    check_array("actions", actions, f"[N, {N_BRANCHES}]", (n, N_BRANCHES), np.int32)
+    check_array("counts", counts, f"[N, {N_HEADS}]", (n, N_HEADS), np.int32)
+    launch(tally_actions, n, actions, counts, stream=stream, block=thread_block(n))
+
+
+def histogram_counts(counts: Any, snap_u: Any, *, stream: Any) -> None:
+    """The eval histogram words = the head counts [N, 13] summed over rows."""
+    check_array("counts", counts, f"[N, {N_HEADS}]", (counts.shape[0], N_HEADS), np.int32)
+    check_array("snap_u", snap_u, "[N_WORDS]", (N_WORDS,), np.uint32)
+    launch_rows(count_histogram, 1, DIAG_BLOCK, counts, snap_u, i32(W_EVAL_HIST), stream=stream)
+
+
 def reduce_magnitude_stats(actions: Any, reward: Any, snap_f: Any, *, stream: Any) -> None:
     """Win share and reward variance per magnitude bin of the Long/Short rows of one collect step."""
     n = actions.shape[0]
@@ -151,3 +220,33 @@ def reduce_magnitude_stats(actions: Any, reward: Any, snap_f: Any, *, stream: An
     check_array("reward", reward, "[N]", (n,))
     _check_snapshot(snap_f)
     launch_rows(magnitude_stats, 1, DIAG_BLOCK, actions, reward, snap_f, stream=stream)
+
+
+_STATE = from_dtype(OPTIM_STATE_DTYPE)
+_RAW = int(Isv.GRAD_NORM_RAW)
+_CLIP = int(Isv.CLIP_EFF)
+_FACTOR = int(Isv.FOLD_WARMUP_FACTOR)
+
+
+@register((float32[::1], _STATE[::1], float64[::1], float32[::1], uint32[::1]))
+@cuda.jit
+def finalise(isv, state, env_metrics, snap_f, snap_u):
+    """The derived words: step, clipped gradient norm, lr_eff, tau_eff and the limit fill rate (one thread)."""
+    if cuda.grid(1) != 0:
+        return
+    snap_u[W_STEP] = uint32(state[0].step)
+    raw = isv[_RAW]
+    snap_f[W_GRAD_CLIPPED] = min(raw, isv[_CLIP])
+    snap_f[W_LR_EFF] = state[0].lr * max(LR_FLOOR, isv[_FACTOR])
+    snap_f[W_TAU_EFF] = state[0].tau
+    snap_f[W_LIMIT_FILL] = float32(env_metrics[M_FILL_RATE])
+
+
+def finalise_snapshot(isv: Any, state: Any, env_metrics: Any, snap_f: Any, snap_u: Any, *, stream: Any) -> None:
+    """Write the finalise kernel's words from the ISV, the learner's optimiser state [1] and the collect
+    environments' epoch metrics record (float64 [N_METRICS], kernels/env_stats.py)."""
+    check_array("isv", isv, "[ISV_TOTAL_DIM]", (ISV_TOTAL_DIM,))
+    check_array("state", state, "[1]", (1,), OPTIM_STATE_DTYPE)
+    check_array("env_metrics", env_metrics, "[N_METRICS]", (N_METRICS,), np.float64)
+    _check_snapshot(snap_f, snap_u)
+    launch_rows(finalise, 1, 1, isv, state, env_metrics, snap_f, snap_u, stream=stream)

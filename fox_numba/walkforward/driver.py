@@ -30,10 +30,11 @@ import numpy as np
 from fox_numba.agent.fold_market import FoldMarket
 from fox_numba.agent.trainer import Trainer
 from fox_numba.config import FoxConfig
+from fox_numba.diag.layout import PREFIX, parse_line
 from fox_numba.errors import ConfigError
 from fox_numba.features.build import build_features
 from fox_numba.features.feature_set import FeatureSet
-from fox_numba.io import atomic_path
+from fox_numba.io import atomic_path, atomic_write_text
 from fox_numba.market.select import MarketSelection
 from fox_numba.market.store import MarketStore
 from fox_numba.walkforward.folds import Fold, make_folds
@@ -48,8 +49,8 @@ from fox_numba.walkforward.metrics import (
     fold_report,
 )
 from fox_numba.walkforward.probe import probe_baseline
+from fox_numba.walkforward.report import BASELINES, HEALTH_LOG, write_report
 from fox_numba.walkforward.reset_registry import FoldReset, ResetContext, StateResetRegistry, format_resets
-from fox_numba.walkforward.report import BASELINES, write_report
 from fox_numba.walkforward.run_folder import BestEpoch, RunFolder, epoch_line
 from fox_numba.walkforward.trainer_state import audit_trainer, register_trainer
 
@@ -120,12 +121,23 @@ def fold_baselines(cfg: FoxConfig, market: FoldMarket, oracle: OracleReference |
 
 
 def epoch_summary(fold: int, epoch: int, val: Metrics, train: dict[str, float], rollout: dict[str, float],
-                  seconds: float) -> str:
+                  seconds: dict[str, float]) -> str:
     """One human line per epoch."""
+    times = " ".join(f"{name} {t:.1f}" for name, t in seconds.items())
     return (f"fold {fold} epoch {epoch}: val Sharpe {val.sharpe_daily:+.2f} (daily) {val.sharpe_bar:+.2f} (bar), "
             f"return ${val.total_return:,.0f}, active {val.active_fraction:.2f}, trades {val.trades} | "
             f"loss {train['loss']:.4f}, grad {train['grad_norm']:.3g}, q {train['q_mean']:+.4f} | "
-            f"collect reward {rollout.get('reward_mean', float('nan')):+.4f} | {seconds:.1f} s")
+            f"collect reward {rollout.get('reward_mean', float('nan')):+.4f} | seconds: {times}")
+
+
+def trim_health_log(path: Path, fold: int, epoch: int) -> None:
+    """Keep the HEALTH_DIAG lines of epochs before (fold, epoch): a resumed run writes that epoch's again."""
+    if not path.is_file():
+        return
+    kept = [ln for ln in path.read_text(encoding="utf-8").splitlines(keepends=True)
+            if ln.endswith("\n") and ln.startswith(PREFIX) and
+            (lambda d: (int(d["fold"]), int(d["epoch"])) < (fold, epoch))(parse_line(ln))]
+    atomic_write_text(path, "".join(kept))
 
 
 class Driver:
@@ -174,6 +186,7 @@ class Driver:
                 trainer.load_state(point.checkpoint.arrays)
                 self.registry.load_host_state(point.checkpoint.registry_state, str(point.checkpoint.path))
                 start_epoch = point.epoch
+                trim_health_log(self.run.path / HEALTH_LOG, k, start_epoch)
                 log(f"resumed from {point.checkpoint.path} at fold {k} epoch {start_epoch}")
             if start_epoch == 0:
                 records = self.registry.reset(FoldReset, ResetContext(fold=k, seed=cfg.run.seed, stream=trainer.stream))
@@ -190,6 +203,13 @@ class Driver:
                     break
         return self.run.summarise(annualisation_days=cfg.evaluation.annualisation_days)
 
+    def diag(self, fold: int, epoch: int) -> None:
+        """Read the HEALTH_DIAG snapshot just taken: one line on stdout and in health_diag.log."""
+        line = self.trainer.health.line(fold=fold, epoch=epoch, kill=self.kills.diag_fields)
+        self.log(line)
+        with open(self.run.path / HEALTH_LOG, "a", encoding="utf-8") as fh:
+            fh.write(line + "\n")
+
     def fingerprints(self) -> dict[str, str]:
         return {"params": self.trainer.layout.fingerprint}
 
@@ -198,13 +218,17 @@ class Driver:
         cfg, trainer = self.cfg, self.trainer
         t0 = time.perf_counter()
         rollout = trainer.collect()
-        train = trainer.train()
+        t1 = time.perf_counter()
+        train = trainer.train(lambda: self.diag(k, epoch))
+        t2 = time.perf_counter()
         isv = trainer.isv()
         fold_step = int(trainer.learner.read_optim_state()["step"])
         kill = self.kills.check(EpochHealth.from_isv(isv, epoch=epoch, q_mean=train["q_mean"],
                                                      steps=int(train["steps"]), fold_step=fold_step))
         trainer.update_drift(train["q_mean"])
+        t3 = time.perf_counter()
         records, eval_env = trainer.evaluate()
+        t4 = time.perf_counter()
         days = [DaySeries(pnl, pos.astype(np.float64)) for pnl, pos in records]
         val = compute_metrics(days, annualisation_days=cfg.evaluation.annualisation_days)
         report = fold_report(val, flat=baselines.flat, buy_and_hold=baselines.buy_and_hold, probe=baselines.probe,
@@ -216,7 +240,8 @@ class Driver:
         arrays = trainer.download_state() | self.fold_market.checkpoint_arrays()
         self.run.end_epoch(line, arrays=arrays, registry=self.registry, best=self.best,
                            fold_done=kill is not None or last, validation=days, fingerprints=self.fingerprints())
-        self.log(epoch_summary(k, epoch, val, train, rollout, time.perf_counter() - t0))
+        seconds = {"collect": t1 - t0, "train": t2 - t1, "evaluate": t4 - t3, "epoch": time.perf_counter() - t0}
+        self.log(epoch_summary(k, epoch, val, train, rollout, seconds))
         if kill is not None:
             self.log(f"fold {k} killed: {kill.reason}")
         return kill is not None

@@ -9,6 +9,7 @@ fill model). Without --store / --set, the days are the validation days of the ch
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,7 @@ from fox_numba.walkforward.metrics import (
     flat_days,
 )
 
+
 @dataclass(frozen=True)
 class AllValidation:
     """Every selected day a validation day (no training window: FoldMarket.build with given statistics)."""
@@ -49,7 +51,8 @@ class AllValidation:
     purge_bars: int = 0
 
 
-def evaluate_checkpoint(checkpoint: Path, *, store: str | None, overrides: list[str]) -> dict[str, Any]:
+def evaluate_checkpoint(checkpoint: Path, *, store: str | None, overrides: list[str],
+                        log: Callable[[str], None] = print) -> dict[str, Any]:
     """The validation figures of the checkpoint's network on the chosen days, beside flat, buy-and-hold and the
     oracle (on a synthetic store)."""
     run_dir = checkpoint.resolve().parent.parent
@@ -69,6 +72,8 @@ def evaluate_checkpoint(checkpoint: Path, *, store: str | None, overrides: list[
         for text in overrides:
             set_value(cfg, *parse_override(text))
         selection = select_market(cfg.market)
+    log(f"evaluating fold {int(ck.meta['fold'])} epoch {int(ck.meta['epoch'])} of {run_dir} on {len(selection.days)} "
+        f"days of {selection.path} ({selection.days[0]}..{selection.days[-1]})")
     features = load_features(cfg, selection)
     stats = NormStats(ck.arrays["market.norm_mean"], ck.arrays["market.norm_std"], 0)
     market = FoldMarket.build(features, AllValidation(int(ck.meta["fold"]), features.n_days), cfg.features, cfg.env,

@@ -197,6 +197,19 @@ class KillCriteria:
         """Every object holding state, for `StateResetRegistry.audit`."""
         return (self, *self.criteria)
 
+    def diag_fields(self, q_abs_ref: float, q_dir_abs_ref: float) -> dict[str, float]:
+        """The criteria's state for HEALTH_DIAG: the Q-drift window's median and MAD (NaN until it holds
+        Q_DRIFT_MIN_PRIORS epochs), the Q-drift floor at these Q scales, the collapse count."""
+        _, q_drift, collapse = self.criteria
+        median = mad = math.nan
+        if len(q_drift.window) >= Q_DRIFT_MIN_PRIORS:
+            prior = np.asarray(q_drift.window, dtype=np.float64)
+            median = _median(prior)
+            mad = _median(np.abs(prior - median))
+        floor = max(Q_DRIFT_FLOOR_MIN, Q_DRIFT_FLOOR_MULT * max(q_abs_ref, q_dir_abs_ref))
+        return {"kill_q_median": median, "kill_q_mad": mad, "kill_q_floor": floor,
+                "kill_collapse_epochs": float(collapse.count)}
+
     def check(self, health: EpochHealth) -> Kill | None:
         """The first criterion that fired this epoch, or None."""
         fired = [c.check(health) for c in self.criteria]

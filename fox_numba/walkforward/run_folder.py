@@ -41,7 +41,14 @@ from typing import Any
 
 import numpy as np
 
-from fox_numba.checkpoint import Checkpoint, Layout, fsync_dir, load_checkpoint, remove_stale_temporaries, save_checkpoint
+from fox_numba.checkpoint import (
+    Checkpoint,
+    Layout,
+    fsync_dir,
+    load_checkpoint,
+    remove_stale_temporaries,
+    save_checkpoint,
+)
 from fox_numba.config import FoxConfig, load_config, write_config
 from fox_numba.errors import ConfigError, InputError
 from fox_numba.io import atomic_path, atomic_write_text

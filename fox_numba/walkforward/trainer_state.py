@@ -21,30 +21,19 @@ environments and their collector, the evaluator. Their within-fold state (the en
 collector's random streams) is in every checkpoint as named arrays.
 
 `audit_trainer` lists every attribute of the run-wide components that is neither an entry nor declared
-wiring; the driver's test asserts it is empty, so a field added without its entry fails.
+wiring (each class's NOT_STATE); the driver refuses to start and a test asserts it is empty, so a field added
+without its entry fails.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from fox_numba.agent.replay import FIELDS as REPLAY_FIELDS
 from fox_numba.agent.trainer import Trainer
 from fox_numba.walkforward.kill import KillCriteria
 from fox_numba.walkforward.reset_registry import FoldReset, ResetContext, StateResetRegistry, register_isv
 from fox_numba.walkforward.run_folder import BestEpoch
-
-# Learner attributes that are wiring or scratch rewritten every step (not state a fold could leak).
-LEARNER_WIRING = (
-    "cfg", "layout", "replay", "market_obs", "isv", "stager", "stream", "seed", "online", "target_net", "graph", "batch",
-    "batch_size", "rows", "logits", "logits_tgt", "q", "entropy", "dlogits", "grads", "norm_partials", "adam_partials",
-    "polyak_partials", "hidden_partials", "support_rows", "decay_mask", "branch_weights", "schedule",
-    "steps_per_epoch", "epoch",
-)
-REPLAY_WIRING = ("capacity",)
-TRAINER_WIRING = (
-    "cfg", "stream", "stager", "bus", "layout", "replay", "learner", "market", "env", "collector", "evaluator",
-    "fold", "_q_epoch",
-)
 
 
 def register_trainer(registry: StateResetRegistry, trainer: Trainer, kills: KillCriteria, best: BestEpoch) -> None:
@@ -52,7 +41,7 @@ def register_trainer(registry: StateResetRegistry, trainer: Trainer, kills: Kill
     lrn, replay, bus, s = trainer.learner, trainer.replay, trainer.bus, trainer.stream
     if lrn is None:
         raise RuntimeError("register_trainer: bind the trainer's first fold before registering its state")
-    r = registry.owner(lrn, "learner", not_state=[a for a in LEARNER_WIRING if hasattr(lrn, a)])
+    r = registry.owner(lrn, "learner")
     r.action("adam_moments", FoldReset, "Adam m *= 0.1, v *= 0.01", fields=("adam_m", "adam_v"),
              action=lambda ctx: lrn.shrink_adam())
     counters = ("learner", "counters")
@@ -68,13 +57,12 @@ def register_trainer(registry: StateResetRegistry, trainer: Trainer, kills: Kill
              fields=(), action=lambda ctx: bus.fold_reset(ctx.stream), batch=("isv", id(bus)))
     r.carried("support_online", "the online supports follow the Q scale across folds", fields=("support_online",))
     r.carried("rng_states", "the learner's minibatch sampling stream", fields=("rng_states",))
-    registry.owner(replay, "collector", not_state=[a for a in vars(replay) if a not in ("meta",)]).action(
-        "replay", FoldReset, "replay buffer emptied (cursor = size = 0)", fields=("meta",),
+    registry.owner(replay, "collector").action(
+        "replay", FoldReset, "replay buffer emptied (cursor = size = 0)", fields=(*REPLAY_FIELDS, "meta"),
         action=lambda ctx: replay.clear(stream=s))
     register_isv(registry, bus)
     kills.register_state(registry)
     best.register_state(registry)
-    registry.owner(trainer, "trainer", not_state=[a for a in TRAINER_WIRING if hasattr(trainer, a)])
 
 
 def audit_trainer(registry: StateResetRegistry, trainer: Trainer, kills: KillCriteria, best: BestEpoch) -> list[str]:
