@@ -69,7 +69,7 @@ class FoldConfig:
 
 @dataclass
 class EnvConfig:
-    n_envs: int = opt(1024, "Parallel environments stepped by one kernel launch.")
+    n_envs: int = opt(4096, "Parallel environments stepped by one kernel launch.")
     episode_bars: int = opt(240, "Bars per episode before an environment is reset to a new start.")
     max_position: int = opt(4, "Largest absolute position in contracts (the Full magnitude).")
     commission: float = opt(2.25, "Commission in dollars per contract per side.")

@@ -71,8 +71,3 @@ class Interrupted(BaseException):  # noqa: N818 (it is a signal, not an error)
         self.signum = signum
         self.unchanged: list[Path] = []
 
-
-class NotAvailableError(FoxError):
-    """A command whose machinery has not landed yet (exit code 2, as for a usage error)."""
-
-    exit_code = 2

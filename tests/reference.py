@@ -68,7 +68,8 @@ def loss64(logits, target):
 def adaptive_clip64(isv, mult=2.0, rule="damped"):
     """float64 adaptive-clip producer (kernels/optim.py) on an ISV vector, in place, written from the spec's
     numbers: factor and clip from the EMAs before this step's norm (the first finite norm seeds EMA and SLOW),
-    then the EMA updates with the raw norm (rule "seed") or the clipped norm min(raw, clip) (rule "damped")."""
+    then the EMA updates with the raw norm (rule "seed") or the clipped norm min(raw, clip) (rule "damped", whose
+    slow EMA also follows a raw norm below it at 0.02 instead of 0.001)."""
     from fox_numba.device.isv import Isv
 
     raw = isv[Isv.GRAD_NORM_RAW]
@@ -86,7 +87,7 @@ def adaptive_clip64(isv, mult=2.0, rule="damped"):
         isv[Isv.CLIP_ENGAGED_EMA] += 0.01 * (float(raw > isv[clip]) - isv[Isv.CLIP_ENGAGED_EMA])
         isv[ema] += 0.01 * (seen - isv[ema])
         isv[fast] += 0.1 * (seen - isv[fast])
-        isv[slow] += 0.001 * (seen - isv[slow])
+        isv[slow] += (0.02 if rule == "damped" and raw < isv[slow] else 0.001) * (seen - isv[slow])
         isv[observed] = min(isv[observed] + 1, 2.0**24)
 
 

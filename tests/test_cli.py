@@ -82,11 +82,19 @@ def stores(tmp_path_factory):
 STAGES = [["collect"], ["train"], ["profile"]]
 
 
-def test_profile_not_landed_says_so_and_exits_2(stores):
-    proc = run_fox("profile", "--preset", "smoke", "--store", str(stores[0]))
-    assert proc.returncode == 2, proc.stderr
-    assert "is not available yet" in proc.stderr
-    assert proc.stdout == ""
+def test_profile_prints_the_stage_and_kernel_tables(stores, tmp_path):
+    """One smoke warm-up epoch, one timed epoch, 2 eager steps per stage for the kernel tables."""
+    proc = run_fox("profile", "--store", str(stores[0]), "--epochs", "1", "--steps", "2", "--set",
+                   f"run.out_dir={json.dumps(str(tmp_path))}", "--set", 'run.name="prof"')
+    assert proc.returncode == 0, proc.stderr
+    assert "timings under the CUDA simulator mean nothing" in proc.stdout
+    result = json.loads((tmp_path / "prof" / "profile.json").read_text())
+    assert set(result["stages"]) == {"collect", "train", "evaluate"}
+    assert abs(sum(st["share"] for st in result["stages"].values()) - 1.0) < 1e-9
+    train = {r["kernel"]: r for r in result["kernels"]["train"]}
+    assert any(name.startswith("dense_strided.") or name.startswith("gemm.") for name in train)
+    assert result["stages"]["train"]["launches_per_step"] == sum(r["calls_per_step"] for r in train.values())
+    assert (tmp_path / "prof" / "profile.md").is_file()
 
 
 @pytest.mark.parametrize("command", STAGES, ids=" ".join)

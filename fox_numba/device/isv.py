@@ -76,7 +76,8 @@ _NAMED: tuple[Slot, ...] = (
          _CLIP, "FOLD_WARMUP_FACTOR"),
     Slot("GRAD_NORM_SLOW_EMA", 3, "EMA (alpha 0.001) of the observed norm (as GRAD_NORM_EMA): the cross-fold "
          "steady-state gradient scale, kept across folds as the warm-up baseline; under the 'damped' rule a "
-         "spike cannot lift it.", _CLIP, "FOLD_WARMUP_FACTOR",
+         "spike cannot lift it, and it follows a raw norm below it at alpha 0.02 (a fold with smaller "
+         "gradients re-baselines in ~50 steps).", _CLIP, "FOLD_WARMUP_FACTOR",
          fold_reset=None),
     Slot("CLIP_ENGAGED_EMA", 4, "EMA (alpha 0.01) of 1 when GRAD_NORM_RAW exceeded clip_eff, else 0.",
          _CLIP, _DIAG),

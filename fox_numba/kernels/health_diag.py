@@ -95,11 +95,13 @@ def action_histogram(actions, snap_u, base, accumulate):
         acc[tid, URGENCY_OFFSET + actions[r, 3]] += 1
         r += DIAG_BLOCK
     _tree_sum_i32(acc, tid)
-    if tid < N_HEADS:
-        total = uint32(acc[0, tid])
+    h = tid
+    while h < N_HEADS:  # the block may have fewer threads than heads (the simulator's)
+        total = uint32(acc[0, h])
         if accumulate != 0:
-            total += snap_u[base + tid]
-        snap_u[base + tid] = total
+            total += snap_u[base + h]
+        snap_u[base + h] = total
+        h += DIAG_BLOCK
 
 
 @register((int32[:, ::1], int32[:, ::1]))
@@ -128,8 +130,10 @@ def count_histogram(counts, snap_u, base):
             acc[tid, h] += counts[r, h]
         r += DIAG_BLOCK
     _tree_sum_i32(acc, tid)
-    if tid < N_HEADS:
-        snap_u[base + tid] = uint32(acc[0, tid])
+    h = tid
+    while h < N_HEADS:
+        snap_u[base + h] = uint32(acc[0, h])
+        h += DIAG_BLOCK
 
 
 @register((int32[:, ::1], float32[::1], float32[::1]))

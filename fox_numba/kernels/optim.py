@@ -74,6 +74,7 @@ NORM_BLOCK = 256  # threads per block of the reductions on the GPU; a power of t
 EMA_ALPHA = np.float32(0.01)  # GRAD_NORM_EMA and CLIP_ENGAGED_EMA
 FAST_ALPHA = np.float32(0.1)
 SLOW_ALPHA = np.float32(0.001)
+SLOW_DOWN_ALPHA = np.float32(0.02)  # the damped rule: the slow baseline follows a raw norm below it this fast
 WARMUP_MIN_OBSERVED = np.float32(200.0)  # bootstrap: factor 1 below this many observations
 SLOW_EMA_MIN = np.float32(1e-6)  # bootstrap: factor 1 while the slow EMA is below this
 OBSERVED_CAP = np.float32(2.0**24)  # float32 counts exactly up to here
@@ -165,7 +166,13 @@ def adaptive_clip_producer(isv, clip_ema_mult, rule):
 
     rule WARMUP_SEED (0): the EMAs take the raw norm (the seed's formula). rule WARMUP_DAMPED (1): they
     take the clipped norm min(raw, CLIP_EFF), the gradient Adam actually receives, so a spike moves the
-    clip base by at most EMA_ALPHA * (clip_ema_mult - 1) per step and the slow baseline not at all.
+    clip base by at most EMA_ALPHA * (clip_ema_mult - 1) per step; and the slow baseline follows a raw norm
+    below it at SLOW_DOWN_ALPHA (20x its rise), so a fold whose gradients are genuinely smaller re-baselines
+    within ~50 steps. Without that, a fold starting at a third of the old scale kept the factor small, the
+    clip at 0.2 x EMA, and the EMAs fed that clip shrank it further until it reached CLIP_TINY (seen on the
+    default market). The baseline therefore sits on the low side of the norms (about their lower quartile
+    under lognormal noise): a stale, high baseline pins the factor near 0, a low one costs nothing (the
+    factor is capped at 1).
     """
     raw = isv[_RAW]
     finite = not (math.isinf(raw) or math.isnan(raw))
@@ -190,7 +197,10 @@ def adaptive_clip_producer(isv, clip_ema_mult, rule):
             seen = min(raw, clip)
         isv[_EMA] = ema + EMA_ALPHA * (seen - ema)
         isv[_FAST] = fast + FAST_ALPHA * (seen - fast)
-        isv[_SLOW] = slow + SLOW_ALPHA * (seen - slow)
+        slow_alpha = SLOW_ALPHA
+        if rule == WARMUP_DAMPED and raw < slow:
+            slow_alpha = SLOW_DOWN_ALPHA
+        isv[_SLOW] = slow + slow_alpha * (seen - slow)
         isv[_OBSERVED] = min(isv[_OBSERVED] + float32(1.0), OBSERVED_CAP)
 
 

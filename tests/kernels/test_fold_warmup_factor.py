@@ -77,7 +77,7 @@ def test_the_damped_rule_damps_the_spike_and_recovers_the_lr(trajectories):
     clip, slow = after[:, Isv.CLIP_EFF], after[:, Isv.GRAD_NORM_SLOW_EMA]
     assert np.all(clip[:5] < 0.5 * CLIP_MULT * before[Isv.GRAD_NORM_EMA])  # the spike meets a damped clip
     assert slow[:10].max() <= before[Isv.GRAD_NORM_SLOW_EMA]  # the spike does not lift the baseline ...
-    assert np.all(np.abs(slow[:300] / before[Isv.GRAD_NORM_SLOW_EMA] - 1) < 0.05)  # ... nor does it sag
+    assert slow[:300].min() > 0.5 * before[Isv.GRAD_NORM_SLOW_EMA]  # ... nor does the clipped spike sink it
     assert after[:, Isv.GRAD_NORM_EMA].max() < 2 * before[Isv.GRAD_NORM_EMA]  # so does the clip base
     lr = lr_multiplier(after)
     recovered = next(k for k in range(len(lr)) if np.all(lr[k:] >= 0.5))
@@ -130,3 +130,18 @@ def test_no_kill_on_the_issue_sequence(trajectories):
         h = EpochHealth.from_isv(isv, epoch=(fold_step - 1) // 500, q_mean=0.2, steps=500, fold_step=fold_step,
                                  loss=1.0)
         assert kills.check(h) is None, end
+
+
+def test_a_smaller_gradient_scale_in_the_new_fold_does_not_collapse_the_clip():
+    """A fold whose gradients are 3x smaller than the last fold's (seen on the default market): the damped rule
+    re-baselines and recovers the lr within 100 steps, and its clip never falls below half the new norms. Fed
+    the clipped norm without the fast downward baseline, the clip shrank geometrically to 1e-12 (the EMAs
+    took 0.2 x EMA while the factor stayed small) and pinned the lr to its floor for the rest of the fold."""
+    rng = np.random.default_rng(3)
+    norms = np.concatenate([rng.lognormal(np.log(10.0), 0.3, PRE), rng.lognormal(np.log(10.0 / 3), 0.3, POST)])
+    after = run_reference("damped", norms)[PRE:]
+    lr = lr_multiplier(after)
+    recovered = next(k for k in range(len(lr)) if np.all(lr[k:] >= 0.5))
+    assert recovered < 100
+    assert after[:, Isv.CLIP_EFF].min() > 0.5 * (10.0 / 3) * np.exp(-3 * 0.3)  # above half the low tail's norms
+    assert np.median(lr[recovered:]) > 0.95

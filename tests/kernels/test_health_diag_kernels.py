@@ -93,3 +93,28 @@ def test_magnitude_stats_without_rows_are_zero(stream, stager, snapshot):
     stream.synchronize()
     host = snapshot.host.view(np.float32).reshape(N_WORDS)
     assert (host[W_MAG_WIN : W_MAG_WIN + 3] == 0).all() and (host[W_MAG_VAR : W_MAG_VAR + 3] == 0).all()
+
+
+def test_tally_and_count_histogram_match_numpy(stream, stager, snapshot, rng):
+    """Per-row tallies over 5 steps of 37 rows, then the histogram of the tallies: the eval words."""
+    from fox_numba.kernels.health_diag import histogram_counts, tally
+
+    from fox_numba.device.memory import device_zeros
+
+    n, steps = 37, 5
+    counts = device_zeros((n, N_HEADS), np.int32, stream=stream)
+    batches = [random_actions(rng, n) for _ in range(steps)]
+    for a in batches:
+        tally(stager.upload_new(a), counts, stream=stream)
+    _, snap_u = views(snapshot)
+    histogram_counts(counts, snap_u, stream=stream)
+    stream.synchronize()
+    every = np.concatenate(batches)
+    per_row = np.zeros((n, N_HEADS), np.int64)
+    for a in batches:
+        for k, br in enumerate(BRANCHES):
+            per_row[np.arange(n), br.offset + a[:, k]] += 1
+    np.testing.assert_array_equal(stager.download(counts), per_row)
+    ref = np.concatenate([np.bincount(every[:, k], minlength=br.size) for k, br in enumerate(BRANCHES)])
+    host = snapshot.host.view(np.uint32).reshape(N_WORDS)
+    np.testing.assert_array_equal(host[W_EVAL_HIST : W_EVAL_HIST + N_HEADS], ref)

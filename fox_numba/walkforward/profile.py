@@ -1,0 +1,178 @@
+"""`fox profile`: where the time of a training epoch goes, per stage and per kernel, on the GPU.
+
+On fold 0 of the chosen store and preset: one warm-up epoch (compilation, graph capture), then a timed
+window of `--epochs` epochs, each stage (collect, train, evaluate) timed between CUDA events around its
+replays (graph mode as configured). Per kernel, one step of each stage is then launched eagerly `--steps`
+times with a CUDA event pair around every launch (the eager figures include each launch's GPU time only;
+the host's launch cost is what the stage figures save with graphs). For every kernel: calls per step,
+total and mean time, its share of its stage's eager time; for the dense-layer GEMMs the achieved TFLOP/s
+(2 x rows x in x out per call), for every other kernel the achieved bandwidth, counting each array
+argument's bytes once (an estimate of the traffic: a kernel that reads an array twice moves more, one that
+reads part of it less), against the device's copy bandwidth measured here (a 256 MiB device-to-device copy).
+
+Writes RUN/profile.json and RUN/profile.md (RUN = run.out_dir/profile-<time> or run.name) and prints the
+tables. Under the CUDA simulator it runs the same code and says that its timings mean nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fox_numba.agent.fold_market import FoldMarket
+from fox_numba.agent.trainer import Trainer
+from fox_numba.config import FoxConfig, write_config
+from fox_numba.device.launch import LaunchTrace, short_kernel_name, tracing
+from fox_numba.device.memory import copy_device, device_zeros
+from fox_numba.device.runtime import SIMULATOR
+from fox_numba.device.timing import Timings
+from fox_numba.io import atomic_write_text
+from fox_numba.market.select import MarketSelection
+from fox_numba.walkforward.driver import load_features
+from fox_numba.walkforward.folds import make_folds
+
+GEMM_PREFIXES = ("gemm.linear_fwd", "gemm.linear_bwd_in", "gemm.linear_wgrad")
+COPY_BYTES = 256 << 20
+
+
+def copy_bandwidth(stream: Any) -> float:
+    """GB/s of a device-to-device copy of COPY_BYTES (best of 5; read + write counted)."""
+    n = (COPY_BYTES if not SIMULATOR else 1 << 20) // 4
+    src, dst = device_zeros(n, np.float32, stream=stream), device_zeros(n, np.float32, stream=stream)
+    timings = Timings()
+    for _ in range(6):
+        with timings.region("copy", stream):
+            copy_device(dst, src, stream=stream)
+    stat = timings.stats()["copy"]
+    return 2 * 4 * n / (stat.min_ms * 1e-3) / 1e9
+
+
+def _work(rec: Any) -> tuple[float, float]:
+    """(bytes, flops) of one launch from its argument keys: arrays' bytes, and 2 B K N for the GEMMs."""
+    arrays = [a for a in rec.args if a[0] == "array"]
+    nbytes = float(sum(int(np.prod(a[2])) * np.dtype(a[3]).itemsize for a in arrays))
+    name = short_kernel_name(rec.kernel)
+    flops = 0.0
+    if name.startswith("gemm.linear_fwd"):  # x[B,K], w[K,N]
+        (b, k), (_, n) = arrays[0][2], arrays[1][2]
+        flops = 2.0 * b * k * n
+    elif name.startswith("gemm.linear_bwd_in"):  # dy[B,N], w[K,N]
+        (b, n), (k, _) = arrays[0][2], arrays[1][2]
+        flops = 2.0 * b * k * n
+    elif name.startswith("gemm.linear_wgrad"):  # x[B,K], dy[B,N]
+        (b, k), (_, n) = arrays[0][2], arrays[1][2]
+        flops = 2.0 * b * k * n
+    return nbytes, flops
+
+
+def kernel_table(body: Callable[[Any], None], stream: Any, steps: int) -> tuple[list[dict[str, Any]], int]:
+    """Per kernel of one eager step of `body`: calls per step, mean us, total share, TFLOP/s or GB/s."""
+    trace = LaunchTrace(stream)
+    with tracing(trace):
+        body(stream)
+    work: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])
+    for rec in trace.launches:
+        w = work[short_kernel_name(rec.kernel)]
+        b, f = _work(rec)
+        w[0] += 1
+        w[1] += b
+        w[2] += f
+    timings = Timings()
+    with timings.kernels():
+        for _ in range(steps):
+            body(stream)
+    stats = timings.stats()
+    total = sum(s.total_ms for s in stats.values()) or 1.0
+    rows = []
+    for name, s in sorted(stats.items(), key=lambda kv: -kv[1].total_ms):
+        calls, nbytes, flops = work.get(name, [s.count / steps, 0.0, 0.0])
+        per_call_s = s.mean_ms * 1e-3
+        row = {"kernel": name, "calls_per_step": calls, "mean_us": s.mean_ms * 1e3, "total_ms": s.total_ms,
+               "share": s.total_ms / total}
+        if name.startswith(GEMM_PREFIXES):
+            row["tflops"] = flops / calls / per_call_s / 1e12 if per_call_s > 0 else 0.0
+        else:
+            row["gb_per_s"] = nbytes / calls / per_call_s / 1e9 if per_call_s > 0 else 0.0
+        rows.append(row)
+    return rows, len(trace.launches)
+
+
+def profile(cfg: FoxConfig, selection: MarketSelection, *, epochs: int, steps: int, out_dir: Path,
+            log: Callable[[str], None]) -> dict[str, Any]:
+    """Profile fold 0 (module docstring); returns the results written to out_dir/profile.json."""
+    features = load_features(cfg, selection)
+    fold = make_folds(cfg.folds, selection.days)[0]
+    trainer = Trainer(cfg)
+    market = FoldMarket.build(features, fold, cfg.features, cfg.env)
+    trainer.bind_fold(market, fold.index)
+    s = trainer.stream
+    log(f"profile: {fold.describe()}, warm-up epoch (compilation and graph capture)")
+    t0 = time.perf_counter()
+    trainer.collect()
+    trainer.train(lambda: None)
+    trainer.evaluate()
+    warmup_s = time.perf_counter() - t0
+    timings = Timings()
+    for _ in range(epochs):
+        with timings.region("collect", s):
+            trainer.collect()
+        with timings.region("train", s):
+            trainer.train(lambda: None)
+        with timings.region("evaluate", s):
+            trainer.evaluate()
+    stages = timings.stats()
+    epoch_ms = sum(st.mean_ms for st in stages.values())
+    ev = trainer.evaluator
+    bodies = {"collect": trainer.collector._step, "train": trainer.learner._step, "evaluate": ev._step}
+    kernels, launches = {}, {}
+    for name, body in bodies.items():
+        kernels[name], launches[name] = kernel_table(body, s, steps)
+    trainer.env.reset(stream=s)  # the eager evaluation steps moved the evaluation environments: start over
+    env_steps = cfg.env.n_envs * cfg.env.collect_steps
+    out = {
+        "simulator": SIMULATOR,
+        "note": "timings under the CUDA simulator mean nothing" if SIMULATOR else "CUDA events on the GPU",
+        "fold": fold.describe(), "epochs_timed": epochs, "warmup_s": warmup_s,
+        "copy_bandwidth_gb_s": copy_bandwidth(s),
+        "stages": {name: {"mean_ms": st.mean_ms, "share": st.mean_ms / epoch_ms, "launches_per_step": launches[name],
+                          "mode": "graph" if cfg.run.graphs and not SIMULATOR else "eager"}
+                   for name, st in stages.items()},
+        "epoch_ms": epoch_ms,
+        "throughput": {"env_steps_per_s": env_steps / (stages["collect"].mean_ms * 1e-3),
+                       "gradient_steps_per_s": cfg.learner.steps_per_epoch / (stages["train"].mean_ms * 1e-3),
+                       "evaluation_steps_per_s": ev.steps * ev.env.n / (stages["evaluate"].mean_ms * 1e-3)},
+        "kernels": kernels,
+    }
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_config(cfg, out_dir / "config.toml")
+    atomic_write_text(out_dir / "profile.json", json.dumps(out, indent=1))
+    atomic_write_text(out_dir / "profile.md", markdown(out))
+    return out
+
+
+def markdown(p: dict[str, Any]) -> str:
+    """The profile as Markdown tables."""
+    lines = [f"# fox profile: {p['fold']}", "", f"{p['note']}; {p['epochs_timed']} epochs timed after a warm-up of "
+             f"{p['warmup_s']:.1f} s. Device copy bandwidth {p['copy_bandwidth_gb_s']:.0f} GB/s.", "",
+             "| stage | mode | launches per step | mean ms per epoch | share |", "| --- | --- | ---: | ---: | ---: |"]
+    for name, st in p["stages"].items():
+        lines.append(f"| {name} | {st['mode']} | {st['launches_per_step']} | {st['mean_ms']:.2f} | {st['share']:.1%} |")
+    t = p["throughput"]
+    lines += ["", f"Epoch {p['epoch_ms']:.1f} ms: {t['env_steps_per_s'] / 1e6:.2f} M environment steps/s collecting, "
+              f"{t['gradient_steps_per_s']:.0f} gradient steps/s, {t['evaluation_steps_per_s'] / 1e6:.3f} M evaluation "
+              "environment steps/s.", ""]
+    for stage, rows in p["kernels"].items():
+        lines += [f"## {stage}: kernels of one eager step (CUDA events per launch)", "",
+                  "| kernel | calls/step | mean us | share | TFLOP/s | GB/s (est.) |", "| --- | ---: | ---: | ---: | ---: | ---: |"]
+        for r in rows:
+            tf = f"{r['tflops']:.1f}" if "tflops" in r else ""
+            bw = f"{r['gb_per_s']:.0f}" if "gb_per_s" in r else ""
+            lines.append(f"| {r['kernel']} | {r['calls_per_step']:g} | {r['mean_us']:.1f} | {r['share']:.1%} | {tf} | {bw} |")
+        lines.append("")
+    return "\n".join(lines)

@@ -1,0 +1,87 @@
+"""HEALTH_DIAG through the trainer: the kernels' fields agree with numpy on the same buffers, and building a
+snapshot copies no per-sample buffer to the host (only the mapped record is read)."""
+
+import numpy as np
+import pytest
+
+from fox_numba.actions import BRANCHES, LONG, SHORT
+from fox_numba.agent.fold_market import FoldMarket
+from fox_numba.agent.trainer import Trainer
+from fox_numba.config import load_config
+from fox_numba.device.isv import Isv
+from fox_numba.device.staging import Stager
+from fox_numba.diag.layout import FIELDS, parse_line
+from fox_numba.kernels.optim import LR_FLOOR
+from fox_numba.market import default
+from fox_numba.market.select import select_market
+from fox_numba.market.store import write_store
+from fox_numba.market.synthetic import generate
+from fox_numba.market.synthetic_definition import load_definition
+from fox_numba.walkforward.driver import load_features
+from fox_numba.walkforward.folds import make_folds
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A smoke trainer after one collect phase and 4 gradient steps (a snapshot every 2), on four synthetic days."""
+    market = generate(load_definition(default.default_definition_path()).with_overrides(days=4))
+    store = write_store(tmp_path_factory.mktemp("store") / "four.h5", market.instrument, market.days)
+    cfg = load_config("smoke", overrides=[f'market.store="{store}"', "env.collect_steps=4"])
+    selection = select_market(cfg.market)
+    fold = make_folds(cfg.folds, selection.days)[0]
+    trainer = Trainer(cfg)
+    trainer.bind_fold(FoldMarket.build(load_features(cfg, selection), fold, cfg.features, cfg.env), 0)
+    rollout = trainer.collect()
+    lines = []
+    trainer.train(lambda: lines.append(trainer.health.line(fold=0, epoch=0)))
+    return trainer, rollout, lines
+
+
+def test_a_snapshot_per_diag_interval(trained):
+    _, _, lines = trained
+    assert [parse_line(ln)["step"] for ln in lines] == [2, 4]
+
+
+def test_fields_agree_with_numpy_on_the_same_buffers(trained):
+    trainer, rollout, lines = trained
+    rec = parse_line(lines[-1])
+    isv = trainer.bus.read()
+    for f in FIELDS:
+        if f.isv is not None:
+            assert rec[f.name] == float(np.float32(isv[Isv[f.isv]])), f.name
+    state = trainer.learner.read_optim_state()
+    assert rec["step"] == int(state["step"])
+    assert rec["grad_norm_clipped"] == float(np.float32(min(isv[Isv.GRAD_NORM_RAW], isv[Isv.CLIP_EFF])))
+    lr = np.float32(state["lr"]) * max(LR_FLOOR, np.float32(isv[Isv.FOLD_WARMUP_FACTOR]))
+    assert rec["lr_eff"] == pytest.approx(float(lr), rel=1e-6)
+    assert rec["tau_eff"] == float(np.float32(state["tau"]))
+    assert rec["limit_fill_rate"] == pytest.approx(rollout["fill_rate"], rel=1e-6)
+    actions = trainer.stager.download(trainer.collector.actions)
+    reward = trainer.stager.download(trainer.env.reward).astype(np.float64)
+    for k, br in enumerate(BRANCHES):
+        counts = np.bincount(actions[:, k], minlength=br.size)
+        for b, count in zip(br.bins, counts, strict=True):
+            assert rec[f"train_{br.name[:3]}_{b.name.lower()}"] == count
+    for m, name in enumerate(("quarter", "half", "full")):
+        sel = np.isin(actions[:, 0], (SHORT, LONG)) & (actions[:, 1] == m)
+        r = reward[sel]
+        win = (r > 0).mean() if r.size else 0.0
+        var = r.var() if r.size > 1 else 0.0
+        assert rec[f"mag_win_{name}"] == pytest.approx(win, abs=1e-7)
+        assert rec[f"mag_pnl_var_{name}"] == pytest.approx(var, rel=1e-5, abs=1e-9)
+
+
+def test_a_snapshot_copies_no_device_buffer_to_the_host(trained, monkeypatch):
+    trainer, _, _ = trained
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a device buffer was copied to the host to build the snapshot")
+
+    monkeypatch.setattr(Stager, "download", refuse)
+    from numba import cuda
+
+    monkeypatch.setattr(type(cuda.device_array(1)), "copy_to_host", refuse)
+    trainer.health.snapshot(trainer.bus.values, trainer.learner.optim_state, trainer.env.metrics.device,
+                            use_graph=False)
+    line = trainer.health.line(fold=0, epoch=0)
+    assert parse_line(line)["step"] == 4
