@@ -386,7 +386,7 @@ def profile(
     typer.echo(backend_line(chosen), err=True)
     out_dir = Path(cfg.run.out_dir) / (cfg.run.name or time.strftime("profile-%Y%m%d-%H%M%S"))
     result = run_profile(cfg, selection, epochs=epochs, steps=steps, out_dir=out_dir,
-                         log=lambda m: typer.echo(m, err=True))  # fmt: skip
+                         log=lambda m: typer.echo(m, err=True), command="fox " + " ".join(sys.argv[1:]))  # fmt: skip
     from fox_numba.walkforward.profile import markdown
 
     typer.echo(markdown(result))

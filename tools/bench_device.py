@@ -42,10 +42,10 @@ from fox_numba.device.elementwise import axpy_f32, scale_f32  # noqa: E402
 from fox_numba.device.graphs import StepGraph  # noqa: E402
 from fox_numba.device.launch import grid_1d, i32, launch  # noqa: E402
 from fox_numba.device.memory import Mapped, copy_device, device_empty  # noqa: E402
+from fox_numba.device.registry import register  # noqa: E402
 from fox_numba.device.runtime import SIMULATOR, new_stream  # noqa: E402
 from fox_numba.device.staging import DEFAULT_HOST_THREADS, Stager  # noqa: E402
 from fox_numba.io import atomic_write_text  # noqa: E402
-from fox_numba.device.registry import register  # noqa: E402
 
 
 @register((numba.float32[::1], numba.float32[::1], numba.from_dtype(CONTROL_DTYPE)[::1], numba.int32))

@@ -41,6 +41,16 @@ GEMM_PREFIXES = ("gemm.linear_fwd", "gemm.linear_bwd_in", "gemm.linear_wgrad")
 COPY_BYTES = 256 << 20
 
 
+def device_name() -> str:
+    """The GPU's name (the simulator has none)."""
+    if SIMULATOR:
+        return "the CUDA simulator"
+    from numba import cuda
+
+    name = cuda.get_current_device().name
+    return name.decode() if isinstance(name, bytes) else str(name)
+
+
 def copy_bandwidth(stream: Any) -> float:
     """GB/s of a device-to-device copy of COPY_BYTES (best of 5; read + write counted)."""
     n = (COPY_BYTES if not SIMULATOR else 1 << 20) // 4
@@ -104,7 +114,7 @@ def kernel_table(body: Callable[[Any], None], stream: Any, steps: int) -> tuple[
 
 
 def profile(cfg: FoxConfig, selection: MarketSelection, *, epochs: int, steps: int, out_dir: Path,
-            log: Callable[[str], None]) -> dict[str, Any]:
+            log: Callable[[str], None], command: str = "") -> dict[str, Any]:
     """Profile fold 0 (module docstring); returns the results written to out_dir/profile.json."""
     features = load_features(cfg, selection)
     fold = make_folds(cfg.folds, selection.days)[0]
@@ -136,6 +146,8 @@ def profile(cfg: FoxConfig, selection: MarketSelection, *, epochs: int, steps: i
     trainer.env.reset(stream=s)  # the eager evaluation steps moved the evaluation environments: start over
     env_steps = cfg.env.n_envs * cfg.env.collect_steps
     out = {
+        "command": command,
+        "device": device_name(),
         "simulator": SIMULATOR,
         "note": "timings under the CUDA simulator mean nothing" if SIMULATOR else "CUDA events on the GPU",
         "fold": fold.describe(), "epochs_timed": epochs, "warmup_s": warmup_s,
@@ -158,7 +170,7 @@ def profile(cfg: FoxConfig, selection: MarketSelection, *, epochs: int, steps: i
 
 def markdown(p: dict[str, Any]) -> str:
     """The profile as Markdown tables."""
-    lines = [f"# fox profile: {p['fold']}", "", f"{p['note']}; {p['epochs_timed']} epochs timed after a warm-up of "
+    lines = [f"# fox profile: {p['fold']}", "", f"Command: `{p['command']}` on {p['device']}.", "", f"{p['note']}; {p['epochs_timed']} epochs timed after a warm-up of "
              f"{p['warmup_s']:.1f} s. Device copy bandwidth {p['copy_bandwidth_gb_s']:.0f} GB/s.", "",
              "| stage | mode | launches per step | mean ms per epoch | share |", "| --- | --- | ---: | ---: | ---: |"]
     for name, st in p["stages"].items():

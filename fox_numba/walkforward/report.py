@@ -72,8 +72,12 @@ def _cum_days(pnl: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndar
 
 def equity_figure(run: Path, folds: list[int]) -> Any:
     plt = _pyplot()
-    fig, axes = plt.subplots(1, max(len(folds), 1), figsize=FIG_SIZE, squeeze=False)
-    for ax, k in zip(axes[0], folds, strict=False):
+    cols = min(max(len(folds), 1), 3)
+    rows = -(-max(len(folds), 1) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=FIG_SIZE, squeeze=False)
+    for ax in axes.ravel()[len(folds):]:
+        ax.set_visible(False)
+    for ax, k in zip(axes.ravel(), folds, strict=False):
         folder = run / f"fold_{k:02d}"
         ax.set_title(f"fold {k}")
         ax.axhline(0.0, color="grey", lw=0.8, label="flat")
@@ -90,9 +94,11 @@ def equity_figure(run: Path, folds: list[int]) -> Any:
                 if "oracle_daily_pnl" in z and z["oracle_daily_pnl"].size:
                     ends = np.cumsum(z["lengths"])
                     ax.plot(ends, np.cumsum(z["oracle_daily_pnl"]), "k:", marker=".", label="oracle (daily)")
-        ax.set_xlabel("validation bar")
-        ax.legend(fontsize=7)
-    axes[0][0].set_ylabel("equity, $")
+        ax.set_xlabel("validation bar", fontsize=8)
+        ax.tick_params(labelsize=7)
+        ax.legend(fontsize=6)
+    for row in axes:
+        row[0].set_ylabel("equity, $")
     fig.tight_layout()
     return fig
 

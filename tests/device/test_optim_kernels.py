@@ -3,8 +3,8 @@ state (step, adam_t, lr, tau), written by kernels, never by the host per step.""
 
 import numpy as np
 import pytest
-from reference import adaptive_clip64
 import reference
+from reference import adaptive_clip64
 
 from fox_numba.device.elementwise import scatter_f32
 from fox_numba.device.graphs import StepGraph

@@ -97,9 +97,8 @@ def test_magnitude_stats_without_rows_are_zero(stream, stager, snapshot):
 
 def test_tally_and_count_histogram_match_numpy(stream, stager, snapshot, rng):
     """Per-row tallies over 5 steps of 37 rows, then the histogram of the tallies: the eval words."""
-    from fox_numba.kernels.health_diag import histogram_counts, tally
-
     from fox_numba.device.memory import device_zeros
+    from fox_numba.kernels.health_diag import histogram_counts, tally
 
     n, steps = 37, 5
     counts = device_zeros((n, N_HEADS), np.int32, stream=stream)
