@@ -120,7 +120,8 @@ class Learner:
     # supports, each an entry of walkforward/trainer_state.py.
     NOT_STATE = (
         "cfg", "layout", "replay", "market_obs", "isv", "stager", "stream", "seed", "batch_size", "steps_per_epoch",
-        "online", "target_net", "graph", "batch", "rows", "logits", "logits_tgt", "q", "entropy", "dlogits", "grads",
+        "online", "target_net", "graph", "batch", "rows", "logits", "logits_tgt", "q", "entropy", "util", "dlogits",
+        "grads",
         "norm_partials", "adam_partials", "polyak_partials", "loss_partials", "q_partials", "hidden_partials",
         "support_rows", "decay_mask", "branch_weights", "schedule", "epoch",
     )
@@ -181,6 +182,7 @@ class Learner:
         self.logits_tgt = device_empty((b, N_HEADS, z), np.float32)
         self.q = device_empty((2 * b, N_HEADS), np.float32)
         self.entropy = device_empty((2 * b, N_HEADS), np.float32)
+        self.util = device_empty((2 * b, N_HEADS), np.float32)
         self.rows = BranchRows(b, z)
         self.dlogits = device_empty((b, N_HEADS, z), np.float32)
         self.hidden_partials = (
@@ -209,13 +211,13 @@ class Learner:
         gather_obs(self.market_obs, bt.rows, bt.port, bt.obs, stream=s)
         self.online.forward(self.params, bt.obs, self.logits, stream=s)  # s and s' (s kept for backward)
         self.target_net.forward(self.target, bt.obs_next, self.logits_tgt, stream=s)
-        expected_q(self.logits, self.support_rows, self.q, self.entropy, stream=s)
+        expected_q(self.logits, self.support_rows, self.q, self.entropy, utilisation=self.util, stream=s)
         select_rows(self.logits, self.q, self.logits_tgt, self.support_online, self.support_target, bt.actions,
                     bt.rewards, bt.dones, self.branch_weights, lc.gamma, rows, stream=s)
         c51_project(rows.p_next, rows.rewards, rows.discounts, rows.sup_next, rows.sup_proj, rows.target, stream=s)
         c51_loss(rows.taken, rows.target, rows.weights, rows.loss, rows.dl, stream=s)
         produce_loss_signals(rows.loss, rows.weights, rows.stats, self.loss_partials, self.isv, self.epoch, stream=s)
-        produce_q_signals(self.q, self.entropy, self.q_partials, self.isv, self.epoch, n_rows=self.batch_size,
+        produce_q_signals(self.q, self.entropy, self.util, self.q_partials, self.isv, self.epoch, n_rows=self.batch_size,
                           n_atoms=self.layout.n_atoms, stream=s)
         scatter_grads(rows.dl, bt.actions, self.dlogits, stream=s)
         self.online.backward(self.params, self.dlogits, self.grads, stream=s)

@@ -7,7 +7,8 @@ and folds them into ISV slots; slot meanings are in fox_numba/device/ISV_SLOTS.m
   Q_ABS_REF / Q_DIR_ABS_REF: EMA 0.05 of the mean |E[Q]| over the magnitude / direction bins;
   Q_MEAN_EMA, Q_STD_EMA: EMA 0.05 of the mean and standard deviation of E[Q] over every (sample, head);
   Q_MAX_ABS: the largest |E[Q]| (no EMA; +inf if any E[Q] is not finite); Q_DIR_GAP_EMA: EMA 0.05 of the mean gap between the best and
-  second-best direction E[Q]; ATOM_ENTROPY_EMA: EMA 0.05 of the mean entropy / log(Z).
+  second-best direction E[Q]; ATOM_ENTROPY_EMA: EMA 0.05 of the mean entropy / log(Z); ATOM_UTIL_EMA: EMA
+  0.05 of the mean fraction of atoms holding probability > 1e-3 (expected_q's utilisation output).
 - loss_signals (every step), from the branch rows (R = 4B, row = sample * 4 + branch):
   LOSS_RAW = sum_r weight_r * loss_r (the optimised loss: branch weight x effect / B per row);
   LOSS_EMA: EMA 0.01 of LOSS_RAW; LOSS_{DIR,MAG,ORD,URG}_EMA: EMA 0.01 of the branch's mean
@@ -94,6 +95,7 @@ _Q_STD = int(Isv.Q_STD_EMA)
 _Q_MAX = int(Isv.Q_MAX_ABS)
 _Q_GAP = int(Isv.Q_DIR_GAP_EMA)
 _ENTROPY = int(Isv.ATOM_ENTROPY_EMA)
+_UTIL = int(Isv.ATOM_UTIL_EMA)
 _LOSS_RAW = int(Isv.LOSS_RAW)
 _LOSS_EMA = int(Isv.LOSS_EMA)
 _LOSS_DIR = int(Isv.LOSS_DIR_EMA)  # LOSS_DIR..LOSS_URG are consecutive slots, in branch order
@@ -109,7 +111,7 @@ assert [int(Isv.LOSS_DIR_EMA) + b for b in range(4)] == [int(Isv.LOSS_DIR_EMA), 
 assert [int(Isv.HIDDEN_RMS_L0_EMA) + k for k in range(4)] == [int(Isv.HIDDEN_RMS_L0_EMA), int(Isv.HIDDEN_RMS_L1_EMA),
                                                               int(Isv.HIDDEN_RMS_L2_EMA), int(Isv.HIDDEN_RMS_L3_EMA)]
 
-N_Q_SUMS = 6  # |q| direction, |q| magnitude, q, q**2, direction gap, entropy
+N_Q_SUMS = 7  # |q| direction, |q| magnitude, q, q**2, direction gap, entropy, atom utilisation
 N_Q_PARTIALS = N_Q_SUMS + 1  # the sums, then the largest |E[Q]|
 N_LOSS_SUMS = 2 + 2 * N_BRANCHES + 4  # total, td, per-branch loss and count, effective rows, target q, drift, bad
 
@@ -151,10 +153,10 @@ def _sum_partials(partials, n_partials, acc, n_sums, tid):
         j += cuda.blockDim.x
 
 
-@register((float32[:, ::1], float32[:, ::1], float64[:, ::1], int32))
+@register((float32[:, ::1], float32[:, ::1], float32[:, ::1], float64[:, ::1], int32))
 @cuda.jit
-def q_partials(q, entropy, partials, n_rows):
-    """partials[block] = the block's sums of the Q statistics over its rows of q, entropy [rows, N_HEADS]
+def q_partials(q, entropy, util, partials, n_rows):
+    """partials[block] = the block's sums of the Q statistics over its rows of q, entropy, util [rows, N_HEADS]
     (rows 0..n_rows-1, grid-stride), then its largest |E[Q]| (+inf for a non-finite E[Q])."""
     tid = cuda.threadIdx.x
     acc = cuda.shared.array((N_Q_SUMS, STATS_BLOCK), float64)
@@ -183,6 +185,7 @@ def q_partials(q, entropy, partials, n_rows):
             acc[2, tid] += float64(x)
             acc[3, tid] += float64(x) * float64(x)
             acc[5, tid] += float64(entropy[i, a])
+            acc[6, tid] += float64(util[i, a])
             if not finite(x):
                 hi = float32(math.inf)  # a non-finite E[Q] shows as an infinite Q_MAX_ABS
             elif abs(x) > hi:
@@ -234,6 +237,7 @@ def q_finish(partials, isv, epoch, n_partials, n_rows, n_atoms):
         ema(isv, _Q_STD, float32(math.sqrt(var)), Q_ALPHA)
         ema(isv, _Q_GAP, float32(acc[4, 0] / rows), Q_ALPHA)
         ema(isv, _ENTROPY, float32(acc[5, 0] / count / math.log(float64(n_atoms))), Q_ALPHA)
+        ema(isv, _UTIL, float32(acc[6, 0] / count), Q_ALPHA)
         isv[_Q_MAX] = float32(top[0])
         epoch[_E_Q] += mean
 
@@ -377,20 +381,21 @@ def signal_partials_shape(n_rows: int, n_values: int) -> tuple[int, int]:
     return (grid_1d(n_rows, STATS_BLOCK), n_values)
 
 
-def produce_q_signals(q: Any, entropy: Any, partials: Any, isv: Any, epoch: Any, *, n_rows: int, n_atoms: int,
-                      stream: Any) -> None:
-    """Q statistics of the first n_rows rows of q, entropy [rows, N_HEADS] into the ISV and the epoch sums;
-    partials: float64 signal_partials_shape(n_rows, N_Q_PARTIALS)."""
+def produce_q_signals(q: Any, entropy: Any, util: Any, partials: Any, isv: Any, epoch: Any, *, n_rows: int,
+                      n_atoms: int, stream: Any) -> None:
+    """Q statistics of the first n_rows rows of q, entropy, util (expected_q's outputs) [rows, N_HEADS] into the
+    ISV and the epoch sums; partials: float64 signal_partials_shape(n_rows, N_Q_PARTIALS)."""
     rows = int(q.shape[0])
     check_array("q", q, "[rows, N_HEADS]", (rows, N_HEADS))
     check_array("entropy", entropy, "[rows, N_HEADS]", (rows, N_HEADS))
+    check_array("util", util, "[rows, N_HEADS]", (rows, N_HEADS))
     check_array("partials", partials, "signal_partials_shape(n_rows, N_Q_PARTIALS)",
                 signal_partials_shape(n_rows, N_Q_PARTIALS), np.float64)
     _check_isv(isv)
     check_epoch(epoch)
     if not 1 <= n_rows <= rows or n_atoms < 2:
         raise ValueError(f"q signals: need 1 <= n_rows <= {rows} and n_atoms >= 2, got {n_rows}, {n_atoms}")
-    launch_strided(q_partials, n_rows, q, entropy, partials, i32(n_rows), stream=stream, block=STATS_BLOCK)
+    launch_strided(q_partials, n_rows, q, entropy, util, partials, i32(n_rows), stream=stream, block=STATS_BLOCK)
     launch_rows(q_finish, 1, strided_threads(STATS_BLOCK), partials, isv, epoch,
                 i32(strided_blocks(n_rows, STATS_BLOCK)), i32(n_rows), i32(n_atoms), stream=stream)
 

@@ -147,6 +147,7 @@ def step_reference64(cfg, layout, st, replay, market, isv0, clip_eff, factor):
     isv[Isv.Q_MAX_ABS] = np.abs(qs).max()
     isv[Isv.Q_DIR_GAP_EMA] = ema(Isv.Q_DIR_GAP_EMA, (top2[:, 1] - top2[:, 0]).mean(), 0.05)
     isv[Isv.ATOM_ENTROPY_EMA] = ema(Isv.ATOM_ENTROPY_EMA, entropy_s.mean() / math.log(z), 0.05)
+    isv[Isv.ATOM_UTIL_EMA] = ema(Isv.ATOM_UTIL_EMA, (reference.softmax64(logits_s) > 1e-3).mean(), 0.05)
     total = float(np.sum(rws["w"] * loss))
     eff = rws["w"] > 0
     isv[Isv.LOSS_RAW] = total
@@ -244,7 +245,7 @@ def test_the_step_lists_its_kernels_in_order(stream, stager, rng):
     names = [r.kernel.rsplit(".", 2)[-2] + "." + r.kernel.rsplit(".", 1)[1] for r in learner.graph.launches]
     assert names[:4] == ["learner.step_schedule", "learner.sample_indices", "learner.gather_transitions",
                          "learner.gather_obs_kernel"]
-    order = ["distributional.expected_q_kernel", "learner.double_dqn_rows", "distributional.c51_project_kernel",
+    order = ["distributional.expected_q_stats_kernel", "learner.double_dqn_rows", "distributional.c51_project_kernel",
              "distributional.c51_loss_kernel", "signals.loss_partials", "signals.loss_finish", "signals.q_partials",
              "signals.q_finish",
              "learner.scatter_branch_grads", "heads.dueling_combine_bwd", "optim.grad_sq_partials",

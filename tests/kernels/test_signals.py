@@ -42,12 +42,14 @@ def test_q_signals(stream, stager, rng):
     q = rng.standard_normal((rows, N_HEADS)).astype(np.float32)
     q[used:] = 100.0  # rows past n_rows are not read
     ent = rng.uniform(0, math.log(z), (rows, N_HEADS)).astype(np.float32)
-    slots = [Isv.Q_ABS_REF, Isv.Q_DIR_ABS_REF, Isv.Q_MEAN_EMA, Isv.Q_STD_EMA, Isv.Q_DIR_GAP_EMA, Isv.ATOM_ENTROPY_EMA]
+    util = rng.integers(1, z + 1, (rows, N_HEADS)).astype(np.float32) / np.float32(z)
+    slots = [Isv.Q_ABS_REF, Isv.Q_DIR_ABS_REF, Isv.Q_MEAN_EMA, Isv.Q_STD_EMA, Isv.Q_DIR_GAP_EMA, Isv.ATOM_ENTROPY_EMA,
+             Isv.ATOM_UTIL_EMA]
     isv0 = seeded_isv(rng, slots)
     isv, epoch = stager.upload_new(isv0), stager.upload_new(np.zeros(N_EPOCH_STATS))
     partials = stager.upload_new(np.full(signal_partials_shape(used, N_Q_PARTIALS), np.nan))
-    produce_q_signals(stager.upload_new(q), stager.upload_new(ent), partials, isv, epoch, n_rows=used, n_atoms=z,
-                      stream=stream)
+    produce_q_signals(stager.upload_new(q), stager.upload_new(ent), stager.upload_new(util), partials, isv, epoch,
+                      n_rows=used, n_atoms=z, stream=stream)
     got = stager.download(isv)
     q64, e64 = q[:used].astype(np.float64), ent[:used].astype(np.float64)
     top2 = np.sort(q64[:, :4], axis=1)[:, -2:]
@@ -58,6 +60,7 @@ def test_q_signals(stream, stager, rng):
         Isv.Q_STD_EMA: q64.std(),
         Isv.Q_DIR_GAP_EMA: (top2[:, 1] - top2[:, 0]).mean(),
         Isv.ATOM_ENTROPY_EMA: e64.mean() / math.log(z),
+        Isv.ATOM_UTIL_EMA: util[:used].astype(np.float64).mean(),
     }
     for slot, x in raw.items():
         close(got[slot], isv0[slot] + 0.05 * (x - isv0[slot]))
@@ -72,7 +75,7 @@ def test_q_signals_report_a_nonfinite_q(stream, stager, rng):
     q[3, 5] = np.nan
     isv0 = bootstrap_values()
     isv = stager.upload_new(isv0)
-    produce_q_signals(stager.upload_new(q), stager.upload_new(np.ones_like(q)),
+    produce_q_signals(stager.upload_new(q), stager.upload_new(np.ones_like(q)), stager.upload_new(np.ones_like(q)),
                       stager.upload_new(np.zeros(signal_partials_shape(8, N_Q_PARTIALS))), isv,
                       stager.upload_new(np.zeros(N_EPOCH_STATS)), n_rows=8, n_atoms=5, stream=stream)
     got = stager.download(isv)

@@ -12,8 +12,12 @@ import subprocess
 import sys
 import time
 
+import matplotlib
 import numpy as np
 import pytest
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
 
 from fox_numba.checkpoint import load_checkpoint
 from fox_numba.diag.layout import parse_line
@@ -69,6 +73,10 @@ def test_smoke_runs_every_fold_end_to_end(reference):
     assert len(summary["folds"]) == FOLDS and summary["across_folds"] is not None
     assert {p.name for p in (run / "report").iterdir()} >= {"report.md", "equity.png", "sharpe.png", "signals.png",
                                                              "actions.png"}
+    for name in ("equity", "sharpe", "signals", "actions"):
+        img = plt.imread(run / "report" / f"{name}.png")  # decodes the whole PNG
+        assert img.shape[:2] == (600, 1000) and img.std() > 0.01, name  # 10 x 6 in at 100 dpi, not blank
+    assert "| 0 |" in (run / "report" / "report.md").read_text()
     diag = [parse_line(ln) for ln in (run / "health_diag.log").read_text().splitlines()]
     assert len(diag) == FOLDS * EPOCHS * 2  # 4 steps per epoch, a snapshot every 2
     assert [d["step"] for d in diag[:4]] == [2, 4, 6, 8]  # the fold's step counter runs on across its epochs
