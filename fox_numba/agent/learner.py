@@ -45,12 +45,12 @@ from fox_numba.device.memory import device_empty, device_zeros, words
 from fox_numba.device.rng import xoroshiro_states
 from fox_numba.device.staging import Stager
 from fox_numba.kernels.distributional import c51_loss, c51_project, expected_q
+from fox_numba.kernels.env import gather_obs
 from fox_numba.kernels.heads import base_support, broadcast_supports, refresh_supports
 from fox_numba.kernels.learner import (
     SCHEDULE_DTYPE,
     BranchRows,
     finish,
-    gather_obs,
     gather_replay,
     guard_loss,
     reset_counters,

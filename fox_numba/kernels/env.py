@@ -63,7 +63,8 @@ per block (`thread_block`: fewer for a small N); a short serial chain per thread
 book walks, no local arrays, no spills (sm_90 PTX has no .local), ~2.7 KB of kernel parameters.
 gather_obs: 2-D, a block of (lanes, rows) threads, lane x copies columns x, x + lanes, ... of one row, so
 a warp of 32 lanes reads and writes one observation row in coalesced 128-byte pieces; the simulator runs
-it with one lane per row (the same kernel, fewer Python threads).
+it with one lane per row (the same kernel, fewer Python threads). Widths come from the arrays (market_obs
+[n_bars, M], port [B, P]); a row outside market_obs gives a NaN market part.
 Constraints: f32 literals for float32 math (`float32(0.05)`); float64 for money (prices ~5000 with 0.25
 ticks; the H200's float64 rate is half its float32 rate, and this kernel is bound by memory anyway);
 observations and rewards float32; no atomics. Wrappers check arrays and allocate nothing, so they can
@@ -72,6 +73,7 @@ run inside a captured StepGraph.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -88,7 +90,6 @@ from fox_numba.market.schema import N_LEVELS
 from fox_numba.observation import (
     N_MARKET,
     N_PORTFOLIO,
-    OBS_DIM,
     ORDER_DIST_TICKS,
     PORT_BARS_IN_POS,
     PORT_BARS_LEFT,
@@ -290,19 +291,22 @@ def _draw_start(states, i, starts, row_stop, params):
 @register((F32_2D, I32_1D, F32_2D, F32_2D))
 @cuda.jit
 def gather_obs_kernel(market_obs, rows, port, obs):
-    """obs[i] = [market_obs[rows[i]] | port[i]] (x = lane within the row, y = row)."""
+    """obs[i] = [market_obs[rows[i]] | port[i]] (x = lane within the row, y = row); the market part is NaN
+    where rows[i] is outside market_obs."""
     lane, i = cuda.grid(2)
     if i >= obs.shape[0]:
         return
     lanes = cuda.blockDim.x
+    n_market = market_obs.shape[1]
     r = rows[i]
+    inside = r >= 0 and r < market_obs.shape[0]
     j = lane
-    while j < N_MARKET:
-        obs[i, j] = market_obs[r, j]
+    while j < n_market:
+        obs[i, j] = market_obs[r, j] if inside else float32(math.nan)
         j += lanes
     j = lane
-    while j < N_PORTFOLIO:
-        obs[i, N_MARKET + j] = port[i, j]
+    while j < port.shape[1]:
+        obs[i, n_market + j] = port[i, j]
         j += lanes
 
 
@@ -617,19 +621,22 @@ def _check_states(states: Any, n: int) -> None:
 
 
 def gather_obs(market_obs: Any, rows: Any, port: Any, obs: Any, *, stream: Any, lanes: int = GATHER_LANES) -> None:
-    """obs[i] = [market_obs[rows[i], :] | port[i, :]]: market_obs float32 [n_bars, N_MARKET], rows int32 [B]
-    (bar rows, each < n_bars), port float32 [B, N_PORTFOLIO] -> obs float32 [B, OBS_DIM]. Used by the
-    collector on the environments' state and by the learner on replay samples (rows, port) and
-    (next_row, next_port)."""
+    """obs[i] = [market_obs[rows[i], :] | port[i, :]]: market_obs float32 [n_bars, M], rows int32 [B], port
+    float32 [B, P] -> obs float32 [B, M + P] (M = N_MARKET and P = N_PORTFOLIO in the package; the learner's
+    tests use narrower observations). A row outside market_obs gives a NaN market part, so a bad stored row
+    fails the learner's non-finite guard instead of reading outside the array. The one observation gather:
+    the collector and the evaluator on the environments' state (VecEnv.observe), the learner on a replay
+    batch's 2B rows (s rows, then s' rows)."""
     if len(obs.shape) != 2 or obs.shape[0] < 1:
-        raise ValueError(f"obs must be float32 [B, {OBS_DIM}] with B >= 1, got {obs.shape}")
+        raise ValueError(f"obs must be float32 [B, M + P] with B >= 1, got {obs.shape}")
+    if len(market_obs.shape) != 2 or len(port.shape) != 2:
+        raise ValueError(f"market_obs and port must be 2-D, got {market_obs.shape} and {port.shape}")
     b = obs.shape[0]
-    if len(market_obs.shape) != 2:
-        raise ValueError(f"market_obs must be float32 [n_bars, {N_MARKET}], got {market_obs.shape}")
-    check_array("market_obs", market_obs, f"[n_bars, {N_MARKET}]", (market_obs.shape[0], N_MARKET))
+    m, p = market_obs.shape[1], port.shape[1]
+    check_array("market_obs", market_obs, "[n_bars, M]", (market_obs.shape[0], m))
     check_array("rows", rows, "[B]", (b,), np.int32)
-    check_array("port", port, f"[B, {N_PORTFOLIO}]", (b, N_PORTFOLIO))
-    check_array("obs", obs, f"[B, {OBS_DIM}]", (b, OBS_DIM))
+    check_array("port", port, "[B, P]", (b, p))
+    check_array("obs", obs, "[B, M + P]", (b, m + p))
     if not 1 <= lanes <= 32:
         raise ValueError(f"lanes must be 1..32, got {lanes}")
     rows_per_block = min(GATHER_ROWS, b) if SIMULATOR else GATHER_ROWS

@@ -3,8 +3,7 @@
     step_schedule        state.step += 1; this step's lr and tau from the schedule block and the ISV
     sample_indices       B replay slots, uniform in [0, size), size read from the replay's meta on the device
     gather_transitions   rows/port of s (rows 0..B-1) and s' (rows B..2B-1), actions, rewards, dones
-    gather_obs           obs = [market_obs[row] | port] (the env engineer's kernels/env.py will hold the
-                         one copy of this kernel; it lives here until that module lands)
+    (gather_obs          obs of the 2B rows: kernels/env.py's, the one observation gather)
     double_dqn_rows      per branch row (sample, branch): the greedy next bin from the online E[Q](s'),
                          its target distribution, supports, reward, discount, the taken logits, the weight
     scatter_branch_grads dlogits [B, 13, Z] from the per-row gradients (0 on heads not taken)
@@ -36,7 +35,7 @@ A zero-weight row contributes no loss and no gradient, and is left out of the br
 Random draws: sample i uses generator states[i] (numba xoroshiro128+, bit-exact between simulator and
 GPU): slot = floor(u * size) with u the top 32 bits of one draw over 2**32. An empty replay (size 0) or a
 stored row outside market_obs gives NaN rewards or observations, so the step is skipped by the
-non-finite guard rather than reading outside an array.
+non-finite guard rather than reading outside an array (kernels/env.py gather_obs writes NaN there).
 Launch shapes: grid-stride through `launch_strided` (one thread per element on the GPU, one block under
 the simulator); the schedule, guard and fold-counter kernels are one thread; finish_step one block.
 """
@@ -161,24 +160,6 @@ def gather_transitions(idx, row, port, action, reward, done, next_row, next_port
             rewards[i] = float32(math.nan)
             dones[i] = float32(1.0)
         i += cuda.gridsize(1)
-
-
-@register((_F2, _I1, _F2, _F2, int32))
-@cuda.jit
-def gather_obs_kernel(market_obs, rows, port, obs, n):
-    """obs[i] = [market_obs[rows[i]] | port[i]]; NaN where rows[i] is outside market_obs; n = B * D."""
-    n_market = market_obs.shape[1]
-    width = obs.shape[1]
-    t = cuda.grid(1)
-    while t < n:
-        i = t // width
-        c = t - i * width
-        if c < n_market:
-            r = rows[i]
-            obs[i, c] = market_obs[r, c] if r >= 0 and r < market_obs.shape[0] else float32(math.nan)
-        else:
-            obs[i, c] = port[i, c - n_market]
-        t += cuda.gridsize(1)
 
 
 @cuda.jit(device=True)
@@ -387,17 +368,6 @@ def gather_replay(idx: Any, replay: Any, rows2: Any, port2: Any, actions: Any, r
     check_array("dones", dones, "[B]", (n,))
     launch_strided(gather_transitions, n, idx, replay.row, replay.port, replay.action, replay.reward, replay.done,
                    replay.next_row, replay.next_port, rows2, port2, actions, rewards, dones, i32(n), stream=stream)
-
-
-def gather_obs(market_obs: Any, rows: Any, port: Any, obs: Any, *, stream: Any) -> None:
-    """obs [B, M + P] = [market_obs [n, M] at rows [B] | port [B, P]]."""
-    n_bars, m = _shape(market_obs)
-    b, p = _shape(port)
-    check_array("market_obs", market_obs, "[n, M]", (n_bars, m))
-    check_array("rows", rows, "[B]", (b,), np.int32)
-    check_array("port", port, "[B, P]", (b, p))
-    check_array("obs", obs, "[B, M + P]", (b, m + p))
-    launch_strided(gather_obs_kernel, b * (m + p), market_obs, rows, port, obs, i32(b * (m + p)), stream=stream)
 
 
 class BranchRows:

@@ -244,7 +244,7 @@ def test_the_step_lists_its_kernels_in_order(stream, stager, rng):
     learner.step()
     names = [r.kernel.rsplit(".", 2)[-2] + "." + r.kernel.rsplit(".", 1)[1] for r in learner.graph.launches]
     assert names[:4] == ["learner.step_schedule", "learner.sample_indices", "learner.gather_transitions",
-                         "learner.gather_obs_kernel"]
+                         "env.gather_obs_kernel"]
     order = ["distributional.expected_q_stats_kernel", "learner.double_dqn_rows", "distributional.c51_project_kernel",
              "distributional.c51_loss_kernel", "signals.loss_partials", "signals.loss_finish", "signals.q_partials",
              "signals.q_finish",

@@ -32,6 +32,24 @@ def test_gather_obs_copies_rows_and_portfolio(stream, stager, rng, lanes):
     np.testing.assert_array_equal(stager.download(obs), np.concatenate([market[rows], port], axis=1))
 
 
+@pytest.mark.parametrize("lanes", [1, 4])
+def test_gather_obs_of_narrow_rows_and_rows_outside_the_market(stream, stager, rng, lanes):
+    """The learner's use: 2B = 18 rows (s rows, then s' rows) of a narrow observation (M + P = 4 + 3, the
+    widths come from the arrays); rows -1 and 20 lie outside the 20 market rows and get a NaN market part
+    and their portfolio part. Every element equals the numpy gather exactly (NaN where expected)."""
+    n_bars, n_market, n_port = 20, 4, 3
+    market = rng.normal(size=(n_bars, n_market)).astype(np.float32)
+    rows = rng.integers(0, n_bars, 18).astype(np.int32)
+    rows[[5, 12]] = [-1, n_bars]
+    port = rng.normal(size=(18, n_port)).astype(np.float32)
+    obs = stager.upload_new(np.full((18, n_market + n_port), -9.0, np.float32))
+    gather_obs(stager.upload_new(market), stager.upload_new(rows), stager.upload_new(port), obs, stream=stream,
+               lanes=lanes)  # fmt: skip
+    want_market = market[np.clip(rows, 0, n_bars - 1)]
+    want_market[[5, 12]] = np.nan
+    np.testing.assert_array_equal(stager.download(obs), np.concatenate([want_market, port], axis=1))
+
+
 def test_gather_obs_checks_its_arguments(stream, stager):
     market = stager.upload_new(np.zeros((4, N_MARKET), np.float32))
     rows = stager.upload_new(np.zeros(3, np.int32))

@@ -19,7 +19,6 @@ from fox_numba.kernels.learner import (
     SCHEDULE_DTYPE,
     BranchRows,
     finish,
-    gather_obs,
     gather_replay,
     guard_loss,
     reset_counters,
@@ -116,8 +115,8 @@ def test_sampling_is_uniform(stream, stager):
     assert np.all(np.abs(counts - expected) < 5 * math.sqrt(expected * 0.8))
 
 
-def test_gather_transitions_and_obs(stream, stager, rng):
-    cap, n_port, n_market, n_bars, b = 50, 3, 4, 20, 9
+def test_gather_transitions(stream, stager, rng):
+    cap, n_port, n_bars, b = 50, 3, 20, 9
     rep = Replay(stager, rng, cap, n_port, n_bars)
     idx0 = rng.integers(0, cap, b).astype(np.int32)
     idx0[4] = -1  # an empty replay's slot
@@ -138,16 +137,6 @@ def test_gather_transitions_and_obs(stream, stager, rng):
     np.testing.assert_array_equal(stager.download(dones)[ok], h["done"][j])
     assert np.isnan(stager.download(rewards)[4]) and got_rows[4] == 0 and not got_port[4].any()
 
-    market = rng.standard_normal((n_bars, n_market)).astype(np.float32)
-    rows = got_rows.copy()
-    rows[7] = n_bars  # a row outside this fold's market observations
-    obs = stager.upload_new(np.full((2 * b, n_market + n_port), -9.0, np.float32))
-    gather_obs(stager.upload_new(market), stager.upload_new(rows), port2, obs, stream=stream)
-    got = stager.download(obs)
-    good = np.arange(2 * b) != 7
-    np.testing.assert_array_equal(got[good, :n_market], market[rows[good]])
-    np.testing.assert_array_equal(got[:, n_market:], got_port)
-    assert np.isnan(got[7, :n_market]).all()
 
 
 def test_double_dqn_rows(stream, stager, rng):
