@@ -6,7 +6,8 @@ A fold of random books (18 days of 390 bars, the shape of the default market's f
 makes them) is uploaded once; for each N the collect step's environment kernels are captured into one
 StepGraph (observe -> random actions -> replay put_obs -> env step -> replay put_result + advance -> rollout
 ISV: everything of a collect step except the network forward and action selection) and replayed; each
-kernel is also captured alone. Times are the best of --windows windows of --replays graph replays between
+kernel is also captured alone, and so is the learner step's replay part (replay sample + gather of B
+transitions + one gather_obs of the 2B rows, s then s', as agent/learner.py runs it). Times are the best of --windows windows of --replays graph replays between
 CUDA events, per step. Writes OUT.md and OUT.json.
 """
 
@@ -72,7 +73,7 @@ def bench_n(n: int, market: Any, env_cfg: EnvConfig, stager: Stager, args: argpa
     actions = device_zeros((n, 4), np.int32, stream=stream)
     obs = device_empty((n, OBS_DIM), np.float32)
     batch = ReplayBatch(args.batch, stream=stream)
-    batch_obs = device_empty((args.batch, OBS_DIM), np.float32)
+    batch_obs = device_empty((2 * args.batch, OBS_DIM), np.float32)  # s rows, then s' rows
 
     def collect(s: Any) -> None:
         env.observe(obs, stream=s)
@@ -82,11 +83,10 @@ def bench_n(n: int, market: Any, env_cfg: EnvConfig, stager: Stager, args: argpa
         replay.put_result(env.reward, env.done, env.next_row, env.next_port, stream=s)
         env.rollout_stats(actions, stream=s)
 
-    def learner_gather(s: Any) -> None:
+    def learner_gather(s: Any) -> None:  # the learner step's replay part (agent/learner.py)
         replay.sample(states, batch.idx, stream=s)
         replay.gather(batch, stream=s)
-        gather_obs(market.market_obs, batch.row, batch.port, batch_obs, stream=s)
-        gather_obs(market.market_obs, batch.next_row, batch.next_port, batch_obs, stream=s)
+        gather_obs(market.market_obs, batch.rows, batch.port, batch_obs, stream=s)
 
     parts = {
         "collect step (7 kernels)": collect,
@@ -98,7 +98,7 @@ def bench_n(n: int, market: Any, env_cfg: EnvConfig, stager: Stager, args: argpa
             replay.put_result(env.reward, env.done, env.next_row, env.next_port, stream=s),
         ),
         "rollout_isv": lambda s: env.rollout_stats(actions, stream=s),
-        f"learner: sample + gather + 2 x gather_obs (B = {args.batch})": learner_gather,
+        f"learner: sample + gather + gather_obs of 2B rows (B = {args.batch})": learner_gather,
     }
     times = {}
     for name, body in parts.items():

@@ -13,12 +13,14 @@ A collect step, with env an agent.environment.VecEnv and `actions` its [N, 4] ac
     replay.put_result(env.reward, env.done, env.next_row, env.next_port, stream=s)   # + cursor advance
     env.rollout_stats(actions, stream=s)
 
-A training step samples and gathers a batch, then rebuilds both observations with gather_obs:
+A training step (agent/learner.py) samples and gathers a batch of B transitions, s and s' stacked so one
+observation gather and one network forward cover both, then rebuilds the 2B observations with gather_obs
+(kernels/env.py):
 
-    replay.sample(states, batch.idx, stream=s)
-    replay.gather(batch, stream=s)
-    gather_obs(market.market_obs, batch.row, batch.port, obs, stream=s)
-    gather_obs(market.market_obs, batch.next_row, batch.next_port, next_obs, stream=s)
+    batch = ReplayBatch(B, stream=s)               # once, with obs [2B, OBS_DIM] beside it
+    replay.sample(states, batch.idx, stream=s)     # states: xoroshiro [>= B], one draw each
+    replay.gather(batch, stream=s)                 # rows [2B], port [2B, P]: s, then s'; actions, rewards, dones
+    gather_obs(market.market_obs, batch.rows, batch.port, obs, stream=s)    # obs[:B] = s, obs[B:] = s'
 """
 
 from __future__ import annotations
@@ -46,53 +48,46 @@ FIELDS: tuple[str, ...] = ("row", "port", "action", "reward", "done", "next_row"
 """The transition arrays, in the order the gather kernel takes them."""
 
 
-def _transition_arrays(n: int, stream: Any) -> dict[str, Any]:
-    return {
-        "row": device_zeros(n, np.int32, stream=stream),
-        "port": device_zeros((n, N_PORTFOLIO), np.float32, stream=stream),
-        "action": device_zeros((n, N_BRANCHES), np.int32, stream=stream),
-        "reward": device_zeros(n, np.float32, stream=stream),
-        "done": device_zeros(n, np.float32, stream=stream),
-        "next_row": device_zeros(n, np.int32, stream=stream),
-        "next_port": device_zeros((n, N_PORTFOLIO), np.float32, stream=stream),
-    }
-
-
 class ReplayBatch:
-    """B sampled transitions (same arrays as the ring) and their slot indices `idx` int32 [B]."""
+    """B sampled transitions in the learner's layout: idx int32 [B] (the slots, -1 from an empty ring),
+    rows int32 [2B] and port float32 [2B, P] (s in rows 0..B-1, s' in rows B..2B-1), actions int32 [B, 4],
+    rewards float32 [B], dones float32 [B]."""
 
-    def __init__(self, batch: int, *, stream: Any) -> None:
+    def __init__(self, batch: int, *, stream: Any, n_port: int = N_PORTFOLIO) -> None:
         if batch < 1:
             raise ValueError(f"a batch needs at least one transition, got {batch}")
         self.size = batch
         self.idx = device_zeros(batch, np.int32, stream=stream)
-        arrays = _transition_arrays(batch, stream)
-        self.row, self.port, self.action = arrays["row"], arrays["port"], arrays["action"]
-        self.reward, self.done = arrays["reward"], arrays["done"]
-        self.next_row, self.next_port = arrays["next_row"], arrays["next_port"]
-
-    def arrays(self) -> tuple[Any, ...]:
-        return tuple(getattr(self, f) for f in FIELDS)
+        self.rows = device_zeros(2 * batch, np.int32, stream=stream)
+        self.port = device_zeros((2 * batch, n_port), np.float32, stream=stream)
+        self.actions = device_zeros((batch, N_BRANCHES), np.int32, stream=stream)
+        self.rewards = device_zeros(batch, np.float32, stream=stream)
+        self.dones = device_zeros(batch, np.float32, stream=stream)
 
 
 class ReplayBuffer:
     """A ring of `capacity` transitions on the device (struct of arrays, zeroed) with meta = (cursor, size).
 
-    row int32 [C], port float32 [C, N_PORTFOLIO], action int32 [C, 4], reward float32 [C], done float32 [C]
-    (0 or 1), next_row int32 [C], next_port float32 [C, N_PORTFOLIO]; meta int32 [2].
+    row int32 [C], port float32 [C, P], action int32 [C, 4], reward float32 [C], done float32 [C] (0 or 1),
+    next_row int32 [C], next_port float32 [C, P]; meta int32 [2]. P = n_port: N_PORTFOLIO, the observation's
+    portfolio part (tests of the learner use narrower rings).
     """
 
-    NOT_STATE = ("capacity",)  # the transitions and the cursor are state: the fold reset empties the buffer
+    NOT_STATE = ("capacity", "n_port")  # the transitions and the cursor are state: the fold reset empties it
 
-
-    def __init__(self, capacity: int, *, stream: Any) -> None:
+    def __init__(self, capacity: int, *, stream: Any, n_port: int = N_PORTFOLIO) -> None:
         if capacity < 1:
             raise ValueError(f"the replay buffer needs a capacity of at least 1, got {capacity}")
-        self.capacity = capacity
-        arrays = _transition_arrays(capacity, stream)
-        self.row, self.port, self.action = arrays["row"], arrays["port"], arrays["action"]
-        self.reward, self.done = arrays["reward"], arrays["done"]
-        self.next_row, self.next_port = arrays["next_row"], arrays["next_port"]
+        if n_port < 1:
+            raise ValueError(f"the replay buffer needs a portfolio width of at least 1, got {n_port}")
+        self.capacity, self.n_port = capacity, n_port
+        self.row = device_zeros(capacity, np.int32, stream=stream)
+        self.port = device_zeros((capacity, n_port), np.float32, stream=stream)
+        self.action = device_zeros((capacity, N_BRANCHES), np.int32, stream=stream)
+        self.reward = device_zeros(capacity, np.float32, stream=stream)
+        self.done = device_zeros(capacity, np.float32, stream=stream)
+        self.next_row = device_zeros(capacity, np.int32, stream=stream)
+        self.next_port = device_zeros((capacity, n_port), np.float32, stream=stream)
         self.meta = device_zeros(2, np.int32, stream=stream)
 
     def arrays(self) -> tuple[Any, ...]:
@@ -115,17 +110,24 @@ class ReplayBuffer:
                           self.next_port, stream=stream)  # fmt: skip
 
     def sample(self, states: Any, idx: Any, *, stream: Any) -> None:
-        """idx int32 [B] = uniform slots of the filled part (states: xoroshiro [>= B], one draw each)."""
+        """idx int32 [B] = uniform slots of the filled part, -1 while empty (states: xoroshiro [>= B], one
+        draw each; the rule in kernels/replay.py)."""
         replay_sample(self.meta, states, idx, stream=stream)
 
     def gather(self, batch: ReplayBatch, *, stream: Any) -> None:
-        """Copy the transitions at batch.idx into the batch's arrays."""
-        replay_gather(batch.idx, self.arrays(), batch.arrays(), stream=stream)
+        """Copy the transitions at batch.idx into the batch's arrays (s rows, then s' rows)."""
+        replay_gather(batch.idx, self.arrays(), batch.rows, batch.port, batch.actions, batch.rewards, batch.dones,
+                      stream=stream)  # fmt: skip
 
     def read_meta(self, stager: Stager) -> tuple[int, int]:
         """(cursor, size) on the host (synchronises the stager's stream)."""
         meta = stager.download(self.meta)
         return int(meta[META_CURSOR]), int(meta[META_SIZE])
+
+    def upload(self, arrays: dict[str, np.ndarray], stager: Stager) -> None:
+        """Write host copies of every array and meta (the keys of `download`; tests, benchmarks)."""
+        for name in (*FIELDS, "meta"):
+            stager.upload(np.ascontiguousarray(arrays[name]), getattr(self, name))
 
     def download(self, stager: Stager) -> dict[str, np.ndarray]:
         """Host copies of every array and meta (tests, diagnostics)."""

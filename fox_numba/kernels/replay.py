@@ -1,9 +1,10 @@
 """The replay ring on the device: writes from the collector, uniform sampling and batch gathers for the learner.
 
 A ring of C transitions as a struct of arrays: row int32 [C], port float32 [C, P], action int32 [C, 4],
-reward float32 [C], done float32 [C], next_row int32 [C], next_port float32 [C, P] (P = N_PORTFOLIO; the
-observation is rebuilt from the fold's market_obs rows by kernels/env.py `gather_obs`); meta int32 [2] =
-(cursor, size) on the device, so a captured graph advances it.
+reward float32 [C], done float32 [C], next_row int32 [C], next_port float32 [C, P] (P = N_PORTFOLIO in
+the package, narrower in some learner tests: kernels read it from the arrays; the observation is rebuilt
+from the fold's market_obs rows by kernels/env.py `gather_obs`); meta int32 [2] = (cursor, size) on the
+device, so a captured graph advances it.
 
 One collect step of N environments writes N transitions at slots (cursor + i) % C, i = 0 .. N - 1, in
 three launches: replay_put_obs (before the environment step: the observed row and portfolio features and
@@ -11,25 +12,34 @@ the action), replay_put_result (after it: reward, done, next_row, next_port), th
 thread: cursor = (cursor + N) % C, size = min(size + N, C)). The two puts read the cursor and only the
 advance writes it, so no thread reads a cursor another thread is changing. N <= C (checked).
 
-Launch shapes: puts, sample and gather 1-D, one thread per transition; advance one thread. Sampling draws
-one float64 uniform per sample from its xoroshiro state: slot = floor(u * size) (every slot below size
-holds a transition, full ring or not).
+One training step of B samples: replay_sample draws B slots, replay_gather copies them into the learner's
+batch layout: rows2 [2B] and port2 [2B, P] hold s in rows 0..B-1 and s' in rows B..2B-1 (so one gather_obs
+and one network forward cover both), actions [B, 4], rewards [B], dones [B].
+
+Sampling: sample j uses generator states[j] (numba xoroshiro128+, bit-exact between simulator and GPU), one
+draw per step: slot = floor(u * size / 2**32) with u the draw's top 32 bits, size read from meta on the
+device (every slot below size holds a transition, full ring or not). An empty ring (size 0) gives slot -1,
+which the gather turns into row 0, a zero portfolio and action, reward NaN and done 1: the learner's
+non-finite guard then skips the step rather than reading outside an array.
+
+Launch shapes: puts, sample and gather 1-D, one thread per transition or sample (`thread_block`); advance
+one thread.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
-from numba import cuda, float32, int32
-from numba.cuda.random import xoroshiro128p_type, xoroshiro128p_uniform_float64
+from numba import cuda, float32, int32, uint64
+from numba.cuda.random import xoroshiro128p_next, xoroshiro128p_type
 
 from fox_numba.actions import N_BRANCHES
 from fox_numba.device.launch import check_array, i32, launch, launch_rows
 from fox_numba.device.registry import register
 from fox_numba.device.rng import XOROSHIRO_DTYPE
 from fox_numba.kernels.env import thread_block
-from fox_numba.observation import N_PORTFOLIO
 
 META_CURSOR, META_SIZE = 0, 1
 REPLAY_BLOCK = 128
@@ -47,7 +57,7 @@ def replay_put_obs_kernel(meta, row, port, actions, r_row, r_port, r_action):
         return
     slot = (meta[META_CURSOR] + i) % r_row.shape[0]
     r_row[slot] = row[i]
-    for j in range(N_PORTFOLIO):
+    for j in range(r_port.shape[1]):
         r_port[slot, j] = port[i, j]
     for k in range(N_BRANCHES):
         r_action[slot, k] = actions[i, k]
@@ -64,7 +74,7 @@ def replay_put_result_kernel(meta, reward, done, next_row, next_port, r_reward, 
     r_reward[slot] = reward[i]
     r_done[slot] = done[i]
     r_next_row[slot] = next_row[i]
-    for j in range(N_PORTFOLIO):
+    for j in range(r_next_port.shape[1]):
         r_next_port[slot, j] = next_port[i, j]
 
 
@@ -80,50 +90,71 @@ def replay_advance_kernel(meta, n, capacity):
 @register((I32_1D, xoroshiro128p_type[::1], I32_1D))
 @cuda.jit
 def replay_sample_kernel(meta, states, idx):
-    """idx[j] = floor(u * size), u a float64 uniform from states[j] (idx[j] = 0 while the ring is empty)."""
+    """idx[j] = floor(u * size / 2**32), u the top 32 bits of one draw from states[j]; -1 while the ring is
+    empty (the draw is taken either way)."""
     j = cuda.grid(1)
     if j >= idx.shape[0]:
         return
     size = meta[META_SIZE]
-    k = int32(xoroshiro128p_uniform_float64(states, j) * size)
-    k = max(min(k, size - 1), 0)
-    idx[j] = k
+    u = xoroshiro128p_next(states, j) >> uint64(32)
+    idx[j] = int32((u * uint64(size)) >> uint64(32)) if size > 0 else int32(-1)
 
 
-@register(
-    (I32_1D, I32_1D, F32_2D, I32_2D, F32_1D, F32_1D, I32_1D, F32_2D, I32_1D, F32_2D, I32_2D, F32_1D, F32_1D, I32_1D, F32_2D)
-)
+@register((I32_1D, I32_1D, F32_2D, I32_2D, F32_1D, F32_1D, I32_1D, F32_2D, I32_1D, F32_2D, I32_2D, F32_1D, F32_1D))
 @cuda.jit
 def replay_gather_kernel(
-    idx, r_row, r_port, r_action, r_reward, r_done, r_next_row, r_next_port,
-    b_row, b_port, b_action, b_reward, b_done, b_next_row, b_next_port,
+    idx, r_row, r_port, r_action, r_reward, r_done, r_next_row, r_next_port, rows2, port2, actions, rewards, dones,
 ):  # fmt: skip
-    """Batch entry j = the transition in slot idx[j]."""
+    """Sample j of slot s = idx[j]: rows2[j], port2[j] = the slot's s; rows2[B + j], port2[B + j] = its s';
+    actions[j], rewards[j], dones[j]. Slot -1 (an empty ring): row 0, zero portfolio and action, reward NaN,
+    done 1."""
     j = cuda.grid(1)
-    if j >= idx.shape[0]:
+    n = idx.shape[0]
+    if j >= n:
         return
+    n_port = r_port.shape[1]
     s = idx[j]
-    b_row[j] = r_row[s]
-    b_reward[j] = r_reward[s]
-    b_done[j] = r_done[s]
-    b_next_row[j] = r_next_row[s]
-    for c in range(N_PORTFOLIO):
-        b_port[j, c] = r_port[s, c]
-        b_next_port[j, c] = r_next_port[s, c]
-    for k in range(N_BRANCHES):
-        b_action[j, k] = r_action[s, k]
+    if s >= 0:
+        rows2[j] = r_row[s]
+        rows2[n + j] = r_next_row[s]
+        for c in range(n_port):
+            port2[j, c] = r_port[s, c]
+            port2[n + j, c] = r_next_port[s, c]
+        for k in range(N_BRANCHES):
+            actions[j, k] = r_action[s, k]
+        rewards[j] = r_reward[s]
+        dones[j] = r_done[s]
+    else:
+        rows2[j] = 0
+        rows2[n + j] = 0
+        for c in range(n_port):
+            port2[j, c] = float32(0.0)
+            port2[n + j, c] = float32(0.0)
+        for k in range(N_BRANCHES):
+            actions[j, k] = 0
+        rewards[j] = float32(math.nan)
+        dones[j] = float32(1.0)
 
 
-def check_transitions(prefix: str, n: int, row: Any, port: Any, action: Any, reward: Any, done: Any,
-                      next_row: Any, next_port: Any) -> None:  # fmt: skip
-    """Check a struct of arrays of n transitions (the ring, a batch)."""
-    check_array(f"{prefix}row", row, "[n]", (n,), np.int32)
-    check_array(f"{prefix}port", port, f"[n, {N_PORTFOLIO}]", (n, N_PORTFOLIO))
-    check_array(f"{prefix}action", action, f"[n, {N_BRANCHES}]", (n, N_BRANCHES), np.int32)
-    check_array(f"{prefix}reward", reward, "[n]", (n,))
-    check_array(f"{prefix}done", done, "[n]", (n,))
-    check_array(f"{prefix}next_row", next_row, "[n]", (n,), np.int32)
-    check_array(f"{prefix}next_port", next_port, f"[n, {N_PORTFOLIO}]", (n, N_PORTFOLIO))
+def _width(port: Any) -> int:
+    """P of a [C, P] portfolio array."""
+    if len(port.shape) != 2:
+        raise ValueError(f"a portfolio array must be float32 [n, P], got {port.shape}")
+    return int(port.shape[1])
+
+
+def check_ring(ring: tuple[Any, ...]) -> tuple[int, int]:
+    """Check a ring's (row, port, action, reward, done, next_row, next_port) arrays; return (C, P)."""
+    row, port, action, reward, done, next_row, next_port = ring
+    cap, n_port = row.shape[0], _width(port)
+    check_array("ring.row", row, "[C]", (cap,), np.int32)
+    check_array("ring.port", port, "[C, P]", (cap, n_port))
+    check_array("ring.action", action, f"[C, {N_BRANCHES}]", (cap, N_BRANCHES), np.int32)
+    check_array("ring.reward", reward, "[C]", (cap,))
+    check_array("ring.done", done, "[C]", (cap,))
+    check_array("ring.next_row", next_row, "[C]", (cap,), np.int32)
+    check_array("ring.next_port", next_port, "[C, P]", (cap, n_port))
+    return cap, n_port
 
 
 def replay_put_obs(meta: Any, row: Any, port: Any, actions: Any, r_row: Any, r_port: Any, r_action: Any,
@@ -131,12 +162,13 @@ def replay_put_obs(meta: Any, row: Any, port: Any, actions: Any, r_row: Any, r_p
     """Write the observed halves of N transitions (row int32 [N], port [N, P], actions int32 [N, 4])."""
     n = row.shape[0]
     cap = r_row.shape[0]
+    n_port = _width(r_port)
     check_array("meta", meta, "[2]", (2,), np.int32)
     check_array("row", row, "[N]", (n,), np.int32)
-    check_array("port", port, f"[N, {N_PORTFOLIO}]", (n, N_PORTFOLIO))
+    check_array("port", port, f"[N, {n_port}]", (n, n_port))
     check_array("actions", actions, f"[N, {N_BRANCHES}]", (n, N_BRANCHES), np.int32)
     check_array("r_row", r_row, "[C]", (cap,), np.int32)
-    check_array("r_port", r_port, f"[C, {N_PORTFOLIO}]", (cap, N_PORTFOLIO))
+    check_array("r_port", r_port, "[C, P]", (cap, n_port))
     check_array("r_action", r_action, f"[C, {N_BRANCHES}]", (cap, N_BRANCHES), np.int32)
     if not 1 <= n <= cap:
         raise ValueError(f"{n} transitions per step do not fit a ring of {cap}")
@@ -149,15 +181,16 @@ def replay_put_result(meta: Any, reward: Any, done: Any, next_row: Any, next_por
     """Write the result halves of N transitions, then advance the cursor by N."""
     n = reward.shape[0]
     cap = r_reward.shape[0]
+    n_port = _width(r_next_port)
     check_array("meta", meta, "[2]", (2,), np.int32)
     check_array("reward", reward, "[N]", (n,))
     check_array("done", done, "[N]", (n,))
     check_array("next_row", next_row, "[N]", (n,), np.int32)
-    check_array("next_port", next_port, f"[N, {N_PORTFOLIO}]", (n, N_PORTFOLIO))
+    check_array("next_port", next_port, f"[N, {n_port}]", (n, n_port))
     check_array("r_reward", r_reward, "[C]", (cap,))
     check_array("r_done", r_done, "[C]", (cap,))
     check_array("r_next_row", r_next_row, "[C]", (cap,), np.int32)
-    check_array("r_next_port", r_next_port, f"[C, {N_PORTFOLIO}]", (cap, N_PORTFOLIO))
+    check_array("r_next_port", r_next_port, "[C, P]", (cap, n_port))
     if not 1 <= n <= cap:
         raise ValueError(f"{n} transitions per step do not fit a ring of {cap}")
     launch(replay_put_result_kernel, n, meta, reward, done, next_row, next_port, r_reward, r_done, r_next_row,
@@ -166,7 +199,8 @@ def replay_put_result(meta: Any, reward: Any, done: Any, next_row: Any, next_por
 
 
 def replay_sample(meta: Any, states: Any, idx: Any, *, stream: Any) -> None:
-    """idx int32 [B] = uniform slots below the ring's size, one float64 draw from states[j] each."""
+    """idx int32 [B] = uniform slots below the ring's size (meta[1], read on the device), one draw from
+    states[j] each (-1 while the ring is empty)."""
     check_array("meta", meta, "[2]", (2,), np.int32)
     if len(idx.shape) != 1 or idx.shape[0] < 1:
         raise ValueError(f"idx must be int32 [B] with B >= 1, got {idx.shape}")
@@ -178,13 +212,20 @@ def replay_sample(meta: Any, states: Any, idx: Any, *, stream: Any) -> None:
     launch(replay_sample_kernel, b, meta, states, idx, stream=stream, block=thread_block(b, REPLAY_BLOCK))
 
 
-def replay_gather(idx: Any, ring: tuple[Any, ...], batch: tuple[Any, ...], *, stream: Any) -> None:
-    """batch[*][j] = ring[*][idx[j]]; ring and batch are (row, port, action, reward, done, next_row,
-    next_port) tuples of C and B transitions."""
+def replay_gather(idx: Any, ring: tuple[Any, ...], rows2: Any, port2: Any, actions: Any, rewards: Any, dones: Any,
+                  *, stream: Any) -> None:  # fmt: skip
+    """Gather the B transitions at the slots idx [B] of `ring` (row, port, action, reward, done, next_row,
+    next_port) into the learner's batch: rows2 int32 [2B] and port2 [2B, P] hold s in 0..B-1 and s' in
+    B..2B-1 (one network forward covers both), actions int32 [B, 4], rewards [B], dones [B]."""
     if len(idx.shape) != 1 or idx.shape[0] < 1:
         raise ValueError(f"idx must be int32 [B] with B >= 1, got {idx.shape}")
     b = idx.shape[0]
+    _, n_port = check_ring(ring)
     check_array("idx", idx, "[B]", (b,), np.int32)
-    check_transitions("ring.", ring[0].shape[0], *ring)
-    check_transitions("batch.", b, *batch)
-    launch(replay_gather_kernel, b, idx, *ring, *batch, stream=stream, block=thread_block(b, REPLAY_BLOCK))
+    check_array("rows2", rows2, "[2B]", (2 * b,), np.int32)
+    check_array("port2", port2, "[2B, P]", (2 * b, n_port))
+    check_array("actions", actions, f"[B, {N_BRANCHES}]", (b, N_BRANCHES), np.int32)
+    check_array("rewards", rewards, "[B]", (b,))
+    check_array("dones", dones, "[B]", (b,))
+    launch(replay_gather_kernel, b, idx, *ring, rows2, port2, actions, rewards, dones, stream=stream,
+           block=thread_block(b, REPLAY_BLOCK))  # fmt: skip

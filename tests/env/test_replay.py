@@ -1,14 +1,19 @@
 """The replay ring: writes at the cursor with wrap-around, the size cap, clearing, uniform sampling and
-batch gathers, against a numpy ring."""
+the learner's batch gather, against a numpy ring and float64 / integer references.
+
+Tolerances: everything here is exact (slots are integer arithmetic on the generator's bits, writes and
+gathers are copies)."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
-from reference_env import uniform64
+import reference
 
 from fox_numba.agent.replay import FIELDS, ReplayBatch, ReplayBuffer
-from fox_numba.device.rng import xoroshiro_states, xoroshiro_states_host
+from fox_numba.device.rng import xoroshiro_states_host
 from fox_numba.observation import N_PORTFOLIO
 
 pytestmark = [
@@ -17,15 +22,15 @@ pytestmark = [
 ]
 
 
-def random_step(rng, n):
+def random_step(rng, n, n_port=N_PORTFOLIO):
     return {
         "row": rng.integers(0, 1000, n).astype(np.int32),
-        "port": rng.normal(size=(n, N_PORTFOLIO)).astype(np.float32),
+        "port": rng.normal(size=(n, n_port)).astype(np.float32),
         "action": rng.integers(0, 3, (n, 4)).astype(np.int32),
         "reward": rng.normal(size=n).astype(np.float32),
         "done": (rng.random(n) < 0.3).astype(np.float32),
         "next_row": rng.integers(0, 1000, n).astype(np.int32),
-        "next_port": rng.normal(size=(n, N_PORTFOLIO)).astype(np.float32),
+        "next_port": rng.normal(size=(n, n_port)).astype(np.float32),
     }
 
 
@@ -63,24 +68,98 @@ def test_more_transitions_than_slots_are_refused(stream, stager, rng):
         write(replay, stager, stream, random_step(rng, 4))
 
 
-def test_sample_is_uniform_below_the_size_and_gather_copies_the_slots(stream, stager, rng):
-    """After 3 writes of 5 into a ring of 32 (size 15), 64 samples draw slot floor(u * 15) with u the
-    states' float64 draws; gather copies those slots' every field; a second sample after the ring filled
-    draws below 32."""
-    replay = ReplayBuffer(32, stream=stream)
-    for _ in range(3):
-        write(replay, stager, stream, random_step(rng, 5))
-    states = xoroshiro_states(64, 11, stager)
-    ref = [[int(s["s0"]), int(s["s1"])] for s in xoroshiro_states_host(64, 11)]
-    batch = ReplayBatch(64, stream=stream)
-    replay.sample(states, batch.idx, stream=stream)
-    idx = stager.download(batch.idx)
-    np.testing.assert_array_equal(idx, [int(uniform64(r) * 15) for r in ref])
-    replay.gather(batch, stream=stream)
-    ring = replay.download(stager)
+def test_narrow_rings_take_their_width_from_the_arrays(stream, stager, rng):
+    """A ring of portfolio width 2 (the learner's tests): puts, upload and download keep every element."""
+    replay = ReplayBuffer(5, stream=stream, n_port=2)
+    data = random_step(rng, 3, n_port=2)
+    write(replay, stager, stream, data)
+    got = replay.download(stager)
     for k in FIELDS:
-        np.testing.assert_array_equal(stager.download(getattr(batch, k)), ring[k][idx], err_msg=k)
-    for _ in range(5):
-        write(replay, stager, stream, random_step(rng, 5))
-    replay.sample(states, batch.idx, stream=stream)
-    np.testing.assert_array_equal(stager.download(batch.idx), [int(uniform64(r) * 32) for r in ref])
+        np.testing.assert_array_equal(got[k][:3], data[k], err_msg=k)
+    host = {**{k: v.copy() for k, v in got.items()}, "meta": np.array([4, 5], np.int32)}
+    host["port"][4] = [1.5, -2.5]
+    replay.upload(host, stager)
+    for k, v in replay.download(stager).items():
+        np.testing.assert_array_equal(v, host[k], err_msg=k)
+
+
+def filled_ring(stager, stream, rng, capacity, size, n_port=N_PORTFOLIO):
+    """A ring with random contents in every slot and meta = (3, size)."""
+    replay = ReplayBuffer(capacity, stream=stream, n_port=n_port)
+    host = random_step(rng, capacity, n_port)
+    host["meta"] = np.array([3, size], np.int32)
+    replay.upload(host, stager)
+    return replay, host
+
+
+@pytest.mark.parametrize("size", [1000, 7, 0])
+def test_sample_draws_the_learners_slots(stream, stager, rng, size):
+    """37 samples: slot j = floor(top 32 bits of one draw of states[j] * size / 2**32) (tests/reference.py
+    sample_indices64, the learner's draw order), -1 from an empty ring; each generator advances once."""
+    replay, _ = filled_ring(stager, stream, rng, 1000, size, n_port=1)
+    host_states = xoroshiro_states_host(37, seed=5)
+    states = stager.upload_new(host_states)
+    idx = stager.upload_new(np.full(37, -7, np.int32))
+    replay.sample(states, idx, stream=stream)
+    got = stager.download(idx)
+    advanced = host_states.copy()
+    expected = reference.sample_indices64(advanced, size)
+    np.testing.assert_array_equal(got, expected if size else np.full(37, -1))
+    np.testing.assert_array_equal(stager.download(states), advanced)  # each generator advanced once
+    if size:
+        assert got.min() >= 0 and got.max() < size
+
+
+def test_sampling_is_uniform(stream, stager, rng):
+    """2**13 draws over 5 slots: every slot within 5 standard deviations of its expected count."""
+    replay, _ = filled_ring(stager, stream, rng, 8, 5, n_port=1)
+    states = stager.upload_new(xoroshiro_states_host(64, seed=9))
+    idx = stager.upload_new(np.zeros(64, np.int32))
+    counts = np.zeros(5)
+    for _ in range(128):
+        replay.sample(states, idx, stream=stream)
+        counts += np.bincount(stager.download(idx), minlength=5)
+    expected = counts.sum() / 5
+    assert np.all(np.abs(counts - expected) < 5 * math.sqrt(expected * 0.8))
+
+
+def gather64(host, idx):
+    """The learner's batch from the ring `host` at slots idx (slot -1: row 0, zero portfolio and action,
+    reward NaN, done 1)."""
+    ok = idx >= 0
+    j = np.where(ok, idx, 0)
+    rows = np.where(ok, host["row"][j], 0), np.where(ok, host["next_row"][j], 0)
+    ports = (np.where(ok[:, None], host["port"][j], 0.0), np.where(ok[:, None], host["next_port"][j], 0.0))
+    return {
+        "rows": np.concatenate(rows).astype(np.int32),
+        "port": np.concatenate(ports).astype(np.float64),
+        "actions": np.where(ok[:, None], host["action"][j], 0).astype(np.int32),
+        "rewards": np.where(ok, host["reward"][j], np.nan).astype(np.float64),
+        "dones": np.where(ok, host["done"][j], 1.0).astype(np.float64),
+    }
+
+
+@pytest.mark.parametrize("n_port", [N_PORTFOLIO, 3])
+def test_gather_stacks_s_then_s_prime(stream, stager, rng, n_port):
+    """9 samples of a ring of 50, one of them slot -1 (an empty ring's) and two the same slot: rows and port
+    hold s in 0..8 and s' in 9..17; every element of the batch equals the reference (NaN where expected)."""
+    replay, host = filled_ring(stager, stream, rng, 50, 50, n_port)
+    idx = rng.integers(0, 50, 9).astype(np.int32)
+    idx[4], idx[7] = -1, idx[2]
+    batch = ReplayBatch(9, stream=stream, n_port=n_port)
+    for name in ("rows", "port", "actions", "rewards", "dones"):  # poison the outputs
+        arr = getattr(batch, name)
+        stager.upload(np.full(arr.shape, -9, arr.dtype), arr)
+    stager.upload(idx, batch.idx)
+    replay.gather(batch, stream=stream)
+    for name, want in gather64(host, idx).items():
+        np.testing.assert_array_equal(stager.download(getattr(batch, name)), want, err_msg=name)
+
+
+def test_sample_and_gather_check_their_arguments(stream, stager):
+    replay = ReplayBuffer(4, stream=stream)
+    states = stager.upload_new(xoroshiro_states_host(3, seed=1))
+    with pytest.raises(ValueError, match=r"states must be xoroshiro128p states \[>= 4\]"):
+        replay.sample(states, stager.upload_new(np.zeros(4, np.int32)), stream=stream)
+    with pytest.raises(ValueError, match="port2 must be"):
+        replay.gather(ReplayBatch(2, stream=stream, n_port=3), stream=stream)
