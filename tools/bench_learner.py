@@ -42,8 +42,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_device import machine, results_header
 
-from fox_numba.agent.learner import Learner, ReplayArrays
+from fox_numba.agent.learner import Learner
 from fox_numba.agent.network import ParamLayout
+from fox_numba.agent.replay import ReplayBuffer
 from fox_numba.config import FoxConfig
 from fox_numba.device.graphs import StepGraph
 from fox_numba.device.isv import Isv, bootstrap_values
@@ -87,7 +88,8 @@ def make_learner(args: argparse.Namespace, stager: Stager, stream: Any, graphs: 
         "next_port": rng.standard_normal((cap, N_PORT)).astype(np.float32),
         "meta": np.array([0, cap], np.int32),
     }
-    replay = ReplayArrays(**{k: stager.upload_new(v) for k, v in host.items()})
+    replay = ReplayBuffer(cap, stream=stream, n_port=N_PORT)
+    replay.upload(host, stager)
     market = stager.upload_new(rng.standard_normal((bars, m)).astype(np.float32))
     isv = stager.upload_new(bootstrap_values())
     layout = ParamLayout.build(args.obs_dim, cfg.network)

@@ -9,33 +9,34 @@
                 stats = learner.epoch_stats()              one read of the device sums, then zeroed
 
 One step, in launch order (`_step`): the schedule (step counter, lr, tau on the device) -> sample B replay
-slots -> gather s, a, r, done, s' -> observations of s and s' -> online forward on s and s' as one batch
-of 2B rows (the s rows kept for backward) -> target forward on s' -> online E[Q] on s and s' -> double
-DQN rows: the greedy next bin per branch from the online E[Q](s'), evaluated with the target distribution
--> C51 projection of r + gamma (1 - done) z onto the online support -> cross-entropy per branch row and its
-gradient -> ISV producers of the loss and of Q -> scatter into dlogits [B, 13, Z] -> backward -> global
-gradient norm -> the non-finite guard (a non-finite loss or gradient skips the update, counts
-NONFINITE_STEPS once, and leaves parameters, Adam state and target bit-identical) -> adaptive clip (the
-landed producer) -> AdamW (lr = cosine schedule x max(0.05, FOLD_WARMUP_FACTOR)) -> Polyak with
-tau = tau_base x cosine / (1 + clip(ISV[Q_DRIFT_RATE], 0, 4)) -> commit (Adam's t, the target supports,
-update / drift / parameter-norm signals) -> hidden-activation signals (every diag_every steps).
+slots and gather s, a, r, done, s' (ReplayBuffer.sample / gather, agent/replay.py: s rows, then s' rows) ->
+the observations of those 2B rows (kernels/env.py gather_obs, the collector's gather) -> online forward on
+s and s' as one batch of 2B rows (the s rows kept for backward) -> target forward on s' -> online E[Q] on s
+and s' -> double DQN rows: the greedy next bin per branch from the online E[Q](s'), evaluated with the
+target distribution -> C51 projection of r + gamma (1 - done) z onto the online support -> cross-entropy
+per branch row and its gradient -> ISV producers of the loss and of Q -> scatter into dlogits [B, 13, Z] ->
+backward -> global gradient norm -> the non-finite guard (a non-finite loss or gradient skips the update,
+counts NONFINITE_STEPS once, and leaves parameters, Adam state and target bit-identical) -> adaptive clip
+(the landed producer) -> AdamW (lr = cosine schedule x max(0.05, FOLD_WARMUP_FACTOR)) -> Polyak with tau =
+tau_base x cosine / (1 + clip(ISV[Q_DRIFT_RATE], 0, 4)) -> commit (Adam's t, the target supports, update /
+drift / parameter-norm signals) -> hidden-activation signals (every diag_every steps).
 n-step returns: the replay stores one-step transitions, so the discount is gamma (n = 1).
 
 Nothing in a step is written from the host: the schedule constants go into a ControlBlock once per epoch
-(`train_epoch`), so the K replays queue back to back. The replay arrays and market_obs are bound at
+(`train_epoch`), so the K replays queue back to back. The replay buffer and market_obs are bound at
 construction; `set_market` binds another fold's market_obs (the step is captured again, once).
 Uniform replay only (prioritised replay is not implemented).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from fox_numba.actions import N_BRANCHES, N_HEADS
 from fox_numba.agent.network import Network, ParamLayout, init_params
+from fox_numba.agent.replay import ReplayBatch, ReplayBuffer
 from fox_numba.config import FoxConfig
 from fox_numba.device.control import ControlBlock
 from fox_numba.device.elementwise import copy_u32, fill_u32
@@ -51,10 +52,8 @@ from fox_numba.kernels.learner import (
     SCHEDULE_DTYPE,
     BranchRows,
     finish,
-    gather_replay,
     guard_loss,
     reset_counters,
-    sample_replay,
     scatter_grads,
     schedule_step,
     select_rows,
@@ -84,34 +83,6 @@ from fox_numba.kernels.signals import (
 SHRINK_KEEP = 0.8  # fold boundary: theta = 0.8 theta + 0.2 theta_fresh (the seed's shrink-and-perturb)
 
 
-@dataclass(frozen=True)
-class ReplayArrays:
-    """The replay buffer's struct of arrays as the learner reads it (capacity C, portfolio width P)."""
-
-    row: Any  # int32 [C] market row of s
-    port: Any  # float32 [C, P] portfolio part of s
-    action: Any  # int32 [C, 4]
-    reward: Any  # float32 [C]
-    done: Any  # float32 [C], 0 or 1
-    next_row: Any  # int32 [C]
-    next_port: Any  # float32 [C, P]
-    meta: Any  # int32 [2] = (cursor, size)
-
-
-class Batch:
-    """The sampled minibatch, B samples: s in rows 0..B-1 and s' in rows B..2B-1 of rows / port / obs."""
-
-    def __init__(self, batch: int, n_port: int, obs_dim: int) -> None:
-        self.idx = device_empty(batch, np.int32)
-        self.rows = device_empty(2 * batch, np.int32)
-        self.port = device_empty((2 * batch, n_port), np.float32)
-        self.actions = device_empty((batch, N_BRANCHES), np.int32)
-        self.rewards = device_empty(batch, np.float32)
-        self.dones = device_empty(batch, np.float32)
-        self.obs = device_empty((2 * batch, obs_dim), np.float32)
-        self.obs_next = self.obs[batch:]
-
-
 class Learner:
     """The train stage around one fold's replay buffer and market observations (module header)."""
 
@@ -120,14 +91,13 @@ class Learner:
     # supports, each an entry of walkforward/trainer_state.py.
     NOT_STATE = (
         "cfg", "layout", "replay", "market_obs", "isv", "stager", "stream", "seed", "batch_size", "steps_per_epoch",
-        "online", "target_net", "graph", "batch", "rows", "logits", "logits_tgt", "q", "entropy", "util", "dlogits",
-        "grads",
-        "norm_partials", "adam_partials", "polyak_partials", "loss_partials", "q_partials", "hidden_partials",
-        "support_rows", "decay_mask", "branch_weights", "schedule", "epoch",
+        "online", "target_net", "graph", "batch", "obs", "obs_next", "rows", "logits", "logits_tgt", "q", "entropy",
+        "util", "dlogits", "grads", "norm_partials", "adam_partials", "polyak_partials", "loss_partials", "q_partials",
+        "hidden_partials", "support_rows", "decay_mask", "branch_weights", "schedule", "epoch",
     )
 
     def __init__(
-        self, cfg: FoxConfig, layout: ParamLayout, replay: Any, market_obs: Any, *, isv: Any, stager: Stager,
+        self, cfg: FoxConfig, layout: ParamLayout, replay: ReplayBuffer, market_obs: Any, *, isv: Any, stager: Stager,
         stream: Any, seed: int | None = None, dense: str = "auto",
     ) -> None:
         lc = cfg.learner
@@ -144,7 +114,7 @@ class Learner:
         self.seed = cfg.run.seed if seed is None else seed
         b, z, n = lc.batch_size, layout.n_atoms, layout.size
         self.batch_size, self.steps_per_epoch = b, lc.steps_per_epoch
-        n_port = int(replay.port.shape[1])
+        n_port = replay.n_port
         self._check_market(market_obs, n_port)
         self.market_obs = market_obs
 
@@ -175,7 +145,9 @@ class Learner:
         self.support_rows = device_empty((2 * b, N_HEADS, 3), np.float32)
 
         # the step's buffers
-        self.batch = Batch(b, n_port, layout.obs_dim)
+        self.batch = ReplayBatch(b, stream=stream, n_port=n_port)
+        self.obs = device_empty((2 * b, layout.obs_dim), np.float32)  # s rows, then s' rows
+        self.obs_next = self.obs[b:]
         self.online = Network(layout, 2 * b, grad_rows=b, dense=dense)
         self.target_net = Network(layout, b, dense=dense)
         self.logits = device_empty((2 * b, N_HEADS, z), np.float32)
@@ -206,11 +178,11 @@ class Learner:
     def _step(self, s: Any) -> None:
         lc, bt, rows, n = self.cfg.learner, self.batch, self.rows, self.layout.size
         schedule_step(self.schedule.device, self.optim_state, self.isv, stream=s)
-        sample_replay(self.rng_states, self.replay.meta, bt.idx, stream=s)
-        gather_replay(bt.idx, self.replay, bt.rows, bt.port, bt.actions, bt.rewards, bt.dones, stream=s)
-        gather_obs(self.market_obs, bt.rows, bt.port, bt.obs, stream=s)
-        self.online.forward(self.params, bt.obs, self.logits, stream=s)  # s and s' (s kept for backward)
-        self.target_net.forward(self.target, bt.obs_next, self.logits_tgt, stream=s)
+        self.replay.sample(self.rng_states, bt.idx, stream=s)
+        self.replay.gather(bt, stream=s)
+        gather_obs(self.market_obs, bt.rows, bt.port, self.obs, stream=s)
+        self.online.forward(self.params, self.obs, self.logits, stream=s)  # s and s' (s kept for backward)
+        self.target_net.forward(self.target, self.obs_next, self.logits_tgt, stream=s)
         expected_q(self.logits, self.support_rows, self.q, self.entropy, utilisation=self.util, stream=s)
         select_rows(self.logits, self.q, self.logits_tgt, self.support_online, self.support_target, bt.actions,
                     bt.rewards, bt.dones, self.branch_weights, lc.gamma, rows, stream=s)
@@ -311,7 +283,7 @@ class Learner:
 
     def set_market(self, market_obs: Any) -> None:
         """Bind another fold's market observations (the step is captured again at its next replays)."""
-        self._check_market(market_obs, int(self.replay.port.shape[1]))
+        self._check_market(market_obs, self.replay.n_port)
         self.market_obs = market_obs
         self.graph = StepGraph("learner.step", self._step, self.stream, use_graph=self.cfg.run.graphs)
 

@@ -1,9 +1,8 @@
 """Kernels of the learner's gradient step (in the order the step launches them) and of its fold resets.
 
     step_schedule        state.step += 1; this step's lr and tau from the schedule block and the ISV
-    sample_indices       B replay slots, uniform in [0, size), size read from the replay's meta on the device
-    gather_transitions   rows/port of s (rows 0..B-1) and s' (rows B..2B-1), actions, rewards, dones
-    (gather_obs          obs of the 2B rows: kernels/env.py's, the one observation gather)
+    (replay sample and gather: kernels/replay.py, B slots and the batch with s in rows 0..B-1 and s' in
+     rows B..2B-1; the observations of the 2B rows: kernels/env.py gather_obs)
     double_dqn_rows      per branch row (sample, branch): the greedy next bin from the online E[Q](s'),
                          its target distribution, supports, reward, discount, the taken logits, the weight
     scatter_branch_grads dlogits [B, 13, Z] from the per-row gradients (0 on heads not taken)
@@ -32,10 +31,9 @@ effect is 0 on a step where the branch's choice changed nothing the environment 
 - urgency when the order type is MARKET (a market order fills at once: no lifetime).
 A zero-weight row contributes no loss and no gradient, and is left out of the branch's loss signals.
 
-Random draws: sample i uses generator states[i] (numba xoroshiro128+, bit-exact between simulator and
-GPU): slot = floor(u * size) with u the top 32 bits of one draw over 2**32. An empty replay (size 0) or a
-stored row outside market_obs gives NaN rewards or observations, so the step is skipped by the
-non-finite guard rather than reading outside an array (kernels/env.py gather_obs writes NaN there).
+An empty replay (size 0) or a stored row outside market_obs gives NaN rewards or observations
+(kernels/replay.py, kernels/env.py), so the step is skipped by the non-finite guard rather than reading
+outside an array.
 Launch shapes: grid-stride through `launch_strided` (one thread per element on the GPU, one block under
 the simulator); the schedule, guard and fold-counter kernels are one thread; finish_step one block.
 """
@@ -46,8 +44,7 @@ import math
 from typing import Any
 
 import numpy as np
-from numba import cuda, float32, float64, from_dtype, int32, uint64
-from numba.cuda.random import xoroshiro128p_next, xoroshiro128p_type
+from numba import cuda, float32, float64, from_dtype, int32
 
 from fox_numba.actions import FLAT, HOLD, N_BRANCHES, N_HEADS, OrderType
 from fox_numba.device.isv import ISV_TOTAL_DIM, Isv
@@ -115,51 +112,6 @@ def step_schedule(sched, state, isv):
         drift = float32(0.0)
     drift = min(drift, DRIFT_CLIP)
     state[0].tau = sched[0].tau_base * (tau_min + (float32(1.0) - tau_min) * cosine) / (float32(1.0) + drift)
-
-
-@register((xoroshiro128p_type[::1], _I1, _I1, int32))
-@cuda.jit
-def sample_indices(states, meta, idx, n):
-    """idx[i] = a uniform slot in [0, meta[1]) drawn from states[i]; -1 when the replay is empty."""
-    size = meta[1]
-    i = cuda.grid(1)
-    while i < n:
-        u = xoroshiro128p_next(states, i) >> uint64(32)
-        idx[i] = int32((u * uint64(size)) >> uint64(32)) if size > 0 else int32(-1)
-        i += cuda.gridsize(1)
-
-
-@register((_I1, _I1, _F2, _I2, _F1, _F1, _I1, _F2, _I1, _F2, _I2, _F1, _F1, int32))
-@cuda.jit
-def gather_transitions(idx, row, port, action, reward, done, next_row, next_port,
-                       rows2, port2, actions, rewards, dones, n):
-    """For sample i of slot j = idx[i]: rows2[i], port2[i] = s; rows2[n + i], port2[n + i] = s'; actions[i],
-    rewards[i], dones[i]. An invalid slot (-1) gives row 0, zero portfolio and action, reward NaN."""
-    n_port = port.shape[1]
-    i = cuda.grid(1)
-    while i < n:
-        j = idx[i]
-        if j >= 0:
-            rows2[i] = row[j]
-            rows2[n + i] = next_row[j]
-            for c in range(n_port):
-                port2[i, c] = port[j, c]
-                port2[n + i, c] = next_port[j, c]
-            for b in range(N_BRANCHES):
-                actions[i, b] = action[j, b]
-            rewards[i] = reward[j]
-            dones[i] = done[j]
-        else:
-            rows2[i] = 0
-            rows2[n + i] = 0
-            for c in range(n_port):
-                port2[i, c] = float32(0.0)
-                port2[n + i, c] = float32(0.0)
-            for b in range(N_BRANCHES):
-                actions[i, b] = 0
-            rewards[i] = float32(math.nan)
-            dones[i] = float32(1.0)
-        i += cuda.gridsize(1)
 
 
 @cuda.jit(device=True)
@@ -336,38 +288,6 @@ def schedule_step(sched: Any, state: Any, isv: Any, *, stream: Any) -> None:
     check_state(state)
     _check_isv(isv)
     launch_rows(step_schedule, 1, 1, sched, state, isv, stream=stream)
-
-
-def sample_replay(states: Any, meta: Any, idx: Any, *, stream: Any) -> None:
-    """idx [B] = uniform replay slots from states [B] (one generator per sample), size = meta[1]."""
-    n = _shape(idx)[0]
-    check_array("idx", idx, "[B]", (n,), np.int32)
-    check_array("meta", meta, "[2] (cursor, size)", (2,), np.int32)
-    check_array("states", states, "[B]", (n,), states.dtype)
-    launch_strided(sample_indices, n, states, meta, idx, i32(n), stream=stream)
-
-
-def gather_replay(idx: Any, replay: Any, rows2: Any, port2: Any, actions: Any, rewards: Any, dones: Any, *,
-                  stream: Any) -> None:
-    """Gather the sampled transitions of `replay` (attributes row, port, action, reward, done, next_row,
-    next_port: the replay buffer's struct of arrays) into the batch buffers (rows2, port2 hold s then s')."""
-    n = _shape(idx)[0]
-    cap, n_port = _shape(replay.port)
-    check_array("idx", idx, "[B]", (n,), np.int32)
-    check_array("replay.row", replay.row, "[C]", (cap,), np.int32)
-    check_array("replay.port", replay.port, "[C, P]", (cap, n_port))
-    check_array("replay.action", replay.action, "[C, 4]", (cap, N_BRANCHES), np.int32)
-    check_array("replay.reward", replay.reward, "[C]", (cap,))
-    check_array("replay.done", replay.done, "[C]", (cap,))
-    check_array("replay.next_row", replay.next_row, "[C]", (cap,), np.int32)
-    check_array("replay.next_port", replay.next_port, "[C, P]", (cap, n_port))
-    check_array("rows2", rows2, "[2B]", (2 * n,), np.int32)
-    check_array("port2", port2, "[2B, P]", (2 * n, n_port))
-    check_array("actions", actions, "[B, 4]", (n, N_BRANCHES), np.int32)
-    check_array("rewards", rewards, "[B]", (n,))
-    check_array("dones", dones, "[B]", (n,))
-    launch_strided(gather_transitions, n, idx, replay.row, replay.port, replay.action, replay.reward, replay.done,
-                   replay.next_row, replay.next_port, rows2, port2, actions, rewards, dones, i32(n), stream=stream)
 
 
 class BranchRows:

@@ -1,7 +1,7 @@
 """The learner's gradient step as a whole: a float64 reference step, the non-finite guard, determinism,
 a learning problem with a known answer, the per-epoch schedule and the fold-boundary pieces.
 
-Replay contents are built by hand (the replay buffer's struct of arrays). Under the simulator the network
+Replay contents are built by hand and uploaded into a ReplayBuffer. Under the simulator the network
 runs its grid-stride dense kernels (bit-equal to the tiled GEMMs at these sizes, tests/agent/
 test_network.py); the reference step also runs once with the tiled GEMMs forced.
 """
@@ -14,8 +14,9 @@ import pytest
 import reference
 
 from fox_numba.actions import N_HEADS, Direction
-from fox_numba.agent.learner import Learner, ReplayArrays
+from fox_numba.agent.learner import Learner
 from fox_numba.agent.network import Network, ParamLayout, init_params
+from fox_numba.agent.replay import ReplayBuffer
 from fox_numba.config import FoxConfig
 from fox_numba.device.isv import Isv, bootstrap_values
 from fox_numba.device.rng import xoroshiro_states_host
@@ -56,7 +57,10 @@ def random_replay(rng, capacity=20, n_bars=12):
 
 
 def upload_replay(stager, h):
-    return ReplayArrays(**{name: stager.upload_new(arr) for name, arr in h.items()})
+    """A replay buffer holding the host arrays `h` (its portfolio width is theirs)."""
+    replay = ReplayBuffer(h["row"].shape[0], stream=stager.stream, n_port=h["port"].shape[1])
+    replay.upload(h, stager)
+    return replay
 
 
 def build(stager, stream, cfg, replay_host, market, isv0, seed=0, dense="auto"):
@@ -243,7 +247,7 @@ def test_the_step_lists_its_kernels_in_order(stream, stager, rng):
         np.float32), bootstrap_values())
     learner.step()
     names = [r.kernel.rsplit(".", 2)[-2] + "." + r.kernel.rsplit(".", 1)[1] for r in learner.graph.launches]
-    assert names[:4] == ["learner.step_schedule", "learner.sample_indices", "learner.gather_transitions",
+    assert names[:4] == ["learner.step_schedule", "replay.replay_sample_kernel", "replay.replay_gather_kernel",
                          "env.gather_obs_kernel"]
     order = ["distributional.expected_q_stats_kernel", "learner.double_dqn_rows", "distributional.c51_project_kernel",
              "distributional.c51_loss_kernel", "signals.loss_partials", "signals.loss_finish", "signals.q_partials",
@@ -387,8 +391,7 @@ def test_learns_a_contextual_bandit(stream, stager):
     market = np.array([[-1.0], [1.0]], np.float32)
     replay = bandit_replay()
     layout = ParamLayout.build(2, cfg.network)
-    learner = Learner(cfg, layout, ReplayArrays(**{k: stager.upload_new(v) for k, v in replay.items()}),
-                      stager.upload_new(market), isv=stager.upload_new(bootstrap_values()), stager=stager,
+    learner = Learner(cfg, layout, upload_replay(stager, replay), stager.upload_new(market), isv=stager.upload_new(bootstrap_values()), stager=stager,
                       stream=stream, seed=0)
     learner.train_epoch()
     net = Network(layout, 2)

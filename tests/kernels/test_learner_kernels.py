@@ -1,7 +1,9 @@
 """The learner's step kernels against float64 references on small seeded inputs, every output checked.
+(The replay sample and gather the step starts with: tests/env/test_replay.py; its observation gather:
+tests/env/test_gather_and_actions.py.)
 
 Tolerances: the schedule and the commit are a few float32 operations on each value (1e-6 relative);
-gathers, the sampled slots, the greedy bins, supports, rewards, weights and the gradient scatter are exact;
+the greedy bins, supports, rewards, weights and the gradient scatter are exact;
 the target softmax and the row statistics are Z-term float32 sums (1e-5 relative plus 1e-6 absolute).
 """
 
@@ -14,15 +16,12 @@ import reference
 from fox_numba.actions import FLAT, HOLD, N_HEADS, OrderType
 from fox_numba.device.control import ControlBlock
 from fox_numba.device.isv import Isv, bootstrap_values
-from fox_numba.device.rng import xoroshiro_states_host
 from fox_numba.kernels.learner import (
     SCHEDULE_DTYPE,
     BranchRows,
     finish,
-    gather_replay,
     guard_loss,
     reset_counters,
-    sample_replay,
     scatter_grads,
     schedule_step,
     select_rows,
@@ -32,25 +31,6 @@ from fox_numba.kernels.optim import OPTIM_STATE_DTYPE, norm_partials_len, partia
 from fox_numba.kernels.signals import N_EPOCH_STATS, EpochStat
 
 pytestmark = pytest.mark.usefixtures("long_switch_interval")
-
-
-class Replay:
-    """A replay buffer's struct of arrays, built by hand."""
-
-    def __init__(self, stager, rng, capacity, n_port, n_bars):
-        self.host = {
-            "row": rng.integers(0, n_bars, capacity).astype(np.int32),
-            "port": rng.standard_normal((capacity, n_port)).astype(np.float32),
-            "action": np.stack([rng.integers(0, 4, capacity)] + [rng.integers(0, 3, capacity)] * 1
-                               + [rng.integers(0, 3, capacity), rng.integers(0, 3, capacity)], 1).astype(np.int32),
-            "reward": rng.standard_normal(capacity).astype(np.float32),
-            "done": (rng.random(capacity) < 0.3).astype(np.float32),
-            "next_row": rng.integers(0, n_bars, capacity).astype(np.int32),
-            "next_port": rng.standard_normal((capacity, n_port)).astype(np.float32),
-            "meta": np.array([3, capacity], np.int32),
-        }
-        for name, arr in self.host.items():
-            setattr(self, name, stager.upload_new(arr))
 
 
 def state_record(step=0, adam_t=0, lr=0.0, tau=0.0):
@@ -83,60 +63,6 @@ def test_step_schedule(stream, stager):
     sched.upload(stream)
     schedule_step(sched.device, state, isv, stream=stream)
     assert stager.download(state)[0]["lr"] == np.float32(1e-3)
-
-
-@pytest.mark.parametrize("size", [1000, 7, 0])
-def test_sample_indices(stream, stager, size):
-    host_states = xoroshiro_states_host(37, seed=5)
-    states = stager.upload_new(host_states)
-    meta = stager.upload_new(np.array([0, size], np.int32))
-    idx = stager.upload_new(np.full(37, -7, np.int32))
-    sample_replay(states, meta, idx, stream=stream)
-    got = stager.download(idx)
-    expected = reference.sample_indices64(host_states.copy(), size) if size else np.full(37, -1)
-    np.testing.assert_array_equal(got, expected)
-    if size:
-        assert got.min() >= 0 and got.max() < size
-        again = host_states.copy()
-        reference.sample_indices64(again, size)
-        np.testing.assert_array_equal(stager.download(states), again)  # each generator advanced once
-
-
-def test_sampling_is_uniform(stream, stager):
-    """2**13 draws over 5 slots: every slot within 5 standard deviations of its expected count."""
-    states = stager.upload_new(xoroshiro_states_host(64, seed=9))
-    meta = stager.upload_new(np.array([0, 5], np.int32))
-    idx = stager.upload_new(np.zeros(64, np.int32))
-    counts = np.zeros(5)
-    for _ in range(128):
-        sample_replay(states, meta, idx, stream=stream)
-        counts += np.bincount(stager.download(idx), minlength=5)
-    expected = counts.sum() / 5
-    assert np.all(np.abs(counts - expected) < 5 * math.sqrt(expected * 0.8))
-
-
-def test_gather_transitions(stream, stager, rng):
-    cap, n_port, n_bars, b = 50, 3, 20, 9
-    rep = Replay(stager, rng, cap, n_port, n_bars)
-    idx0 = rng.integers(0, cap, b).astype(np.int32)
-    idx0[4] = -1  # an empty replay's slot
-    rows2 = stager.upload_new(np.full(2 * b, -9, np.int32))
-    port2 = stager.upload_new(np.full((2 * b, n_port), np.nan, np.float32))
-    actions = stager.upload_new(np.full((b, 4), -9, np.int32))
-    rewards, dones = stager.upload_new(np.zeros(b, np.float32)), stager.upload_new(np.zeros(b, np.float32))
-    gather_replay(stager.upload_new(idx0), rep, rows2, port2, actions, rewards, dones, stream=stream)
-    h, ok = rep.host, idx0 >= 0
-    j = idx0[ok]
-    got_rows, got_port = stager.download(rows2), stager.download(port2)
-    np.testing.assert_array_equal(got_rows[:b][ok], h["row"][j])
-    np.testing.assert_array_equal(got_rows[b:][ok], h["next_row"][j])
-    np.testing.assert_array_equal(got_port[:b][ok], h["port"][j])
-    np.testing.assert_array_equal(got_port[b:][ok], h["next_port"][j])
-    np.testing.assert_array_equal(stager.download(actions)[ok], h["action"][j])
-    np.testing.assert_array_equal(stager.download(rewards)[ok], h["reward"][j])
-    np.testing.assert_array_equal(stager.download(dones)[ok], h["done"][j])
-    assert np.isnan(stager.download(rewards)[4]) and got_rows[4] == 0 and not got_port[4].any()
-
 
 
 def test_double_dqn_rows(stream, stager, rng):
