@@ -11,7 +11,6 @@ adaptive multipliers) live beside the code that owns them, not here.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import sys
@@ -21,7 +20,7 @@ from pathlib import Path
 from typing import Any, get_type_hints
 
 from fox_numba.errors import ConfigError
-from fox_numba.io import atomic_write_text
+from fox_numba.io import atomic_write_text, generated_doc_main
 
 
 def opt(default: Any, help: str) -> Any:
@@ -369,13 +368,7 @@ def config_table_markdown() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Print or write the generated config reference.")
-    parser.add_argument("--write", action="store_true", help=f"write {CONFIG_DOC_PATH.name} beside config.py")
-    if parser.parse_args(argv).write:
-        atomic_write_text(CONFIG_DOC_PATH, config_table_markdown())
-    else:
-        sys.stdout.write(config_table_markdown())
-    return 0
+    return generated_doc_main(argv, CONFIG_DOC_PATH, config_table_markdown(), "config reference")
 
 
 if __name__ == "__main__":

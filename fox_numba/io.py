@@ -92,3 +92,18 @@ def _reason(e: OSError, target: Path, tmp: Path) -> str:
     if e.filename is not None and str(e.filename) not in (str(tmp), str(target)):
         text = f"{text}: {e.filename}"
     return text.replace(str(tmp), str(target))
+
+
+def generated_doc_main(argv: list[str] | None, path: Path, text: str, what: str) -> int:
+    """The `python -m <module> [--write]` entry point of a generated table: print `text`, or with --write
+    replace `path` with it (atomically). `what` names the table in --help."""
+    import argparse
+    import sys
+
+    parser = argparse.ArgumentParser(description=f"Print or write the generated {what}.")
+    parser.add_argument("--write", action="store_true", help=f"write {path.name} ({path.parent.name}/)")
+    if parser.parse_args(argv).write:
+        atomic_write_text(path, text)
+    else:
+        sys.stdout.write(text)
+    return 0

@@ -16,14 +16,13 @@ is current).
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 import numpy as np
 
 from fox_numba.features.names import FEATURE_INDEX, FEATURE_NAMES, FEATURES
-from fox_numba.io import atomic_write_text
+from fox_numba.io import generated_doc_main
 
 EMA_HALF_LIVES: tuple[int, ...] = (3, 10, 30)
 """Half-lives in bars of the per-day EMAs of the normalised features."""
@@ -160,13 +159,7 @@ def observation_table_markdown() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Print or write the generated observation table.")
-    parser.add_argument("--write", action="store_true", help=f"write {OBSERVATION_DOC_PATH.name} beside observation.py")
-    if parser.parse_args(argv).write:
-        atomic_write_text(OBSERVATION_DOC_PATH, observation_table_markdown())
-    else:
-        sys.stdout.write(observation_table_markdown())
-    return 0
+    return generated_doc_main(argv, OBSERVATION_DOC_PATH, observation_table_markdown(), "observation table")
 
 
 if __name__ == "__main__":

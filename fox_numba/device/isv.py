@@ -18,7 +18,6 @@ beside this file (a test checks the committed table is current).
 
 from __future__ import annotations
 
-import argparse
 import enum
 import hashlib
 import sys
@@ -32,7 +31,7 @@ from fox_numba.device.elementwise import scatter_f32
 from fox_numba.device.launch import i32, launch
 from fox_numba.device.memory import Mapped, device_empty
 from fox_numba.device.staging import Stager
-from fox_numba.io import atomic_write_text
+from fox_numba.io import generated_doc_main
 
 ISV_TOTAL_DIM = 131
 SLOT_DOC_PATH = Path(__file__).with_name("ISV_SLOTS.md")
@@ -308,14 +307,7 @@ def slot_table_markdown() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Print or write the generated ISV slot table.")
-    parser.add_argument("--write", action="store_true", help=f"write {SLOT_DOC_PATH.name} beside isv.py")
-    args = parser.parse_args(argv)
-    if args.write:
-        atomic_write_text(SLOT_DOC_PATH, slot_table_markdown())
-    else:
-        sys.stdout.write(slot_table_markdown())
-    return 0
+    return generated_doc_main(argv, SLOT_DOC_PATH, slot_table_markdown(), "ISV slot table")
 
 
 if __name__ == "__main__":

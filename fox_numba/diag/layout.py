@@ -15,7 +15,6 @@ is current); `layout_fingerprint()` changes whenever a field is added, removed, 
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import math
 import sys
@@ -26,7 +25,7 @@ import numpy as np
 
 from fox_numba.actions import BRANCHES, Magnitude
 from fox_numba.device.isv import Isv
-from fox_numba.io import atomic_write_text
+from fox_numba.io import generated_doc_main
 
 PREFIX = "HEALTH_DIAG"
 DOC_PATH = Path(__file__).with_name("HEALTH_DIAG.md")
@@ -234,13 +233,7 @@ def table_markdown() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Print or write the HEALTH_DIAG field table.")
-    parser.add_argument("--write", action="store_true", help=f"write {DOC_PATH.name} beside layout.py")
-    if parser.parse_args(argv).write:
-        atomic_write_text(DOC_PATH, table_markdown())
-    else:
-        sys.stdout.write(table_markdown())
-    return 0
+    return generated_doc_main(argv, DOC_PATH, table_markdown(), "HEALTH_DIAG field table")
 
 
 if __name__ == "__main__":
