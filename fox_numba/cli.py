@@ -332,10 +332,17 @@ def train(
 
 
 def summary_line(summary: dict) -> str:
-    """Mean validation Sharpe across folds and the baselines, from summary.json."""
-    across = summary.get("across_folds", {})
-    mean = across.get("fold_sharpe_mean")
-    return f"mean validation daily Sharpe across folds {mean if mean is not None else 'n/a'}"
+    """Mean validation Sharpe across folds (daily) and the per-bar Sharpe of all validation days, from
+    summary.json."""
+    across = summary.get("across_folds") or {}
+    daily = across.get("fold_sharpe_mean")
+    bar = (across.get("all_validation_days") or {}).get("sharpe_bar")
+
+    def fmt(v: float | None) -> str:
+        return "n/a" if v is None else f"{v:+.2f}"
+
+    return (f"validation Sharpe: daily {fmt(daily)} (mean across folds; 0 with fewer than 2 validation days a fold), "
+            f"per bar {fmt(bar)} (all validation days)")
 
 
 @app.command()
