@@ -125,7 +125,12 @@ class LearnerConfig:
     epochs: int = opt(5, "Epochs per fold.")
     lr: float = opt(1e-4, "Adam base learning rate (before the cosine schedule and warm-up damping).")
     lr_min_frac: float = opt(0.1, "Cosine schedule ends at lr * lr_min_frac.")
-    gamma: float = opt(0.99, "Discount factor.")
+    gamma: float = opt(
+        0.95,
+        "Discount factor per bar. 0.95 is a horizon of about 20 bars, the scale of the default market's 15-minute "
+        "drift; at 0.99 the return noise on every target drowned the edge and the greedy policy never traded "
+        "(tools/results/learner_ablation_h200.md).",
+    )
     tau: float = opt(0.005, "Polyak averaging rate of the target network (tau_base).")
     tau_min_frac: float = opt(
         1.0,
@@ -141,6 +146,12 @@ class LearnerConfig:
     adam_beta2: float = opt(0.999, "Adam second-moment decay.")
     adam_eps: float = opt(1.5e-4, "Adam epsilon (Rainbow's value; guards the first steps of a fold).")
     clip_ema_mult: float = opt(2.0, "Adaptive clip: clip_base = grad_norm_ema * clip_ema_mult.")
+    bootstrap: str = opt(
+        "direction",
+        "Next-state value of the TD target: 'direction' gives every branch the direction branch's greedy "
+        "distribution (the state's value; branching DQN's common target), 'branch' bootstraps each branch "
+        "from its own greedy bin (why that fails: kernels/learner.py).",
+    )
     warmup_rule: str = opt(
         "damped",
         "Fold warm-up factor rule: 'damped' feeds the gradient-norm EMAs the clipped norm min(raw, clip_eff), so "

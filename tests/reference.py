@@ -222,15 +222,17 @@ def adamw64(p, m, v, g, *, clip_scale, lr, t, beta1, beta2, eps, weight_decay, m
     return u
 
 
-def double_dqn64(logits, q, logits_tgt, sup_on, sup_tg, actions, rewards, dones, branch_w, gamma):
-    """The per-row outputs of double_dqn_rows in float64 (dict of arrays)."""
+def double_dqn64(logits, q, logits_tgt, sup_on, sup_tg, actions, rewards, dones, branch_w, gamma,
+                 bootstrap="direction"):
+    """The per-row outputs of double_dqn_rows in float64 (dict of arrays); `bootstrap` as learner.bootstrap."""
     b, _, z = logits_tgt.shape
     eff = effect64(actions)
     out = {k: [] for k in ("taken", "p_next", "sup_next", "sup_proj", "rew", "disc", "w", "stats")}
     for i in range(b):
         for br, (off, size) in enumerate(branch_spans()):
             a_t = off + actions[i, br]
-            a_n = off + int(np.argmax(q[b + i, off : off + size]))  # first maximum: ties to the lowest bin
+            n_off, n_size = branch_spans()[0] if bootstrap == "direction" else (off, size)
+            a_n = n_off + int(np.argmax(q[b + i, n_off : n_off + n_size]))  # first maximum: ties to the lowest bin
             p = softmax64(logits_tgt[i, a_n])
             e_tgt = float(p @ atoms64(sup_tg[a_n], z))
             disc = gamma * (1.0 - dones[i])

@@ -12,8 +12,8 @@ One step, in launch order (`_step`): the schedule (step counter, lr, tau on the 
 slots and gather s, a, r, done, s' (ReplayBuffer.sample / gather, agent/replay.py: s rows, then s' rows) ->
 the observations of those 2B rows (kernels/env.py gather_obs, the collector's gather) -> online forward on
 s and s' as one batch of 2B rows (the s rows kept for backward) -> target forward on s' -> online E[Q] on s
-and s' -> double DQN rows: the greedy next bin per branch from the online E[Q](s'), evaluated with the
-target distribution -> C51 projection of r + gamma (1 - done) z onto the online support -> cross-entropy
+and s' -> double DQN rows: the greedy next bin (of the direction branch for every branch, by default:
+learner.bootstrap) from the online E[Q](s'), evaluated with the target distribution -> C51 projection of r + gamma (1 - done) z onto the online support -> cross-entropy
 per branch row and its gradient -> ISV producers of the loss and of Q -> scatter into dlogits [B, 13, Z] ->
 backward -> global gradient norm -> the non-finite guard (a non-finite loss or gradient skips the update,
 counts NONFINITE_STEPS once, and leaves parameters, Adam state and target bit-identical) -> adaptive clip
@@ -49,6 +49,7 @@ from fox_numba.kernels.distributional import c51_loss, c51_project, expected_q
 from fox_numba.kernels.env import gather_obs
 from fox_numba.kernels.heads import base_support, broadcast_supports, refresh_supports
 from fox_numba.kernels.learner import (
+    BOOTSTRAP_RULES,
     SCHEDULE_DTYPE,
     BranchRows,
     finish,
@@ -107,6 +108,8 @@ class Learner:
                 and 0.0 < lc.tau <= 1.0 and lc.batch_size >= 1 and lc.steps_per_epoch >= 1):
             raise ValueError("learner config out of range: need 0 <= gamma < 1, lr_min_frac and tau_min_frac in "
                              "[0, 1], 0 < tau <= 1, batch_size >= 1, steps_per_epoch >= 1")
+        if lc.bootstrap not in BOOTSTRAP_RULES:
+            raise ValueError(f"learner.bootstrap must be one of {BOOTSTRAP_RULES}, got {lc.bootstrap!r}")
         if cfg.run.diag_every < 1:
             raise ValueError(f"run.diag_every must be >= 1, got {cfg.run.diag_every}")
         self.cfg, self.layout, self.replay, self.isv = cfg, layout, replay, isv
@@ -185,7 +188,7 @@ class Learner:
         self.target_net.forward(self.target, self.obs_next, self.logits_tgt, stream=s)
         expected_q(self.logits, self.support_rows, self.q, self.entropy, utilisation=self.util, stream=s)
         select_rows(self.logits, self.q, self.logits_tgt, self.support_online, self.support_target, bt.actions,
-                    bt.rewards, bt.dones, self.branch_weights, lc.gamma, rows, stream=s)
+                    bt.rewards, bt.dones, self.branch_weights, lc.gamma, rows, stream=s, bootstrap=lc.bootstrap)
         c51_project(rows.p_next, rows.rewards, rows.discounts, rows.sup_next, rows.sup_proj, rows.target, stream=s)
         c51_loss(rows.taken, rows.target, rows.weights, rows.loss, rows.dl, stream=s)
         produce_loss_signals(rows.loss, rows.weights, rows.stats, self.loss_partials, self.isv, self.epoch, stream=s)

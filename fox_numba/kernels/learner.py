@@ -5,6 +5,7 @@
      rows B..2B-1; the observations of the 2B rows: kernels/env.py gather_obs)
     double_dqn_rows      per branch row (sample, branch): the greedy next bin from the online E[Q](s'),
                          its target distribution, supports, reward, discount, the taken logits, the weight
+                         (the next bin is the direction branch's for every branch unless bootstrap=branch)
     scatter_branch_grads dlogits [B, 13, Z] from the per-row gradients (0 on heads not taken)
     loss_guard           a non-finite loss marks the step non-finite (GRAD_NORM_RAW = NaN, counted once)
     finish_step          commits the step: Adam's t, the target supports' Polyak, UPDATE_RMS_EMA,
@@ -30,6 +31,14 @@ effect is 0 on a step where the branch's choice changed nothing the environment 
 - order type and urgency when the direction is Hold (no order is sent);
 - urgency when the order type is MARKET (a market order fills at once: no lifetime).
 A zero-weight row contributes no loss and no gradient, and is left out of the branch's loss signals.
+
+Bootstrap (learner.bootstrap): 'direction' (the default) gives every branch the same next-state value, the
+direction branch's greedy distribution Z_dir(s', argmax_d E[Q_dir](s', d)), the common state-value target of
+branching DQNs (Tavakoli et al. 2018). 'branch' bootstraps each branch from its own greedy bin. With the
+effect masks that is wrong for magnitude, order type and urgency: they are trained only on steps that trade,
+so their own next-state value is "trade again at s'", and their Q chains the costs of a trade every bar
+(on the default market their E[Q] drifted to -2.5 risk units within a fold while the direction heads
+stayed near +-0.3); the direction branch always has an effect, so its greedy value is the state's value.
 
 An empty replay (size 0) or a stored row outside market_obs gives NaN rewards or observations
 (kernels/replay.py, kernels/env.py), so the step is skipped by the non-finite guard rather than reading
@@ -90,6 +99,7 @@ _F3 = float32[:, :, ::1]
 _I1 = int32[::1]
 _I2 = int32[:, ::1]
 N_ROW_STATS = 3  # per branch row: TD, target E[Q(s', a*)], target minus online E[Q(s', a*)]
+BOOTSTRAP_RULES = ("direction", "branch")  # learner.bootstrap (header)
 ROWS_BLOCK = 64  # double_dqn_rows: a long serial loop per thread, so small blocks spread it over more SMs
 
 
@@ -127,15 +137,17 @@ def _effect(actions, i, b):
     return float32(1.0)
 
 
-@register((_F3, _F2, _F3, _F2, _F2, _I2, _F1, _F1, _F1, float32,
+@register((_F3, _F2, _F3, _F2, _F2, _I2, _F1, _F1, _F1, float32, int32,
            _F2, _F2, _F2, _F2, _F1, _F1, _F1, _F2, int32))
 @cuda.jit
 def double_dqn_rows(logits, q, logits_tgt, support_online, support_target, actions, rewards, dones,
-                    branch_w, gamma, taken, p_next, sup_next, sup_proj, rew_r, disc_r, weights, row_stats, n):
+                    branch_w, gamma, shared, taken, p_next, sup_next, sup_proj, rew_r, disc_r, weights, row_stats,
+                    n):
     """Per branch row r = i * 4 + b (n = 4B rows); logits and q hold s in rows 0..B-1 and s' in rows B..2B-1.
 
-    a_t = the taken head of branch b; a* = argmax over the branch's bins of the online E[Q](s') (ties to
-    the lowest bin). taken[r] = online logits(s)[a_t]; p_next[r] = softmax(target logits(s')[a*]);
+    a_t = the taken head of branch b; a* = argmax of the online E[Q](s') over the bins of the direction
+    branch when shared = 1, else of branch b (ties to the lowest bin). taken[r] = online logits(s)[a_t];
+    p_next[r] = softmax(target logits(s')[a*]);
     sup_next[r] = target support[a*]; sup_proj[r] = online support[a_t]; rew_r[r] = reward;
     disc_r[r] = gamma * (1 - done); weights[r] = branch_w[b] * effect / B; row_stats[r] = (TD,
     E_target[Q(s', a*)], E_target - E_online at (s', a*)), TD = reward + disc * E_target - E[Q(s, a_t)].
@@ -149,6 +161,8 @@ def double_dqn_rows(logits, q, logits_tgt, support_online, support_target, actio
         off, size = branch_span(b)
         bin_t = min(max(actions[i, b], 0), size - 1)
         a_t = off + bin_t
+        if shared != 0:
+            off, size = branch_span(0)
         best = 0
         for k in range(1, size):
             if q[n_samples + i, off + k] > q[n_samples + i, off + best]:
@@ -310,9 +324,10 @@ class BranchRows:
 
 
 def select_rows(logits: Any, q: Any, logits_tgt: Any, support_online: Any, support_target: Any, actions: Any,
-                rewards: Any, dones: Any, branch_w: Any, gamma: float, rows: BranchRows, *, stream: Any) -> None:
+                rewards: Any, dones: Any, branch_w: Any, gamma: float, rows: BranchRows, *, stream: Any,
+                bootstrap: str = "direction") -> None:
     """Fill `rows` for double DQN (kernel double_dqn_rows); logits [2B, 13, Z] and q [2B, 13] of the online
-    network on s then s', logits_tgt [B, 13, Z] of the target network on s'."""
+    network on s then s', logits_tgt [B, 13, Z] of the target network on s'; `bootstrap` as in the header."""
     b, z = rows.batch, rows.n_atoms
     r = N_BRANCHES * b
     check_array("logits", logits, "[2B, 13, Z]", (2 * b, N_HEADS, z))
@@ -326,8 +341,10 @@ def select_rows(logits: Any, q: Any, logits_tgt: Any, support_online: Any, suppo
     check_array("branch_w", branch_w, "[4]", (N_BRANCHES,))
     if not 0.0 <= gamma <= 1.0:
         raise ValueError(f"gamma must be in [0, 1], got {gamma}")
+    if bootstrap not in BOOTSTRAP_RULES:
+        raise ValueError(f"learner.bootstrap must be one of {BOOTSTRAP_RULES}, got {bootstrap!r}")
     launch_strided(double_dqn_rows, r, logits, q, logits_tgt, support_online, support_target, actions, rewards,
-                   dones, branch_w, np.float32(gamma), rows.taken, rows.p_next, rows.sup_next, rows.sup_proj,
+                   dones, branch_w, np.float32(gamma), i32(bootstrap == "direction"), rows.taken, rows.p_next, rows.sup_next, rows.sup_proj,
                    rows.rewards, rows.discounts, rows.weights, rows.stats, i32(r), stream=stream, block=ROWS_BLOCK)
 
 

@@ -65,7 +65,8 @@ def test_step_schedule(stream, stager):
     assert stager.download(state)[0]["lr"] == np.float32(1e-3)
 
 
-def test_double_dqn_rows(stream, stager, rng):
+@pytest.mark.parametrize("bootstrap", ["direction", "branch"])
+def test_double_dqn_rows(stream, stager, rng, bootstrap):
     b, z = 12, 6
     logits = rng.standard_normal((2 * b, N_HEADS, z)).astype(np.float32)
     q = rng.standard_normal((2 * b, N_HEADS)).astype(np.float32)
@@ -83,9 +84,15 @@ def test_double_dqn_rows(stream, stager, rng):
     gamma = 0.9
     rows = BranchRows(b, z)
     select_rows(*(stager.upload_new(a) for a in (logits, q, logits_tgt, sup_on, sup_tg, actions, rewards, dones,
-                                                  branch_w)), gamma, rows, stream=stream)
+                                                  branch_w)), gamma, rows, stream=stream, bootstrap=bootstrap)
     ref = reference.double_dqn64(logits, q, logits_tgt, sup_on, sup_tg, actions, rewards, dones, branch_w,
-                       float(np.float32(gamma)))
+                                 float(np.float32(gamma)), bootstrap)
+    other = reference.double_dqn64(logits, q, logits_tgt, sup_on, sup_tg, actions, rewards, dones, branch_w,
+                                   float(np.float32(gamma)), "branch" if bootstrap == "direction" else "direction")
+    assert not np.allclose(ref["p_next"], other["p_next"])  # the two rules differ on these inputs
+    if bootstrap == "direction":  # every branch of a sample bootstraps from one head: the same row four times
+        p = ref["p_next"].reshape(b, 4, z)
+        np.testing.assert_array_equal(p, np.repeat(p[:, :1], 4, axis=1))
     np.testing.assert_array_equal(stager.download(rows.taken), ref["taken"])
     np.testing.assert_array_equal(stager.download(rows.sup_next), ref["sup_next"])
     np.testing.assert_array_equal(stager.download(rows.sup_proj), ref["sup_proj"])
