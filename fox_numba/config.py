@@ -73,6 +73,16 @@ class EnvConfig:
     max_position: int = opt(4, "Largest absolute position in contracts (the Full magnitude).")
     commission: float = opt(2.25, "Commission in dollars per contract per side.")
     collect_steps: int = opt(256, "Environment steps per collect phase (per environment).")
+    explore_spread: float = opt(
+        1.0,
+        "Collect policy, direction: each direction's Thompson draw is E[Q] + this x (sampled atom - E[Q]), in "
+        "[0, 1]; 1 is plain Thompson sampling over the C51 head, 0 the greedy direction (kernels/action_select.py).",
+    )
+    explore_tau: float = opt(
+        1.0,
+        "Collect policy, magnitude / order type / urgency: Boltzmann temperature as a multiple of the branch's "
+        "E[Q] range, in (0, 1]; 1 is the seed's rule (the best bin at most 58% of the time).",
+    )
     beyond_depth_ticks: int = opt(
         2,
         "A market order larger than the shown close book fills its excess at the last shown level's price "

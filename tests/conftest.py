@@ -26,15 +26,15 @@ ON_SIMULATOR = os.environ["NUMBA_ENABLE_CUDASIM"] not in ("", "0")
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "gpu_only(reason): needs a real GPU; skipped under the CUDA simulator")
+    config.addinivalue_line("markers", "no_gpu_only(reason): tests the path without a GPU; skipped on a real GPU")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    if not ON_SIMULATOR:
-        return
+    marker_name, why = ("gpu_only", "needs a real GPU") if ON_SIMULATOR else ("no_gpu_only", "tests the machine without a GPU")
     for item in items:
-        marker = item.get_closest_marker("gpu_only")
+        marker = item.get_closest_marker(marker_name)
         if marker is not None:
-            item.add_marker(pytest.mark.skip(reason=f"needs a real GPU: {marker.args[0]}"))
+            item.add_marker(pytest.mark.skip(reason=f"{why}: {marker.args[0]}"))
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -42,8 +42,10 @@ def read_only_install(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterat
 
 def run_installed(base: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("NUMBA_CACHE_DIR", "XDG_"))}
+    # the copy first (it shadows the package), then whatever the caller's path holds (numpy's wheel, on a GPU host)
+    path = [str(base / "site"), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     env.update(
-        HOME=str(base / "blocked" / "home"), PYTHONPATH=str(base / "site"), TMPDIR=str(base / "tmp"),
+        HOME=str(base / "blocked" / "home"), PYTHONPATH=os.pathsep.join(path), TMPDIR=str(base / "tmp"),
         PYTHONDONTWRITEBYTECODE="1",
     )  # fmt: skip
     return subprocess.run(

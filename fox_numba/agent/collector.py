@@ -40,11 +40,12 @@ class Collector:
 
     def __init__(
         self, env: VecEnv, replay: ReplayBuffer, layout: ParamLayout, params: Any, supports: Any, *,
-        stager: Stager, seed: int, use_graph: bool, health: HealthDiag,
+        stager: Stager, seed: int, use_graph: bool, health: HealthDiag, spread: float = 1.0, tau_mult: float = 1.0,
     ) -> None:
         n, z = env.n, layout.n_atoms
         self.env, self.replay, self.params, self.supports, self.health = env, replay, params, supports, health
         self.stream = stager.stream
+        self.spread, self.tau_mult = spread, tau_mult
         self.net = Network(layout, n)
         self.obs = device_empty((n, OBS_DIM), np.float32)
         self.logits = device_empty((n, N_HEADS, z), np.float32)
@@ -59,7 +60,7 @@ class Collector:
         env.observe(self.obs, stream=s)
         self.net.forward(self.params, self.obs, self.logits, stream=s)
         select_actions(self.logits, self.support_rows, self.rng_states, self.actions, self.conviction,
-                       explore=True, stream=s)  # fmt: skip
+                       explore=True, stream=s, spread=self.spread, tau_mult=self.tau_mult)  # fmt: skip
         replay.put_obs(env.row, env.port, self.actions, stream=s)
         env.step(self.actions, stream=s)
         replay.put_result(env.reward, env.done, env.next_row, env.next_port, stream=s)

@@ -88,7 +88,8 @@ class Trainer:
                           seed=stream_seed(seed, SEED_ENV, fold))  # fmt: skip
         self.collector = Collector(self.env, self.replay, self.layout, lrn.params, lrn.support_online,
                                    stager=self.stager, seed=stream_seed(seed, SEED_COLLECT, fold),
-                                   use_graph=cfg.run.graphs, health=self.health)  # fmt: skip
+                                   use_graph=cfg.run.graphs, health=self.health, spread=cfg.env.explore_spread,
+                                   tau_mult=cfg.env.explore_tau)  # fmt: skip
         self.evaluator = Evaluator(dev, cfg, self.layout, lrn.params, lrn.support_online, isv=self.bus.values,
                                    stager=self.stager, use_graph=cfg.run.graphs, health=self.health)  # fmt: skip
 

@@ -28,8 +28,17 @@ Policy (the seed's Plan C), for sample i with E[Q] q_a = sum_j softmax(logits[i,
   random: with k tied, the tie-break uniform u picks the floor(u * k)-th of them in direction order.
   (Ties to the lowest direction made the seed's T6 tile pick Short 0.56, Hold 0.22, Long 0.22, Flat
   ~1e-12, where the fair rule gives 1/3, 1/6, 1/3, 1/6.) Magnitude, order type and urgency by
-  Boltzmann over their three E[Q] with tau = max(max q - min q, TAU_FLOOR): tied to the branch's Q
-  range, so P(best) is the same at every Q scale (1 / (1 + 2/e) for q = [0, 0, 1]).
+  Boltzmann over their three E[Q] with tau = max(tau_mult * (max q - min q), TAU_FLOOR): tied to the
+  branch's Q range, so P(best) is the same at every Q scale (1 / (1 + 2/e) for q = [0, 0, 1] at
+  tau_mult = 1, the seed's rule).
+  The spread (env.explore_spread, kappa in [0, 1]) narrows the Thompson draw towards the mean: a
+  direction draws E[Q_d] + kappa * (z_j - E[Q_d]) for its sampled atom z_j. kappa = 1 is plain Thompson
+  sampling (the draw is the atom itself, bit for bit); kappa = 0 is the greedy direction with ties
+  shared fairly. Why: a C51 head's width is the market's noise (about one risk unit per bar), not doubt
+  about the mean, so with E[Q] gaps of hundredths plain Thompson plays the four directions almost
+  uniformly, every epoch; kappa scales that noise down while keeping the draw's shape. tau_mult
+  (env.explore_tau) does the same for the other three branches. Measured on the default market, every
+  narrowed setting did worse than 1 and 1 (tools/results/learner_ablation_h200.md), so both default to 1.
 - explore = 0 (evaluation): argmax E[Q] in every branch, ties to the lowest bin; the RNG is not touched.
   The seed kept Boltzmann for magnitude, order type and urgency in evaluation (its T8); we keep argmax.
   Evaluation scores a checkpoint (validation Sharpe picks the best one and feeds the kill criteria):
@@ -151,15 +160,15 @@ def _sample_atom(x, base, n_atoms, m, s, u):
 
 
 @cuda.jit(device=True)
-def _pick3(q0, q1, q2, u, explore):
-    """Bin of a 3-bin branch with E[Q] q0, q1, q2: Boltzmann at tau = max(Q range, TAU_FLOOR) with the
-    uniform u, or argmax (ties to the lowest bin) when not exploring."""
+def _pick3(q0, q1, q2, u, explore, tau_mult):
+    """Bin of a 3-bin branch with E[Q] q0, q1, q2: Boltzmann at tau = max(tau_mult * Q range, TAU_FLOOR)
+    with the uniform u, or argmax (ties to the lowest bin) when not exploring."""
     if explore == 0:
         if q0 >= q1 and q0 >= q2:
             return 0
         return 1 if q1 >= q2 else 2
     hi = max(max(q0, q1), q2)
-    tau = max(hi - min(min(q0, q1), q2), TAU_FLOOR)
+    tau = max(tau_mult * (hi - min(min(q0, q1), q2)), TAU_FLOOR)
     w0 = math.exp((q0 - hi) / tau)
     w1 = math.exp((q1 - hi) / tau)
     w2 = math.exp((q2 - hi) / tau)
@@ -191,9 +200,9 @@ def _thompson_winner(draws, base, u):
     return winner
 
 
-@register((F32_3D, F32_3D, xoroshiro128p_type[::1], int32, int32[:, ::1], float32[::1], int32))
+@register((F32_3D, F32_3D, xoroshiro128p_type[::1], int32, float32, float32, int32[:, ::1], float32[::1], int32))
 @cuda.jit
-def action_select_kernel(logits, support, states, explore, actions, conviction, lanes):
+def action_select_kernel(logits, support, states, explore, spread, tau_mult, actions, conviction, lanes):
     """actions[i] and conviction[i] for the samples of this block (launch shape and policy in the module
     header): `lanes` threads per sample, block b serving samples b * spb ... with spb = blockDim.x // lanes.
     Lane l owns heads l, l + lanes, ...; lane N_HEADS % lanes, which owns the fewest, draws the uniforms."""
@@ -267,7 +276,11 @@ def action_select_kernel(logits, support, states, explore, actions, conviction, 
             q_sh[slot * N_HEADS + h] = tz / s
             if explore != 0 and h < N_DIRECTIONS:
                 atom = _sample_atom(stage, base, n_atoms, m, s, u_sh[slot * DRAWS + DRAW_DIRECTION + h])
-                draw_sh[slot * N_DIRECTIONS + h] = v_min + float32(atom) * delta_z
+                draw = v_min + float32(atom) * delta_z
+                if spread != float32(1.0):
+                    mean = tz / s
+                    draw = mean + spread * (draw - mean)
+                draw_sh[slot * N_DIRECTIONS + h] = draw
     cuda.syncthreads()
 
     # 3. lane 0 chooses every branch
@@ -292,15 +305,15 @@ def action_select_kernel(logits, support, states, explore, actions, conviction, 
             conv = q_sh[qb + DIR_OFFSET + direction] - (second_q if direction == best_d else best_q)
         magnitude = _pick3(
             q_sh[qb + MAG_OFFSET], q_sh[qb + MAG_OFFSET + 1], q_sh[qb + MAG_OFFSET + 2], u_sh[ub + DRAW_BRANCH],
-            explore,
+            explore, tau_mult,
         )  # fmt: skip
         order = _pick3(
             q_sh[qb + ORDER_OFFSET], q_sh[qb + ORDER_OFFSET + 1], q_sh[qb + ORDER_OFFSET + 2],
-            u_sh[ub + DRAW_BRANCH + 1], explore,
+            u_sh[ub + DRAW_BRANCH + 1], explore, tau_mult,
         )  # fmt: skip
         urgency = _pick3(
             q_sh[qb + URGENCY_OFFSET], q_sh[qb + URGENCY_OFFSET + 1], q_sh[qb + URGENCY_OFFSET + 2],
-            u_sh[ub + DRAW_BRANCH + 2], explore,
+            u_sh[ub + DRAW_BRANCH + 2], explore, tau_mult,
         )  # fmt: skip
         if direction == HOLD or direction == FLAT:
             magnitude = 0
@@ -321,11 +334,14 @@ def select_actions(
     explore: bool,
     stream: Any,
     lanes: int | None = None,
+    spread: float = 1.0,
+    tau_mult: float = 1.0,
 ) -> None:
     """Choose one action per sample: logits[B, 13, Z], support[B, 13, 3], states[>= B] (xoroshiro, sample i
     uses states[i], advanced by DRAWS = 8 draws when exploring) -> actions[B, 4] int32, conviction[B]
     float32. `explore` selects the training policy (Thompson + Boltzmann) or the evaluation policy
-    (argmax E[Q]). Z is at most MAX_ATOMS.
+    (argmax E[Q]). Z is at most MAX_ATOMS. `spread` (kappa) and `tau_mult` narrow the training policy
+    (module header; 1 and 1: the seed's Thompson and Boltzmann).
 
     `lanes` (1 to LANES, default LANES = 16 on the GPU, 1 under the simulator) sets the threads per sample. Every head is computed by one
     thread with the same code and the uniforms by one thread in the same order, whatever the lanes, so
@@ -352,11 +368,13 @@ def select_actions(
     lanes = (1 if SIMULATOR else LANES) if lanes is None else int(lanes)
     if not 1 <= lanes <= LANES:
         raise ValueError(f"lanes = {lanes}: threads per sample must be 1 to {LANES}")
+    if not (0.0 <= spread <= 1.0 and 0.0 < tau_mult <= 1.0):
+        raise ValueError(f"exploration needs 0 <= spread <= 1 and 0 < tau_mult <= 1, got {spread}, {tau_mult}")
     flag = np.int32(1 if explore else 0)
     spb = samples_per_block(z)
     if SIMULATOR:
         spb = min(spb, b)  # the simulator pays for every thread, idle ones included
     launch_rows(
-        action_select_kernel, -(-b // spb), spb * lanes, logits, support, states, flag, actions, conviction,
-        np.int32(lanes), stream=stream,
+        action_select_kernel, -(-b // spb), spb * lanes, logits, support, states, flag, np.float32(spread),
+        np.float32(tau_mult), actions, conviction, np.int32(lanes), stream=stream,
     )  # fmt: skip

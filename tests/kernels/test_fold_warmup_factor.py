@@ -3,8 +3,8 @@
 The sequence: 1,000 steps at a gradient norm of ~10 (lognormal, sigma 0.3), a fold reset (every ISV slot
 with a fold-reset value, from the slot table), the seed's F1 spike (355k, 296k, 250k, 200k, 150k), then
 ~10 again for 4,500 steps. The float64 reference of the producer (tests/reference.py) runs the whole
-sequence for both rules; the device kernel runs the 400 steps around the reset and the spike against it
-(tolerance: 1e-5 relative, as in test_optim_kernels.py).
+sequence for both rules; the device kernel runs each of the 400 steps around the reset and the spike
+against it (tolerance: 1e-5 relative, as in test_optim_kernels.py).
 """
 
 import numpy as np
@@ -88,23 +88,25 @@ def test_the_damped_rule_damps_the_spike_and_recovers_the_lr(trajectories):
 
 @pytest.mark.parametrize("rule", ["seed", "damped"])
 def test_the_kernel_follows_the_reference_through_reset_and_spike(stream, stager, trajectories, rule):
+    """Each of the 400 steps around the reset and the spike, one step at a time: the kernel starts from the
+    reference's state before the step (as float32) and must land on the reference's step from that state.
+    One step at a time because the sequence is chaotic: run freely, the GPU's fused multiply-adds (an ulp
+    per step) moved the seed rule's fast EMA by 3% within 260 steps of the spike, where the simulator's
+    arithmetic stayed within 1e-5."""
     norms, runs = trajectories
-    first, stop = PRE - 20, PRE + 380
-    start = runs[rule][first - 1].astype(np.float32)
-    expected = run_reference(rule, norms, start=start, first=first, stop=stop)
     bus = IsvBus(stager)
-    stager.upload(start, bus.values)
     raw = Mapped(1, np.float32)
     raw_index = stager.upload_new(np.array([Isv.GRAD_NORM_RAW], np.int32))
-    for k, step in enumerate(range(first, stop)):
+    for step in range(PRE - 20, PRE + 380):
+        start = runs[rule][step - 1].astype(np.float32)
+        stager.upload(start, bus.values)
         if step == PRE:
             bus.fold_reset(stream)
         raw.host[0] = norms[step]
         launch(scatter_f32, 1, bus.values, raw_index, raw.device, i32(1), stream=stream)
         update_adaptive_clip(bus.values, CLIP_MULT, stream=stream, warmup_rule=rule)
-        if k % 10 == 9 or step in range(PRE - 1, PRE + 8):
-            got = bus.read()
-            np.testing.assert_allclose(got[TRACKED], expected[k][TRACKED], rtol=1e-5, atol=1e-9, err_msg=f"step {step}")
+        expected = run_reference(rule, norms, start=start, first=step, stop=step + 1)[0]
+        np.testing.assert_allclose(bus.read()[TRACKED], expected[TRACKED], rtol=1e-5, atol=1e-9, err_msg=f"step {step}")
 
 
 def test_the_rule_name_is_checked_at_the_edge(stream, stager):
