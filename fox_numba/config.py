@@ -11,6 +11,7 @@ adaptive multipliers) live beside the code that owns them, not here.
 
 from __future__ import annotations
 
+import datetime
 import json
 import math
 import sys
@@ -251,7 +252,10 @@ def _section_type(section: str) -> type:
 
 def coerce(key: str, value: Any, kind: Any) -> Any:
     """`value` checked against the field type `kind` (int, float, bool, str or list[float]); `key` names the
-    field in the error. Ints are accepted for floats; floats must be finite; a bool is not an int."""
+    field in the error. Ints are accepted for floats; floats must be finite; a bool is not an int; a TOML
+    date (`--set market.first_day=2024-07-15`, or an unquoted date in a file) is its YYYY-MM-DD string."""
+    if kind is str and isinstance(value, datetime.date) and not isinstance(value, datetime.datetime):
+        return value.isoformat()
     if kind == list[float]:
         if not isinstance(value, list):
             raise ConfigError(f"{key}: expected a list of numbers, got {type(value).__name__} {value!r}")

@@ -47,6 +47,17 @@ def test_file_then_overrides_apply_in_order(tmp_path):
     assert cfg.run.graphs is True
 
 
+def test_a_bare_date_sets_a_day_field(tmp_path):
+    """`--set market.first_day=2024-07-15` (as the README writes it) and an unquoted date in a file: TOML reads
+    both as dates; the day fields take them as their YYYY-MM-DD strings. A date-time stays an error."""
+    path = tmp_path / "days.toml"
+    path.write_text("[market]\nlast_day = 2024-09-30\n")
+    cfg = load_config(path=path, overrides=["market.first_day=2024-07-15"])
+    assert (cfg.market.first_day, cfg.market.last_day) == ("2024-07-15", "2024-09-30")
+    with pytest.raises(ConfigError, match="market.first_day: expected str, got datetime"):
+        load_config(overrides=["market.first_day=2024-07-15T09:30:00"])
+
+
 def test_int_accepted_for_float_field():
     assert load_config(overrides=["learner.tau=1"]).learner.tau == 1.0
 

@@ -19,7 +19,9 @@ Shared memory is static (numba sizes it at compile time): STAGE_WORDS floats of 
 block holds min(8, STAGE_WORDS // (13 * (Z | 1))) samples, and Z is at most MAX_ATOMS (415). No warp
 shuffles (the simulator has none) and no atomics: two block barriers, one thread per head and one per
 sample's draws, so the results have the same bits for any `lanes` (the tests run 1 under the simulator,
-which pays per thread). Measured times: tools/results/bench_select_h200.md (tools/bench_select.py).
+which pays per thread). Measured times: this kernel inside the collect step at N = 16,384 in
+tools/results/bench_collect_h200.md, the shapes it replaced in tools/results/select_c51_before_h200.md;
+`python3 tools/bench_select.py --out tools/results/bench_select_h200` compares the two on a GPU.
 
 Policy (the seed's Plan C), for sample i with E[Q] q_a = sum_j softmax(logits[i, a])_j z_j:
 - explore = 1 (collection): direction by Thompson sampling: one atom value drawn from each direction's

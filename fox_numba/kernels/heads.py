@@ -33,6 +33,11 @@ the width moves by at most SCALE_STEP = 2x: widening the atoms under fixed logit
 of the head by the same factor, so a bounded step keeps the Q_ABS_REF -> width -> E[Q] loop damped while
 the TD targets pull E[Q] back to the returns. Scaling the base support keeps its shape (an asymmetric
 base stays asymmetric). A non-finite reference leaves the head's support as it was.
+Per head, not per sample: the kernels that read supports (expected_q, action selection, the projection)
+take them as per-(sample, head) rows [B, 13, 3], the seed's per-sample support, and `broadcast_supports`
+fills those rows from the [13, 3] table. The rule writes one value per head because every input it reads
+is a run-wide ISV scalar: a per-sample rule on the same inputs would write the same numbers B times. A
+rule with per-sample inputs (the sample's volatility regime, say) would only change how the rows are filled.
 
 Online and target supports differ: the target network is a Polyak average of past online parameters,
 whose logits were trained on the supports of their time, so its support is the Polyak average of the

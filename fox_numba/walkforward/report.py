@@ -124,6 +124,8 @@ SIGNAL_PANELS = (
     ("gradient norm", ("grad_norm_raw", "grad_norm_clipped", "clip_eff")),
     ("rates", ("lr_eff", "tau_eff", "warmup_factor")),
 )
+# Panels whose curves span decades (lr ~1e-4 beside a factor ~1): a log axis, keyed by a field that must be > 0.
+LOG_PANELS = {"gradient norm": "grad_norm_raw", "rates": "lr_eff"}
 
 
 def signals_figure(diag: list[dict[str, float | int]]) -> Any:
@@ -135,8 +137,8 @@ def signals_figure(diag: list[dict[str, float | int]]) -> Any:
             ax.plot(x, [float(d[name]) for d in diag], lw=1.0, label=name)
         ax.set_title(title, fontsize=9)
         ax.legend(fontsize=6)
-        if title == "gradient norm" and diag and max(float(d["grad_norm_raw"]) for d in diag) > 0:
-            ax.set_yscale("log")
+        if title in LOG_PANELS and diag and max(float(d[LOG_PANELS[title]]) for d in diag) > 0:
+            ax.set_yscale("log")  # zeros (a fold's first warm-up factor) are left out of a log axis
     for ax in axes[1]:
         ax.set_xlabel("HEALTH_DIAG snapshot")
     fig.tight_layout()
