@@ -22,6 +22,13 @@ Stats = dict[str, float]
 """{mean, std, min, max, n} of one field across runs."""
 
 
+def spread(values: list[float]) -> Stats:
+    """{mean, std (ddof 0), min, max, n} of a non-empty list (NaN values propagate into mean and std)."""
+    mean = math.fsum(values) / len(values)
+    std = math.sqrt(math.fsum((v - mean) ** 2 for v in values) / len(values))
+    return {"mean": mean, "std": std, "min": min(values), "max": max(values), "n": len(values)}
+
+
 def read_log(path: Path) -> list[dict[str, float | int]]:
     """Every HEALTH_DIAG line of `path`, parsed; an unparsable one raises ParseError naming file and line."""
     out = []
@@ -60,10 +67,5 @@ def aggregate(runs: list[Path], stat: str = "last") -> dict[int, dict[str, Stats
     out: dict[int, dict[str, Stats]] = {}
     for fold in folds:
         present = [r[fold] for r in reduced if fold in r]
-        out[fold] = {}
-        for f in FIELDS:
-            values = [p[f.name] for p in present]
-            mean = math.fsum(values) / len(values)
-            std = math.sqrt(math.fsum((v - mean) ** 2 for v in values) / len(values))
-            out[fold][f.name] = {"mean": mean, "std": std, "min": min(values), "max": max(values), "n": len(values)}
+        out[fold] = {f.name: spread([p[f.name] for p in present]) for f in FIELDS}
     return out
