@@ -459,7 +459,7 @@ def sweep(
     from fox_numba.device.runtime import SIMULATOR
 
     base = BaseOptions(preset, config, tuple(set_ or []), selection.path)
-    log = lambda m: typer.echo(m, err=True)  # noqa: E731
+    log = lambda m: typer.echo(m, err=True)
     log(f"sweep {folder.path}: {len(plan.trials())} trials, store {selection.path}; "
         + (backend_line(chosen) if address is None else f"Ray cluster {address}, preset {chosen}"))
     summary = run_sweep(plan, base, folder, address=address, simulator=SIMULATOR, log=log)

@@ -77,7 +77,8 @@ def _json_diag(result: Mapping[int, Mapping[str, Mapping[str, float]]]) -> dict[
             for fold, fields in result.items()}
 
 
-def config_entry(config: str, values: Mapping[str, Any], trials: Sequence[Trial], folder: SweepFolder) -> dict[str, Any]:
+def config_entry(config: str, values: Mapping[str, Any], trials: Sequence[Trial],
+                 folder: SweepFolder) -> dict[str, Any]:
     """One config's figures over its finished trials (module docstring)."""
     done = [t for t in trials if folder.finished(t.id)]
     rows = [row for t in done for row in fold_rows(read_summary(folder.run_dir(t.id)))]
@@ -128,8 +129,9 @@ def results_table(summary: Mapping[str, Any]) -> Any:
     for c in summary["configs"]:
         s = c["sharpe_daily"]
         values = ", ".join(f"{k}={v}" for k, v in c["values"].items()) or "(base)"
-        table.add_row(c["config"], values, f"{len(c['finished'])}/{len(c['seeds'])}", fmt(s["mean"]), fmt(s["std"], ".2f"),
-                      fmt(s["min"]), fmt(s["max"]), str(s["n"]), fmt(c["probe_sharpe_daily"]), fmt(c["oracle_sharpe"]),
+        seeds = f"{len(c['finished'])}/{len(c['seeds'])}"
+        table.add_row(c["config"], values, seeds, fmt(s["mean"]), fmt(s["std"], ".2f"), fmt(s["min"]), fmt(s["max"]),
+                      str(s["n"]), fmt(c["probe_sharpe_daily"]), fmt(c["oracle_sharpe"]),
                       fmt(c["oracle_fraction"], ".2f"), fmt(walls.get(c["config"]), ".0f"))
     return table
 

@@ -59,7 +59,8 @@ def plan(trials: Sequence[Trial], base: BaseOptions, folder: SweepFolder, cwd: P
     jobs = []
     for t in trials:
         out, err = folder.logs(t.id)
-        jobs.append(TrialJob(t.id, train_args(base, t, folder), str(folder.run_dir(t.id)), str(out), str(err), str(cwd)))
+        run = str(folder.run_dir(t.id))
+        jobs.append(TrialJob(t.id, train_args(base, t, folder), run, str(out), str(err), str(cwd)))
     return jobs
 
 

@@ -98,9 +98,11 @@ def run_trial(job: TrialJob, use_gpu: bool) -> dict[str, Any]:
     with open(job.stdout, "ab") as out, open(job.stderr, "ab") as err:
         offset = err.tell()
         proc = subprocess.run(argv, stdout=out, stderr=err, stdin=subprocess.DEVNULL, cwd=job.cwd, env=env,
-                              preexec_fn=_die_with_parent, check=False)  # noqa: PLW1509 (nothing but prctl)
+                              preexec_fn=_die_with_parent, check=False)
     wall = time.perf_counter() - start
-    error = None if proc.returncode == 0 else f"{signal_note(proc.returncode)}:\n{stderr_tail(Path(job.stderr), offset)}"
+    error = None
+    if proc.returncode != 0:
+        error = f"{signal_note(proc.returncode)}:\n{stderr_tail(Path(job.stderr), offset)}"
     return {"returncode": proc.returncode, "resumed": resume, "wall_s": wall, "error": error}
 
 

@@ -104,7 +104,8 @@ def parse_spec(data: dict[str, Any], path: Path) -> SweepSpec:
     """A checked spec from the parsed TOML `data` of the file at `path` (module docstring)."""
     for table in data:
         if table not in TABLES:
-            raise ConfigError(f"{path}: unknown table '{table}' (a sweep spec has {', '.join(f'[{t}]' for t in TABLES)})")
+            known = ", ".join(f"[{t}]" for t in TABLES)
+            raise ConfigError(f"{path}: unknown table '{table}' (a sweep spec has {known})")
     sweep = data.get("sweep")
     if not isinstance(sweep, dict) or "seeds" not in sweep:
         raise ConfigError(f"{path}: [sweep] seeds is missing (e.g. [sweep] seeds = [0, 1])")
