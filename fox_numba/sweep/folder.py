@@ -23,7 +23,7 @@ from typing import Any
 
 from fox_numba.errors import ConfigError, InputError
 from fox_numba.io import atomic_write_text
-from fox_numba.walkforward.run_folder import CONFIG, SUMMARY
+from fox_numba.walkforward.run_folder import SUMMARY
 
 IDENTITY, SWEEP_SUMMARY = "sweep.json", "summary.json"
 RUNS, LOGS, TRIALS = "runs", "logs", "trials"
@@ -57,10 +57,6 @@ class SweepFolder:
 
     def finished(self, trial: str) -> bool:
         return (self.run_dir(trial) / SUMMARY).is_file()
-
-    def started(self, trial: str) -> bool:
-        """The trial's run folder exists as a run (`fox train --resume` continues it)."""
-        return (self.run_dir(trial) / CONFIG).is_file()
 
     def claim(self, identity: dict[str, Any]) -> None:
         """Write sweep.json, or check that the one there describes the same trials: a folder holds one sweep."""

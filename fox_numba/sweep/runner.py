@@ -33,11 +33,14 @@ from typing import Any
 from fox_numba.accelerator import SIM_VARIABLE, cuda_gpu_count
 from fox_numba.errors import FoxError
 from fox_numba.sweep.folder import SweepFolder, TrialRecord
+from fox_numba.walkforward.run_folder import CONFIG
 
 RAY_MISSING = 'fox sweep needs Ray: pip install -e ".[ray]"'
 ERROR_TAIL_LINES = 20  # lines of a failed trial's stderr kept in its record and summary.json
 OBJECT_STORE_BYTES = 256 << 20  # a local cluster's object store: tasks pass a few small dicts, nothing more
 PR_SET_PDEATHSIG = 1  # prctl(2): a signal for the child when the thread that started it exits
+WAIT_S = 1.0  # the driver wakes at least this often, so Ctrl-C stops a sweep while its trials run
+LIBC = ctypes.CDLL(None, use_errno=True)  # loaded here: between fork and exec the child only calls prctl
 
 Log = Callable[[str], None]
 
@@ -64,8 +67,7 @@ class TrialJob:
 def _die_with_parent() -> None:
     """In the trial's child process: SIGTERM when the Ray worker dies (Linux), so no orphaned `fox train`
     keeps its run folder locked after a sweep is stopped; `fox train` stops cleanly on SIGTERM."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def stderr_tail(path: Path, offset: int, lines: int = ERROR_TAIL_LINES) -> str:
@@ -90,7 +92,7 @@ def run_trial(job: TrialJob, use_gpu: bool) -> dict[str, Any]:
     """Run one trial to its end (in a Ray worker): `fox train` fresh, or `--resume` when its run folder
     exists. Returns the exit code, whether it resumed, wall seconds and, on failure, the stderr tail."""
     run = Path(job.run_dir)
-    resume = (run / "config.toml").is_file()
+    resume = (run / CONFIG).is_file()
     argv = [sys.executable, "-m", "fox_numba", "train", *(("--resume", str(run)) if resume else job.train_args)]
     env = {**os.environ, SIM_VARIABLE: "0" if use_gpu else "1"}
     Path(job.stderr).parent.mkdir(parents=True, exist_ok=True)
@@ -135,7 +137,9 @@ def run_jobs(jobs: Sequence[TrialJob], folder: SweepFolder, *, address: str | No
         task = ray.remote(run_trial).options(num_gpus=1 if use_gpu else 0, num_cpus=1, max_retries=0)
         pending = {task.remote(job, use_gpu): job for job in jobs}
         while pending:
-            ready, _ = ray.wait(list(pending), num_returns=1)
+            ready, _ = ray.wait(list(pending), num_returns=1, timeout=WAIT_S)
+            if not ready:
+                continue
             job = pending.pop(ready[0])
             try:
                 result = ray.get(ready[0])
