@@ -25,7 +25,7 @@ from rich.console import Console
 from rich.table import Table
 
 from fox_numba.config import PRESETS, FoxConfig, load_config, parse_override, toml_literal
-from fox_numba.errors import ConfigError, FoxError, Interrupted
+from fox_numba.errors import INTERRUPTS, ConfigError, FoxError, Interrupted
 from fox_numba.market.calendar import CALENDARS
 from fox_numba.market.default import default_definition_path, default_store_path
 from fox_numba.market.importer import FORMATS, import_market
@@ -473,9 +473,6 @@ def sweep(
                f"finished; summary {folder.path / 'summary.json'}")
     if failed:
         raise typer.Exit(1)
-
-
-INTERRUPTS = (signal.SIGINT, signal.SIGTERM)
 
 
 def _interrupt(signum: int, frame: object) -> NoReturn:

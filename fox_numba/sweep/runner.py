@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from fox_numba.accelerator import SIM_VARIABLE, cuda_gpu_count
-from fox_numba.errors import FoxError
+from fox_numba.errors import INTERRUPTS, FoxError, Interrupted
 from fox_numba.sweep.folder import SweepFolder, TrialRecord
 from fox_numba.walkforward.run_folder import CONFIG
 
@@ -132,12 +132,18 @@ def run_jobs(jobs: Sequence[TrialJob], folder: SweepFolder, *, address: str | No
     record, resumed)`); a failed trial is recorded and the others go on."""
     ray = import_ray()
     connect(ray, address, simulator=simulator)
+    # A signal handler that raises inside Ray's wait would surface as a SystemError: note the signal, and
+    # raise Interrupted between waits instead (the finally below then stops the trials: PR_SET_PDEATHSIG).
+    caught: list[int] = []
+    previous = {sig: signal.signal(sig, lambda signum, frame: caught.append(signum)) for sig in INTERRUPTS}
     try:
         use_gpu = ray.cluster_resources().get("GPU", 0) >= 1
         task = ray.remote(run_trial).options(num_gpus=1 if use_gpu else 0, num_cpus=1, max_retries=0)
         pending = {task.remote(job, use_gpu): job for job in jobs}
         while pending:
             ready, _ = ray.wait(list(pending), num_returns=1, timeout=WAIT_S)
+            if caught:
+                raise Interrupted(caught[0])
             if not ready:
                 continue
             job = pending.pop(ready[0])
@@ -153,4 +159,6 @@ def run_jobs(jobs: Sequence[TrialJob], folder: SweepFolder, *, address: str | No
             folder.save_record(job.id, record)
             on_done(job, record, result["resumed"])
     finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         ray.shutdown()
