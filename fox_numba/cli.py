@@ -5,6 +5,7 @@
     fox train                       walk-forward training on a market store
     fox evaluate                    validation backtest of a checkpoint
     fox profile                     time every stage and kernel on the GPU
+    fox sweep                       seeds x configs of `fox train` as Ray tasks, one table per config
 
 Errors in the input (a missing file, a bad field, a crossed book) are printed as one line naming the
 file, field and row, with exit code 1.
@@ -23,8 +24,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from fox_numba.config import PRESETS, FoxConfig, load_config, toml_literal
-from fox_numba.errors import ConfigError, FoxError, Interrupted
+from fox_numba.config import PRESETS, FoxConfig, load_config, parse_override, toml_literal
+from fox_numba.errors import INTERRUPTS, ConfigError, FoxError, Interrupted
 from fox_numba.market.calendar import CALENDARS
 from fox_numba.market.default import default_definition_path, default_store_path
 from fox_numba.market.importer import FORMATS, import_market
@@ -400,7 +401,78 @@ def profile(
     typer.echo(f"profile written to {out_dir / 'profile.json'}", err=True)
 
 
-INTERRUPTS = (signal.SIGINT, signal.SIGTERM)
+@app.command()
+def sweep(
+    spec: Annotated[Path, typer.Argument(help="Sweep spec, TOML: \\[sweep] seeds and \\[grid] values (format above).")],
+    preset: StagePresetOpt = None,
+    config: ConfigOpt = None,
+    set_: SetOpt = None,
+    store: StoreOpt = None,
+    out: Annotated[
+        Path | None, typer.Option("--out", "-o", help="Sweep folder (default: sweeps/NAME).")
+    ] = None,
+    name: Annotated[str | None, typer.Option(help="Sweep name (default: the spec file's name without .toml).")] = None,
+    address: Annotated[
+        str | None,
+        typer.Option(help="Ray cluster to join: auto, HOST:PORT or ray://HOST:PORT (default: start a local one with "
+                     "this machine's CPUs and GPUs)."),
+    ] = None,
+) -> None:
+    """Train every combination of config values times every seed, one `fox train` per trial as a Ray task
+    (one GPU each; one CPU under the simulator), then tabulate validation Sharpe per config.
+
+    A spec: every key of \\[grid] is a config field; every combination of
+    the values is a config, trained once per seed.
+        \\[sweep]
+        seeds = [0, 1, 2]
+        \\[grid]
+        "learner.lr" = [1e-4, 3e-4]
+        network = { hidden = [128, 256] }
+
+    Trials are c00-seed0, c00-seed1, ... (configs in product order, the last
+    key varying fastest). Each writes its run folder in SWEEP/runs/TRIAL/ as
+    `fox train` does, its output in SWEEP/logs/. A failed trial is reported
+    with the tail of its stderr and the others go on. Rerunning the command
+    skips finished trials and resumes interrupted ones from their checkpoints
+    (`fox train --resume`). At the end: a table per config on stdout (Sharpe
+    mean and spread over seeds and folds, oracle fraction, wall time;
+    HEALTH_DIAG across seeds) and SWEEP/summary.json; exit code 1 if a trial
+    failed. Needs the ray extra: pip install -e ".\\[ray]".
+    """
+    from fox_numba.sweep.aggregate import diag_table, results_table
+    from fox_numba.sweep.driver import BaseOptions, run_sweep
+    from fox_numba.sweep.folder import DEFAULT_ROOT, SweepFolder
+    from fox_numba.sweep.runner import import_ray
+    from fox_numba.sweep.spec import SWEEP_OWNED, load_spec
+
+    import_ray()  # a missing extra stops here, before a store is built
+    plan = load_spec(spec)
+    for text in set_ or []:
+        if (key := parse_override(text)[0]) in SWEEP_OWNED:
+            raise ConfigError(f"--set {key}: the sweep sets it for every trial (seeds go in the spec's [sweep] seeds)")
+    if address is None:  # a local cluster: the trials run here, with the preset `fox train` would choose here
+        cfg, chosen = stage_config(preset, config, set_, store)
+    else:  # the workers choose their own backend; only the names and types are checked here
+        cfg, chosen = resolve_config(preset or "default", config, set_, store), preset or "of each worker"
+    selection = prepare_market(cfg)
+    folder = SweepFolder(out or Path(DEFAULT_ROOT) / (name or spec.stem))
+    from fox_numba.device.runtime import SIMULATOR
+
+    base = BaseOptions(preset, config, tuple(set_ or []), selection.path)
+    log = lambda m: typer.echo(m, err=True)
+    log(f"sweep {folder.path}: {len(plan.trials())} trials, store {selection.path}; "
+        + (backend_line(chosen) if address is None else f"Ray cluster {address}, preset {chosen}"))
+    summary = run_sweep(plan, base, folder, address=address, simulator=SIMULATOR, log=log)
+    console = Console(width=None if sys.stdout.isatty() else 200)
+    console.print(results_table(summary))
+    console.print(diag_table(summary))
+    failed = [t for t in summary["trials"] if not t["finished"]]
+    for t in failed:
+        log(f"sweep: {t['id']} failed: {t['error']}")
+    typer.echo(f"sweep {folder.path}: {len(summary['trials']) - len(failed)} of {len(summary['trials'])} trials "
+               f"finished; summary {folder.path / 'summary.json'}")
+    if failed:
+        raise typer.Exit(1)
 
 
 def _interrupt(signum: int, frame: object) -> NoReturn:

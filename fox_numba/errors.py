@@ -6,7 +6,11 @@ these, never deep inside a kernel. The CLI prints the message and exits non-zero
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
+
+INTERRUPTS = (signal.SIGINT, signal.SIGTERM)
+"""The signals that stop a command as `Interrupted`."""
 
 
 class FoxError(Exception):

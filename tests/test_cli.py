@@ -26,13 +26,14 @@ COMMANDS = [
     ["train"],
     ["evaluate"],
     ["profile"],
+    ["sweep"],
 ]
 
 
 def test_top_level_help_lists_every_command():
     result = runner.invoke(app, ["--help"])
     assert result.exit_code == 0
-    for name in ("data", "collect", "train", "evaluate", "profile"):
+    for name in ("data", "collect", "train", "evaluate", "profile", "sweep"):
         assert name in result.output
 
 

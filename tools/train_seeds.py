@@ -6,14 +6,15 @@
 Each seed runs `python -m fox_numba train --set run.seed=S --set run.name=seed_S --set run.out_dir=RUNS ...`,
 its output kept in RUNS/seed_S.log. When all are done, OUT.md and OUT.json hold per seed the wall time and
 per fold the best epoch's validation daily Sharpe beside the probe, buy-and-hold and the oracle (from each
-run's summary.json), then the mean across folds per seed and across seeds. Exit status 1 if any run failed.
+run's summary.json, read by fox_numba/sweep/aggregate.py as `fox sweep` reads it), then the mean across folds
+per seed and across seeds. Exit status 1 if any run failed. `fox sweep` runs seeds x configs on Ray, one trial
+per GPU; this script keeps the parallel-on-one-GPU measurement of tools/results/train_default_h200.md.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import subprocess
 import sys
 import time
@@ -28,29 +29,7 @@ sys.path.insert(0, str(ROOT / "tools"))
 from bench_device import machine, results_header  # noqa: E402
 
 from fox_numba.io import atomic_write_text  # noqa: E402
-
-
-def fmt(v: Any, spec: str = "+.2f") -> str:
-    return "n/a" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, spec)
-
-
-def mean(values: list[float]) -> float:
-    vals = [v for v in values if v is not None and math.isfinite(v)]
-    return sum(vals) / len(vals) if vals else math.nan
-
-
-def fold_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
-    rows = []
-    for f in summary.get("folds", []):
-        val, base = f.get("val") or {}, f.get("baselines") or {}
-        rows.append({
-            "fold": f["fold"], "best_epoch": f.get("best_epoch"), "agent": val.get("sharpe_daily"),
-            "agent_bar": val.get("sharpe_bar"), "return": val.get("total_return"),
-            "active": val.get("active_fraction"), "probe": (base.get("probe") or {}).get("sharpe_daily"),
-            "buy_and_hold": (base.get("buy_and_hold") or {}).get("sharpe_daily"), "oracle": base.get("oracle_sharpe"),
-            "kill": (f.get("kill") or {}).get("reason"),
-        })
-    return rows
+from fox_numba.sweep.aggregate import fmt, fold_rows, mean  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -23,13 +23,13 @@ from typing import Any
 import numpy as np
 
 from fox_numba.actions import BRANCHES
+from fox_numba.diag.aggregate import HEALTH_LOG
 from fox_numba.diag.layout import PREFIX, parse_line
 from fox_numba.errors import InputError
 from fox_numba.io import atomic_path, atomic_write_text
 from fox_numba.walkforward.run_folder import BEST_VALIDATION, METRICS, SUMMARY
 
 BASELINES = "baselines.npz"
-HEALTH_LOG = "health_diag.log"
 REPORT_DIR = "report"
 FIGURES = ("equity.png", "sharpe.png", "signals.png", "actions.png")
 FIG_SIZE = (10.0, 6.0)  # inches
