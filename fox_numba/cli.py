@@ -368,10 +368,11 @@ def report(
 ) -> None:
     """Write PNG plots and a one-page Markdown report into RUN/report/: validation equity per fold against flat,
     buy-and-hold, the probe and the oracle; Sharpe per epoch; reward split, Q scale, gradient norm / clip / lr /
-    tau / warm-up factor from HEALTH_DIAG; action shares. `fox train` writes it at the end of every run."""
+    tau / warm-up factor from HEALTH_DIAG; action shares. `fox train` writes it at the end of every run. A fold
+    whose best_validation.npz is missing is named on stderr and in report.md."""
     from fox_numba.walkforward.report import write_report
 
-    typer.echo(f"report {write_report(run)}")
+    typer.echo(f"report {write_report(run, log=lambda m: typer.echo(m, err=True))}")
 
 
 @app.command()

@@ -85,7 +85,8 @@ STAGES = [["collect"], ["train"], ["profile"]]
 
 
 def test_profile_prints_the_stage_and_kernel_tables(stores, tmp_path):
-    """One smoke warm-up epoch, one timed epoch, 2 eager steps per stage for the kernel tables."""
+    """One smoke warm-up epoch, one timed epoch, the same with run.graphs flipped, 2 eager steps per stage for
+    the kernel tables."""
     proc = run_fox("profile", "--preset", "smoke", "--store", str(stores[0]), "--epochs", "1", "--steps", "2", "--set",
                    f"run.out_dir={json.dumps(str(tmp_path))}", "--set", 'run.name="prof"')
     assert proc.returncode == 0, proc.stderr
@@ -96,7 +97,17 @@ def test_profile_prints_the_stage_and_kernel_tables(stores, tmp_path):
     train = {r["kernel"]: r for r in result["kernels"]["train"]}
     assert any(name.startswith("dense_strided.") or name.startswith("gemm.") for name in train)
     assert result["stages"]["train"]["launches_per_step"] == sum(r["calls_per_step"] for r in train.values())
-    assert (tmp_path / "prof" / "profile.md").is_file()
+    stages = result["stages"]
+    assert {k: st["steps_per_epoch"] for k, st in stages.items()} == {"collect": 16, "train": 4, "evaluate": 389}
+    for st in stages.values():
+        assert st["graphs_off_ms"] == st["mean_ms"] and st["graphs_on_ms"] > 0  # smoke: run.graphs = false
+    for stage, rows in result["kernels"].items():
+        for r in rows:  # the kernel's GPU time in one epoch over the epoch's time
+            assert r["epoch_share"] == pytest.approx(r["total_ms"] / 2 * stages[stage]["steps_per_epoch"]
+                                                     / result["epoch_ms"], rel=1e-12)
+    assert "run.graphs=true" in proc.stderr
+    md = (tmp_path / "prof" / "profile.md").read_text()
+    assert "| ms, graphs on | ms, graphs off |" in md and md.count("| share of epoch |") == 3
 
 
 @pytest.mark.parametrize("command", STAGES, ids=" ".join)

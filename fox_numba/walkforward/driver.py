@@ -265,6 +265,6 @@ def train_run(cfg: FoxConfig, selection: MarketSelection, *, resume: Path | None
             log(fold.describe())
         driver = Driver(cfg, selection, run, log=log)
         summary = driver.train(resume=resume is not None)
-        report = write_report(run.path)
+        report = write_report(run.path, log=log)
         log(f"report {report}")
     return run.path, summary

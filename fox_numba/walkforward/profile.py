@@ -2,10 +2,14 @@
 
 On fold 0 of the chosen store and preset: one warm-up epoch (compilation, graph capture), then a timed
 window of `--epochs` epochs, each stage (collect, train, evaluate) timed between CUDA events around its
-replays (graph mode as configured). Per kernel, one step of each stage is then launched eagerly `--steps`
+replays (graph mode as configured). The same warm-up and window then run on a second trainer with
+run.graphs flipped, so every stage has a time with graphs on and off (under the simulator both run
+eagerly). Per kernel, one step of each stage is launched eagerly `--steps`
 times with a CUDA event pair around every launch (the eager figures include each launch's GPU time only;
 the host's launch cost is what the stage figures save with graphs). For every kernel: calls per step,
-total and mean time, its share of its stage's eager time; for the dense-layer GEMMs the achieved TFLOP/s
+total and mean time, its share of its stage's eager time and of the epoch (its GPU time in one epoch,
+calls per step x the stage's steps per epoch, over the configured mode's epoch time); for the dense-layer
+GEMMs the achieved TFLOP/s
 (2 x rows x in x out per call), for every other kernel the achieved bandwidth, counting each array
 argument's bytes once (an estimate of the traffic: a kernel that reads an array twice moves more, one that
 reads part of it less), against the device's copy bandwidth measured here (a 256 MiB device-to-device copy).
@@ -16,6 +20,8 @@ tables. Under the CUDA simulator it runs the same code and says that its timings
 
 from __future__ import annotations
 
+import dataclasses
+import gc
 import json
 import time
 from collections import defaultdict
@@ -113,16 +119,12 @@ def kernel_table(body: Callable[[Any], None], stream: Any, steps: int) -> tuple[
     return rows, len(trace.launches)
 
 
-def profile(cfg: FoxConfig, selection: MarketSelection, *, epochs: int, steps: int, out_dir: Path,
-            log: Callable[[str], None], command: str = "") -> dict[str, Any]:
-    """Profile fold 0 (module docstring); returns the results written to out_dir/profile.json."""
-    features = load_features(cfg, selection)
-    fold = make_folds(cfg.folds, selection.days)[0]
+def timed_window(cfg: FoxConfig, market: FoldMarket, fold: int, epochs: int) -> tuple[Trainer, dict[str, Any], float]:
+    """A trainer bound to the fold after one warm-up epoch, its stage timings over `epochs` epochs, and the
+    warm-up's seconds."""
     trainer = Trainer(cfg)
-    market = FoldMarket.build(features, fold, cfg.features, cfg.env)
-    trainer.bind_fold(market, fold.index)
+    trainer.bind_fold(market, fold)
     s = trainer.stream
-    log(f"profile: {fold.describe()}, warm-up epoch (compilation and graph capture)")
     t0 = time.perf_counter()
     trainer.collect()
     trainer.train(lambda: None)
@@ -136,14 +138,34 @@ def profile(cfg: FoxConfig, selection: MarketSelection, *, epochs: int, steps: i
             trainer.train(lambda: None)
         with timings.region("evaluate", s):
             trainer.evaluate()
-    stages = timings.stats()
+    return trainer, timings.stats(), warmup_s
+
+
+def profile(cfg: FoxConfig, selection: MarketSelection, *, epochs: int, steps: int, out_dir: Path,
+            log: Callable[[str], None], command: str = "") -> dict[str, Any]:
+    """Profile fold 0 (module docstring); returns the results written to out_dir/profile.json."""
+    features = load_features(cfg, selection)
+    fold = make_folds(cfg.folds, selection.days)[0]
+    market = FoldMarket.build(features, fold, cfg.features, cfg.env)
+    log(f"profile: {fold.describe()}, warm-up epoch (compilation and graph capture)")
+    trainer, stages, warmup_s = timed_window(cfg, market, fold.index, epochs)
+    s = trainer.stream
     epoch_ms = sum(st.mean_ms for st in stages.values())
     ev = trainer.evaluator
+    stage_steps = {"collect": cfg.env.collect_steps, "train": cfg.learner.steps_per_epoch, "evaluate": ev.steps}
     bodies = {"collect": trainer.collector._step, "train": trainer.learner._step, "evaluate": ev._step}
     kernels, launches = {}, {}
     for name, body in bodies.items():
         kernels[name], launches[name] = kernel_table(body, s, steps)
-    trainer.env.reset(stream=s)  # the eager evaluation steps moved the evaluation environments: start over
+        for row in kernels[name]:
+            row["epoch_share"] = row["total_ms"] / steps * stage_steps[name] / epoch_ms
+    eval_env_steps = ev.steps * ev.env.n
+    del trainer, ev, bodies  # one trainer's device memory at a time (its step graphs hold cycles)
+    gc.collect()
+    flipped = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, graphs=not cfg.run.graphs))
+    log(f"profile: the same window with run.graphs={str(flipped.run.graphs).lower()}")
+    other = timed_window(flipped, market, fold.index, epochs)[1]
+    by_setting = {cfg.run.graphs: stages, flipped.run.graphs: other}
     env_steps = cfg.env.n_envs * cfg.env.collect_steps
     out = {
         "command": command,
@@ -153,12 +175,14 @@ def profile(cfg: FoxConfig, selection: MarketSelection, *, epochs: int, steps: i
         "fold": fold.describe(), "epochs_timed": epochs, "warmup_s": warmup_s,
         "copy_bandwidth_gb_s": copy_bandwidth(s),
         "stages": {name: {"mean_ms": st.mean_ms, "share": st.mean_ms / epoch_ms, "launches_per_step": launches[name],
-                          "mode": "graph" if cfg.run.graphs and not SIMULATOR else "eager"}
+                          "mode": "graph" if cfg.run.graphs and not SIMULATOR else "eager",
+                          "steps_per_epoch": stage_steps[name], "graphs_on_ms": by_setting[True][name].mean_ms,
+                          "graphs_off_ms": by_setting[False][name].mean_ms}
                    for name, st in stages.items()},
         "epoch_ms": epoch_ms,
         "throughput": {"env_steps_per_s": env_steps / (stages["collect"].mean_ms * 1e-3),
                        "gradient_steps_per_s": cfg.learner.steps_per_epoch / (stages["train"].mean_ms * 1e-3),
-                       "evaluation_steps_per_s": ev.steps * ev.env.n / (stages["evaluate"].mean_ms * 1e-3)},
+                       "evaluation_steps_per_s": eval_env_steps / (stages["evaluate"].mean_ms * 1e-3)},
         "kernels": kernels,
     }
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -172,19 +196,23 @@ def markdown(p: dict[str, Any]) -> str:
     """The profile as Markdown tables."""
     lines = [f"# fox profile: {p['fold']}", "", f"Command: `{p['command']}` on {p['device']}.", "", f"{p['note']}; {p['epochs_timed']} epochs timed after a warm-up of "
              f"{p['warmup_s']:.1f} s. Device copy bandwidth {p['copy_bandwidth_gb_s']:.0f} GB/s.", "",
-             "| stage | mode | launches per step | mean ms per epoch | share |", "| --- | --- | ---: | ---: | ---: |"]
+             "| stage | mode | launches per step | mean ms per epoch | share | ms, graphs on | ms, graphs off |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
     for name, st in p["stages"].items():
-        lines.append(f"| {name} | {st['mode']} | {st['launches_per_step']} | {st['mean_ms']:.2f} | {st['share']:.1%} |")
+        lines.append(f"| {name} | {st['mode']} | {st['launches_per_step']} | {st['mean_ms']:.2f} | {st['share']:.1%} | "
+                     f"{st['graphs_on_ms']:.2f} | {st['graphs_off_ms']:.2f} |")
     t = p["throughput"]
     lines += ["", f"Epoch {p['epoch_ms']:.1f} ms: {t['env_steps_per_s'] / 1e6:.2f} M environment steps/s collecting, "
               f"{t['gradient_steps_per_s']:.0f} gradient steps/s, {t['evaluation_steps_per_s'] / 1e6:.3f} M evaluation "
               "environment steps/s.", ""]
     for stage, rows in p["kernels"].items():
         lines += [f"## {stage}: kernels of one eager step (CUDA events per launch)", "",
-                  "| kernel | calls/step | mean us | share | TFLOP/s | GB/s (est.) |", "| --- | ---: | ---: | ---: | ---: | ---: |"]
+                  "| kernel | calls/step | mean us | share | share of epoch | TFLOP/s | GB/s (est.) |",
+                  "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
         for r in rows:
             tf = f"{r['tflops']:.1f}" if "tflops" in r else ""
             bw = f"{r['gb_per_s']:.0f}" if "gb_per_s" in r else ""
-            lines.append(f"| {r['kernel']} | {r['calls_per_step']:g} | {r['mean_us']:.1f} | {r['share']:.1%} | {tf} | {bw} |")
+            lines.append(f"| {r['kernel']} | {r['calls_per_step']:g} | {r['mean_us']:.1f} | {r['share']:.1%} | "
+                         f"{r['epoch_share']:.1%} | {tf} | {bw} |")
         lines.append("")
     return "\n".join(lines)

@@ -9,7 +9,10 @@ probe; the oracle's daily PnL on a synthetic store) and health_diag.log. Writes 
     signals.png       from HEALTH_DIAG over the snapshots: reward split, Q scale references, gradient norm raw
                       and clipped with clip_eff, lr_eff, tau_eff and the fold warm-up factor
     actions.png       training and validation action shares per branch (each fold's last snapshot)
-    report.md         the run's table of folds and baselines, and the four figures
+    report.md         the run's table of folds and baselines, notes on missing inputs, and the four figures
+
+A fold without best_validation.npz (no epoch was recorded as its best, or the file was lost) has no agent
+curve: its panel says so, and so do report.md and the log, rather than plotting the baselines alone.
 
 matplotlib (Agg backend, no display) draws the figures; the report is the same on any machine.
 """
@@ -17,6 +20,7 @@ matplotlib (Agg backend, no display) draws the figures; the report is the same o
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +89,8 @@ def equity_figure(run: Path, folds: list[int]) -> Any:
             with np.load(folder / BEST_VALIDATION) as z:
                 x, eq = _cum_days(z["pnl"], z["lengths"])
                 ax.plot(x, eq, lw=1.4, label=f"agent (epoch {int(z['epoch'])})")
+        else:
+            ax.text(0.5, 0.5, f"no {BEST_VALIDATION}", transform=ax.transAxes, ha="center", color="red")
         if (folder / BASELINES).is_file():
             with np.load(folder / BASELINES) as z:
                 for key, label in (("buy_and_hold_pnl", "buy-and-hold"), ("probe_pnl", "probe")):
@@ -171,8 +177,9 @@ def _fmt(v: Any, spec: str = "+.2f") -> str:
     return "n/a" if v is None else format(v, spec)
 
 
-def markdown(run: Path, lines: list[dict[str, Any]], summary: dict[str, Any] | None) -> str:
+def markdown(run: Path, lines: list[dict[str, Any]], summary: dict[str, Any] | None, notes: list[str]) -> str:
     out = [f"# Run report: {run.name}", ""]
+    out += [f"- {n}" for n in notes] + ([""] if notes else [])
     if summary is not None:
         across = summary.get("across_folds") or {}
         out += [f"Mean validation daily Sharpe across folds: **{_fmt(across.get('fold_sharpe_mean'))}** "
@@ -194,17 +201,21 @@ def markdown(run: Path, lines: list[dict[str, Any]], summary: dict[str, Any] | N
     return "\n".join(out) + "\n"
 
 
-def write_report(run: str | Path) -> Path:
-    """Write RUN/report/ (module docstring); returns the Markdown file."""
+def write_report(run: str | Path, log: Callable[[str], None] = print) -> Path:
+    """Write RUN/report/ (module docstring); `log` gets a line per missing input; returns the Markdown file."""
     run = Path(run)
     lines = read_metrics(run)
     diag = read_diag(run)
     summary = json.loads((run / SUMMARY).read_text(encoding="utf-8")) if (run / SUMMARY).is_file() else None
     folds = sorted({int(ln["fold"]) for ln in lines})
+    notes = [f"fold {k}: {BEST_VALIDATION} missing, so its equity panel has no agent curve" for k in folds
+             if not (run / f"fold_{k:02d}" / BEST_VALIDATION).is_file()]  # fmt: skip
+    for note in notes:
+        log(note)
     out = run / REPORT_DIR
     out.mkdir(exist_ok=True)
     _save(equity_figure(run, folds), out / "equity.png")
     _save(sharpe_figure(lines), out / "sharpe.png")
     _save(signals_figure(diag), out / "signals.png")
     _save(actions_figure(diag), out / "actions.png")
-    return atomic_write_text(out / "report.md", markdown(run, lines, summary))
+    return atomic_write_text(out / "report.md", markdown(run, lines, summary, notes))

@@ -1,5 +1,6 @@
-"""HEALTH_DIAG through the trainer: the kernels' fields agree with numpy on the same buffers, and building a
-snapshot copies no per-sample buffer to the host (only the mapped record is read)."""
+"""HEALTH_DIAG through the trainer: the kernels' fields agree with numpy on the same buffers, and filling a
+snapshot (collect, validation pass, snapshot, line) copies no per-sample buffer to the host (only the mapped
+record is read)."""
 
 import numpy as np
 import pytest
@@ -71,17 +72,36 @@ def test_fields_agree_with_numpy_on_the_same_buffers(trained):
         assert rec[f"mag_pnl_var_{name}"] == pytest.approx(var, rel=1e-5, abs=1e-9)
 
 
-def test_a_snapshot_copies_no_device_buffer_to_the_host(trained, monkeypatch):
+def test_health_diag_copies_no_per_sample_buffer_to_the_host(trained, monkeypatch):
+    """A collect phase (collect_step), a validation pass (eval_step, eval_done), a snapshot and its line: the
+    kernels reduce into the mapped record, and the only device-to-host copies are the validation pass's
+    per-day PnL and position records, downloaded once at its end for the metrics (agent/evaluator.py).
+    The environment metrics are a mapped record too. Last in the module: it runs the trainer on."""
     trainer, _, _ = trained
+    ev = trainer.evaluator
+    allowed = {id(ev.pnl): "evaluator.pnl", id(ev.pos): "evaluator.pos"}
+    downloaded = []
+    download = Stager.download
+
+    def checked_download(self, src, *args, **kwargs):
+        assert id(src) in allowed, f"a device buffer {src.shape} {src.dtype} was downloaded"
+        downloaded.append(allowed[id(src)])
+        return download(self, src, *args, **kwargs)
 
     def refuse(*args, **kwargs):
-        raise AssertionError("a device buffer was copied to the host to build the snapshot")
+        raise AssertionError("a device buffer was copied to the host outside the Stager")
 
-    monkeypatch.setattr(Stager, "download", refuse)
+    monkeypatch.setattr(Stager, "download", checked_download)
     from numba import cuda
 
     monkeypatch.setattr(type(cuda.device_array(1)), "copy_to_host", refuse)
+    trainer.collect()
+    trainer.evaluate()
     trainer.health.snapshot(trainer.bus.values, trainer.learner.optim_state, trainer.env.metrics.device,
                             use_graph=False)
-    line = trainer.health.line(fold=0, epoch=0)
-    assert parse_line(line)["step"] == 4
+    rec = parse_line(trainer.health.line(fold=0, epoch=1))
+    assert downloaded == ["evaluator.pnl", "evaluator.pos"]
+    dirs = [b.name.lower() for b in BRANCHES[0].bins]
+    assert sum(rec[f"train_dir_{d}"] for d in dirs) == trainer.env.n  # the new collect step's actions
+    assert sum(rec[f"eval_dir_{d}"] for d in dirs) == ev.steps * ev.env.n  # every step of every day
+    assert rec["step"] == 4 and rec["epoch"] == 1

@@ -1,12 +1,17 @@
-"""`fox train --preset smoke` end to end under the simulator, and an exact resume after kill -9.
+"""`fox train --preset smoke` end to end under the simulator, an exact resume after kill -9, and the commands
+that read a finished run (`fox evaluate`, `fox report`).
 
 The store is four synthetic days (the smoke preset's 2 folds of 2 training + 1 validation days). One
 uninterrupted run is the reference; a second run is SIGKILLed during fold 0's second epoch, resumed with
 `fox train --resume`, and must end with the same metrics lines, HEALTH_DIAG lines and final parameters.
+`fox evaluate` and `fox report` run on copies of the reference run (no extra training).
 """
 
 import json
+import math
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -23,9 +28,11 @@ from fox_numba.checkpoint import load_checkpoint
 from fox_numba.cli import backend_line
 from fox_numba.diag.layout import parse_line
 from fox_numba.market import default
-from fox_numba.market.store import write_store
+from fox_numba.market.calendar import bars_in_session
+from fox_numba.market.store import MarketStore, write_store
 from fox_numba.market.synthetic import generate
 from fox_numba.market.synthetic_definition import load_definition
+from fox_numba.walkforward.report import FIGURES, equity_figure, write_report
 
 EPOCHS, FOLDS = 2, 2  # the smoke preset's
 
@@ -56,6 +63,27 @@ def metrics(run):
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 
 
+def fox(*args):
+    return subprocess.run([sys.executable, "-m", "fox_numba", *args], capture_output=True, text=True, timeout=900)
+
+
+def best_line(run, k):
+    """The metrics line of fold k's best epoch, as summary.json names it."""
+    best = json.loads((run / "summary.json").read_text())["folds"][k]["best_epoch"]
+    return next(ln for ln in metrics(run) if (ln["fold"], ln["epoch"]) == (k, best))
+
+
+def assert_report(run):
+    """Every figure decodes at 1000 x 600 (10 x 6 in at 100 dpi) and is not blank; report.md has a row per fold."""
+    for name in FIGURES:
+        img = plt.imread(run / "report" / name)  # decodes the whole PNG
+        assert img.shape[:2] == (600, 1000) and img.std() > 0.01, name
+    text = (run / "report" / "report.md").read_text()
+    for k in range(FOLDS):
+        assert f"| {k} | {best_line(run, k)['epoch']} | " in text
+    assert all(f"![{name}]({name})" in text for name in FIGURES)
+
+
 def test_smoke_runs_every_fold_end_to_end(reference):
     run, proc = reference
     assert backend_line() in proc.stderr  # where the kernels ran, said in one line
@@ -72,12 +100,7 @@ def test_smoke_runs_every_fold_end_to_end(reference):
     assert all(np.isfinite(ln["train"]["loss"]) and ln["train"]["steps"] == 4 for ln in lines)
     summary = json.loads((run / "summary.json").read_text())
     assert len(summary["folds"]) == FOLDS and summary["across_folds"] is not None
-    assert {p.name for p in (run / "report").iterdir()} >= {"report.md", "equity.png", "sharpe.png", "signals.png",
-                                                             "actions.png"}
-    for name in ("equity", "sharpe", "signals", "actions"):
-        img = plt.imread(run / "report" / f"{name}.png")  # decodes the whole PNG
-        assert img.shape[:2] == (600, 1000) and img.std() > 0.01, name  # 10 x 6 in at 100 dpi, not blank
-    assert "| 0 |" in (run / "report" / "report.md").read_text()
+    assert_report(run)
     diag = [parse_line(ln) for ln in (run / "health_diag.log").read_text().splitlines()]
     assert len(diag) == FOLDS * EPOCHS * 2  # 4 steps per epoch, a snapshot every 2
     assert [d["step"] for d in diag[:4]] == [2, 4, 6, 8]  # the fold's step counter runs on across its epochs
@@ -110,3 +133,83 @@ def test_a_killed_run_resumes_to_the_same_numbers(reference, store, tmp_path):
     assert sorted(a.arrays) == sorted(b.arrays) and "learner.params" in a.arrays
     for name in a.arrays:
         assert a.arrays[name].tobytes() == b.arrays[name].tobytes(), name  # bit for bit (NaN fields too)
+
+
+def same(a, b):
+    """Equal, a None (strict JSON's NaN in metrics.jsonl) matching a NaN."""
+    return (a is None or math.isnan(a)) and (b is None or math.isnan(b)) or a == b
+
+
+def test_evaluate_reproduces_the_best_epoch_and_takes_a_day_range(reference, store):
+    """Without --set: fold 0's validation days, every agent figure as the run recorded it for the best epoch
+    (the same network, statistics and backtest). With a bare-date day range: the fold's training days."""
+    run, _ = reference
+    ck = run / "fold_00" / "best.h5"
+    proc = fox("evaluate", str(ck), "--json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout)
+    line = best_line(run, 0)
+    assert {k for k in got if k.startswith("agent_")} == {f"agent_{k}" for k in line["val"]}
+    for name, value in line["val"].items():
+        assert same(got[f"agent_{name}"], value), name  # exactly: the same kernels on the same inputs
+    assert got["days"] == line["val"]["n_days"] == 1
+    base = line["baselines"]
+    assert same(got["buy_and_hold_sharpe_daily"], base["buy_and_hold"]["sharpe_daily"])
+    assert same(got["flat_sharpe_daily"], base["flat"]["sharpe_daily"])
+
+    train_days = json.loads((run / "folds.json").read_text())["folds"][0]["train_days"]
+    proc = fox("evaluate", str(ck), "--set", f"market.first_day={train_days[0]}", "--set",
+               f"market.last_day={train_days[-1]}")  # bare dates, as the README writes them
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"on {len(train_days)} days of " in proc.stderr and f"({train_days[0]}..{train_days[-1]})" in proc.stderr
+    rows = {}
+    for text in proc.stdout.splitlines():
+        cells = [c.strip() for c in text.split("│")]
+        if len(cells) == 4:  # │ name │ value │
+            rows[cells[1]] = float(cells[2].replace(",", ""))
+    assert list(rows) == list(got)  # one row per figure, in the JSON's order
+    with MarketStore(store) as st:
+        steps = sum(bars_in_session(st.read_day(d).bars.ts_event, d, st.instrument, "regular").size - 1
+                    for d in train_days)  # a step per bar but each day's last
+    assert rows["agent_n_days"] == rows["days"] == len(train_days) != got["agent_n_days"]
+    assert rows["agent_n_bars"] == steps != got["agent_n_bars"]
+    assert rows["agent_total_return"] == pytest.approx(len(train_days) * rows["agent_mean_daily_pnl"], rel=1e-5)
+    assert rows["agent_total_return"] != pytest.approx(got["agent_total_return"], rel=1e-3)
+
+
+def test_report_command_rewrites_the_report(reference, tmp_path):
+    run = tmp_path / "ref"
+    shutil.copytree(reference[0], run)
+    shutil.rmtree(run / "report")
+    proc = fox("report", str(run))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip() == f"report {run / 'report' / 'report.md'}"
+    assert_report(run)
+
+
+def test_equity_panels_plot_each_folds_best_epoch(reference):
+    """A panel per fold with the best epoch's curve, a point per validation bar (a report with only the flat
+    line, as when best_validation.npz was not written, fails here: the PNG checks cannot see it)."""
+    run, _ = reference
+    fig = equity_figure(run, list(range(FOLDS)))
+    for k, ax in enumerate(fig.axes[:FOLDS]):
+        line = best_line(run, k)
+        agent = [ln for ln in ax.get_lines() if re.fullmatch(r"agent \(epoch \d+\)", ln.get_label())]
+        assert [ln.get_label() for ln in agent] == [f"agent (epoch {line['epoch']})"], k
+        assert len(agent[0].get_xdata()) == line["val"]["n_bars"]
+        assert agent[0].get_ydata()[-1] == pytest.approx(line["val"]["total_return"])
+    plt.close(fig)
+
+
+def test_a_missing_best_validation_is_reported_not_silently_skipped(reference, tmp_path):
+    run = tmp_path / "ref"
+    shutil.copytree(reference[0], run)
+    (run / "fold_01" / "best_validation.npz").unlink()
+    notes = []
+    write_report(run, log=notes.append)
+    note = "fold 1: best_validation.npz missing, so its equity panel has no agent curve"
+    assert notes == [note]
+    assert note in (run / "report" / "report.md").read_text()
+    fig = equity_figure(run, [0, 1])
+    assert [t.get_text() for t in fig.axes[1].texts] == ["no best_validation.npz"] and not fig.axes[0].texts
+    plt.close(fig)
