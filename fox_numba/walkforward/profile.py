@@ -2,9 +2,9 @@
 
 On fold 0 of the chosen store and preset: one warm-up epoch (compilation, graph capture), then a timed
 window of `--epochs` epochs, each stage (collect, train, evaluate) timed between CUDA events around its
-replays (graph mode as configured). The same warm-up and window then run on a second trainer with
-run.graphs flipped, so every stage has a time with graphs on and off (under the simulator both run
-eagerly). Per kernel, one step of each stage is launched eagerly `--steps`
+replays (graph mode as configured). On a GPU the same warm-up and window then run on a second trainer
+with run.graphs flipped, so every stage has a time with graphs on and off (the simulator has no graphs:
+there the second window is skipped and the graphs-on time is n/a). Per kernel, one step of each stage is launched eagerly `--steps`
 times with a CUDA event pair around every launch (the eager figures include each launch's GPU time only;
 the host's launch cost is what the stage figures save with graphs). For every kernel: calls per step,
 total and mean time, its share of its stage's eager time and of the epoch (its GPU time in one epoch,
@@ -162,10 +162,11 @@ def profile(cfg: FoxConfig, selection: MarketSelection, *, epochs: int, steps: i
     eval_env_steps = ev.steps * ev.env.n
     del trainer, ev, bodies  # one trainer's device memory at a time (its step graphs hold cycles)
     gc.collect()
-    flipped = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, graphs=not cfg.run.graphs))
-    log(f"profile: the same window with run.graphs={str(flipped.run.graphs).lower()}")
-    other = timed_window(flipped, market, fold.index, epochs)[1]
-    by_setting = {cfg.run.graphs: stages, flipped.run.graphs: other}
+    by_setting = {False: stages, True: None} if SIMULATOR else {cfg.run.graphs: stages}
+    if not SIMULATOR:
+        flipped = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, graphs=not cfg.run.graphs))
+        log(f"profile: the same window with run.graphs={str(flipped.run.graphs).lower()}")
+        by_setting[flipped.run.graphs] = timed_window(flipped, market, fold.index, epochs)[1]
     env_steps = cfg.env.n_envs * cfg.env.collect_steps
     out = {
         "command": command,
@@ -176,7 +177,8 @@ def profile(cfg: FoxConfig, selection: MarketSelection, *, epochs: int, steps: i
         "copy_bandwidth_gb_s": copy_bandwidth(s),
         "stages": {name: {"mean_ms": st.mean_ms, "share": st.mean_ms / epoch_ms, "launches_per_step": launches[name],
                           "mode": "graph" if cfg.run.graphs and not SIMULATOR else "eager",
-                          "steps_per_epoch": stage_steps[name], "graphs_on_ms": by_setting[True][name].mean_ms,
+                          "steps_per_epoch": stage_steps[name],
+                          "graphs_on_ms": None if by_setting[True] is None else by_setting[True][name].mean_ms,
                           "graphs_off_ms": by_setting[False][name].mean_ms}
                    for name, st in stages.items()},
         "epoch_ms": epoch_ms,
@@ -200,7 +202,8 @@ def markdown(p: dict[str, Any]) -> str:
              "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
     for name, st in p["stages"].items():
         lines.append(f"| {name} | {st['mode']} | {st['launches_per_step']} | {st['mean_ms']:.2f} | {st['share']:.1%} | "
-                     f"{st['graphs_on_ms']:.2f} | {st['graphs_off_ms']:.2f} |")
+                     f"{'n/a' if st['graphs_on_ms'] is None else format(st['graphs_on_ms'], '.2f')} | "
+                     f"{st['graphs_off_ms']:.2f} |")
     t = p["throughput"]
     lines += ["", f"Epoch {p['epoch_ms']:.1f} ms: {t['env_steps_per_s'] / 1e6:.2f} M environment steps/s collecting, "
               f"{t['gradient_steps_per_s']:.0f} gradient steps/s, {t['evaluation_steps_per_s'] / 1e6:.3f} M evaluation "
