@@ -81,13 +81,22 @@ def stores(tmp_path_factory):
     return full, write_store(folder / "no_trades.h5", market.instrument, no_trades)
 
 
+@pytest.fixture(scope="module")
+def short_store(tmp_path_factory):
+    """Four synthetic days whose regular session is half an hour (30 bars), so a profiled epoch's
+    evaluation is 29 steps rather than 389: the simulator pays for every one."""
+    market = generate(load_definition(default.default_definition_path()).with_overrides(days=4))
+    instrument = dataclasses.replace(market.instrument, session_close="10:00")
+    return write_store(tmp_path_factory.mktemp("short") / "half_hour.h5", instrument, market.days)
+
+
 STAGES = [["collect"], ["train"], ["profile"]]
 
 
-def test_profile_prints_the_stage_and_kernel_tables(stores, tmp_path):
+def test_profile_prints_the_stage_and_kernel_tables(short_store, tmp_path):
     """One smoke warm-up epoch, one timed epoch, the same with run.graphs flipped, 2 eager steps per stage for
     the kernel tables."""
-    proc = run_fox("profile", "--preset", "smoke", "--store", str(stores[0]), "--epochs", "1", "--steps", "2", "--set",
+    proc = run_fox("profile", "--preset", "smoke", "--store", str(short_store), "--epochs", "1", "--steps", "2", "--set",
                    f"run.out_dir={json.dumps(str(tmp_path))}", "--set", 'run.name="prof"')
     assert proc.returncode == 0, proc.stderr
     assert ("timings under the CUDA simulator mean nothing" in proc.stdout) == SIMULATOR
@@ -98,7 +107,7 @@ def test_profile_prints_the_stage_and_kernel_tables(stores, tmp_path):
     assert any(name.startswith("dense_strided.") or name.startswith("gemm.") for name in train)
     assert result["stages"]["train"]["launches_per_step"] == sum(r["calls_per_step"] for r in train.values())
     stages = result["stages"]
-    assert {k: st["steps_per_epoch"] for k, st in stages.items()} == {"collect": 16, "train": 4, "evaluate": 389}
+    assert {k: st["steps_per_epoch"] for k, st in stages.items()} == {"collect": 16, "train": 4, "evaluate": 29}
     for st in stages.values():
         assert st["graphs_off_ms"] == st["mean_ms"]  # smoke: run.graphs = false
         assert (st["graphs_on_ms"] is None) == SIMULATOR  # the simulator has no graphs to time
