@@ -344,8 +344,9 @@ def select_rows(logits: Any, q: Any, logits_tgt: Any, support_online: Any, suppo
     if bootstrap not in BOOTSTRAP_RULES:
         raise ValueError(f"learner.bootstrap must be one of {BOOTSTRAP_RULES}, got {bootstrap!r}")
     launch_strided(double_dqn_rows, r, logits, q, logits_tgt, support_online, support_target, actions, rewards,
-                   dones, branch_w, np.float32(gamma), i32(bootstrap == "direction"), rows.taken, rows.p_next, rows.sup_next, rows.sup_proj,
-                   rows.rewards, rows.discounts, rows.weights, rows.stats, i32(r), stream=stream, block=ROWS_BLOCK)
+                   dones, branch_w, np.float32(gamma), i32(bootstrap == "direction"), rows.taken, rows.p_next,
+                   rows.sup_next, rows.sup_proj, rows.rewards, rows.discounts, rows.weights, rows.stats, i32(r),
+                   stream=stream, block=ROWS_BLOCK)
 
 
 def scatter_grads(dl_rows: Any, actions: Any, dlogits: Any, *, stream: Any) -> None:

@@ -82,7 +82,8 @@ def run_sweep(spec: SweepSpec, base: BaseOptions, folder: SweepFolder, *, addres
     trials = spec.trials()
     jobs = plan(trials, base, folder, cwd or Path.cwd())
     folder.claim(identity(spec, base, jobs))
-    todo = [j for j in jobs if not folder.finished(j.id)]
+    finished = {j.id for j in jobs if folder.finished(j.id)}
+    todo = [j for j in jobs if j.id not in finished]
     count = 0
 
     def line(trial: str, what: str) -> None:
@@ -91,7 +92,7 @@ def run_sweep(spec: SweepSpec, base: BaseOptions, folder: SweepFolder, *, addres
         log(f"sweep: [{count}/{len(jobs)}] {trial} {what}")
 
     for j in jobs:
-        if j not in todo:
+        if j.id in finished:
             line(j.id, f"skipped: finished before ({folder.run_dir(j.id)})")
 
     def done(job: TrialJob, record: TrialRecord, resumed: bool) -> None:

@@ -4,11 +4,12 @@ On fold 0 of the chosen store and preset: one warm-up epoch (compilation, graph 
 window of `--epochs` epochs, each stage (collect, train, evaluate) timed between CUDA events around its
 replays (graph mode as configured). On a GPU the same warm-up and window then run on a second trainer
 with run.graphs flipped, so every stage has a time with graphs on and off (the simulator has no graphs:
-there the second window is skipped and the graphs-on time is n/a). Per kernel, one step of each stage is launched eagerly `--steps`
-times with a CUDA event pair around every launch (the eager figures include each launch's GPU time only;
-the host's launch cost is what the stage figures save with graphs). For every kernel: calls per step,
-total and mean time, its share of its stage's eager time and of the epoch (its GPU time in one epoch,
-calls per step x the stage's steps per epoch, over the configured mode's epoch time); for the dense-layer
+there the second window is skipped and the graphs-on time is n/a). Per kernel, one step of each stage is
+launched eagerly `--steps` times with a CUDA event pair around every launch (the eager figures include
+each launch's GPU time only; the host's launch cost is what the stage figures save with graphs). For
+every kernel: calls per step, total and mean time, its share of its stage's eager time and of the epoch
+(its GPU time in one epoch, calls per step x the stage's steps per epoch, over the configured mode's epoch
+time); for the dense-layer
 GEMMs the achieved TFLOP/s
 (2 x rows x in x out per call), for every other kernel the achieved bandwidth, counting each array
 argument's bytes once (an estimate of the traffic: a kernel that reads an array twice moves more, one that

@@ -31,7 +31,7 @@ from fox_numba.diag.aggregate import HEALTH_LOG
 from fox_numba.diag.layout import PREFIX, parse_line
 from fox_numba.errors import InputError
 from fox_numba.io import atomic_path, atomic_write_text
-from fox_numba.walkforward.run_folder import BEST_VALIDATION, METRICS, SUMMARY
+from fox_numba.walkforward.run_folder import BEST_VALIDATION, METRICS, SUMMARY, fold_dir
 
 BASELINES = "baselines.npz"
 REPORT_DIR = "report"
@@ -82,7 +82,7 @@ def equity_figure(run: Path, folds: list[int]) -> Any:
     for ax in axes.ravel()[len(folds):]:
         ax.set_visible(False)
     for ax, k in zip(axes.ravel(), folds, strict=False):
-        folder = run / f"fold_{k:02d}"
+        folder = fold_dir(run, k)
         ax.set_title(f"fold {k}")
         ax.axhline(0.0, color="grey", lw=0.8, label="flat")
         if (folder / BEST_VALIDATION).is_file():
@@ -209,7 +209,7 @@ def write_report(run: str | Path, log: Callable[[str], None] = print) -> Path:
     summary = json.loads((run / SUMMARY).read_text(encoding="utf-8")) if (run / SUMMARY).is_file() else None
     folds = sorted({int(ln["fold"]) for ln in lines})
     notes = [f"fold {k}: {BEST_VALIDATION} missing, so its equity panel has no agent curve" for k in folds
-             if not (run / f"fold_{k:02d}" / BEST_VALIDATION).is_file()]  # fmt: skip
+             if not (fold_dir(run, k) / BEST_VALIDATION).is_file()]  # fmt: skip
     for note in notes:
         log(note)
     out = run / REPORT_DIR

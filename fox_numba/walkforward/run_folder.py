@@ -115,6 +115,11 @@ class ResumePoint:
     """Every fold has finished: only the summary is left."""
 
 
+def fold_dir(run: Path, fold: int) -> Path:
+    """The folder of fold `fold` inside run folder `run` (checkpoints, best_validation.npz, baselines.npz)."""
+    return run / f"fold_{fold:02d}"
+
+
 class RunFolder:
     """One run's folder, locked by this process while it is open."""
 
@@ -183,7 +188,7 @@ class RunFolder:
         return json.loads((self.path / FOLDS).read_text(encoding="utf-8"))["folds"]
 
     def fold_dir(self, fold: int) -> Path:
-        return self.path / f"fold_{fold:02d}"
+        return fold_dir(self.path, fold)
 
     def append_metrics(self, line: Mapping[str, Any]) -> None:
         """Append one JSON line with a single write, then fsync (a kill leaves at most a torn last line)."""
