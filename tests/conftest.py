@@ -6,6 +6,7 @@ that reason. Test modules read `fox_numba.device.runtime.SIMULATOR`, never this 
 conftest.py as a module named `conftest`, so `from conftest import ...` finds whichever was loaded last.
 """
 
+import dataclasses
 import os
 import sys
 import zlib
@@ -20,6 +21,10 @@ import pytest
 
 from fox_numba.device.runtime import new_stream
 from fox_numba.device.staging import Stager
+from fox_numba.market import default
+from fox_numba.market.store import write_store
+from fox_numba.market.synthetic import generate
+from fox_numba.market.synthetic_definition import load_definition
 
 ON_SIMULATOR = os.environ["NUMBA_ENABLE_CUDASIM"] not in ("", "0")
 
@@ -103,3 +108,13 @@ def long_switch_interval():
     sys.setswitchinterval(5e-3)
     yield
     sys.setswitchinterval(old)
+
+
+@pytest.fixture(scope="session")
+def half_hour_store(tmp_path_factory):
+    """Four synthetic days (the smoke preset's 2 folds of 2 training + 1 validation days) whose regular
+    session is half an hour (30 bars), so a validation day is 29 backtest steps rather than 389: the
+    simulator pays for every one."""
+    market = generate(load_definition(default.default_definition_path()).with_overrides(days=4))
+    instrument = dataclasses.replace(market.instrument, session_close="10:00")
+    return write_store(tmp_path_factory.mktemp("short") / "half_hour.h5", instrument, market.days)

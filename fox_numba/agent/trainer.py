@@ -41,6 +41,10 @@ from fox_numba.observation import OBS_DIM
 # Seed streams of the run, each its own (seed, stream) pair so no two share draws.
 SEED_ENV, SEED_COLLECT, SEED_LEARNER = 1, 2, 3
 
+PER_FOLD_STATE = ("env.states", "collector.rng_states")
+"""`device_state` entries that bind_fold seeds afresh for each fold: a checkpoint that ended its fold does not
+carry them into the next one."""
+
 
 def stream_seed(seed: int, stream: int, fold: int = 0) -> int:
     """A seed for one random stream of one fold, distinct for every (seed, stream, fold)."""
@@ -152,11 +156,13 @@ class Trainer:
         arrays["health.record"] = self.health.record.host.copy()
         return arrays
 
-    def load_state(self, arrays: dict[str, np.ndarray]) -> None:
-        """Upload a checkpoint's arrays into `device_state` (names and shapes must match)."""
+    def load_state(self, arrays: dict[str, np.ndarray], *, same_fold: bool) -> None:
+        """Upload a checkpoint's arrays into `device_state` (names and shapes must match). `same_fold`: the
+        checkpoint is of the bound fold; otherwise it ended the previous fold, and the bound fold keeps the
+        PER_FOLD_STATE bind_fold seeded, as an uninterrupted run would."""
         learner, *_ = self._bound()
         learner.load_state({k.removeprefix("learner."): v for k, v in arrays.items() if k.startswith("learner.")})
         for name, dev in self.device_state().items():
-            if not name.startswith("learner."):
+            if not name.startswith("learner.") and (same_fold or name not in PER_FOLD_STATE):
                 self.stager.upload(np.ascontiguousarray(arrays[name]), dev)
         self.health.record.host[:] = arrays["health.record"]

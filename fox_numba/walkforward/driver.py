@@ -183,7 +183,7 @@ class Driver:
                     raise RuntimeError("trainer state not in the reset registry: " + "; ".join(problems))
             start_epoch, resets = 0, None
             if point is not None and k == point.fold:
-                trainer.load_state(point.checkpoint.arrays)
+                trainer.load_state(point.checkpoint.arrays, same_fold=not point.fold_boundary)
                 self.registry.load_host_state(point.checkpoint.registry_state, str(point.checkpoint.path))
                 start_epoch = point.epoch
                 trim_health_log(self.run.path / HEALTH_LOG, k, start_epoch)

@@ -11,7 +11,6 @@ skips three trials, resumes the killed one, and every figure of the aggregate an
 run folder matches the reference.
 """
 
-import dataclasses
 import importlib.util
 import json
 import os
@@ -24,10 +23,6 @@ from pathlib import Path
 
 import pytest
 
-from fox_numba.market import default
-from fox_numba.market.store import write_store
-from fox_numba.market.synthetic import generate
-from fox_numba.market.synthetic_definition import load_definition
 
 TRIAL_SETS = ("folds.n_folds=1", "folds.train_days=2", "folds.val_days=2", "folds.purge_bars=5", "learner.epochs=2",
               "learner.steps_per_epoch=1", "learner.batch_size=16", "env.n_envs=8", "env.collect_steps=8",
@@ -47,10 +42,8 @@ def ray_installed():
 
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory):
-    market = generate(load_definition(default.default_definition_path()).with_overrides(days=4))
-    instrument = dataclasses.replace(market.instrument, session_close="10:00")  # 30-bar regular sessions
-    return write_store(tmp_path_factory.mktemp("store") / "half_hour.h5", instrument, market.days)
+def store(half_hour_store):
+    return half_hour_store
 
 
 @pytest.fixture(scope="module")
