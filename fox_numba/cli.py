@@ -333,8 +333,8 @@ def train(
 
 
 def summary_line(summary: dict) -> str:
-    """Mean validation Sharpe across folds (daily) and the per-bar Sharpe of all validation days, from
-    summary.json."""
+    """Mean validation Sharpe across folds (daily) at the best and at the last epoch, and the per-bar Sharpe
+    of all validation days, from summary.json."""
     across = summary.get("across_folds") or {}
     daily = across.get("fold_sharpe_mean")
     bar = (across.get("all_validation_days") or {}).get("sharpe_bar")
@@ -342,8 +342,9 @@ def summary_line(summary: dict) -> str:
     def fmt(v: float | None) -> str:
         return "n/a" if v is None else f"{v:+.2f}"
 
-    return (f"validation Sharpe: daily {fmt(daily)} (mean across folds; 0 with fewer than 2 validation days a fold), "
-            f"per bar {fmt(bar)} (all validation days)")
+    return (f"validation Sharpe: daily {fmt(daily)} (mean across folds of the best epoch, chosen on those days; 0 "
+            f"with fewer than 2 validation days a fold), {fmt(summary.get('last_epoch_sharpe_mean'))} at the last "
+            f"epoch; per bar {fmt(bar)} (all validation days of the best epochs)")
 
 
 @app.command()

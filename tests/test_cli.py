@@ -9,6 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from fox_numba.cli import app, resolve_config
+from fox_numba.config import PRESETS
 from fox_numba.device.runtime import SIMULATOR
 from fox_numba.market import default
 from fox_numba.market.store import write_store
@@ -81,23 +82,14 @@ def stores(tmp_path_factory):
     return full, write_store(folder / "no_trades.h5", market.instrument, no_trades)
 
 
-@pytest.fixture(scope="module")
-def short_store(tmp_path_factory):
-    """Four synthetic days whose regular session is half an hour (30 bars), so a profiled epoch's
-    evaluation is 29 steps rather than 389: the simulator pays for every one."""
-    market = generate(load_definition(default.default_definition_path()).with_overrides(days=4))
-    instrument = dataclasses.replace(market.instrument, session_close="10:00")
-    return write_store(tmp_path_factory.mktemp("short") / "half_hour.h5", instrument, market.days)
-
-
 STAGES = [["collect"], ["train"], ["profile"]]
 
 
-def test_profile_prints_the_stage_and_kernel_tables(short_store, tmp_path):
+def test_profile_prints_the_stage_and_kernel_tables(half_hour_store, tmp_path):
     """One smoke warm-up epoch, one timed epoch, the same with run.graphs flipped, 2 eager steps per stage for
     the kernel tables."""
-    proc = run_fox("profile", "--preset", "smoke", "--store", str(short_store), "--epochs", "1", "--steps", "2", "--set",
-                   f"run.out_dir={json.dumps(str(tmp_path))}", "--set", 'run.name="prof"')
+    proc = run_fox("profile", "--preset", "smoke", "--store", str(half_hour_store), "--epochs", "1", "--steps", "2",
+                   "--set", f"run.out_dir={json.dumps(str(tmp_path))}", "--set", 'run.name="prof"')
     assert proc.returncode == 0, proc.stderr
     assert ("timings under the CUDA simulator mean nothing" in proc.stdout) == SIMULATOR
     result = json.loads((tmp_path / "prof" / "profile.json").read_text())
@@ -107,7 +99,9 @@ def test_profile_prints_the_stage_and_kernel_tables(short_store, tmp_path):
     assert any(name.startswith("dense_strided.") or name.startswith("gemm.") for name in train)
     assert result["stages"]["train"]["launches_per_step"] == sum(r["calls_per_step"] for r in train.values())
     stages = result["stages"]
-    assert {k: st["steps_per_epoch"] for k, st in stages.items()} == {"collect": 16, "train": 4, "evaluate": 29}
+    collect_steps = PRESETS["smoke"]["env.collect_steps"]
+    expected = {"collect": collect_steps, "train": 4, "evaluate": 29}
+    assert {k: st["steps_per_epoch"] for k, st in stages.items()} == expected
     for st in stages.values():
         assert st["graphs_off_ms"] == st["mean_ms"]  # smoke: run.graphs = false
         assert (st["graphs_on_ms"] is None) == SIMULATOR  # the simulator has no graphs to time
@@ -131,11 +125,11 @@ def test_stages_refuse_a_store_without_trades(command, stores):
 
 @pytest.mark.no_gpu_only("without --preset a GPU takes the default preset, too large for this 4-day store")
 def test_collect_prints_the_rollout_metrics(stores):
-    """One smoke epoch of collection on fold 0 (16 environments x 16 steps under the simulator)."""
+    """One smoke epoch of collection on fold 0 (env.n_envs x env.collect_steps of the preset)."""
     proc = run_fox("collect", "--store", str(stores[0]), "--json")
     assert proc.returncode == 0, proc.stderr
     metrics = json.loads(proc.stdout)
-    assert metrics["steps"] == 16 * 16
+    assert metrics["steps"] == PRESETS["smoke"]["env.n_envs"] * PRESETS["smoke"]["env.collect_steps"]
     assert 0.0 <= metrics["active_frac"] <= 1.0
     shares = metrics["short_frac"] + metrics["hold_frac"] + metrics["long_frac"] + metrics["flat_frac"]
     assert abs(shares - 1.0) < 1e-9

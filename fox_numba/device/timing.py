@@ -12,6 +12,11 @@ resolved (one synchronisation) when `stats()` is read, so a timed window runs at
 simulator, which has no timing events, a region synchronises its stream and reads `time.perf_counter`.
 Kernels launched while a graph is being captured are not timed (they run later, at replay): time the
 replay as a region instead. Each name accumulates count, total, min and max in milliseconds.
+
+An event pair around one eager launch on an idle GPU also measures the host's launch cost (the start
+event fires at once, the kernel arrives a launch later). `StreamHold` (fox_numba/device/hold.py) first
+enqueues a busy kernel, so the host enqueues the launches that follow while the GPU is still busy and each
+pair then brackets GPU work only.
 """
 
 from __future__ import annotations
@@ -87,6 +92,15 @@ class Timings:
             yield
         finally:
             _KERNEL_TIMER.reset(token)
+
+    def merge(self, other: Timings) -> None:
+        """Add every timing of `other` (resolved) to this one's."""
+        for name, st in other.stats().items():
+            mine = self._stats.setdefault(name, Stat())
+            mine.count += st.count
+            mine.total_ms += st.total_ms
+            mine.min_ms = min(mine.min_ms, st.min_ms)
+            mine.max_ms = max(mine.max_ms, st.max_ms)
 
     def _resolve(self) -> None:
         for name, start, end in self._pending:

@@ -1,12 +1,14 @@
 """`fox profile`: where the time of a training epoch goes, per stage and per kernel, on the GPU.
 
-On fold 0 of the chosen store and preset: one warm-up epoch (compilation, graph capture), then a timed
+On fold 0 of the chosen store and preset: one warm-up epoch (compilation, graph capture; its evaluation
+runs twice, since a pass replays its chunk graph once and the second replay captures it), then a timed
 window of `--epochs` epochs, each stage (collect, train, evaluate) timed between CUDA events around its
 replays (graph mode as configured). On a GPU the same warm-up and window then run on a second trainer
 with run.graphs flipped, so every stage has a time with graphs on and off (the simulator has no graphs:
 there the second window is skipped and the graphs-on time is n/a). Per kernel, one step of each stage is
-launched eagerly `--steps` times with a CUDA event pair around every launch (the eager figures include
-each launch's GPU time only; the host's launch cost is what the stage figures save with graphs). For
+launched eagerly `--steps` times with a CUDA event pair around every launch, behind a busy kernel that
+holds the stream while the host enqueues (device/hold.py): each figure is the kernel's GPU time without
+the host's launch cost, which is what the stage figures save with graphs. For
 every kernel: calls per step, total and mean time, its share of its stage's eager time and of the epoch
 (its GPU time in one epoch, calls per step x the stage's steps per epoch, over the configured mode's epoch
 time); for the dense-layer
@@ -35,6 +37,7 @@ import numpy as np
 from fox_numba.agent.fold_market import FoldMarket
 from fox_numba.agent.trainer import Trainer
 from fox_numba.config import FoxConfig, write_config
+from fox_numba.device.hold import StreamHold
 from fox_numba.device.launch import LaunchTrace, short_kernel_name, tracing
 from fox_numba.device.memory import copy_device, device_zeros
 from fox_numba.device.runtime import SIMULATOR
@@ -59,8 +62,9 @@ def device_name() -> str:
 
 
 def copy_bandwidth(stream: Any) -> float:
-    """GB/s of a device-to-device copy of COPY_BYTES (best of 5; read + write counted)."""
-    n = (COPY_BYTES if not SIMULATOR else 1 << 20) // 4
+    """GB/s of a device-to-device copy of COPY_BYTES (best of 5; read + write counted). Under the simulator
+    4 KiB: zeroing the buffers launches a thread per word there, and the figure means nothing anyway."""
+    n = (COPY_BYTES if not SIMULATOR else 1 << 12) // 4
     src, dst = device_zeros(n, np.float32, stream=stream), device_zeros(n, np.float32, stream=stream)
     timings = Timings()
     for _ in range(6):
@@ -100,10 +104,9 @@ def kernel_table(body: Callable[[Any], None], stream: Any, steps: int) -> tuple[
         w[0] += 1
         w[1] += b
         w[2] += f
-    timings = Timings()
-    with timings.kernels():
-        for _ in range(steps):
-            body(stream)
+    timings, hold = Timings(), StreamHold(stream)
+    for _ in range(steps):
+        hold.timed(body, timings)
     stats = timings.stats()
     total = sum(s.total_ms for s in stats.values()) or 1.0
     rows = []
@@ -121,7 +124,8 @@ def kernel_table(body: Callable[[Any], None], stream: Any, steps: int) -> tuple[
 
 
 def timed_window(cfg: FoxConfig, market: FoldMarket, fold: int, epochs: int) -> tuple[Trainer, dict[str, Any], float]:
-    """A trainer bound to the fold after one warm-up epoch, its stage timings over `epochs` epochs, and the
+    """A trainer bound to the fold after a warm-up epoch that leaves every step graph captured (compilation
+    at each graph's first replay, capture at its second), its stage timings over `epochs` epochs, and the
     warm-up's seconds."""
     trainer = Trainer(cfg)
     trainer.bind_fold(market, fold)
@@ -129,7 +133,8 @@ def timed_window(cfg: FoxConfig, market: FoldMarket, fold: int, epochs: int) -> 
     t0 = time.perf_counter()
     trainer.collect()
     trainer.train(lambda: None)
-    trainer.evaluate()
+    for _ in range(1 if SIMULATOR else 2):  # a pass replays each chunk graph once: the second captures it
+        trainer.evaluate()
     warmup_s = time.perf_counter() - t0
     timings = Timings()
     for _ in range(epochs):

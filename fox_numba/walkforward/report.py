@@ -183,7 +183,8 @@ def markdown(run: Path, lines: list[dict[str, Any]], summary: dict[str, Any] | N
     if summary is not None:
         across = summary.get("across_folds") or {}
         out += [f"Mean validation daily Sharpe across folds: **{_fmt(across.get('fold_sharpe_mean'))}** "
-                f"(std {_fmt(across.get('fold_sharpe_std'), '.2f')}); {summary.get('note', '')}.", ""]
+                f"(std {_fmt(across.get('fold_sharpe_std'), '.2f')}); at each fold's last epoch "
+                f"**{_fmt(summary.get('last_epoch_sharpe_mean'))}**. {summary.get('note', '')}.", ""]
         out += ["| fold | best epoch | Sharpe daily | Sharpe bar | return $ | max DD $ | active | probe | buy-and-hold "
                 "| oracle | kill |", "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
         for f in summary.get("folds", []):

@@ -307,15 +307,18 @@ class RunFolder:
             per_fold.append({
                 "fold": k, "epochs_run": len(fl), "best_epoch": chosen["epoch"] if chosen else None,
                 "val": chosen["val"] if chosen else None, "baselines": chosen.get("baselines") if chosen else None,
-                "kill": kill,
+                "kill": kill, "last_epoch": fl[-1]["epoch"], "last_val": fl[-1]["val"],
             })
             days = self.best_validation(k)
             if days is not None:
                 best_days.append(days)
+        last = [f["last_val"].get("sharpe_daily") for f in per_fold]
         summary = {
             "folds": per_fold,
             "across_folds": across_folds(best_days, annualisation_days=annualisation_days) if best_days else None,
-            "note": "across_folds chains the validation days of each fold's best epoch (chosen on those days)",
+            "last_epoch_sharpe_mean": json_number(float(np.mean(last))) if last and None not in last else None,
+            "note": "across_folds chains the validation days of each fold's best epoch (chosen on those days); "
+                    "last_epoch_sharpe_mean is the mean daily Sharpe of each fold's last epoch (chosen by nothing)",
         }
         atomic_write_text(self.path / SUMMARY, json.dumps(summary, indent=1, sort_keys=True, allow_nan=False) + "\n")
         return summary

@@ -71,6 +71,9 @@ def test_the_uninterrupted_run(uninterrupted):
         assert best["val"]["sharpe_daily"] == max(x["val"]["sharpe_daily"] for x in fold_lines)
         ck = files[f"fold_{fold['fold']:02d}/best.h5"]
         assert ck[0]["epoch"] == fold["best_epoch"] and ck[1]["run.best.epoch"] == fold["best_epoch"]
+    last = [[x for x in lines if x["fold"] == k][-1] for k in range(3)]  # fold 1's is its kill epoch
+    assert [(f["last_epoch"], f["last_val"]) for f in summary["folds"]] == [(x["epoch"], x["val"]) for x in last]
+    assert summary["last_epoch_sharpe_mean"] == pytest.approx(np.mean([x["val"]["sharpe_daily"] for x in last]))
     assert files["fold_02/last.h5"][0] == {"fold": 2, "epoch": 3, "fold_done": True}
     assert leftovers == []
 
