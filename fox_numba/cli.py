@@ -441,6 +441,7 @@ def sweep(
     HEALTH_DIAG across seeds) and SWEEP/summary.json; exit code 1 if a trial
     failed. Needs the ray extra: pip install -e ".\\[ray]".
     """
+    from fox_numba.device.runtime import SIMULATOR
     from fox_numba.sweep.aggregate import diag_table, results_table
     from fox_numba.sweep.driver import BaseOptions, run_sweep
     from fox_numba.sweep.folder import DEFAULT_ROOT, SweepFolder
@@ -458,8 +459,6 @@ def sweep(
         cfg, chosen = resolve_config(preset or "default", config, set_, store), preset or "of each worker"
     selection = prepare_market(cfg)
     folder = SweepFolder(out or Path(DEFAULT_ROOT) / (name or spec.stem))
-    from fox_numba.device.runtime import SIMULATOR
-
     base = BaseOptions(preset, config, tuple(set_ or []), selection.path)
     log = lambda m: typer.echo(m, err=True)
     log(f"sweep {folder.path}: {len(plan.trials())} trials, store {selection.path}; "

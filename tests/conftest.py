@@ -111,10 +111,22 @@ def long_switch_interval():
 
 
 @pytest.fixture(scope="session")
-def half_hour_store(tmp_path_factory):
-    """Four synthetic days (the smoke preset's 2 folds of 2 training + 1 validation days) whose regular
-    session is half an hour (30 bars), so a validation day is 29 backtest steps rather than 389: the
-    simulator pays for every one."""
-    market = generate(load_definition(default.default_definition_path()).with_overrides(days=4))
-    instrument = dataclasses.replace(market.instrument, session_close="10:00")
-    return write_store(tmp_path_factory.mktemp("short") / "half_hour.h5", instrument, market.days)
+def four_day_market():
+    """Four days of the default synthetic market: the smoke preset's 2 folds of 2 training + 1 validation
+    days span them."""
+    return generate(load_definition(default.default_definition_path()).with_overrides(days=4))
+
+
+@pytest.fixture(scope="session")
+def four_day_store(four_day_market, tmp_path_factory):
+    """`four_day_market` as a store."""
+    m = four_day_market
+    return write_store(tmp_path_factory.mktemp("store") / "four.h5", m.instrument, m.days)
+
+
+@pytest.fixture(scope="session")
+def half_hour_store(four_day_market, tmp_path_factory):
+    """`four_day_market` with a regular session of half an hour (30 bars), so a validation day is 29
+    backtest steps rather than 389: the simulator pays for every one."""
+    instrument = dataclasses.replace(four_day_market.instrument, session_close="10:00")
+    return write_store(tmp_path_factory.mktemp("short") / "half_hour.h5", instrument, four_day_market.days)

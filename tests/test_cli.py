@@ -11,10 +11,7 @@ from typer.testing import CliRunner
 from fox_numba.cli import app, resolve_config
 from fox_numba.config import PRESETS
 from fox_numba.device.runtime import SIMULATOR
-from fox_numba.market import default
 from fox_numba.market.store import write_store
-from fox_numba.market.synthetic import generate
-from fox_numba.market.synthetic_definition import load_definition
 
 runner = CliRunner()
 
@@ -73,13 +70,11 @@ def test_bad_override_exits_1_with_one_line():
 
 
 @pytest.fixture(scope="module")
-def stores(tmp_path_factory):
+def stores(four_day_market, four_day_store, tmp_path_factory):
     """A four-day synthetic store (the smoke preset's folds span 4 days), and the same without trades."""
-    market = generate(load_definition(default.default_definition_path()).with_overrides(days=4))
-    folder = tmp_path_factory.mktemp("stores")
-    full = write_store(folder / "full.h5", market.instrument, market.days)
-    no_trades = [dataclasses.replace(day, trades=None) for day in market.days]
-    return full, write_store(folder / "no_trades.h5", market.instrument, no_trades)
+    no_trades = [dataclasses.replace(day, trades=None) for day in four_day_market.days]
+    path = tmp_path_factory.mktemp("stores") / "no_trades.h5"
+    return four_day_store, write_store(path, four_day_market.instrument, no_trades)
 
 
 STAGES = [["collect"], ["train"], ["profile"]]

@@ -13,10 +13,8 @@ simulator, which has no timing events, a region synchronises its stream and read
 Kernels launched while a graph is being captured are not timed (they run later, at replay): time the
 replay as a region instead. Each name accumulates count, total, min and max in milliseconds.
 
-An event pair around one eager launch on an idle GPU also measures the host's launch cost (the start
-event fires at once, the kernel arrives a launch later). `StreamHold` (fox_numba/device/hold.py) first
-enqueues a busy kernel, so the host enqueues the launches that follow while the GPU is still busy and each
-pair then brackets GPU work only.
+On an idle GPU a kernel's event pair also holds the host's launch cost; fox_numba/device/hold.py times
+eager kernels behind a busy kernel to leave it out.
 """
 
 from __future__ import annotations

@@ -10,11 +10,7 @@ from fox_numba.agent.replay import FIELDS
 from fox_numba.agent.trainer import Trainer
 from fox_numba.config import load_config
 from fox_numba.device.runtime import SIMULATOR
-from fox_numba.market import default
 from fox_numba.market.select import select_market
-from fox_numba.market.store import write_store
-from fox_numba.market.synthetic import generate
-from fox_numba.market.synthetic_definition import load_definition
 from fox_numba.walkforward.driver import load_features
 from fox_numba.walkforward.folds import make_folds
 
@@ -22,9 +18,8 @@ STEPS = 200
 
 
 @pytest.fixture(scope="module")
-def fold_market(tmp_path_factory):
-    market = generate(load_definition(default.default_definition_path()).with_overrides(days=4))
-    store = write_store(tmp_path_factory.mktemp("store") / "four.h5", market.instrument, market.days)
+def fold_market(four_day_store):
+    store = four_day_store
     # 4 environments and a small network under the simulator (it pays per thread); the default sizes on a GPU
     small = ["env.n_envs=4", "network.hidden=8", "learner.buffer_size=1024"] if SIMULATOR else []
     cfg = load_config("smoke" if SIMULATOR else "default",

@@ -13,21 +13,15 @@ from fox_numba.device.isv import Isv
 from fox_numba.device.staging import Stager
 from fox_numba.diag.layout import FIELDS, parse_line
 from fox_numba.kernels.optim import LR_FLOOR
-from fox_numba.market import default
 from fox_numba.market.select import select_market
-from fox_numba.market.store import write_store
-from fox_numba.market.synthetic import generate
-from fox_numba.market.synthetic_definition import load_definition
 from fox_numba.walkforward.driver import load_features
 from fox_numba.walkforward.folds import make_folds
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
+def trained(four_day_store):
     """A smoke trainer after one collect phase and 4 gradient steps (a snapshot every 2), on four synthetic days."""
-    market = generate(load_definition(default.default_definition_path()).with_overrides(days=4))
-    store = write_store(tmp_path_factory.mktemp("store") / "four.h5", market.instrument, market.days)
-    cfg = load_config("smoke", overrides=[f'market.store="{store}"', "env.collect_steps=4"])
+    cfg = load_config("smoke", overrides=[f'market.store="{four_day_store}"', "env.collect_steps=4"])
     selection = select_market(cfg.market)
     fold = make_folds(cfg.folds, selection.days)[0]
     trainer = Trainer(cfg)
