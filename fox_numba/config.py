@@ -163,6 +163,14 @@ class LearnerConfig:
         "distribution (the state's value; branching DQN's common target), 'branch' bootstraps each branch "
         "from its own greedy bin (why that fails: kernels/learner.py).",
     )
+    aux_weight: float = opt(
+        0.0,
+        "Weight of the auxiliary regression loss (0: off): one extra output of the head GEMM regresses the forward "
+        "mid change over aux_horizon_bars (in training standard deviations) beside the C51 loss (agent/learner.py). "
+        "At 1 on the default market it did worse than off, and its in-sample fit shows the trunk memorising the "
+        "training window (tools/results/learner_ablation_h200.md section 7).",
+    )
+    aux_horizon_bars: int = opt(15, "Bars ahead of the mid change the auxiliary regression forecasts.")
     warmup_rule: str = opt(
         "damped",
         "Fold warm-up factor rule: 'damped' feeds the gradient-norm EMAs the clipped norm min(raw, clip_eff), so "

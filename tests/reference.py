@@ -128,10 +128,11 @@ def branch_spans():
 
 
 def dueling64(head, n_atoms):
-    """logits [B, 13, Z] = V_b + (A_a - mean of the branch's A) from the head GEMM output [B, 17 * Z]."""
+    """logits [B, 13, Z] = V_b + (A_a - mean of the branch's A) from the head GEMM output [B, 17 * Z (+ aux)]."""
     spans = branch_spans()
-    h = np.asarray(head, np.float64).reshape(head.shape[0], -1, n_atoms)
     nb = len(spans)
+    n_streams = nb + sum(size for _, size in spans)
+    h = np.asarray(head, np.float64)[:, : n_streams * n_atoms].reshape(head.shape[0], n_streams, n_atoms)
     value, adv = h[:, :nb], h[:, nb:]
     out = np.empty_like(adv)
     for b, (off, size) in enumerate(spans):
@@ -141,7 +142,7 @@ def dueling64(head, n_atoms):
 
 
 def dueling_backward64(dlogits):
-    """d head [B, 17 * Z] of d logits [B, 13, Z] (the transpose of `dueling64`)."""
+    """d head [B, 17 * Z] (the stream columns) of d logits [B, 13, Z] (the transpose of `dueling64`)."""
     spans = branch_spans()
     dl = np.asarray(dlogits, np.float64)
     bsz = dl.shape[0]
@@ -153,23 +154,30 @@ def dueling_backward64(dlogits):
     return np.concatenate([dv, da], axis=1).reshape(bsz, -1)
 
 
-def net_forward64(p, n_layers, obs, n_atoms):
-    """(trunk activations [list of [B, H]], logits [B, 13, Z]) of the network with host params p (the
-    layout's `unpack` of a flat buffer) on obs, in float64."""
+def net_head64(p, n_layers, obs):
+    """(trunk activations [list of [B, H]], head GEMM output [B, 17 * Z + 1]) in float64, from host params p
+    (the layout's `unpack` of a flat buffer); the last column is the auxiliary forecast."""
     x = np.asarray(obs, np.float64)
     acts = []
     for layer in range(n_layers):
         x = np.maximum(x @ p[f"trunk.{layer}.weight"].astype(np.float64) + p[f"trunk.{layer}.bias"], 0.0)
         acts.append(x)
-    head = x @ p["head.weight"].astype(np.float64) + p["head.bias"]
+    return acts, x @ p["head.weight"].astype(np.float64) + p["head.bias"]
+
+
+def net_forward64(p, n_layers, obs, n_atoms):
+    """(trunk activations [list of [B, H]], logits [B, 13, Z]) of the network (`net_head64`, then the combine)."""
+    acts, head = net_head64(p, n_layers, obs)
     return acts, dueling64(head, n_atoms)
 
 
-def net_backward64(p, n_layers, obs, acts, dlogits):
-    """{name: d(sum dlogits * logits) / d param} in float64, from `net_forward64`'s activations."""
+def net_backward64(p, n_layers, obs, acts, dlogits, daux=None):
+    """{name: d(sum dlogits * logits + sum daux * aux) / d param} in float64, from `net_forward64`'s
+    activations (daux [B], the auxiliary forecast's gradient, 0 when None)."""
     grads = {}
     inputs = [np.asarray(obs, np.float64)] + acts
-    dy = dueling_backward64(dlogits)
+    daux = np.zeros(dlogits.shape[0]) if daux is None else np.asarray(daux, np.float64)
+    dy = np.concatenate([dueling_backward64(dlogits), daux[:, None]], axis=1)
     for layer in range(n_layers, -1, -1):
         name = "head" if layer == n_layers else f"trunk.{layer}"
         x = inputs[layer]

@@ -93,7 +93,8 @@ def make_learner(args: argparse.Namespace, stager: Stager, stream: Any, graphs: 
     market = stager.upload_new(rng.standard_normal((bars, m)).astype(np.float32))
     isv = stager.upload_new(bootstrap_values())
     layout = ParamLayout.build(args.obs_dim, cfg.network)
-    return Learner(cfg, layout, replay, market, isv=isv, stager=stager, stream=stream, seed=0), isv
+    aux_target = stager.upload_new(rng.standard_normal(bars).astype(np.float32))
+    return Learner(cfg, layout, replay, market, aux_target, isv=isv, stager=stager, stream=stream, seed=0), isv
 
 
 def timed_window(run: Callable[[], None], stream: Any, count: int) -> float:

@@ -46,7 +46,7 @@ class Collector:
         self.env, self.replay, self.params, self.supports, self.health = env, replay, params, supports, health
         self.stream = stager.stream
         self.spread, self.tau_mult = spread, tau_mult
-        self.net = Network(layout, n)
+        self.net = Network(layout, n, stream=self.stream)
         self.obs = device_empty((n, OBS_DIM), np.float32)
         self.logits = device_empty((n, N_HEADS, z), np.float32)
         self.support_rows = device_empty((n, N_HEADS, 3), np.float32)

@@ -58,7 +58,7 @@ class Evaluator:
         """Steps of each validation day (one per bar but the last, where the day is closed)."""
         self.params, self.supports, self.health = params, supports, health
         self.stager, self.stream = stager, stager.stream
-        self.net = Network(layout, n)
+        self.net = Network(layout, n, stream=self.stream)
         self.obs = device_empty((n, OBS_DIM), np.float32)
         self.logits = device_empty((n, N_HEADS, z), np.float32)
         self.support_rows = device_empty((n, N_HEADS, 3), np.float32)

@@ -19,6 +19,11 @@ rows are fold-local (row 0 = the first bar of the first training day). Built onc
 - `risk_unit` (dollars) = env.max_position * point_value * std of the one-bar mid change over consecutive
   training rows of the same day (purged tail left out), so a full position moves ~1 unit per bar.
 
+`aux_forecast_target(market, horizon)` is the learner's auxiliary regression target: the forward mid change
+over `horizon` bars (the probe's target, `forward_change`) in units of its training-window standard
+deviation, clipped to +-AUX_CLIP_SIGMA, and NaN wherever it would read a bar at or after the purge start
+or past the row's day (so no label reaches into the purged tail or the validation days).
+
 `upload(stager)` copies the tensors to the device once (`FoldMarketDevice`); the environment kernels of
 the fold read them from there.
 """
@@ -39,6 +44,8 @@ from fox_numba.observation import market_part
 
 MIN_EPISODE_BARS = 2
 """An episode needs two bars: one step acts at the first bar's close and is marked at the second's."""
+AUX_CLIP_SIGMA = 5.0
+"""The auxiliary target's clip, in training standard deviations (a rare jump does not dominate the loss)."""
 
 
 class FoldWindows(Protocol):
@@ -272,3 +279,31 @@ class FoldMarketDevice:
     def n_rows(self) -> int:
         return self.host.n_rows
 
+
+def forward_change(mid: np.ndarray, day_start: np.ndarray, horizon: int) -> np.ndarray:
+    """y_m = mid[m + horizon] - mid[m] where m + horizon is in m's day, NaN elsewhere (float64 [n])."""
+    mid = np.asarray(mid, dtype=np.float64)
+    y = np.full(mid.shape, np.nan)
+    for a, b in zip(day_start[:-1], day_start[1:], strict=True):
+        a, b = int(a), int(b)
+        if b - a > horizon:
+            y[a : b - horizon] = mid[a + horizon : b] - mid[a : b - horizon]
+    return y
+
+
+def aux_forecast_target(market: FoldMarket, horizon: int) -> np.ndarray:
+    """float32 [n]: the auxiliary regression target of every fold row (module docstring); all NaN for a
+    market without training rows (`fox evaluate`'s), which trains nothing."""
+    if horizon < 1:
+        raise ConfigError(f"learner.aux_horizon_bars is {horizon}; it must be at least 1")
+    y = forward_change(market.mid, market.day_start, horizon)
+    y[max(market.train_stop - horizon, 0) :] = np.nan
+    if market.train_stop == 0:
+        return y.astype(np.float32)
+    seen = y[np.isfinite(y)]
+    if seen.size < 2 or not np.std(seen) > 0:
+        raise ConfigError(
+            f"fold {market.fold_index}: no {horizon}-bar forward mid change varies within the training window "
+            "(learner.aux_horizon_bars too long for its days?)"
+        )
+    return np.clip(y / np.std(seen), -AUX_CLIP_SIGMA, AUX_CLIP_SIGMA).astype(np.float32)

@@ -1,6 +1,6 @@
 """The learner: the train stage. One gradient step is one StepGraph; an epoch replays it K times.
 
-    learner = Learner(cfg, layout, replay, market_obs, isv=bus.values, stager=stager, stream=stream)
+    learner = Learner(cfg, layout, replay, market_obs, aux_target, isv=bus.values, stager=stager, stream=stream)
     per fold:   learner.shrink_perturb(seed); learner.sync_target(); learner.shrink_adam();
                 learner.reset_step_counter()               (fold 0: only reset_step_counter is needed)
     per epoch:  learner.refresh_supports()                 before collect (the collector reads
@@ -15,12 +15,23 @@ s and s' as one batch of 2B rows (the s rows kept for backward) -> target forwar
 and s' -> double DQN rows: the greedy next bin (of the direction branch for every branch, by default:
 learner.bootstrap) from the online E[Q](s'), evaluated with the target distribution -> C51 projection of r + gamma (1 - done) z onto the online support -> cross-entropy
 per branch row and its gradient -> ISV producers of the loss and of Q -> scatter into dlogits [B, 13, Z] ->
-backward -> global gradient norm -> the non-finite guard (a non-finite loss or gradient skips the update,
-counts NONFINITE_STEPS once, and leaves parameters, Adam state and target bit-identical) -> adaptive clip
+the auxiliary regression (its gradient into the forecast column of the head's dhead) -> backward -> global
+gradient norm -> the non-finite guard (a non-finite loss or gradient skips the update, counts NONFINITE_STEPS
+once, and leaves parameters, Adam state and target bit-identical) -> adaptive clip
 (the landed producer) -> AdamW (lr = cosine schedule x max(0.05, FOLD_WARMUP_FACTOR)) -> Polyak with tau =
 tau_base x cosine / (1 + clip(ISV[Q_DRIFT_RATE], 0, 4)) -> commit (Adam's t, the target supports, update /
 drift / parameter-norm signals) -> hidden-activation signals (every diag_every steps).
 n-step returns: the replay stores one-step transitions, so the discount is gamma (n = 1).
+
+Auxiliary regression (learner.aux_weight, 0 turns it off): the head GEMM's extra column f(s) regresses
+y = aux_target[row of s] (agent/fold_market.py `aux_forecast_target`: the forward mid change over
+learner.aux_horizon_bars in training standard deviations, NaN where no label may be read) with the loss
+aux_weight * sum_i (f_i - y_i)**2 / (2B), added to the C51 loss. Why: one-step TD carries the market's
+edge, a few tenths of a risk unit per trade, under several units of return noise; the regression hands
+the trunk the probe's target directly (the probe is a ridge fit of the same y on the same observation).
+Acting uses the logits alone. Measured on the default market it did worse than off, so it is off by
+default; its in-sample fit (epoch stat loss_aux, 0.5 = no skill) is the evidence that the trunk memorises
+the training window (tools/results/learner_ablation_h200.md section 7).
 
 Nothing in a step is written from the host: the schedule constants go into a ControlBlock once per epoch
 (`train_epoch`), so the K replays queue back to back. The replay buffer and market_obs are bound at
@@ -52,6 +63,7 @@ from fox_numba.kernels.learner import (
     BOOTSTRAP_RULES,
     SCHEDULE_DTYPE,
     BranchRows,
+    aux_loss,
     finish,
     guard_loss,
     reset_counters,
@@ -93,21 +105,21 @@ class Learner:
     NOT_STATE = (
         "cfg", "layout", "replay", "market_obs", "isv", "stager", "stream", "seed", "batch_size", "steps_per_epoch",
         "online", "target_net", "graph", "batch", "obs", "obs_next", "rows", "logits", "logits_tgt", "q", "entropy",
-        "util", "dlogits", "grads", "norm_partials", "adam_partials", "polyak_partials", "loss_partials", "q_partials",
-        "hidden_partials", "support_rows", "decay_mask", "branch_weights", "schedule", "epoch",
+        "util", "dlogits", "grads", "aux_target", "norm_partials", "adam_partials", "polyak_partials", "loss_partials",
+        "q_partials", "hidden_partials", "support_rows", "decay_mask", "branch_weights", "schedule", "epoch",
     )
 
     def __init__(
-        self, cfg: FoxConfig, layout: ParamLayout, replay: ReplayBuffer, market_obs: Any, *, isv: Any, stager: Stager,
-        stream: Any, seed: int | None = None, dense: str = "auto",
+        self, cfg: FoxConfig, layout: ParamLayout, replay: ReplayBuffer, market_obs: Any, aux_target: Any, *,
+        isv: Any, stager: Stager, stream: Any, seed: int | None = None, dense: str = "auto",
     ) -> None:
         lc = cfg.learner
         if len(lc.branch_weights) != N_BRANCHES or min(lc.branch_weights) < 0:
             raise ValueError(f"learner.branch_weights needs {N_BRANCHES} weights >= 0, got {lc.branch_weights}")
         if not (0.0 <= lc.gamma < 1.0 and 0.0 <= lc.lr_min_frac <= 1.0 and 0.0 <= lc.tau_min_frac <= 1.0
-                and 0.0 < lc.tau <= 1.0 and lc.batch_size >= 1 and lc.steps_per_epoch >= 1):
+                and 0.0 < lc.tau <= 1.0 and lc.batch_size >= 1 and lc.steps_per_epoch >= 1 and lc.aux_weight >= 0):
             raise ValueError("learner config out of range: need 0 <= gamma < 1, lr_min_frac and tau_min_frac in "
-                             "[0, 1], 0 < tau <= 1, batch_size >= 1, steps_per_epoch >= 1")
+                             "[0, 1], 0 < tau <= 1, batch_size >= 1, steps_per_epoch >= 1, aux_weight >= 0")
         if lc.bootstrap not in BOOTSTRAP_RULES:
             raise ValueError(f"learner.bootstrap must be one of {BOOTSTRAP_RULES}, got {lc.bootstrap!r}")
         if cfg.run.diag_every < 1:
@@ -118,8 +130,8 @@ class Learner:
         b, z, n = lc.batch_size, layout.n_atoms, layout.size
         self.batch_size, self.steps_per_epoch = b, lc.steps_per_epoch
         n_port = replay.n_port
-        self._check_market(market_obs, n_port)
-        self.market_obs = market_obs
+        self._check_market(market_obs, aux_target, n_port)
+        self.market_obs, self.aux_target = market_obs, aux_target
 
         # parameters, target, optimiser state (the layout's one flat buffer each)
         self.params = stager.upload_new(init_params(layout, self.seed))
@@ -151,8 +163,8 @@ class Learner:
         self.batch = ReplayBatch(b, stream=stream, n_port=n_port)
         self.obs = device_empty((2 * b, layout.obs_dim), np.float32)  # s rows, then s' rows
         self.obs_next = self.obs[b:]
-        self.online = Network(layout, 2 * b, grad_rows=b, dense=dense)
-        self.target_net = Network(layout, b, dense=dense)
+        self.online = Network(layout, 2 * b, stream=stream, grad_rows=b, dense=dense)
+        self.target_net = Network(layout, b, stream=stream, dense=dense)
         self.logits = device_empty((2 * b, N_HEADS, z), np.float32)
         self.logits_tgt = device_empty((b, N_HEADS, z), np.float32)
         self.q = device_empty((2 * b, N_HEADS), np.float32)
@@ -168,7 +180,9 @@ class Learner:
         broadcast_supports(self.support_online, self.support_rows, stream=stream)
         self.graph = StepGraph("learner.step", self._step, stream, use_graph=cfg.run.graphs)
 
-    def _check_market(self, market_obs: Any, n_port: int) -> None:
+    def _check_market(self, market_obs: Any, aux_target: Any, n_port: int) -> None:
+        if tuple(aux_target.shape) != (int(market_obs.shape[0]),):
+            raise ValueError(f"aux_target has shape {tuple(aux_target.shape)}, market_obs {market_obs.shape[0]} rows")
         width = int(market_obs.shape[1]) + n_port
         if width != self.layout.obs_dim:
             raise ValueError(
@@ -195,6 +209,7 @@ class Learner:
         produce_q_signals(self.q, self.entropy, self.util, self.q_partials, self.isv, self.epoch, n_rows=self.batch_size,
                           n_atoms=self.layout.n_atoms, stream=s)
         scatter_grads(rows.dl, bt.actions, self.dlogits, stream=s)
+        aux_loss(self.online.head_out, bt.rows, self.aux_target, lc.aux_weight, self.online.dhead, self.epoch, stream=s)
         self.online.backward(self.params, self.dlogits, self.grads, stream=s)
         global_grad_norm(self.grads, self.norm_partials, self.isv, stream=s)
         guard_loss(self.isv, stream=s)
@@ -257,6 +272,7 @@ class Learner:
             "grad_norm": float(acc[EpochStat.GRAD_NORM] / applied),
             "q_mean": float(acc[EpochStat.Q_MEAN] / steps),
             "td_abs": float(acc[EpochStat.TD_ABS] / applied),
+            "loss_aux": float(acc[EpochStat.LOSS_AUX] / steps),
         }
 
     def _zero_epoch(self) -> None:
@@ -284,10 +300,11 @@ class Learner:
         """The schedule's step and Adam's t restart at 0 (the cosine and the bias correction start again)."""
         reset_counters(self.optim_state, stream=self.stream)
 
-    def set_market(self, market_obs: Any) -> None:
-        """Bind another fold's market observations (the step is captured again at its next replays)."""
-        self._check_market(market_obs, self.replay.n_port)
-        self.market_obs = market_obs
+    def set_market(self, market_obs: Any, aux_target: Any) -> None:
+        """Bind another fold's market observations and auxiliary targets (the step is captured again at its
+        next replays)."""
+        self._check_market(market_obs, aux_target, self.replay.n_port)
+        self.market_obs, self.aux_target = market_obs, aux_target
         self.graph = StepGraph("learner.step", self._step, self.stream, use_graph=self.cfg.run.graphs)
 
     # ---- state ----------------------------------------------------------------------------------------------

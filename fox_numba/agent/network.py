@@ -2,14 +2,16 @@
 
     layout = ParamLayout.build(obs_dim, cfg.network)       # .size, .entries, .fingerprint
     params = stager.upload_new(init_params(layout, seed))  # one flat float32 buffer [layout.size]
-    net = Network(layout, batch)                           # activation buffers, allocated once
+    net = Network(layout, batch, stream=s)                 # activation buffers, allocated once
     net.forward(params, obs, logits, stream=s)             # obs [batch, D] -> logits [batch, 13, Z]
     net.backward(params, dlogits, grads, stream=s)         # dlogits [G, 13, Z] -> grads [layout.size]
 
 Architecture: `n_layers` Linear+ReLU layers of width `hidden` (the trunk), then one head GEMM
-[H, (N_BRANCHES + N_HEADS) * Z] whose output holds 4 branch value streams and 13 advantage streams
-(`fox_numba.kernels.heads`), then the dueling combine into logits [B, 13, Z]: for each bin a of branch b,
-logits = V_b + (A_a - mean of the branch's A). 13 heads (fox_numba.actions), Z = network.n_atoms.
+[H, (N_BRANCHES + N_HEADS) * Z + 1] whose output holds 4 branch value streams and 13 advantage streams
+(`fox_numba.kernels.heads`) and one auxiliary forecast column, then the dueling combine into logits
+[B, 13, Z]: for each bin a of branch b, logits = V_b + (A_a - mean of the branch's A). 13 heads
+(fox_numba.actions), Z = network.n_atoms. The forecast column (`head_out[:, aux_column(Z)]`) is the
+learner's auxiliary regression of the forward mid change (agent/learner.py); acting reads the logits only.
 
 Parameters live in one flat float32 buffer; `ParamLayout` is its table of (name, offset, shape), in the
 order trunk.0.weight, trunk.0.bias, ..., head.weight, head.bias, each entry starting on a 32-float
@@ -24,7 +26,8 @@ own generator numpy.random.default_rng([seed, entry index]); trunk weights Kaimi
 have unit scale and every head starts near a smooth distribution; biases 0.
 
 `Network(layout, batch, grad_rows=G)` keeps the forward's activations so `backward` can follow; backward
-uses the first G rows of the last forward (the learner runs s and s' through one forward of 2B rows and
+uses the first G rows of the last forward, and takes the forecast column's gradient from `dhead[:, aux_column]`
+(zero unless the learner's aux loss writes it) (the learner runs s and s' through one forward of 2B rows and
 backpropagates the s rows only). Dense layers run on the register-tiled GEMMs (`kernels.nn`) on the GPU
 and on the grid-stride kernels (`kernels.dense_strided`, same arithmetic per element) under the simulator,
 or as `dense=` says. Every buffer is allocated in the constructor, so forward and backward run inside a
@@ -44,14 +47,14 @@ import numpy as np
 from fox_numba.actions import N_BRANCHES, N_HEADS
 from fox_numba.config import NetworkConfig
 from fox_numba.device.launch import check_array
-from fox_numba.device.memory import device_empty
+from fox_numba.device.memory import device_empty, device_zeros
 from fox_numba.device.runtime import SIMULATOR, device_address
 from fox_numba.kernels.dense_strided import (
     strided_linear_backward_input,
     strided_linear_forward,
     strided_linear_weight_grad,
 )
-from fox_numba.kernels.heads import N_STREAMS, dueling_combine_backward, dueling_combine_forward
+from fox_numba.kernels.heads import aux_column, dueling_combine_backward, dueling_combine_forward, head_width
 from fox_numba.kernels.nn import LinearWeightGrad, linear_backward_input, linear_forward
 
 ALIGN = 32  # floats: every entry starts on a 128-byte boundary
@@ -100,7 +103,7 @@ class ParamLayout:
         for layer in range(cfg.n_layers):
             shapes += [(f"trunk.{layer}.weight", (width, cfg.hidden), True), (f"trunk.{layer}.bias", (cfg.hidden,), False)]
             width = cfg.hidden
-        head_out = N_STREAMS * cfg.n_atoms
+        head_out = head_width(cfg.n_atoms)
         shapes += [("head.weight", (width, head_out), True), ("head.bias", (head_out,), False)]
         entries, offset = [], 0
         for name, shape, decay in shapes:
@@ -168,7 +171,9 @@ def init_params(layout: ParamLayout, seed: int) -> np.ndarray:
 class Network:
     """Forward and backward of the network for `batch` rows (backward over the first `grad_rows`)."""
 
-    def __init__(self, layout: ParamLayout, batch: int, *, grad_rows: int | None = None, dense: str = "auto") -> None:
+    def __init__(
+        self, layout: ParamLayout, batch: int, *, stream: Any, grad_rows: int | None = None, dense: str = "auto"
+    ) -> None:
         grad_rows = batch if grad_rows is None else grad_rows
         if not 1 <= grad_rows <= batch:
             raise ValueError(f"Network: need 1 <= grad_rows <= batch, got grad_rows={grad_rows}, batch={batch}")
@@ -180,10 +185,11 @@ class Network:
         n_layers, hidden, z = layout.n_layers, layout.hidden, layout.n_atoms
         # Trunk outputs [layer, row, unit] in one buffer (the hidden-signal producers read it whole).
         self.activations: Any = device_empty((n_layers, batch, hidden), np.float32) if n_layers else None
-        self.head_out = device_empty((batch, N_STREAMS * z), np.float32)
-        self.dhead = device_empty((grad_rows, N_STREAMS * z), np.float32)
+        self.head_out = device_empty((batch, head_width(z)), np.float32)
+        self.dhead = device_zeros((grad_rows, head_width(z)), np.float32, stream=stream)  # aux column: 0 unless written
+        self.aux_column = aux_column(z)
         self._dh = [device_empty((grad_rows, hidden), np.float32) for _ in range(min(n_layers, 2))]
-        widths = [layout.obs_dim] + [hidden] * n_layers + [N_STREAMS * z]
+        widths = [layout.obs_dim] + [hidden] * n_layers + [head_width(z)]
         self._wgrads = (
             [LinearWeightGrad(grad_rows, widths[k], widths[k + 1]) for k in range(n_layers + 1)]
             if dense == "tiled"

@@ -24,7 +24,7 @@ import numpy as np
 from fox_numba.agent.collector import Collector
 from fox_numba.agent.environment import VecEnv
 from fox_numba.agent.evaluator import Evaluator
-from fox_numba.agent.fold_market import FoldMarket, FoldMarketDevice
+from fox_numba.agent.fold_market import FoldMarket, FoldMarketDevice, aux_forecast_target
 from fox_numba.agent.health import HealthDiag
 from fox_numba.agent.learner import Learner
 from fox_numba.agent.network import ParamLayout
@@ -80,12 +80,13 @@ class Trainer:
         built at the first fold and re-pointed at later ones)."""
         cfg, seed = self.cfg, self.cfg.run.seed
         dev = market.upload(self.stager)
+        aux_target = self.stager.upload_new(aux_forecast_target(market, cfg.learner.aux_horizon_bars))
         if self.learner is None:
-            self.learner = Learner(cfg, self.layout, self.replay, dev.market_obs, isv=self.bus.values,
+            self.learner = Learner(cfg, self.layout, self.replay, dev.market_obs, aux_target, isv=self.bus.values,
                                    stager=self.stager, stream=self.stream,
                                    seed=stream_seed(seed, SEED_LEARNER))  # fmt: skip
         else:
-            self.learner.set_market(dev.market_obs)
+            self.learner.set_market(dev.market_obs, aux_target)
         lrn = self.learner
         self.market, self.fold = dev, fold
         self.env = VecEnv(dev, cfg.env, cfg.features, self.bus.values, stager=self.stager, mode="collect",

@@ -1,9 +1,12 @@
 """The dueling C51 heads: the combine into per-bin logits, its backward, and the per-head adaptive supports.
 
-Head GEMM output layout (one row per sample, S = N_BRANCHES + N_HEADS = 17 streams of Z atoms):
+Head GEMM output layout (one row per sample, S = N_BRANCHES + N_HEADS = 17 streams of Z atoms, then
+N_AUX auxiliary columns; `head_width(Z)` columns in all):
 
     head[i, s * Z + z]     s < N_BRANCHES: the value stream V_b of branch b = s
                            s >= N_BRANCHES: the advantage stream A_a of head a = s - N_BRANCHES
+    head[i, S * Z]         the auxiliary forecast (the learner's aux loss, kernels/learner.py; the
+                           combine neither reads nor writes it)
 
 Dueling combine (per branch b with bins a in b, n_b = the branch's size):
 
@@ -65,6 +68,18 @@ from fox_numba.device.launch import check_array, i32, launch_strided
 from fox_numba.device.registry import register
 
 N_STREAMS = N_BRANCHES + N_HEADS  # value streams then advantage streams in the head GEMM's output
+N_AUX = 1  # auxiliary forecast columns after the streams
+
+
+def head_width(n_atoms: int) -> int:
+    """Columns of the head GEMM's output: the streams' atoms, then the auxiliary forecast."""
+    return N_STREAMS * n_atoms + N_AUX
+
+
+def aux_column(n_atoms: int) -> int:
+    """The head output's column of the auxiliary forecast."""
+    return N_STREAMS * n_atoms
+
 Q_COVER = np.float32(3.0)
 RETURN_COVER = np.float32(2.0)
 SCALE_STEP = np.float32(2.0)
@@ -189,19 +204,20 @@ def _shape(arr: Any) -> tuple[int, ...]:
 
 
 def dueling_combine_forward(head: Any, logits: Any, *, stream: Any) -> None:
-    """head [B, N_STREAMS * Z] -> logits [B, N_HEADS, Z]."""
+    """head [B, head_width(Z)] -> logits [B, N_HEADS, Z]."""
     b, _, z = _shape(logits) if len(logits.shape) == 3 else (0, 0, 0)
     check_array("logits", logits, "[B, N_HEADS, Z]", (b, N_HEADS, z))
-    check_array("head", head, "[B, N_STREAMS * Z]", (b, N_STREAMS * z))
+    check_array("head", head, "[B, head_width(Z)]", (b, head_width(z)))
     n = b * N_BRANCHES * z
     launch_strided(dueling_combine_fwd, n, head, logits, i32(n), stream=stream)
 
 
 def dueling_combine_backward(dlogits: Any, dhead: Any, *, stream: Any) -> None:
-    """dlogits [B, N_HEADS, Z] -> dhead [B, N_STREAMS * Z] (written whole)."""
+    """dlogits [B, N_HEADS, Z] -> dhead [B, head_width(Z)]: every stream column written, the auxiliary
+    column left as it is (the aux loss writes it)."""
     b, _, z = _shape(dlogits) if len(dlogits.shape) == 3 else (0, 0, 0)
     check_array("dlogits", dlogits, "[B, N_HEADS, Z]", (b, N_HEADS, z))
-    check_array("dhead", dhead, "[B, N_STREAMS * Z]", (b, N_STREAMS * z))
+    check_array("dhead", dhead, "[B, head_width(Z)]", (b, head_width(z)))
     n = b * N_BRANCHES * z
     launch_strided(dueling_combine_bwd, n, dlogits, dhead, i32(n), stream=stream)
 

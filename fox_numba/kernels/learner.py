@@ -7,6 +7,7 @@
                          its target distribution, supports, reward, discount, the taken logits, the weight
                          (the next bin is the direction branch's for every branch unless bootstrap=branch)
     scatter_branch_grads dlogits [B, 13, Z] from the per-row gradients (0 on heads not taken)
+    aux_forecast_loss    the auxiliary regression: the forecast column's gradient and the epoch's aux loss
     loss_guard           a non-finite loss marks the step non-finite (GRAD_NORM_RAW = NaN, counted once)
     finish_step          commits the step: Adam's t, the target supports' Polyak, UPDATE_RMS_EMA,
                          PARAM_NORM, TARGET_DRIFT_EMA and the epoch sums of the optimiser
@@ -60,7 +61,7 @@ from fox_numba.device.isv import ISV_TOTAL_DIM, Isv
 from fox_numba.device.launch import check_array, i32, launch_rows, launch_strided, strided_threads
 from fox_numba.device.memory import device_empty
 from fox_numba.device.registry import register
-from fox_numba.kernels.heads import branch_span
+from fox_numba.kernels.heads import N_AUX, N_STREAMS, aux_column, branch_span, head_width
 from fox_numba.kernels.optim import NORM_BLOCK, OPTIM_STATE_DTYPE, check_state, norm_partials_len, partials_used
 from fox_numba.kernels.signals import EpochStat, check_epoch, ema, finite, tree_sums
 
@@ -92,6 +93,7 @@ _UPDATE_RMS = int(Isv.UPDATE_RMS_EMA)
 _PARAM_NORM = int(Isv.PARAM_NORM)
 _TARGET_DRIFT = int(Isv.TARGET_DRIFT_EMA)
 _E_APPLIED, _E_SKIPPED, _E_GRAD = int(EpochStat.APPLIED), int(EpochStat.SKIPPED), int(EpochStat.GRAD_NORM)
+_E_AUX = int(EpochStat.LOSS_AUX)
 
 _F1 = float32[::1]
 _F2 = float32[:, ::1]
@@ -215,6 +217,34 @@ def scatter_branch_grads(dl_rows, actions, dlogits, n):
         for k in range(size):
             dlogits[i, off + k, z] = g if k == taken else float32(0.0)
         t += cuda.gridsize(1)
+
+
+@register((_F2, _I1, _F1, float32, _F2, float64[::1], int32, int32))
+@cuda.jit
+def aux_forecast_loss(head, rows, aux_target, weight, dhead, epoch, col, n_samples):
+    """The auxiliary regression of the first n_samples rows (one block): y = aux_target[rows[i]], f = head[i,
+    col]; where y is finite dhead[i, col] = weight * (f - y) / n_samples, else 0; epoch LOSS_AUX += the mean
+    of (f - y)**2 / 2 over the rows with a target (0 when none has)."""
+    tid = cuda.threadIdx.x
+    acc = cuda.shared.array((2, NORM_BLOCK), float64)
+    acc[0, tid] = float64(0.0)
+    acc[1, tid] = float64(0.0)
+    n_market = aux_target.shape[0]
+    i = tid
+    while i < n_samples:
+        m = rows[i]
+        y = aux_target[m] if 0 <= m < n_market else float32(math.nan)
+        g = float32(0.0)
+        if finite(y):
+            d = head[i, col] - y
+            g = weight * d / float32(n_samples)
+            acc[0, tid] += float64(d) * float64(d) * float64(0.5)
+            acc[1, tid] += float64(1.0)
+        dhead[i, col] = g
+        i += cuda.blockDim.x
+    tree_sums(acc, 2, tid)
+    if tid == 0 and acc[1, 0] > float64(0.0):
+        epoch[_E_AUX] += acc[0, 0] / acc[1, 0]
 
 
 @register((_F1,))
@@ -357,6 +387,29 @@ def scatter_grads(dl_rows: Any, actions: Any, dlogits: Any, *, stream: Any) -> N
     check_array("actions", actions, "[B, 4]", (b, N_BRANCHES), np.int32)
     n = b * N_BRANCHES * z
     launch_strided(scatter_branch_grads, n, dl_rows, actions, dlogits, i32(n), stream=stream)
+
+
+def aux_loss(head: Any, rows: Any, aux_target: Any, weight: float, dhead: Any, epoch: Any, *, stream: Any) -> None:
+    """The auxiliary forecast's gradient into dhead's forecast column and its loss into the epoch sums (kernel
+    aux_forecast_loss): head [2B or B, head_width(Z)] (the online forward; its first B rows are the samples'
+    s), rows int32 [>= B] (their market rows), aux_target float32 [n_market], dhead [B, head_width(Z)]."""
+    b, width = _shape(dhead)
+    z = (width - N_AUX) // N_STREAMS
+    check_array("dhead", dhead, "[B, head_width(Z)]", (b, head_width(z)))
+    for name, arr, dtype in (("head", head, np.float32), ("rows", rows, np.int32),
+                             ("aux_target", aux_target, np.float32)):
+        check_array(name, arr, "", None, dtype)
+    if len(head.shape) != 2 or head.shape[0] < b or head.shape[1] != width or len(rows.shape) != 1 or rows.shape[0] < b:
+        raise ValueError(
+            f"aux_loss: head {_shape(head)} and rows {_shape(rows)} need >= {b} rows, head {width} columns"
+        )
+    if len(aux_target.shape) != 1:
+        raise ValueError(f"aux_loss: aux_target must be [n_market], got {_shape(aux_target)}")
+    check_epoch(epoch)
+    if not weight >= 0.0:
+        raise ValueError(f"learner.aux_weight must be >= 0, got {weight}")
+    launch_rows(aux_forecast_loss, 1, strided_threads(NORM_BLOCK), head, rows, aux_target, np.float32(weight),
+                dhead, epoch, i32(aux_column(z)), i32(b), stream=stream)
 
 
 def guard_loss(isv: Any, *, stream: Any) -> None:

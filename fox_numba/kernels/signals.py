@@ -84,6 +84,7 @@ class EpochStat(enum.IntEnum):
     GRAD_NORM = 8  # GRAD_NORM_RAW of applied steps
     Q_MEAN = 9  # batch mean E[Q] of every step
     TD_ABS = 10  # batch mean |TD| of finite steps
+    LOSS_AUX = 11  # mean (forecast - target)**2 / 2 of the auxiliary regression, every step
 
 
 N_EPOCH_STATS = 12

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from fox_numba.agent.fold_market import forward_change
 from fox_numba.market.synthetic_oracle import oracle_positions, oracle_threshold
 from fox_numba.walkforward.metrics import DaySeries, Metrics, compute_metrics, positions_to_days
 
@@ -57,17 +58,6 @@ class ProbeResult:
     metrics: Metrics
     val_r2: float
     """R^2 of the forecast on the validation rows that have a target."""
-
-
-def forward_change(mid: np.ndarray, day_start: np.ndarray, horizon: int) -> np.ndarray:
-    """y_m = mid[m + horizon] - mid[m] where m + horizon is in m's day, NaN elsewhere (float64 [n])."""
-    mid = np.asarray(mid, dtype=np.float64)
-    y = np.full(mid.shape, np.nan)
-    for a, b in zip(day_start[:-1], day_start[1:], strict=True):
-        a, b = int(a), int(b)
-        if b - a > horizon:
-            y[a : b - horizon] = mid[a + horizon : b] - mid[a : b - horizon]
-    return y
 
 
 def fit_probe(market_obs: np.ndarray, y: np.ndarray, rows: slice | np.ndarray, *, ridge: float, horizon: int) -> Probe:

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from reference_env import Windows, random_feature_set
 
-from fox_numba.agent.fold_market import DEVICE_TENSORS, FoldMarket
+from fox_numba.agent.fold_market import AUX_CLIP_SIGMA, DEVICE_TENSORS, FoldMarket, aux_forecast_target
 from fox_numba.config import EnvConfig, FeatureConfig, FoldConfig
 from fox_numba.errors import ConfigError
 from fox_numba.features.feature_set import FeatureSet
@@ -87,6 +87,29 @@ def test_no_look_ahead_from_the_purge_or_validation(fs, rng):
         assert fm.risk_unit == base.risk_unit
         if r + 1 < base.n_rows:
             assert not np.array_equal(fm.market_obs[r + 1 :], base.market_obs[r + 1 :])
+
+
+def test_the_aux_target_is_the_scaled_forward_change_inside_training_days(fs):
+    """y[r] = (mid[r + h] - mid[r]) / std over the labelled rows, clipped, where r + h is in r's day and before
+    the purge start; NaN everywhere else (the purged tail and the validation days give no label)."""
+    fm = FoldMarket.build(fs, WINDOWS, FEATURES, ENV)
+    h = 3
+    got = aux_forecast_target(fm, h)
+    day_of = np.repeat(np.arange(6), np.diff(fm.day_start))
+    raw = np.full(fm.n_rows, np.nan)
+    for r in range(fm.n_rows - h):
+        if day_of[r + h] == day_of[r] and r + h < fm.train_stop:
+            raw[r] = fm.mid[r + h] - fm.mid[r]
+    labelled = np.isfinite(raw)
+    assert labelled.sum() >= 15 and not labelled[fm.train_stop - h :].any()
+    np.testing.assert_array_equal(np.isfinite(got), labelled)
+    want = np.clip(raw[labelled] / np.std(raw[labelled]), -AUX_CLIP_SIGMA, AUX_CLIP_SIGMA)
+    np.testing.assert_allclose(got[labelled], want, rtol=1e-6)
+    assert got.dtype == np.float32 and got.shape == (fm.n_rows,)
+    with pytest.raises(ConfigError, match="aux_horizon_bars"):
+        aux_forecast_target(fm, 0)
+    with pytest.raises(ConfigError, match="varies"):
+        aux_forecast_target(fm, 12)  # no training day holds 13 bars
 
 
 def test_a_real_fold_builds_and_uploads(fs, stager):

@@ -63,11 +63,19 @@ def upload_replay(stager, h):
     return replay
 
 
+def aux_targets(market):
+    """Seeded auxiliary targets of the market's rows, every third one NaN (a row without a label)."""
+    y = np.random.default_rng(17).standard_normal(market.shape[0]).astype(np.float32)
+    y[::3] = np.nan
+    return y
+
+
 def build(stager, stream, cfg, replay_host, market, isv0, seed=0, dense="auto"):
     layout = ParamLayout.build(market.shape[1] + P, cfg.network)
     isv = stager.upload_new(isv0)
-    learner = Learner(cfg, layout, upload_replay(stager, replay_host), stager.upload_new(market), isv=isv,
-                      stager=stager, stream=stream, seed=seed, dense=dense)
+    learner = Learner(cfg, layout, upload_replay(stager, replay_host), stager.upload_new(market),
+                      stager.upload_new(aux_targets(market)), isv=isv, stager=stager, stream=stream, seed=seed,
+                      dense=dense)
     return learner, isv
 
 
@@ -81,7 +89,7 @@ def host_state(learner):
 def step_reference64(cfg, layout, st, replay, market, isv0, clip_eff, factor):
     """The learner's step in float64 from the host state `st` (state_arrays names); `clip_eff` and `factor`
     are the adaptive-clip producer's outputs (tested in tests/device/test_optim_kernels.py) read back.
-    Returns (new state dict, expected ISV slots dict, expected epoch sums)."""
+    Returns (new state dict, expected ISV slots dict); the new state also holds the step's aux loss."""
     lc, z, n_layers = cfg.learner, layout.n_atoms, layout.n_layers
     b = lc.batch_size
     st = {k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in st.items()}
@@ -105,7 +113,8 @@ def step_reference64(cfg, layout, st, replay, market, isv0, clip_eff, factor):
     actions, rewards, dones = replay["action"][idx], replay["reward"][idx], replay["done"][idx]
     # forwards, E[Q], double DQN rows, projection, loss
     p_on, p_tg = layout.unpack(st["params"]), layout.unpack(st["target_params"])
-    acts_s, logits_s = reference.net_forward64(p_on, n_layers, obs[:b], z)
+    acts_s, head_s = reference.net_head64(p_on, n_layers, obs[:b])
+    logits_s = reference.dueling64(head_s, z)
     _, logits_n = reference.net_forward64(p_on, n_layers, obs[b:], z)
     _, logits_t = reference.net_forward64(p_tg, n_layers, obs[b:], z)
     logits = np.concatenate([logits_s, logits_n])
@@ -120,7 +129,10 @@ def step_reference64(cfg, layout, st, replay, market, isv0, clip_eff, factor):
     for i in range(b):
         for br, (off, _size) in enumerate(reference.branch_spans()):
             dlogits[i, off + actions[i, br]] = dl_rows[4 * i + br]
-    g_named = reference.net_backward64(p_on, n_layers, obs[:b], acts_s, dlogits)
+    y = aux_targets(market).astype(np.float64)[rows[:b]]
+    labelled = np.isfinite(y)
+    d_aux = np.where(labelled, head_s[:, -1] - np.nan_to_num(y), 0.0)
+    g_named = reference.net_backward64(p_on, n_layers, obs[:b], acts_s, dlogits, f32(lc.aux_weight) * d_aux / b)
     grads = np.zeros(layout.size)
     for e in layout.entries:
         grads[e.offset : e.stop] = g_named[e.name].reshape(-1)
@@ -135,7 +147,8 @@ def step_reference64(cfg, layout, st, replay, market, isv0, clip_eff, factor):
     target = st["target_params"].astype(np.float64)
     target += tau * (params - target)
     new = {"params": params, "adam_m": m, "adam_v": v, "target_params": target,
-           "support_target": sup_tg + tau * (sup_on - sup_tg), "step": step, "adam_t": t, "lr": lr, "tau": tau}
+           "support_target": sup_tg + tau * (sup_on - sup_tg), "step": step, "adam_t": t, "lr": lr, "tau": tau,
+           "loss_aux": float(np.mean(d_aux[labelled] ** 2) / 2)}
     # ISV producers
     def ema(slot, x, alpha):
         return float(isv0[slot]) + alpha * (x - float(isv0[slot]))
@@ -213,7 +226,7 @@ def test_one_step_equals_a_float64_step(stream, stager, rng, dense, n_layers):
     1e-5 of the largest; ISV slots 1e-4 relative plus 1e-6 (float32 chains through two forwards, softmax,
     projection and backward, against float64)."""
     cfg = tiny_config(n_layers=n_layers, weight_decay=0.01, branch_weights=[1.0, 0.5, 2.0, 0.25], tau=0.05,
-                      tau_min_frac=0.5, gamma=0.9)
+                      tau_min_frac=0.5, gamma=0.9, aux_weight=0.7)
     replay, market = random_replay(rng), rng.standard_normal((12, M)).astype(np.float32)
     isv0 = steady_isv(rng)
     learner, isv = build(stager, stream, cfg, replay, market, isv0, dense=dense)
@@ -240,6 +253,7 @@ def test_one_step_equals_a_float64_step(stream, stager, rng, dense, n_layers):
     stats = learner.epoch_stats()
     assert stats["steps"] == 1 and stats["applied_steps"] == 1
     assert stats["loss"] == pytest.approx(ref_isv[Isv.LOSS_RAW], rel=1e-4)
+    assert stats["loss_aux"] == pytest.approx(ref["loss_aux"], rel=1e-4) and ref["loss_aux"] > 0
 
 
 def test_the_step_lists_its_kernels_in_order(stream, stager, rng):
@@ -252,7 +266,8 @@ def test_the_step_lists_its_kernels_in_order(stream, stager, rng):
     order = ["distributional.expected_q_stats_kernel", "learner.double_dqn_rows", "distributional.c51_project_kernel",
              "distributional.c51_loss_kernel", "signals.loss_partials", "signals.loss_finish", "signals.q_partials",
              "signals.q_finish",
-             "learner.scatter_branch_grads", "heads.dueling_combine_bwd", "optim.grad_sq_partials",
+             "learner.scatter_branch_grads", "learner.aux_forecast_loss", "heads.dueling_combine_bwd",
+             "optim.grad_sq_partials",
              "optim.grad_norm_finish", "learner.loss_guard", "optim.adaptive_clip_producer", "optim.adam_step",
              "optim.polyak_update", "learner.finish_step", "signals.hidden_partials", "signals.hidden_finish"]
     positions = [names.index(k) for k in order]
@@ -391,10 +406,11 @@ def test_learns_a_contextual_bandit(stream, stager):
     market = np.array([[-1.0], [1.0]], np.float32)
     replay = bandit_replay()
     layout = ParamLayout.build(2, cfg.network)
-    learner = Learner(cfg, layout, upload_replay(stager, replay), stager.upload_new(market), isv=stager.upload_new(bootstrap_values()), stager=stager,
+    learner = Learner(cfg, layout, upload_replay(stager, replay), stager.upload_new(market),
+                      stager.upload_new(aux_targets(market)), isv=stager.upload_new(bootstrap_values()), stager=stager,
                       stream=stream, seed=0)
     learner.train_epoch()
-    net = Network(layout, 2)
+    net = Network(layout, 2, stream=stream)
     logits = stager.upload_new(np.zeros((2, N_HEADS, 11), np.float32))
     q, entropy = stager.upload_new(np.zeros((2, N_HEADS), np.float32)), stager.upload_new(np.zeros((2, N_HEADS), np.float32))
     net.forward(learner.params, stager.upload_new(np.array([[-1.0, 0.0], [1.0, 0.0]], np.float32)), logits,
@@ -488,6 +504,11 @@ def test_constructor_checks(stream, stager, rng):
     layout = ParamLayout.build(M + P, cfg.network)
     with pytest.raises(ValueError, match="obs_dim"):
         Learner(cfg, layout, upload_replay(stager, replay), stager.upload_new(market),
-                isv=stager.upload_new(bootstrap_values()), stager=stager, stream=stream)
+                stager.upload_new(aux_targets(market)), isv=stager.upload_new(bootstrap_values()), stager=stager,
+                stream=stream)
+    with pytest.raises(ValueError, match="aux_target"):
+        Learner(cfg, layout, upload_replay(stager, replay), stager.upload_new(market[:, :M]),
+                stager.upload_new(aux_targets(market)[:5]), isv=stager.upload_new(bootstrap_values()), stager=stager,
+                stream=stream)
     with pytest.raises(ValueError, match="branch_weights"):
         build(stager, stream, tiny_config(branch_weights=[1.0, 1.0]), replay, market[:, :M], bootstrap_values())

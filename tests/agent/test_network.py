@@ -18,7 +18,7 @@ from fox_numba.actions import N_HEADS
 from fox_numba.agent.network import ALIGN, Network, ParamLayout, init_params
 from fox_numba.config import NetworkConfig
 from fox_numba.device.memory import device_zeros
-from fox_numba.kernels.heads import N_STREAMS
+from fox_numba.kernels.heads import head_width
 
 TINY = NetworkConfig(hidden=5, n_layers=2, n_atoms=3)
 OBS = 3
@@ -29,7 +29,7 @@ def test_layout_table():
     names = [e.name for e in lay.entries]
     assert names == ["trunk.0.weight", "trunk.0.bias", "trunk.1.weight", "trunk.1.bias", "head.weight", "head.bias"]
     shapes = [e.shape for e in lay.entries]
-    assert shapes == [(3, 5), (5,), (5, 5), (5,), (5, N_STREAMS * 3), (N_STREAMS * 3,)]
+    assert shapes == [(3, 5), (5,), (5, 5), (5,), (5, head_width(3)), (head_width(3),)]
     assert [e.decay for e in lay.entries] == [True, False, True, False, True, False]
     assert all(e.offset % ALIGN == 0 for e in lay.entries)
     assert all(a.stop <= b.offset for a, b in zip(lay.entries, lay.entries[1:], strict=False))
@@ -55,7 +55,7 @@ def test_layout_fingerprint():
     ]
     assert len({a.fingerprint} | {o.fingerprint for o in others}) == 5
     default = ParamLayout.build(134, NetworkConfig())
-    assert default.entry("head.weight").shape == (256, 17 * 51)
+    assert default.entry("head.weight").shape == (256, 17 * 51 + 1)  # the streams, then the forecast
 
 
 def test_init_is_seeded_and_scaled():
@@ -79,24 +79,30 @@ def test_init_is_seeded_and_scaled():
     assert not p0[gaps].any()
 
 
-def forward_backward(stager, stream, lay, p0, obs, dl, dense, grad_rows=None):
+def forward_backward(stager, stream, lay, p0, obs, dl, dense, grad_rows=None, daux=None):
+    """(logits, grads, net) of one forward and backward; `daux` [grad_rows] goes into the forecast column of
+    dhead first, as the learner's aux loss writes it (the column stays 0 without it)."""
     b = obs.shape[0]
-    net = Network(lay, b, grad_rows=grad_rows, dense=dense)
+    net = Network(lay, b, stream=stream, grad_rows=grad_rows, dense=dense)
     params = stager.upload_new(p0)
     logits = stager.upload_new(np.full((b, N_HEADS, lay.n_atoms), np.nan, np.float32))
     grads = device_zeros(lay.size, np.float32, stream=stream)
     net.forward(params, stager.upload_new(obs), logits, stream=stream)
+    if daux is not None:
+        dhead = np.full(net.dhead.shape, np.nan, np.float32)  # the combine's backward writes the streams
+        dhead[:, net.aux_column] = daux
+        stager.upload(dhead, net.dhead)
     net.backward(params, stager.upload_new(dl), grads, stream=stream)
     return stager.download(logits), stager.download(grads), net
 
 
-def finite_difference(lay, p0, obs, dl, h=1e-6):
-    """Central differences of J = sum(dl * logits) in float64, for every parameter of every entry."""
+def finite_difference(lay, p0, obs, dl, daux, h=1e-6):
+    """Central differences of J = sum(dl * logits) + sum(daux * forecast) in float64, for every parameter."""
     flat = p0.astype(np.float64)
 
     def objective(f):
-        _, logits = reference.net_forward64(lay.unpack(f), lay.n_layers, obs, lay.n_atoms)
-        return float(np.sum(dl * logits))
+        _, head = reference.net_head64(lay.unpack(f), lay.n_layers, obs)
+        return float(np.sum(dl * reference.dueling64(head, lay.n_atoms)) + np.sum(daux * head[:, -1]))
 
     grad = np.zeros(lay.size)
     for e in lay.entries:
@@ -115,14 +121,15 @@ def test_backward_against_finite_differences(stream, stager, rng, dense):
     p0[lay.entry("trunk.0.bias").offset : lay.entry("trunk.0.bias").stop] = 0.1  # nonzero biases too
     obs = rng.standard_normal((6, OBS)).astype(np.float32)
     dl = rng.standard_normal((6, N_HEADS, lay.n_atoms)).astype(np.float32)
-    logits, grads, _ = forward_backward(stager, stream, lay, p0, obs, dl, dense)
+    daux = rng.standard_normal(6).astype(np.float32)
+    logits, grads, _ = forward_backward(stager, stream, lay, p0, obs, dl, dense, daux=daux)
 
     acts, ref_logits = reference.net_forward64(lay.unpack(p0), lay.n_layers, obs, lay.n_atoms)
     np.testing.assert_allclose(logits, ref_logits, rtol=1e-5, atol=1e-5 * np.abs(ref_logits).max())
     assert all((a > 0).any() and (a == 0).any() for a in acts)  # the masks matter
-    fd = finite_difference(lay, p0, obs, dl.astype(np.float64))
+    fd = finite_difference(lay, p0, obs, dl.astype(np.float64), daux.astype(np.float64))
     np.testing.assert_allclose(grads, fd, rtol=1e-4, atol=2e-5 * np.abs(fd).max())
-    analytic = reference.net_backward64(lay.unpack(p0), lay.n_layers, obs, acts, dl)
+    analytic = reference.net_backward64(lay.unpack(p0), lay.n_layers, obs, acts, dl, daux)
     for name, g in analytic.items():  # the float64 backward reference agrees with the differences
         e = lay.entry(name)
         np.testing.assert_allclose(g.reshape(-1), fd[e.offset : e.stop], rtol=1e-6, atol=1e-7 * np.abs(fd).max())
@@ -161,10 +168,10 @@ def test_strided_and_tiled_networks_give_the_same_bits(stream, stager, rng):
 def test_network_checks(stream, stager):
     lay = ParamLayout.build(OBS, TINY)
     with pytest.raises(ValueError, match="grad_rows"):
-        Network(lay, 4, grad_rows=5)
+        Network(lay, 4, stream=stream, grad_rows=5)
     with pytest.raises(ValueError, match="dense"):
-        Network(lay, 4, dense="fast")
-    net = Network(lay, 4)
+        Network(lay, 4, stream=stream, dense="fast")
+    net = Network(lay, 4, stream=stream)
     params = stager.upload_new(init_params(lay, 0))
     with pytest.raises(RuntimeError, match="forward first"):
         net.backward(params, stager.upload_new(np.zeros((4, N_HEADS, 3), np.float32)), params, stream=stream)

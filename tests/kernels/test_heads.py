@@ -18,10 +18,12 @@ from fox_numba.kernels.heads import (
     Q_COVER,
     RETURN_COVER,
     SCALE_STEP,
+    aux_column,
     base_support,
     broadcast_supports,
     dueling_combine_backward,
     dueling_combine_forward,
+    head_width,
     refresh_supports,
     return_spread,
 )
@@ -36,24 +38,27 @@ def ulp_bound(*operands, ulps=8):
 
 
 def test_dueling_combine_forward(stream, stager, rng):
-    head = rng.standard_normal((B, N_STREAMS * Z)).astype(np.float32)
+    head = rng.standard_normal((B, head_width(Z))).astype(np.float32)
     logits = stager.upload_new(np.full((B, N_HEADS, Z), np.nan, np.float32))
     dueling_combine_forward(stager.upload_new(head), logits, stream=stream)
     got = stager.download(logits)
     ref = reference.dueling64(head, Z)
-    scale = np.abs(head).reshape(B, N_STREAMS, Z).max(axis=1, keepdims=True) * 3
+    streams = head[:, : N_STREAMS * Z].reshape(B, N_STREAMS, Z)
+    scale = np.abs(streams).max(axis=1, keepdims=True) * 3
     assert np.all(np.abs(got - ref) <= ulp_bound(np.broadcast_to(scale, ref.shape)))
     # the advantages of each branch average out: the branch mean of the logits is the value stream
     for b, (off, size) in enumerate(reference.branch_spans()):
-        np.testing.assert_allclose(got[:, off : off + size].mean(axis=1), head.reshape(B, N_STREAMS, Z)[:, b],
-                                   atol=1e-5)
+        np.testing.assert_allclose(got[:, off : off + size].mean(axis=1), streams[:, b], atol=1e-5)
 
 
 def test_dueling_combine_backward_is_the_transpose(stream, stager, rng):
+    """Every stream column of dhead is the transpose's; the auxiliary column is left as it was (NaN here)."""
     dl = rng.standard_normal((B, N_HEADS, Z)).astype(np.float32)
-    dhead = stager.upload_new(np.full((B, N_STREAMS * Z), np.nan, np.float32))
+    dhead = stager.upload_new(np.full((B, head_width(Z)), np.nan, np.float32))
     dueling_combine_backward(stager.upload_new(dl), dhead, stream=stream)
     got = stager.download(dhead)
+    assert np.isnan(got[:, aux_column(Z)]).all()
+    got = got[:, : aux_column(Z)]
     ref = reference.dueling_backward64(dl)
     assert np.all(np.abs(got - ref) <= ulp_bound(np.full(ref.shape, np.abs(dl).max() * 4)))
     # adjoint identity <dl, combine(h)> = <combine^T(dl), h> in float64

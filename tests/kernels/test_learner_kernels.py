@@ -4,7 +4,9 @@ tests/env/test_gather_and_actions.py.)
 
 Tolerances: the schedule and the commit are a few float32 operations on each value (1e-6 relative);
 the greedy bins, supports, rewards, weights and the gradient scatter are exact;
-the target softmax and the row statistics are Z-term float32 sums (1e-5 relative plus 1e-6 absolute).
+the target softmax and the row statistics are Z-term float32 sums (1e-5 relative plus 1e-6 absolute);
+the auxiliary gradient is two float32 operations per row (1e-6 relative), its loss the float64 mean of squared
+float32 differences (2e-7 relative).
 """
 
 import math
@@ -16,9 +18,11 @@ import reference
 from fox_numba.actions import FLAT, HOLD, N_HEADS, OrderType
 from fox_numba.device.control import ControlBlock
 from fox_numba.device.isv import Isv, bootstrap_values
+from fox_numba.kernels.heads import aux_column, head_width
 from fox_numba.kernels.learner import (
     SCHEDULE_DTYPE,
     BranchRows,
+    aux_loss,
     finish,
     guard_loss,
     reset_counters,
@@ -119,6 +123,38 @@ def test_scatter_branch_grads(stream, stager, rng):
         for br, (off, _size) in enumerate(reference.branch_spans()):
             ref[i, off + actions[i, br]] = dl[i * 4 + br]
     np.testing.assert_array_equal(stager.download(out), ref)
+
+
+def test_aux_forecast_loss(stream, stager, rng):
+    """B = 9 samples of a 2B-row head (only the first B are read) over 24 distinct market rows, two targets NaN
+    and one row outside the market (so three of the nine have no label): the forecast column of dhead is
+    weight * (f - y) / B where y is finite, else 0; the stream columns are untouched; the epoch's LOSS_AUX
+    gains the mean (f - y)**2 / 2 over the labelled rows."""
+    b, z, weight = 9, 4, 0.7
+    head = rng.standard_normal((2 * b, head_width(z))).astype(np.float32)
+    rows = rng.permutation(24)[: 2 * b].astype(np.int32)
+    rows[4] = 24  # outside the market: no target
+    target = rng.standard_normal(24).astype(np.float32)
+    target[[rows[1], rows[6]]] = np.nan
+    dhead0 = rng.standard_normal((b, head_width(z))).astype(np.float32)
+    dhead, epoch = stager.upload_new(dhead0), stager.upload_new(np.full(N_EPOCH_STATS, 0.25))
+    aux_loss(stager.upload_new(head), stager.upload_new(rows), stager.upload_new(target), weight, dhead, epoch,
+             stream=stream)
+    got, got_epoch = stager.download(dhead), stager.download(epoch)
+    col = aux_column(z)
+    y = np.array([target[r] if r < 24 else np.nan for r in rows[:b]], np.float64)
+    labelled = np.isfinite(y)
+    assert labelled.sum() == b - 3
+    d = head[:b, col].astype(np.float64) - np.nan_to_num(y)
+    want = np.where(labelled, float(np.float32(weight)) * d / b, 0.0)
+    np.testing.assert_allclose(got[:, col], want, rtol=1e-6, atol=1e-9)
+    np.testing.assert_array_equal(np.delete(got, col, axis=1), np.delete(dhead0, col, axis=1))
+    want_epoch = np.full(N_EPOCH_STATS, 0.25)
+    want_epoch[EpochStat.LOSS_AUX] += np.mean(d[labelled] ** 2) / 2
+    np.testing.assert_allclose(got_epoch, want_epoch, rtol=2e-7)  # squares of float32 differences
+    with pytest.raises(ValueError, match="aux_weight"):
+        aux_loss(stager.upload_new(head), stager.upload_new(rows), stager.upload_new(target), -1.0, dhead, epoch,
+                 stream=stream)
 
 
 @pytest.mark.parametrize("loss, norm, flagged", [(1.5, 2.0, False), (np.nan, 2.0, True), (np.inf, 2.0, True),

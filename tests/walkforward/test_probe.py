@@ -4,9 +4,10 @@ oracle's rule on a hand-made market whose future is visible in one observation c
 import numpy as np
 import pytest
 
+from fox_numba.agent.fold_market import forward_change
 from fox_numba.market.synthetic_oracle import oracle_positions, oracle_threshold, position_pnl
 from fox_numba.walkforward.metrics import compute_metrics
-from fox_numba.walkforward.probe import fit_probe, forward_change, probe_baseline
+from fox_numba.walkforward.probe import fit_probe, probe_baseline
 
 COSTS = dict(tick_size=0.25, point_value=50.0, commission=2.25)
 
