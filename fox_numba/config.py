@@ -171,6 +171,12 @@ class LearnerConfig:
         "training window (tools/results/learner_ablation_h200.md section 7).",
     )
     aux_horizon_bars: int = opt(15, "Bars ahead of the mid change the auxiliary regression forecasts.")
+    obs_noise: float = opt(
+        0.0,
+        "Standard deviation of Gaussian noise added to the market columns of every training observation (s and "
+        "s', in normalised units; 0: none): data augmentation against memorising the training window's bars "
+        "(tools/results/learner_ablation_h200.md section 7; not yet measured on the default market).",
+    )
     warmup_rule: str = opt(
         "damped",
         "Fold warm-up factor rule: 'damped' feeds the gradient-norm EMAs the clipped norm min(raw, clip_eff), so "

@@ -10,7 +10,8 @@
 
 One step, in launch order (`_step`): the schedule (step counter, lr, tau on the device) -> sample B replay
 slots and gather s, a, r, done, s' (ReplayBuffer.sample / gather, agent/replay.py: s rows, then s' rows) ->
-the observations of those 2B rows (kernels/env.py gather_obs, the collector's gather) -> online forward on
+the observations of those 2B rows (kernels/env.py gather_obs, the collector's gather; with learner.obs_noise
+> 0 Gaussian noise on their market columns, kernels/learner.py) -> online forward on
 s and s' as one batch of 2B rows (the s rows kept for backward) -> target forward on s' -> online E[Q] on s
 and s' -> double DQN rows: the greedy next bin (of the direction branch for every branch, by default:
 learner.bootstrap) from the online E[Q](s'), evaluated with the target distribution -> C51 projection of r + gamma (1 - done) z onto the online support -> cross-entropy
@@ -63,6 +64,7 @@ from fox_numba.kernels.learner import (
     BOOTSTRAP_RULES,
     SCHEDULE_DTYPE,
     BranchRows,
+    add_obs_noise,
     aux_loss,
     finish,
     guard_loss,
@@ -117,9 +119,10 @@ class Learner:
         if len(lc.branch_weights) != N_BRANCHES or min(lc.branch_weights) < 0:
             raise ValueError(f"learner.branch_weights needs {N_BRANCHES} weights >= 0, got {lc.branch_weights}")
         if not (0.0 <= lc.gamma < 1.0 and 0.0 <= lc.lr_min_frac <= 1.0 and 0.0 <= lc.tau_min_frac <= 1.0
-                and 0.0 < lc.tau <= 1.0 and lc.batch_size >= 1 and lc.steps_per_epoch >= 1 and lc.aux_weight >= 0):
+                and 0.0 < lc.tau <= 1.0 and lc.batch_size >= 1 and lc.steps_per_epoch >= 1 and lc.aux_weight >= 0
+                and lc.obs_noise >= 0):
             raise ValueError("learner config out of range: need 0 <= gamma < 1, lr_min_frac and tau_min_frac in "
-                             "[0, 1], 0 < tau <= 1, batch_size >= 1, steps_per_epoch >= 1, aux_weight >= 0")
+                             "[0, 1], 0 < tau <= 1, batch_size >= 1, steps_per_epoch >= 1, aux_weight >= 0, obs_noise >= 0")
         if lc.bootstrap not in BOOTSTRAP_RULES:
             raise ValueError(f"learner.bootstrap must be one of {BOOTSTRAP_RULES}, got {lc.bootstrap!r}")
         if cfg.run.diag_every < 1:
@@ -198,6 +201,8 @@ class Learner:
         self.replay.sample(self.rng_states, bt.idx, stream=s)
         self.replay.gather(bt, stream=s)
         gather_obs(self.market_obs, bt.rows, bt.port, self.obs, stream=s)
+        if lc.obs_noise > 0:
+            add_obs_noise(self.obs, self.rng_states, lc.obs_noise, int(self.market_obs.shape[1]), stream=s)
         self.online.forward(self.params, self.obs, self.logits, stream=s)  # s and s' (s kept for backward)
         self.target_net.forward(self.target, self.obs_next, self.logits_tgt, stream=s)
         expected_q(self.logits, self.support_rows, self.q, self.entropy, utilisation=self.util, stream=s)

@@ -8,6 +8,8 @@
                          (the next bin is the direction branch's for every branch unless bootstrap=branch)
     scatter_branch_grads dlogits [B, 13, Z] from the per-row gradients (0 on heads not taken)
     aux_forecast_loss    the auxiliary regression: the forecast column's gradient and the epoch's aux loss
+    (obs_noise_kernel    learner.obs_noise > 0 only, after the observation gather: Gaussian noise on the
+                         market columns of the 2B observation rows, drawn from the samples' generators)
     loss_guard           a non-finite loss marks the step non-finite (GRAD_NORM_RAW = NaN, counted once)
     finish_step          commits the step: Adam's t, the target supports' Polyak, UPDATE_RMS_EMA,
                          PARAM_NORM, TARGET_DRIFT_EMA and the epoch sums of the optimiser
@@ -55,10 +57,11 @@ from typing import Any
 
 import numpy as np
 from numba import cuda, float32, float64, from_dtype, int32
+from numba.cuda.random import xoroshiro128p_type, xoroshiro128p_uniform_float32
 
 from fox_numba.actions import FLAT, HOLD, N_BRANCHES, N_HEADS, OrderType
 from fox_numba.device.isv import ISV_TOTAL_DIM, Isv
-from fox_numba.device.launch import check_array, i32, launch_rows, launch_strided, strided_threads
+from fox_numba.device.launch import check_array, i32, launch, launch_rows, launch_strided, strided_threads
 from fox_numba.device.memory import device_empty
 from fox_numba.device.registry import register
 from fox_numba.kernels.heads import N_AUX, N_STREAMS, aux_column, branch_span, head_width
@@ -84,6 +87,8 @@ DRIFT_ALPHA = np.float32(0.05)  # TARGET_DRIFT_EMA
 PARAM_NORM_FLOOR = np.float32(1e-6)
 _MARKET = int(OrderType.MARKET)
 _PI = np.float32(math.pi)
+_TWO_PI = np.float32(2.0 * math.pi)
+U1_FLOOR = np.float32(2.0**-25)  # obs_noise_kernel's Box-Muller radius draw
 
 _RAW = int(Isv.GRAD_NORM_RAW)
 _NONFINITE = int(Isv.NONFINITE_STEPS)
@@ -224,7 +229,8 @@ def scatter_branch_grads(dl_rows, actions, dlogits, n):
 def aux_forecast_loss(head, rows, aux_target, weight, dhead, epoch, col, n_samples):
     """The auxiliary regression of the first n_samples rows (one block): y = aux_target[rows[i]], f = head[i,
     col]; where y is finite dhead[i, col] = weight * (f - y) / n_samples, else 0; epoch LOSS_AUX += the mean
-    of (f - y)**2 / 2 over the rows with a target (0 when none has)."""
+    of (f - y)**2 / 2 over the rows with a target (nothing when none has, or the mean is not finite: a step the
+    non-finite guard skips)."""
     tid = cuda.threadIdx.x
     acc = cuda.shared.array((2, NORM_BLOCK), float64)
     acc[0, tid] = float64(0.0)
@@ -243,8 +249,31 @@ def aux_forecast_loss(head, rows, aux_target, weight, dhead, epoch, col, n_sampl
         dhead[i, col] = g
         i += cuda.blockDim.x
     tree_sums(acc, 2, tid)
-    if tid == 0 and acc[1, 0] > float64(0.0):
+    if tid == 0 and acc[1, 0] > float64(0.0) and finite(acc[0, 0]):
         epoch[_E_AUX] += acc[0, 0] / acc[1, 0]
+
+
+@register((_F2, xoroshiro128p_type[::1], float32, int32, int32))
+@cuda.jit
+def obs_noise_kernel(obs, states, sigma, n_market, n_samples):
+    """Sample j (one thread) adds sigma * N(0, 1) to columns 0..n_market-1 of obs rows j, then n_samples + j,
+    column pairs (c, c + 1) in order from one Box-Muller pair of draws from states[j]: u1 = max(1 - U, 2**-25)
+    (a float32 U rounds to 1.0 about once in 2**25 draws: the floor keeps the log finite, clipping |z| at 5.9),
+    u2 = U, r = sqrt(-2 log u1); c gets r cos(2 pi u2), c + 1 gets r sin(2 pi u2)."""
+    j = cuda.grid(1)
+    if j >= n_samples:
+        return
+    for half in range(2):
+        row = j + half * n_samples
+        c = 0
+        while c < n_market:
+            u1 = max(float32(1.0) - xoroshiro128p_uniform_float32(states, j), U1_FLOOR)
+            u2 = xoroshiro128p_uniform_float32(states, j)
+            r = sigma * math.sqrt(float32(-2.0) * math.log(u1))
+            obs[row, c] += r * math.cos(_TWO_PI * u2)
+            if c + 1 < n_market:
+                obs[row, c + 1] += r * math.sin(_TWO_PI * u2)
+            c += 2
 
 
 @register((_F1,))
@@ -410,6 +439,18 @@ def aux_loss(head: Any, rows: Any, aux_target: Any, weight: float, dhead: Any, e
         raise ValueError(f"learner.aux_weight must be >= 0, got {weight}")
     launch_rows(aux_forecast_loss, 1, strided_threads(NORM_BLOCK), head, rows, aux_target, np.float32(weight),
                 dhead, epoch, i32(aux_column(z)), i32(b), stream=stream)
+
+
+def add_obs_noise(obs: Any, states: Any, sigma: float, n_market: int, *, stream: Any) -> None:
+    """obs [2B, D] (s rows, then s' rows) += sigma * N(0, 1) on its first n_market columns (kernel
+    obs_noise_kernel), from the B generators `states` (each advances by 2 * ceil(n_market / 2) draws)."""
+    rows, width = _shape(obs)
+    b = rows // 2
+    check_array("obs", obs, "[2B, D]", (2 * b, width))
+    check_array("states", states, "[B]", (b,), states.dtype)
+    if not (sigma > 0.0 and 0 < n_market <= width):
+        raise ValueError(f"observation noise needs sigma > 0 and 0 < n_market <= {width}, got {sigma}, {n_market}")
+    launch(obs_noise_kernel, b, obs, states, np.float32(sigma), i32(n_market), i32(b), stream=stream)
 
 
 def guard_loss(isv: Any, *, stream: Any) -> None:

@@ -82,9 +82,9 @@ class EpochStat(enum.IntEnum):
     LOSS_ORD = 6
     LOSS_URG = 7
     GRAD_NORM = 8  # GRAD_NORM_RAW of applied steps
-    Q_MEAN = 9  # batch mean E[Q] of every step
+    Q_MEAN = 9  # batch mean E[Q] of every step (0 for a step whose E[Q] is not finite)
     TD_ABS = 10  # batch mean |TD| of finite steps
-    LOSS_AUX = 11  # mean (forecast - target)**2 / 2 of the auxiliary regression, every step
+    LOSS_AUX = 11  # mean (forecast - target)**2 / 2 of the auxiliary regression, every step (as Q_MEAN)
 
 
 N_EPOCH_STATS = 12
@@ -240,7 +240,8 @@ def q_finish(partials, isv, epoch, n_partials, n_rows, n_atoms):
         ema(isv, _ENTROPY, float32(acc[5, 0] / count / math.log(float64(n_atoms))), Q_ALPHA)
         ema(isv, _UTIL, float32(acc[6, 0] / count), Q_ALPHA)
         isv[_Q_MAX] = float32(top[0])
-        epoch[_E_Q] += mean
+        if finite(mean):  # a non-finite forward (a step the guard skips) adds nothing
+            epoch[_E_Q] += mean
 
 
 @register((float32[::1], float32[::1], float32[:, ::1], float64[:, ::1], int32))

@@ -512,3 +512,20 @@ def test_constructor_checks(stream, stager, rng):
                 stream=stream)
     with pytest.raises(ValueError, match="branch_weights"):
         build(stager, stream, tiny_config(branch_weights=[1.0, 1.0]), replay, market[:, :M], bootstrap_values())
+
+
+def test_observation_noise_enters_the_step_only_when_asked(stream, stager, rng):
+    """learner.obs_noise > 0 launches the noise kernel after the observation gather (kernel tested against
+    float64 in tests/kernels/test_learner_kernels.py) and changes the step; 0 launches nothing extra."""
+    replay, market = random_replay(rng), rng.standard_normal((12, M)).astype(np.float32)
+    params = {}
+    for sigma in (0.0, 0.5):
+        learner, _ = build(stager, stream, tiny_config(obs_noise=sigma), replay, market, bootstrap_values(), seed=2)
+        learner.step()
+        names = [r.kernel.rsplit(".", 1)[1] for r in learner.graph.launches]
+        assert ("obs_noise_kernel" in names) == (sigma > 0)
+        if sigma > 0:
+            assert names.index("obs_noise_kernel") == names.index("gather_obs_kernel") + 1
+        params[sigma] = stager.download(learner.params)
+        assert np.isfinite(params[sigma]).all()
+    assert not np.array_equal(params[0.0], params[0.5])

@@ -6,7 +6,7 @@ Tolerances: the schedule and the commit are a few float32 operations on each val
 the greedy bins, supports, rewards, weights and the gradient scatter are exact;
 the target softmax and the row statistics are Z-term float32 sums (1e-5 relative plus 1e-6 absolute);
 the auxiliary gradient is two float32 operations per row (1e-6 relative), its loss the float64 mean of squared
-float32 differences (2e-7 relative).
+float32 differences (2e-7 relative); the observation noise float32 log, sqrt and cosine (1e-5 relative).
 """
 
 import math
@@ -18,10 +18,12 @@ import reference
 from fox_numba.actions import FLAT, HOLD, N_HEADS, OrderType
 from fox_numba.device.control import ControlBlock
 from fox_numba.device.isv import Isv, bootstrap_values
+from fox_numba.device.rng import xoroshiro_states_host
 from fox_numba.kernels.heads import aux_column, head_width
 from fox_numba.kernels.learner import (
     SCHEDULE_DTYPE,
     BranchRows,
+    add_obs_noise,
     aux_loss,
     finish,
     guard_loss,
@@ -34,7 +36,10 @@ from fox_numba.kernels.learner import (
 from fox_numba.kernels.optim import OPTIM_STATE_DTYPE, norm_partials_len, partials_used
 from fox_numba.kernels.signals import N_EPOCH_STATS, EpochStat
 
-pytestmark = pytest.mark.usefixtures("long_switch_interval")
+pytestmark = [
+    pytest.mark.usefixtures("long_switch_interval"),
+    pytest.mark.filterwarnings("ignore:overflow encountered in scalar add:RuntimeWarning"),  # the simulator's uint64
+]
 
 
 def state_record(step=0, adam_t=0, lr=0.0, tau=0.0):
@@ -125,6 +130,41 @@ def test_scatter_branch_grads(stream, stager, rng):
     np.testing.assert_array_equal(stager.download(out), ref)
 
 
+def uniform32_64(states, i):
+    """numba's xoroshiro128p_uniform_float32 on host states, as float64."""
+    return float(np.float32((reference.xoroshiro_next64(states, i) >> 11) * 2.0**-53))
+
+
+def test_obs_noise(stream, stager, rng):
+    """B = 5 samples, 2B rows of 6 columns, noise on the first 5 (an odd count: the last pair's sine is dropped):
+    every element against the Box-Muller draws replayed in float64 from host copies of the generators (float32
+    log, sqrt, cos and sin: 1e-5 relative plus 1e-6); the portfolio column is untouched; the states advance by
+    6 draws each (3 pairs), so the next launch draws fresh noise."""
+    b, width, n_market, sigma = 5, 6, 5, 0.3
+    obs0 = rng.standard_normal((2 * b, width)).astype(np.float32)
+    host_states = xoroshiro_states_host(b, 21)
+    obs, states = stager.upload_new(obs0), stager.upload_new(host_states)
+    add_obs_noise(obs, states, sigma, n_market, stream=stream)
+    got = stager.download(obs)
+    want = obs0.astype(np.float64)
+    ref_states = host_states.copy()
+    for j in range(b):
+        for row in (j, b + j):
+            for c in range(0, n_market, 2):
+                u1 = max(float(np.float32(1.0 - uniform32_64(ref_states, j))), 2.0**-25)
+                u2 = uniform32_64(ref_states, j)
+                r = float(np.float32(sigma)) * math.sqrt(-2.0 * math.log(u1))
+                want[row, c] += r * math.cos(2 * math.pi * u2)
+                if c + 1 < n_market:
+                    want[row, c + 1] += r * math.sin(2 * math.pi * u2)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(got[:, n_market:], obs0[:, n_market:])
+    assert np.abs(got - obs0).max() > 0.1  # the noise is there at sigma 0.3
+    np.testing.assert_array_equal(stager.download(states).view(np.uint64), ref_states.view(np.uint64))
+    with pytest.raises(ValueError, match="sigma > 0"):
+        add_obs_noise(obs, states, 0.0, n_market, stream=stream)
+
+
 def test_aux_forecast_loss(stream, stager, rng):
     """B = 9 samples of a 2B-row head (only the first B are read) over 24 distinct market rows, two targets NaN
     and one row outside the market (so three of the nine have no label): the forecast column of dhead is
@@ -152,6 +192,10 @@ def test_aux_forecast_loss(stream, stager, rng):
     want_epoch = np.full(N_EPOCH_STATS, 0.25)
     want_epoch[EpochStat.LOSS_AUX] += np.mean(d[labelled] ** 2) / 2
     np.testing.assert_allclose(got_epoch, want_epoch, rtol=2e-7)  # squares of float32 differences
+    head[np.flatnonzero(labelled)[0], col] = np.nan  # a non-finite forward: the step is skipped, the sum stays
+    aux_loss(stager.upload_new(head), stager.upload_new(rows), stager.upload_new(target), weight, dhead, epoch,
+             stream=stream)
+    np.testing.assert_array_equal(stager.download(epoch), got_epoch)
     with pytest.raises(ValueError, match="aux_weight"):
         aux_loss(stager.upload_new(head), stager.upload_new(rows), stager.upload_new(target), -1.0, dhead, epoch,
                  stream=stream)

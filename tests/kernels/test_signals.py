@@ -75,10 +75,12 @@ def test_q_signals_report_a_nonfinite_q(stream, stager, rng):
     q[3, 5] = np.nan
     isv0 = bootstrap_values()
     isv = stager.upload_new(isv0)
+    epoch = stager.upload_new(np.full(N_EPOCH_STATS, 0.5))
     produce_q_signals(stager.upload_new(q), stager.upload_new(np.ones_like(q)), stager.upload_new(np.ones_like(q)),
-                      stager.upload_new(np.zeros(signal_partials_shape(8, N_Q_PARTIALS))), isv,
-                      stager.upload_new(np.zeros(N_EPOCH_STATS)), n_rows=8, n_atoms=5, stream=stream)
+                      stager.upload_new(np.zeros(signal_partials_shape(8, N_Q_PARTIALS))), isv, epoch, n_rows=8,
+                      n_atoms=5, stream=stream)
     got = stager.download(isv)
+    np.testing.assert_array_equal(stager.download(epoch), 0.5)  # nor the epoch's Q_MEAN sum (metrics stay finite)
     assert got[Isv.Q_MAX_ABS] == np.inf
     assert got[Isv.Q_ABS_REF] == isv0[Isv.Q_ABS_REF]  # a NaN mean never enters an EMA
     assert got[Isv.Q_DIR_ABS_REF] != isv0[Isv.Q_DIR_ABS_REF]  # the direction bins were finite
