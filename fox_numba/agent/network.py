@@ -25,10 +25,10 @@ own generator numpy.random.default_rng([seed, entry index]); trunk weights Kaimi
 (U(+-sqrt(6 / fan_in))), head weights Xavier-uniform (U(+-sqrt(6 / (fan_in + fan_out)))), so fresh logits
 have unit scale and every head starts near a smooth distribution; biases 0.
 
-`Network(layout, batch, grad_rows=G)` keeps the forward's activations so `backward` can follow; backward
-uses the first G rows of the last forward, and takes the forecast column's gradient from `dhead[:, aux_column]`
-(zero unless the learner's aux loss writes it) (the learner runs s and s' through one forward of 2B rows and
-backpropagates the s rows only). Dense layers run on the register-tiled GEMMs (`kernels.nn`) on the GPU
+`Network(layout, batch, stream=s, grad_rows=G)` keeps the forward's activations so `backward` can follow;
+backward uses the first G rows of the last forward (the learner runs s and s' through one forward of 2B rows
+and backpropagates the s rows only) and takes the forecast column's gradient from `dhead[:, aux_column]`
+(zero unless the learner's aux loss writes it). Dense layers run on the register-tiled GEMMs (`kernels.nn`) on the GPU
 and on the grid-stride kernels (`kernels.dense_strided`, same arithmetic per element) under the simulator,
 or as `dense=` says. Every buffer is allocated in the constructor, so forward and backward run inside a
 captured StepGraph. `grads` must be zero in the layout's gaps (allocate it with device_zeros); backward

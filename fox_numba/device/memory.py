@@ -25,7 +25,7 @@ from numba import cuda
 
 from fox_numba.device.elementwise import copy_u32, fill_u32
 from fox_numba.device.launch import active_trace, i32, launch
-from fox_numba.device.runtime import is_device_array, mapped_device_view
+from fox_numba.device.runtime import SIMULATOR, is_device_array, mapped_device_view
 
 Shape = int | tuple[int, ...]
 
@@ -95,7 +95,12 @@ def words(arr: Any) -> Any:
 
 
 def device_zeros(shape: Shape, dtype: Any, *, stream: Any) -> Any:
-    """A device array filled with zero bits by a kernel on `stream` (no host copy)."""
+    """A device array filled with zero bits by a kernel on `stream` (no host copy). Under the simulator,
+    outside a step body, it is a copy of host zeros instead: the simulator runs the fill kernel one Python
+    thread per word (about 1.5 s for a parameter-sized buffer), and a copy has no cost there to avoid."""
+    if SIMULATOR and active_trace() is None:
+        shape, dtype, _ = _layout(shape, dtype)
+        return cuda.to_device(np.zeros(shape, dtype), stream=stream)
     arr = device_empty(shape, dtype)
     w = words(arr)
     launch(fill_u32, w.size, w, np.uint32(0), i32(w.size), stream=stream)

@@ -320,18 +320,20 @@ def test_an_empty_replay_skips_steps(stream, stager, rng):
 
 
 def test_same_seed_same_numbers(stream, stager, rng):
-    """Two learners, same seed and replay: 50 steps give the same bits (here and on the GPU)."""
+    """Two learners, same seed and replay: 16 steps give the same bits (here and on the GPU). 16 steps run past
+    the schedule's 12-step cosine horizon, so its clamped tail is covered too; a step is a function of the
+    state the previous one left, so more steps would only repeat the same kernels."""
     cfg = tiny_config(batch=4, hidden=4, n_atoms=5)
     replay, market = random_replay(rng), rng.standard_normal((12, M)).astype(np.float32)
     runs = []
     for _ in range(2):
         learner, isv = build(stager, stream, cfg, replay, market, bootstrap_values(), seed=3)
-        learner.train_epoch(50)
+        learner.train_epoch(16)
         runs.append((host_state(learner), stager.download(isv)))
     for name in runs[0][0]:
         np.testing.assert_array_equal(runs[0][0][name].view(np.uint8), runs[1][0][name].view(np.uint8), name)
     np.testing.assert_array_equal(runs[0][1].view(np.uint32), runs[1][1].view(np.uint32))
-    assert runs[0][0]["optim_state"][0]["step"] == 50
+    assert runs[0][0]["optim_state"][0]["step"] == 16
     other, _ = build(stager, stream, cfg, replay, market, bootstrap_values(), seed=4)
     assert not np.array_equal(stager.download(other.params), runs[0][0]["params"])
 

@@ -111,15 +111,20 @@ def test_sizes_must_be_whole_words_and_non_empty():
 
 @pytest.mark.parametrize("dtype", [np.float32, np.int64, RECORD], ids=["f32", "i64", "record"])
 def test_device_zeros_clears_every_word(dtype, stream, stager, monkeypatch):
-    # Hand device_zeros memory full of junk, so zeros cannot come from freshly allocated memory.
+    """The fill kernel (the GPU's path, forced here under the simulator too) zeroes memory full of junk, so
+    zeros cannot come from freshly allocated memory; the simulator's host-zeros path gives the same array."""
     junk = stager.upload_new(random_values(dtype, 100, seed=3))
-    monkeypatch.setattr(memory, "device_empty", lambda shape, dt: junk)
-    arr = device_zeros(100, dtype, stream=stream)
+    with monkeypatch.context() as patch:
+        patch.setattr(memory, "SIMULATOR", False)
+        patch.setattr(memory, "device_empty", lambda shape, dt: junk)
+        arr = device_zeros(100, dtype, stream=stream)
     stream.synchronize()
     assert arr is junk
     out = stager.download(arr)
     assert out.dtype == np.dtype(dtype)
     assert not out.view(np.uint8).any()
+    plain = stager.download(device_zeros((4, 25), dtype, stream=stream))
+    assert plain.shape == (4, 25) and plain.dtype == np.dtype(dtype) and not plain.view(np.uint8).any()
 
 
 def test_copy_device_copies_every_element_and_checks_layout(stream, stager):

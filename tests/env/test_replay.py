@@ -92,11 +92,19 @@ def filled_ring(stager, stream, rng, capacity, size, n_port=N_PORTFOLIO):
     return replay, host
 
 
+@pytest.fixture(scope="module")
+def ring_1000(stager, stream):
+    """A 1000-slot ring with seeded random contents, built once (the simulator pays ~2.5 s per ring): sampling
+    reads only meta, which each test sets."""
+    return filled_ring(stager, stream, np.random.default_rng(1000), 1000, 0, n_port=1)[0]
+
+
 @pytest.mark.parametrize("size", [1000, 7, 0])
-def test_sample_draws_the_learners_slots(stream, stager, rng, size):
+def test_sample_draws_the_learners_slots(stream, stager, ring_1000, size):
     """37 samples: slot j = floor(top 32 bits of one draw of states[j] * size / 2**32) (tests/reference.py
     sample_indices64, the learner's draw order), -1 from an empty ring; each generator advances once."""
-    replay, _ = filled_ring(stager, stream, rng, 1000, size, n_port=1)
+    replay = ring_1000
+    stager.upload(np.array([3, size], np.int32), replay.meta)
     host_states = xoroshiro_states_host(37, seed=5)
     states = stager.upload_new(host_states)
     idx = stager.upload_new(np.full(37, -7, np.int32))
