@@ -22,6 +22,7 @@ from fox_numba.device.rng import xoroshiro_states_host
 from fox_numba.kernels.heads import aux_column, head_width
 from fox_numba.kernels.learner import (
     SCHEDULE_DTYPE,
+    U1_FLOOR,
     BranchRows,
     add_obs_noise,
     aux_loss,
@@ -151,7 +152,7 @@ def test_obs_noise(stream, stager, rng):
     for j in range(b):
         for row in (j, b + j):
             for c in range(0, n_market, 2):
-                u1 = max(float(np.float32(1.0 - uniform32_64(ref_states, j))), 2.0**-25)
+                u1 = max(float(np.float32(1.0 - uniform32_64(ref_states, j))), float(U1_FLOOR))
                 u2 = uniform32_64(ref_states, j)
                 r = float(np.float32(sigma)) * math.sqrt(-2.0 * math.log(u1))
                 want[row, c] += r * math.cos(2 * math.pi * u2)
