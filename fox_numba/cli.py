@@ -342,7 +342,8 @@ def summary_line(summary: dict) -> str:
     def fmt(v: float | None) -> str:
         return "n/a" if v is None else f"{v:+.2f}"
 
-    return (f"validation Sharpe: daily {fmt(daily)} (mean across folds of the best epoch, chosen on those days; 0 "
+    chosen = ("on the selection days" if summary.get("best_chosen_on") == "selection" else "on those days")
+    return (f"validation Sharpe: daily {fmt(daily)} (mean across folds of the best epoch, chosen {chosen}; 0 "
             f"with fewer than 2 validation days a fold), {fmt(summary.get('last_epoch_sharpe_mean'))} at the last "
             f"epoch; per bar {fmt(bar)} (all validation days of the best epochs)")
 

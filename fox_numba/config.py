@@ -63,7 +63,15 @@ class FoldConfig:
     step_days: int = opt(10, "Days the windows advance from one fold to the next.")
     anchored: bool = opt(False, "Anchored folds keep the training start at day 0; rolling folds slide it.")
     purge_bars: int = opt(
-        30, "Bars dropped between the end of training and the start of validation (no label overlap)."
+        30, "Bars dropped between the end of training and the start of validation, or of the selection days (no "
+        "label overlap)."
+    )
+    select_days: int = opt(
+        0,
+        "Last days of each training window held out for choosing the fold's best epoch (0: choose on the "
+        "validation days, which then score their own choice). Nothing trains on them; the purge moves to "
+        "their start (walkforward/folds.py). At 10 on the default market the out-of-sample best epoch scored "
+        "about its last epoch: 10 days cannot rank the epochs (tools/results/learner_ablation_h200.md section 8).",
     )
 
 
@@ -175,7 +183,8 @@ class LearnerConfig:
         0.0,
         "Standard deviation of Gaussian noise added to the market columns of every training observation (s and "
         "s', in normalised units; 0: none): data augmentation against memorising the training window's bars "
-        "(tools/results/learner_ablation_h200.md section 7; not yet measured on the default market).",
+        "(tools/results/learner_ablation_h200.md section 7). At 0.5-2 on the default market it stopped the memorising "
+        "and nearly all trading with it (section 8).",
     )
     warmup_rule: str = opt(
         "damped",
@@ -188,6 +197,12 @@ class LearnerConfig:
 @dataclass
 class EvaluationConfig:
     chunk_bars: int = opt(512, "Bars per chunk of the validation backtest (one batched launch each).")
+    network: str = opt(
+        "online",
+        "Network the backtests trade with (validation, selection days, fox evaluate): 'online', or 'target', the "
+        "Polyak average of the online weights over about 1 / learner.tau steps (agent/evaluator.py); on the default "
+        "market the two trade alike (tools/results/learner_ablation_h200.md section 8).",
+    )
     annualisation_days: int = opt(
         252, "Trading days per year: daily Sharpe x sqrt(this); per-bar Sharpe x sqrt(this x bars per day)."
     )
@@ -235,13 +250,13 @@ PRESETS: dict[str, dict[str, Any]] = {
         "folds.step_days": 1,
         "env.n_envs": 16,
         "env.episode_bars": 32,
-        "env.collect_steps": 8,
+        "env.collect_steps": 4,
         "network.hidden": 16,
         "network.n_layers": 1,
         "network.n_atoms": 11,
         "learner.batch_size": 16,
         "learner.buffer_size": 256,
-        "learner.steps_per_epoch": 4,
+        "learner.steps_per_epoch": 2,
         "learner.epochs": 2,
         "evaluation.chunk_bars": 64,
         "run.graphs": False,

@@ -104,6 +104,7 @@ class Windows:
     val_stop: int
     purge_bars: int
     index: int = 0
+    select_days: int = 0
 
 
 # --- the reference environment ------------------------------------------------------------------------------
@@ -503,6 +504,7 @@ def hand_market(
         row_stop=np.array(day_start[1:], np.int32)[day_of],
         train_starts=np.array(starts or [0], np.int32),
         val_windows=np.array(windows, np.int32),
+        select_windows=np.zeros((0, 2), np.int32),
         train_stop=n,
         val_start=0,
         stats=NormStats(np.zeros(N_FEATURES), np.ones(N_FEATURES), n),

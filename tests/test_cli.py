@@ -95,7 +95,7 @@ def test_profile_prints_the_stage_and_kernel_tables(half_hour_store, tmp_path):
     assert result["stages"]["train"]["launches_per_step"] == sum(r["calls_per_step"] for r in train.values())
     stages = result["stages"]
     collect_steps = PRESETS["smoke"]["env.collect_steps"]
-    expected = {"collect": collect_steps, "train": 4, "evaluate": 29}
+    expected = {"collect": collect_steps, "train": PRESETS["smoke"]["learner.steps_per_epoch"], "evaluate": 29}
     assert {k: st["steps_per_epoch"] for k, st in stages.items()} == expected
     for st in stages.values():
         assert st["graphs_off_ms"] == st["mean_ms"]  # smoke: run.graphs = false

@@ -11,6 +11,9 @@ frozen). Every step, for all days at once:
     record_eval_step(...)                              PnL (dollars) and position of the step, per day
     health.eval_step(actions, counts)                  HEALTH_DIAG's per-day action tallies (optional)
 
+The network is the online one or, with evaluation.network = 'target', the target (a Polyak average of the
+online weights): `eval_network` names the learner state arrays (and checkpoint arrays) it reads.
+
 The steps run in chunks of `evaluation.chunk_bars`: one StepGraph holds a whole chunk of steps (a second
 one the remainder), so a validation pass is a handful of graph launches and one download of the per-step records at the end; the
 step index the records are written at lives in a device counter. The records become one
@@ -30,6 +33,7 @@ from fox_numba.agent.health import HealthDiag
 from fox_numba.agent.network import Network, ParamLayout
 from fox_numba.config import FoxConfig
 from fox_numba.device.elementwise import fill_u32
+from fox_numba.errors import ConfigError
 from fox_numba.device.graphs import StepGraph
 from fox_numba.device.launch import i32, launch
 from fox_numba.device.memory import device_empty, device_zeros, words
@@ -39,6 +43,21 @@ from fox_numba.kernels.action_select import select_actions
 from fox_numba.kernels.evaluation import record_eval_step
 from fox_numba.kernels.heads import broadcast_supports
 from fox_numba.observation import OBS_DIM
+
+
+EVAL_NETWORKS: dict[str, tuple[str, str]] = {
+    "online": ("params", "support_online"),
+    "target": ("target_params", "support_target"),
+}
+"""evaluation.network -> (parameters, supports): names of Learner.state_arrays, and of checkpoint arrays
+under "learner."."""
+
+
+def eval_network(name: str) -> tuple[str, str]:
+    """The state names of the parameters and supports evaluation.network = `name` trades with."""
+    if name not in EVAL_NETWORKS:
+        raise ConfigError(f"evaluation.network is {name!r}; choose one of {', '.join(map(repr, EVAL_NETWORKS))}")
+    return EVAL_NETWORKS[name]
 
 
 class Evaluator:

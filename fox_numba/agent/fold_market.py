@@ -1,7 +1,9 @@
 """The market of one walk-forward fold: host tensors of all its bars, and their one upload to the device.
 
 A fold's bars are its training days followed by its validation days (contiguous rows of the FeatureSet);
-rows are fold-local (row 0 = the first bar of the first training day). Built once per fold:
+rows are fold-local (row 0 = the first bar of the first training day). The training days may end in
+selection days (folds.select_days): held out like the validation days, with the purge before them.
+Built once per fold:
 
 - normalisation fitted on the training rows less the purged tail only (`fit_normaliser`), applied to every
   bar of the fold (`apply_normaliser`), then the market part of the observation (z and its per-day EMAs,
@@ -15,7 +17,7 @@ rows are fold-local (row 0 = the first bar of the first training day). Built onc
   day and out of the purged tail (s + episode_bars <= row_stop[s]); a training day with fewer usable bars
   than an episode (but at least 2) contributes its first row only, and its episodes run to its end;
 - `val_windows`: one (start, stop) row pair per validation day (days of fewer than 2 bars hold no step
-  and are left out);
+  and are left out); `select_windows` the same for the selection days (none without them);
 - `risk_unit` (dollars) = env.max_position * point_value * std of the one-bar mid change over consecutive
   training rows of the same day (purged tail left out), so a full position moves ~1 unit per bar.
 
@@ -30,6 +32,7 @@ the fold read them from there.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -58,6 +61,7 @@ class FoldWindows(Protocol):
     val_first: int
     val_stop: int
     purge_bars: int
+    select_days: int
 
 
 @dataclass(frozen=True)
@@ -97,6 +101,8 @@ class FoldMarket:
     """int32 [n_starts]: episode starts of the training window."""
     val_windows: np.ndarray
     """int32 [n_windows, 2]: (start, stop) rows of each validation day."""
+    select_windows: np.ndarray
+    """int32 [n_select, 2]: (start, stop) rows of each selection day (n_select may be 0)."""
     train_stop: int
     """Fold row where the purged tail begins (training rows are 0 .. train_stop - 1)."""
     val_start: int
@@ -137,14 +143,19 @@ class FoldMarket:
             raise ConfigError(f"env.episode_bars is {env.episode_bars}; an episode needs at least {MIN_EPISODE_BARS}")
         if env.max_position < 1:
             raise ConfigError(f"env.max_position is {env.max_position}; it must be at least 1")
+        if not 0 <= fold.select_days <= fold.train_stop - fold.train_first:
+            raise ConfigError(f"fold {fold.index}: {fold.select_days} selection days in a training window of "
+                              f"{fold.train_stop - fold.train_first}")  # fmt: skip
+        select_first = fold.train_stop - fold.select_days
         g0 = int(raw.day_start[fold.train_first])
         g_val = int(raw.day_start[fold.val_first])
+        g_held = int(raw.day_start[select_first])
         g_end = int(raw.day_start[fold.val_stop])
-        g_train_stop = g_val - fold.purge_bars if fold.train_stop > fold.train_first else g0
+        g_train_stop = g_held - fold.purge_bars if select_first > fold.train_first else g0
         if g_train_stop <= g0 and not given:
             raise ConfigError(
                 f"fold {fold.index}: purging {fold.purge_bars} bars leaves no training bars (the window has "
-                f"{g_val - g0})"
+                f"{g_held - g0})"
             )
         rows = slice(g0, g_end)
         stats = stats if given else fit_normaliser(fs.values, slice(g0, g_train_stop))
@@ -168,12 +179,15 @@ class FoldMarket:
             raise ConfigError(f"fold {fold.index}: no training day holds an episode of {MIN_EPISODE_BARS}+ bars")
         train_starts = np.concatenate(starts).astype(np.int32) if starts else np.zeros(1, np.int32)
 
-        val_days = range(fold.val_first - fold.train_first, fold.val_stop - fold.train_first)
-        windows = [(int(day_start[d]), int(day_start[d + 1])) for d in val_days]
-        windows = [w for w in windows if w[1] - w[0] >= MIN_EPISODE_BARS]
-        if not windows:
-            raise ConfigError(f"fold {fold.index}: no validation day has {MIN_EPISODE_BARS}+ bars")
-        val_windows = np.array(windows, np.int32).reshape(-1, 2)
+        def day_windows(first: int, stop: int, what: str) -> np.ndarray:
+            windows = [(int(day_start[d]), int(day_start[d + 1])) for d in range(first, stop)]
+            windows = [w for w in windows if w[1] - w[0] >= MIN_EPISODE_BARS]
+            if not windows and stop > first:
+                raise ConfigError(f"fold {fold.index}: no {what} day has {MIN_EPISODE_BARS}+ bars")
+            return np.array(windows, np.int32).reshape(-1, 2)
+
+        val_windows = day_windows(fold.val_first - fold.train_first, fold.val_stop - fold.train_first, "validation")
+        select_windows = day_windows(select_first - fold.train_first, fold.train_stop - fold.train_first, "selection")
 
         mid = np.ascontiguousarray(raw.mid[rows], np.float64)
         if not given:
@@ -209,6 +223,7 @@ class FoldMarket:
             row_stop=row_stop,
             train_starts=train_starts,
             val_windows=val_windows,
+            select_windows=select_windows,
             train_stop=train_stop,
             val_start=val_start,
             stats=stats,
@@ -278,6 +293,14 @@ class FoldMarketDevice:
     @property
     def n_rows(self) -> int:
         return self.host.n_rows
+
+    def on_selection_days(self, stager: Stager) -> FoldMarketDevice:
+        """The same market with the selection days as its evaluation windows (for a second Evaluator; the
+        other tensors are shared, not copied)."""
+        if self.host.select_windows.shape[0] == 0:
+            raise ConfigError(f"fold {self.host.fold_index} has no selection days (folds.select_days = 0)")
+        host = dataclasses.replace(self.host, val_windows=self.host.select_windows)
+        return dataclasses.replace(self, host=host, val_windows=stager.upload_new(host.val_windows))
 
 
 def forward_change(mid: np.ndarray, day_start: np.ndarray, horizon: int) -> np.ndarray:

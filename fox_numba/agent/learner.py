@@ -214,7 +214,9 @@ class Learner:
         produce_q_signals(self.q, self.entropy, self.util, self.q_partials, self.isv, self.epoch, n_rows=self.batch_size,
                           n_atoms=self.layout.n_atoms, stream=s)
         scatter_grads(rows.dl, bt.actions, self.dlogits, stream=s)
-        aux_loss(self.online.head_out, bt.rows, self.aux_target, lc.aux_weight, self.online.dhead, self.epoch, stream=s)
+        if lc.aux_weight > 0:  # off: the forecast column's dhead stays at its allocation zeros
+            aux_loss(self.online.head_out, bt.rows, self.aux_target, lc.aux_weight, self.online.dhead, self.epoch,
+                     stream=s)
         self.online.backward(self.params, self.dlogits, self.grads, stream=s)
         global_grad_norm(self.grads, self.norm_partials, self.isv, stream=s)
         guard_loss(self.isv, stream=s)
@@ -265,7 +267,7 @@ class Learner:
         self._zero_epoch()
         applied = max(acc[EpochStat.APPLIED], 1.0)
         steps = max(acc[EpochStat.STEPS], 1.0)
-        return {
+        stats = {
             "steps": float(acc[EpochStat.STEPS]),
             "applied_steps": float(acc[EpochStat.APPLIED]),
             "skipped_steps": float(acc[EpochStat.SKIPPED]),
@@ -277,8 +279,10 @@ class Learner:
             "grad_norm": float(acc[EpochStat.GRAD_NORM] / applied),
             "q_mean": float(acc[EpochStat.Q_MEAN] / steps),
             "td_abs": float(acc[EpochStat.TD_ABS] / applied),
-            "loss_aux": float(acc[EpochStat.LOSS_AUX] / steps),
         }
+        if self.cfg.learner.aux_weight > 0:  # an untrained column's loss would mean nothing
+            stats["loss_aux"] = float(acc[EpochStat.LOSS_AUX] / steps)
+        return stats
 
     def _zero_epoch(self) -> None:
         w = words(self.epoch)

@@ -2,8 +2,8 @@
 
 Run-wide (built once): the stream and its Stager, the ISV bus, the parameter layout, the replay buffer and
 the learner (parameters, target, Adam state, supports). Per fold (`bind_fold`): the fold's market tensors
-on the device, the collect environments and their collector, and the evaluator; the learner is pointed at
-the fold's observations. Per epoch (`collect`, `train`, `evaluate`): the three stages in order, each a
+on the device, the collect environments and their collector, the evaluator and, with selection days, a
+second evaluator over them (the selector); the learner is pointed at the fold's observations. Per epoch (`collect`, `train`, `evaluate`): the three stages in order, each a
 replay loop of captured StepGraphs with one synchronisation at its end.
 
     trainer = Trainer(cfg)
@@ -23,7 +23,7 @@ import numpy as np
 
 from fox_numba.agent.collector import Collector
 from fox_numba.agent.environment import VecEnv
-from fox_numba.agent.evaluator import Evaluator
+from fox_numba.agent.evaluator import Evaluator, eval_network
 from fox_numba.agent.fold_market import FoldMarket, FoldMarketDevice, aux_forecast_target
 from fox_numba.agent.health import HealthDiag
 from fox_numba.agent.learner import Learner
@@ -57,7 +57,7 @@ class Trainer:
     # Every attribute is wiring or a per-fold object rebuilt by bind_fold; the state lives in the learner,
     # the replay buffer and the ISV bus (walkforward/trainer_state.py).
     NOT_STATE = ("cfg", "stream", "stager", "bus", "layout", "replay", "learner", "market", "env", "collector",
-                 "evaluator", "fold", "_q_epoch", "health")
+                 "evaluator", "selector", "fold", "_q_epoch", "health")
 
     def __init__(self, cfg: FoxConfig) -> None:
         self.cfg = cfg
@@ -71,6 +71,8 @@ class Trainer:
         self.env: VecEnv | None = None
         self.collector: Collector | None = None
         self.evaluator: Evaluator | None = None
+        self.selector: Evaluator | None = None
+        """The backtest of the selection days (folds.select_days > 0), else None."""
         self.fold: int | None = None
         self._q_epoch = Mapped(1, np.float32)
         self.health = HealthDiag(self.stager)
@@ -95,8 +97,13 @@ class Trainer:
                                    stager=self.stager, seed=stream_seed(seed, SEED_COLLECT, fold),
                                    use_graph=cfg.run.graphs, health=self.health, spread=cfg.env.explore_spread,
                                    tau_mult=cfg.env.explore_tau)  # fmt: skip
-        self.evaluator = Evaluator(dev, cfg, self.layout, lrn.params, lrn.support_online, isv=self.bus.values,
+        state = lrn.state_arrays()
+        params, supports = (state[name] for name in eval_network(cfg.evaluation.network))
+        self.evaluator = Evaluator(dev, cfg, self.layout, params, supports, isv=self.bus.values,
                                    stager=self.stager, use_graph=cfg.run.graphs, health=self.health)  # fmt: skip
+        self.selector = None if market.select_windows.shape[0] == 0 else Evaluator(
+            dev.on_selection_days(self.stager), cfg, self.layout, params, supports, isv=self.bus.values,
+            stager=self.stager, use_graph=cfg.run.graphs)
 
     def _bound(self) -> tuple[Learner, VecEnv, Collector, Evaluator]:
         if self.learner is None or self.env is None or self.collector is None or self.evaluator is None:
@@ -130,6 +137,11 @@ class Trainer:
         *_, evaluator = self._bound()
         days = evaluator.run()
         return days, evaluator.metrics()
+
+    def evaluate_selection(self) -> list[tuple[np.ndarray, np.ndarray]] | None:
+        """The same backtest on the selection days (None without them): what picks the fold's best epoch."""
+        self._bound()
+        return None if self.selector is None else self.selector.run()
 
     def update_drift(self, q_epoch_mean: float) -> None:
         """ISV[Q_DRIFT_RATE] from this epoch's mean E[Q] (after the kill check; kernels/drift.py)."""

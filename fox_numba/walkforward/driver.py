@@ -9,7 +9,8 @@
             train     learner.steps_per_epoch gradient steps (one captured graph each, no host sync)
             kill checks (Q drift, gradient collapse, non-finite) -> ISV[Q_DRIFT_RATE]
             evaluate  the deterministic policy on every validation day -> Sharpe etc.
-            metrics line, checkpoints (last, and best by validation daily Sharpe)
+                      (and on the selection days held out of training, when folds.select_days > 0)
+            metrics line, checkpoints (last, and best by daily Sharpe on the selection days, else validation)
             a kill ends the fold (the run goes on with the next one)
     summary.json across folds
 
@@ -121,10 +122,11 @@ def fold_baselines(cfg: FoxConfig, market: FoldMarket, oracle: OracleReference |
 
 
 def epoch_summary(fold: int, epoch: int, val: Metrics, train: dict[str, float], rollout: dict[str, float],
-                  seconds: dict[str, float]) -> str:
+                  seconds: dict[str, float], select: Metrics | None = None) -> str:
     """One human line per epoch."""
     times = " ".join(f"{name} {t:.1f}" for name, t in seconds.items())
-    return (f"fold {fold} epoch {epoch}: val Sharpe {val.sharpe_daily:+.2f} (daily) {val.sharpe_bar:+.2f} (bar), "
+    held = f"select Sharpe {select.sharpe_daily:+.2f}, " if select is not None else ""
+    return (f"fold {fold} epoch {epoch}: {held}val Sharpe {val.sharpe_daily:+.2f} (daily) {val.sharpe_bar:+.2f} (bar), "
             f"return ${val.total_return:,.0f}, active {val.active_fraction:.2f}, trades {val.trades} | "
             f"loss {train['loss']:.4f}, grad {train['grad_norm']:.3g}, q {train['q_mean']:+.4f} | "
             f"collect reward {rollout.get('reward_mean', float('nan')):+.4f} | seconds: {times}")
@@ -228,20 +230,24 @@ class Driver:
         trainer.update_drift(train["q_mean"])
         t3 = time.perf_counter()
         records, eval_env = trainer.evaluate()
+        held = trainer.evaluate_selection()
         t4 = time.perf_counter()
+        annual = cfg.evaluation.annualisation_days
         days = [DaySeries(pnl, pos.astype(np.float64)) for pnl, pos in records]
-        val = compute_metrics(days, annualisation_days=cfg.evaluation.annualisation_days)
+        val = compute_metrics(days, annualisation_days=annual)
+        select = None if held is None else compute_metrics(
+            [DaySeries(pnl, pos.astype(np.float64)) for pnl, pos in held], annualisation_days=annual)
         report = fold_report(val, flat=baselines.flat, buy_and_hold=baselines.buy_and_hold, probe=baselines.probe,
                              oracle_sharpe=baselines.oracle_sharpe)
         last = epoch == cfg.learner.epochs - 1
-        line = epoch_line(k, epoch, val=val, report=report, kill=kill, resets=resets,
+        line = epoch_line(k, epoch, val=val, report=report, kill=kill, resets=resets, select=select,
                           train={**train, **{f"collect_{n}": v for n, v in rollout.items()},
                                  **{f"eval_{n}": v for n, v in eval_env.items()}, "fold_step": fold_step})
         arrays = trainer.download_state() | self.fold_market.checkpoint_arrays()
         self.run.end_epoch(line, arrays=arrays, registry=self.registry, best=self.best,
                            fold_done=kill is not None or last, validation=days, fingerprints=self.fingerprints())
         seconds = {"collect": t1 - t0, "train": t2 - t1, "evaluate": t4 - t3, "epoch": time.perf_counter() - t0}
-        self.log(epoch_summary(k, epoch, val, train, rollout, seconds))
+        self.log(epoch_summary(k, epoch, val, train, rollout, seconds, select))
         if kill is not None:
             self.log(f"fold {k} killed: {kill.reason}")
         return kill is not None

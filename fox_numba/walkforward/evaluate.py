@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from fox_numba.agent.evaluator import Evaluator
+from fox_numba.agent.evaluator import Evaluator, eval_network
 from fox_numba.agent.fold_market import CHECKPOINT_ARRAYS, FoldMarket
 from fox_numba.agent.network import ParamLayout
 from fox_numba.checkpoint import load_checkpoint
@@ -49,6 +49,7 @@ class AllValidation:
     train_stop: int = 0
     val_first: int = 0
     purge_bars: int = 0
+    select_days: int = 0
 
 
 def evaluate_checkpoint(checkpoint: Path, *, store: str | None, overrides: list[str],
@@ -59,9 +60,6 @@ def evaluate_checkpoint(checkpoint: Path, *, store: str | None, overrides: list[
     cfg = load_config(path=run_dir / "config.toml")
     layout = ParamLayout.build(OBS_DIM, cfg.network)
     ck = load_checkpoint(checkpoint, expected_fingerprints={"params": layout.fingerprint})
-    missing = [n for n in (*CHECKPOINT_ARRAYS, "learner.params", "learner.support_online", "isv") if n not in ck.arrays]
-    if missing:
-        raise InputError(checkpoint, f"not a training checkpoint of this build: it lacks {missing}")
     if store is None and not overrides:
         selection = select_market(cfg.market)
         fold = make_folds(cfg.folds, selection.days)[int(ck.meta["fold"])]
@@ -72,6 +70,10 @@ def evaluate_checkpoint(checkpoint: Path, *, store: str | None, overrides: list[
         for text in overrides:
             set_value(cfg, *parse_override(text))
         selection = select_market(cfg.market)
+    net = [f"learner.{name}" for name in eval_network(cfg.evaluation.network)]
+    missing = [n for n in (*CHECKPOINT_ARRAYS, *net, "isv") if n not in ck.arrays]
+    if missing:
+        raise InputError(checkpoint, f"not a training checkpoint of this build: it lacks {missing}")
     log(f"evaluating fold {int(ck.meta['fold'])} epoch {int(ck.meta['epoch'])} of {run_dir} on {len(selection.days)} "
         f"days of {selection.path} ({selection.days[0]}..{selection.days[-1]})")
     features = load_features(cfg, selection)
@@ -80,8 +82,7 @@ def evaluate_checkpoint(checkpoint: Path, *, store: str | None, overrides: list[
                               stats=stats, risk_unit=float(ck.arrays["market.risk_unit"]))  # fmt: skip
     stager = Stager(new_stream())
     dev = market.upload(stager)
-    params = stager.upload_new(ck.arrays["learner.params"])
-    supports = stager.upload_new(ck.arrays["learner.support_online"])
+    params, supports = (stager.upload_new(ck.arrays[name]) for name in net)
     isv = stager.upload_new(ck.arrays["isv"])
     evaluator = Evaluator(dev, cfg, layout, params, supports, isv=isv, stager=stager, use_graph=cfg.run.graphs)
     days = [DaySeries(pnl, pos.astype(np.float64)) for pnl, pos in evaluator.run()]

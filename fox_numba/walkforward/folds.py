@@ -5,7 +5,10 @@ advance by `step_days` per fold. Rolling folds slide the training start with the
 at the first day (each fold trains on everything before its validation window). Windows are whole
 trading days, so episodes never cross a window edge. The last `purge_bars` bars of every training window
 are dropped: their look-ahead (rewards and labels over the next bars) would otherwise sit next to the
-validation window. Example, the default config (60 training / 10 validation days, advancing 10) on a
+validation window. With `select_days` > 0 the last that many days of the training window are held out as
+the selection window: nothing trains on them (the purge moves to their start), and each epoch's backtest
+on them, not on the validation days, picks the fold's best epoch, so the validation figures of that epoch
+are out of sample. Example, the default config (60 training / 10 validation days, advancing 10) on a
 120-day market (the default market's length):
 
     fold 0: train days 0-59,   validate 60-69
@@ -41,22 +44,35 @@ class Fold:
     days: tuple[str, ...]
     """All trading days of the run (the windows index into them)."""
     purge_bars: int
+    select_days: int = 0
+    """The last days of the training window held out for selecting the best epoch (0: none)."""
+
+    @property
+    def select_first(self) -> int:
+        """First day of the selection window (= train_stop without one); training stops before it."""
+        return self.train_stop - self.select_days
 
     @property
     def train_days(self) -> tuple[str, ...]:
+        """The training window, selection days included."""
         return self.days[self.train_first : self.train_stop]
+
+    @property
+    def selection_days(self) -> tuple[str, ...]:
+        return self.days[self.select_first : self.train_stop]
 
     @property
     def val_days(self) -> tuple[str, ...]:
         return self.days[self.val_first : self.val_stop]
 
     def train_rows(self, day_start: np.ndarray) -> slice:
-        """Bar rows of the training window, less the purged tail (`day_start`: RawMarket.day_start)."""
-        first, stop = int(day_start[self.train_first]), int(day_start[self.train_stop]) - self.purge_bars
+        """Bar rows trained on: the training window less the selection days and the purged tail before them
+        (`day_start`: RawMarket.day_start)."""
+        first, stop = int(day_start[self.train_first]), int(day_start[self.select_first]) - self.purge_bars
         if stop <= first:
             raise ConfigError(
                 f"fold {self.index}: purging {self.purge_bars} bars leaves no training bars "
-                f"(the window has {int(day_start[self.train_stop]) - first})"
+                f"(the window has {int(day_start[self.select_first]) - first})"
             )
         return slice(first, stop)
 
@@ -73,11 +89,16 @@ class Fold:
             "train_days": [self.train_days[0], self.train_days[-1]],
             "val_days": [self.val_days[0], self.val_days[-1]],
             "purge_bars": self.purge_bars,
+            "select": [self.select_first, self.train_stop],
+            "select_days": [self.selection_days[0], self.selection_days[-1]] if self.select_days else [],
         }
 
     def describe(self) -> str:
+        trained = self.days[self.train_first : self.select_first]
+        held = (f", select {self.selection_days[0]}..{self.selection_days[-1]} ({self.select_days} days)"
+                if self.select_days else "")  # fmt: skip
         return (
-            f"fold {self.index}: train {self.train_days[0]}..{self.train_days[-1]} ({len(self.train_days)} days), "
+            f"fold {self.index}: train {trained[0]}..{trained[-1]} ({len(trained)} days){held}, "
             f"validate {self.val_days[0]}..{self.val_days[-1]} ({len(self.val_days)} days)"
         )
 
@@ -100,6 +121,10 @@ def make_folds(cfg: FoldConfig, days: Sequence[str]) -> list[Fold]:
             raise ConfigError(f"folds.{name} must be at least 1, got {getattr(cfg, name)}")
     if cfg.purge_bars < 0:
         raise ConfigError(f"folds.purge_bars must be >= 0, got {cfg.purge_bars}")
+    if not 0 <= cfg.select_days < cfg.train_days:
+        raise ConfigError(
+            f"folds.select_days must be in [0, folds.train_days = {cfg.train_days}), got {cfg.select_days}"
+        )
     need = days_needed(cfg)
     if need > len(days):
         raise ConfigError(
@@ -112,6 +137,7 @@ def make_folds(cfg: FoldConfig, days: Sequence[str]) -> list[Fold]:
         train_stop = k * cfg.step_days + cfg.train_days
         train_first = 0 if cfg.anchored else k * cfg.step_days
         folds.append(
-            Fold(k, train_first, train_stop, train_stop, train_stop + cfg.val_days, tuple(days), cfg.purge_bars)
+            Fold(k, train_first, train_stop, train_stop, train_stop + cfg.val_days, tuple(days), cfg.purge_bars,
+                 cfg.select_days)
         )
     return folds

@@ -5,7 +5,8 @@ best_validation.npz and baselines.npz (per-bar validation PnL of the best epoch,
 probe; the oracle's daily PnL on a synthetic store) and health_diag.log. Writes into RUN/report/:
 
     equity.png        validation equity per fold (best epoch) against flat, buy-and-hold, the probe, the oracle
-    sharpe.png        validation daily Sharpe per epoch, one line per fold
+    sharpe.png        validation daily Sharpe per epoch, one line per fold (dashed beside it: the Sharpe on the
+                      selection days, which chose the best epoch, when the run has them)
     signals.png       from HEALTH_DIAG over the snapshots: reward split, Q scale references, gradient norm raw
                       and clipped with clip_eff, lr_eff, tau_eff and the fold warm-up factor
     actions.png       training and validation action shares per branch (each fold's last snapshot)
@@ -113,11 +114,19 @@ def sharpe_figure(lines: list[dict[str, Any]]) -> Any:
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=FIG_SIZE)
     for k in sorted({ln["fold"] for ln in lines}):
-        pts = [(ln["epoch"], ln["val"].get("sharpe_daily")) for ln in lines if ln["fold"] == k]
-        ax.plot([e for e, _ in pts], [np.nan if s is None else s for _, s in pts], marker="o", label=f"fold {k}")
+        fold = [ln for ln in lines if ln["fold"] == k]
+        epochs = [ln["epoch"] for ln in fold]
+
+        def figures(key: str) -> list[float]:
+            return [np.nan if v is None else v for v in (ln.get(key, {}).get("sharpe_daily") for ln in fold)]
+
+        (line,) = ax.plot(epochs, figures("val"), marker="o", label=f"fold {k}")
+        if any("select" in ln for ln in fold):
+            ax.plot(epochs, figures("select"), ls="--", marker=".", color=line.get_color(),
+                    label=f"fold {k}, selection days")
     ax.axhline(0.0, color="grey", lw=0.8)
     ax.set_xlabel("epoch")
-    ax.set_ylabel("validation Sharpe (daily, annualised)")
+    ax.set_ylabel("Sharpe (daily, annualised)")
     ax.legend()
     fig.tight_layout()
     return fig

@@ -5,7 +5,8 @@
       folds.json                   the fold windows (Fold.as_dict) and the run's trading days
       metrics.jsonl                one line per epoch per fold (`epoch_line`), appended and fsynced
       fold_00/last.h5              the trainer's state after the fold's latest epoch (a checkpoint)
-      fold_00/best.h5              the state after the fold's best epoch by validation daily Sharpe
+      fold_00/best.h5              the state after the fold's best epoch by daily Sharpe (on the selection
+                                   days, else on the validation days)
       fold_00/best_validation.npz  that epoch's validation days (per-bar PnL and positions)
       summary.json                 per fold: best epoch, its figures and baselines, kill; across folds
       .lock                        held (flock) by the process running the folder
@@ -59,11 +60,12 @@ from fox_numba.walkforward.reset_registry import FoldReset, StateResetRegistry
 
 CONFIG, FOLDS, METRICS, SUMMARY, LOCK = "config.toml", "folds.json", "metrics.jsonl", "summary.json", ".lock"
 LAST, BEST, BEST_VALIDATION = "last.h5", "best.h5", "best_validation.npz"
-SELECT_BY = "sharpe_daily"  # the validation figure the best epoch is chosen by
+SELECT_BY = "sharpe_daily"  # the figure the best epoch is chosen by: of the selection days if any, else validation
 
 
 class BestEpoch:
-    """The fold's best epoch so far by validation daily Sharpe (registry state, FoldReset)."""
+    """The fold's best epoch so far by daily Sharpe on the selection days, or on the validation days without
+    them (registry state, FoldReset)."""
 
     NOT_STATE = ()
 
@@ -73,8 +75,8 @@ class BestEpoch:
 
     def register_state(self, registry: StateResetRegistry) -> None:
         r = registry.owner(self, "run.best")
-        r.field("epoch", FoldReset, None, "best epoch of this fold by validation Sharpe")
-        r.field("sharpe", FoldReset, None, "its validation daily Sharpe")
+        r.field("epoch", FoldReset, None, "best epoch of this fold by selection (else validation) Sharpe")
+        r.field("sharpe", FoldReset, None, "the daily Sharpe it was chosen by")
 
     def update(self, epoch: int, sharpe: float | None, eligible: bool = True) -> bool:
         """Record the epoch if it beats the best so far (strictly; a NaN or ineligible epoch never does)."""
@@ -89,10 +91,14 @@ class BestEpoch:
 def epoch_line(
     fold: int, epoch: int, *, val: Metrics, report: Mapping[str, Any] | None = None,
     train: Mapping[str, Any] | None = None, kill: Kill | None = None, resets: Sequence[str] | None = None,
+    select: Metrics | None = None,
 ) -> dict[str, Any]:
-    """One metrics.jsonl line: the validation figures, the fold report (baselines, oracle and probe fractions),
-    training figures, the kill (None if none) and, on a fold's first epoch, the entries the fold reset ran."""
+    """One metrics.jsonl line: the validation figures, the selection days' figures (when the fold has them),
+    the fold report (baselines, oracle and probe fractions), training figures, the kill (None if none) and,
+    on a fold's first epoch, the entries the fold reset ran."""
     line: dict[str, Any] = {"fold": fold, "epoch": epoch, "val": val.as_dict()}
+    if select is not None:
+        line["select"] = select.as_dict()
     if report is not None:
         line["baselines"] = {k: v for k, v in report.items() if k != "agent"}
     line["train"] = {k: json_number(v) for k, v in (train or {}).items()}
@@ -233,7 +239,8 @@ class RunFolder:
         """Record an epoch (module docstring: the order); returns whether it is the fold's best so far.
         `fold_done`: the fold ends with this epoch (its last, or a kill)."""
         fold, epoch = int(line["fold"]), int(line["epoch"])
-        improved = best.update(epoch, line["val"].get(SELECT_BY), eligible=line.get("kill") is None)
+        chooser = line.get("select", line["val"])
+        improved = best.update(epoch, chooser.get(SELECT_BY), eligible=line.get("kill") is None)
         self.append_metrics({**line, "best": improved})
         ck_meta = {**(meta or {}), "fold": fold, "epoch": epoch, "fold_done": bool(fold_done)}
         state = registry.host_state()
@@ -313,12 +320,16 @@ class RunFolder:
             if days is not None:
                 best_days.append(days)
         last = [f["last_val"].get("sharpe_daily") for f in per_fold]
+        on = "selection" if any("select" in ln for ln in lines) else "validation"
         summary = {
             "folds": per_fold,
             "across_folds": across_folds(best_days, annualisation_days=annualisation_days) if best_days else None,
             "last_epoch_sharpe_mean": json_number(float(np.mean(last))) if last and None not in last else None,
-            "note": "across_folds chains the validation days of each fold's best epoch (chosen on those days); "
-                    "last_epoch_sharpe_mean is the mean daily Sharpe of each fold's last epoch (chosen by nothing)",
+            "best_chosen_on": on,
+            "note": "across_folds chains the validation days of each fold's best epoch, chosen by its daily Sharpe "
+                    + ("on the selection days held out of training (out of sample)" if on == "selection" else
+                       "on those validation days (in sample: folds.select_days > 0 chooses out of sample)")
+                    + "; last_epoch_sharpe_mean is the mean daily Sharpe of each fold's last epoch (chosen by nothing)",
         }
         atomic_write_text(self.path / SUMMARY, json.dumps(summary, indent=1, sort_keys=True, allow_nan=False) + "\n")
         return summary

@@ -129,3 +129,29 @@ def test_folds_that_cannot_hold_an_episode_are_refused(fs):
         FoldMarket.build(fs, WINDOWS, FEATURES, EnvConfig(episode_bars=1))
     with pytest.raises(ConfigError, match="consecutive days"):
         FoldMarket.build(fs, dataclasses.replace(WINDOWS, val_first=6), FEATURES, ENV)
+
+
+def test_selection_days_are_held_out_of_training(fs, stager):
+    """With the last training day (day 4, rows 27-36) held out for selection: training stops 3 bars before it,
+    the normaliser, the risk unit and the episode starts see nothing from it on, the selection window is that
+    day, and the device view on it evaluates those rows and shares every other tensor."""
+    held = dataclasses.replace(WINDOWS, select_days=1)
+    fm = FoldMarket.build(fs, held, FEATURES, ENV)
+    assert fm.train_stop == 27 - 3 and fm.val_start == 37
+    np.testing.assert_array_equal(fm.select_windows, [[27, 37]])
+    np.testing.assert_array_equal(fm.val_windows, [[37, 45], [45, 52]])
+    stats = fit_normaliser(fs.values, slice(9, 9 + 24))
+    np.testing.assert_array_equal(fm.stats.mean, stats.mean)
+    np.testing.assert_array_equal(fm.stats.std, stats.std)
+    assert fm.train_starts.max() + 6 <= fm.train_stop and fm.row_stop[26] == 27  # day 3 ends at the purge start
+    assert (fm.row_stop[27:37] == 37).all()  # a selection day runs to its end
+    assert FoldMarket.build(fs, WINDOWS, FEATURES, ENV).select_windows.shape == (0, 2)
+    dev = fm.upload(stager)
+    view = dev.on_selection_days(stager)
+    np.testing.assert_array_equal(stager.download(view.val_windows), [[27, 37]])
+    np.testing.assert_array_equal(view.host.val_windows, [[27, 37]])
+    assert view.market_obs is dev.market_obs and view.host.train_stop == fm.train_stop
+    with pytest.raises(ConfigError, match="no selection days"):
+        FoldMarket.build(fs, WINDOWS, FEATURES, ENV).upload(stager).on_selection_days(stager)
+    with pytest.raises(ConfigError, match="5 selection days"):
+        FoldMarket.build(fs, dataclasses.replace(WINDOWS, select_days=5), FEATURES, ENV)

@@ -19,9 +19,11 @@ from fox_numba.walkforward.folds import make_folds
 
 
 @pytest.fixture(scope="module")
-def trained(four_day_store):
-    """A smoke trainer after one collect phase and 4 gradient steps (a snapshot every 2), on four synthetic days."""
-    cfg = load_config("smoke", overrides=[f'market.store="{four_day_store}"', "env.collect_steps=4"])
+def trained(half_hour_store):
+    """A smoke trainer after one collect phase and 4 gradient steps (a snapshot every 2), on four synthetic days
+    of half an hour (a validation pass of 29 steps, not 389)."""
+    cfg = load_config("smoke", overrides=[f'market.store="{half_hour_store}"', "env.collect_steps=4",
+                                        "learner.steps_per_epoch=4"])
     selection = select_market(cfg.market)
     fold = make_folds(cfg.folds, selection.days)[0]
     trainer = Trainer(cfg)

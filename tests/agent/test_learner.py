@@ -256,11 +256,16 @@ def test_one_step_equals_a_float64_step(stream, stager, rng, dense, n_layers):
     assert stats["loss_aux"] == pytest.approx(ref["loss_aux"], rel=1e-4) and ref["loss_aux"] > 0
 
 
-def test_the_step_lists_its_kernels_in_order(stream, stager, rng):
-    learner, _ = build(stager, stream, tiny_config(), random_replay(rng), rng.standard_normal((12, M)).astype(
-        np.float32), bootstrap_values())
+def _step_kernels(stager, stream, rng, cfg) -> tuple[list[str], dict[str, float]]:
+    learner, _ = build(stager, stream, cfg, random_replay(rng), rng.standard_normal((12, M)).astype(np.float32),
+                       bootstrap_values())
     learner.step()
     names = [r.kernel.rsplit(".", 2)[-2] + "." + r.kernel.rsplit(".", 1)[1] for r in learner.graph.launches]
+    return names, learner.epoch_stats()
+
+
+def test_the_step_lists_its_kernels_in_order(stream, stager, rng):
+    names, stats = _step_kernels(stager, stream, rng, tiny_config(aux_weight=0.5))
     assert names[:4] == ["learner.step_schedule", "replay.replay_sample_kernel", "replay.replay_gather_kernel",
                          "env.gather_obs_kernel"]
     order = ["distributional.expected_q_stats_kernel", "learner.double_dqn_rows", "distributional.c51_project_kernel",
@@ -273,6 +278,13 @@ def test_the_step_lists_its_kernels_in_order(stream, stager, rng):
     positions = [names.index(k) for k in order]
     assert positions == sorted(positions)
     assert "elementwise.copy_u32" not in names  # nothing copied from the host inside a step
+    assert "loss_aux" in stats
+
+
+def test_the_auxiliary_loss_off_launches_nothing_and_reports_nothing(stream, stager, rng):
+    names, stats = _step_kernels(stager, stream, rng, tiny_config(aux_weight=0.0))
+    assert "learner.aux_forecast_loss" not in names and "learner.scatter_branch_grads" in names
+    assert "loss_aux" not in stats
 
 
 # ---- the non-finite guard -----------------------------------------------------------------------------
@@ -531,3 +543,19 @@ def test_observation_noise_enters_the_step_only_when_asked(stream, stager, rng):
         params[sigma] = stager.download(learner.params)
         assert np.isfinite(params[sigma]).all()
     assert not np.array_equal(params[0.0], params[0.5])
+
+
+def test_the_evaluated_network_names_learner_state(stream, stager, rng):
+    """evaluation.network picks arrays the learner checkpoints: the online ones, or the target's."""
+    from fox_numba.agent.evaluator import EVAL_NETWORKS, eval_network
+    from fox_numba.errors import ConfigError
+
+    learner, _ = build(stager, stream, tiny_config(), random_replay(rng), rng.standard_normal((12, M)).astype(
+        np.float32), bootstrap_values())
+    state = learner.state_arrays()
+    for name, arrays in (("online", (learner.params, learner.support_online)),
+                         ("target", (learner.target, learner.support_target))):
+        assert all(state[n] is a for n, a in zip(eval_network(name), arrays, strict=True)), name
+    assert set(EVAL_NETWORKS) == {"online", "target"}
+    with pytest.raises(ConfigError, match="evaluation.network is 'best'; choose one of 'online', 'target'"):
+        eval_network("best")

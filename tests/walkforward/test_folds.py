@@ -34,8 +34,22 @@ def test_default_config_fills_120_days_with_six_folds():
     )
     assert json.loads(json.dumps(folds[5].as_dict())) == {
         "index": 5, "train": [50, 110], "val": [110, 120], "train_days": [DAYS[50], DAYS[109]],
-        "val_days": [DAYS[110], DAYS[119]], "purge_bars": 30,
+        "val_days": [DAYS[110], DAYS[119]], "purge_bars": 30, "select": [110, 110], "select_days": [],
     }
+
+
+def test_selection_days_end_the_training_window_and_move_the_purge():
+    rng = np.random.default_rng(3)
+    day_start = np.concatenate(([0], np.cumsum(rng.integers(300, 391, size=len(DAYS)))))
+    fold = make_folds(FoldConfig(select_days=10), DAYS)[2]
+    assert (fold.train_first, fold.select_first, fold.train_stop, fold.val_first) == (20, 70, 80, 80)
+    assert fold.selection_days == DAYS[70:80] and len(fold.train_days) == 60
+    train = fold.train_rows(day_start)
+    assert (train.start, train.stop) == (day_start[20], day_start[70] - 30)
+    assert fold.describe() == (f"fold 2: train {DAYS[20]}..{DAYS[69]} (50 days), select {DAYS[70]}..{DAYS[79]} "
+                               f"(10 days), validate {DAYS[80]}..{DAYS[89]} (10 days)")
+    d = fold.as_dict()
+    assert d["select"] == [70, 80] and d["select_days"] == [DAYS[70], DAYS[79]]
 
 
 def test_default_config_on_the_default_market():
@@ -87,7 +101,8 @@ def test_too_few_days_says_what_to_change():
         make_folds(FoldConfig(), DAYS[:100])
 
 
-@pytest.mark.parametrize("field, value", [("n_folds", 0), ("val_days", 0), ("purge_bars", -1)])
+@pytest.mark.parametrize("field, value", [("n_folds", 0), ("val_days", 0), ("purge_bars", -1), ("select_days", -1),
+                                          ("select_days", 60)])
 def test_bad_fold_config(field, value):
     with pytest.raises(ConfigError, match=f"folds.{field}"):
         make_folds(dataclasses.replace(FoldConfig(), **{field: value}), DAYS)

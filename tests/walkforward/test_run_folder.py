@@ -151,6 +151,30 @@ def test_metrics_lines_and_the_best_epoch(tmp_path):
     assert best.update(5, float("nan")) is False and best.update(5, 1e9, eligible=False) is False
 
 
+def test_selection_days_choose_the_best_epoch(tmp_path):
+    """With selection figures on the lines, they choose: validation and selection Sharpe rank the three epochs
+    in opposite orders here, and the summary says what chose."""
+    cfg = load_config("smoke", overrides=[f"run.out_dir={tmp_path}", "run.name=r"])
+    registry, best = StateResetRegistry(), BestEpoch()
+    best.register_state(registry)
+    vals = sorted((compute_metrics(days(seed), annualisation_days=252) for seed in (1, 2, 3)),
+                  key=lambda m: m.sharpe_daily)
+    sels = vals[::-1]  # the best by selection is epoch 0, by validation epoch 2
+    with RunFolder.create(cfg, make_folds(cfg.folds, DAYS)) as run:
+        for e in range(3):
+            run.end_epoch(epoch_line(0, e, val=vals[e], select=sels[e]), arrays={"p": np.full(3, e, np.float32)},
+                          registry=registry, best=best, fold_done=e == 2, validation=days(e + 1))
+        chosen = 0
+        assert len({v.sharpe_daily for v in vals}) == 3
+        assert best.epoch == chosen and best.sharpe == sels[chosen].sharpe_daily
+        assert load_checkpoint(run.fold_dir(0) / "best.h5").arrays["p"].tolist() == [chosen] * 3
+        lines = run.read_metrics()
+        assert lines[chosen]["select"] == sels[chosen].as_dict() and lines[chosen]["best"]
+        summary = run.summarise(annualisation_days=252)
+        assert summary["best_chosen_on"] == "selection" and summary["folds"][0]["best_epoch"] == chosen
+        assert summary["folds"][0]["val"] == vals[chosen].as_dict()
+
+
 def test_resume_checks_the_layouts(tmp_path):
     cfg = load_config("smoke", overrides=[f"run.out_dir={tmp_path}", "run.name=r"])
     with RunFolder.create(cfg, make_folds(cfg.folds, DAYS)) as run:

@@ -28,12 +28,14 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from fox_numba.checkpoint import load_checkpoint
 from fox_numba.cli import backend_line
+from fox_numba.config import PRESETS
 from fox_numba.diag.layout import parse_line
 from fox_numba.market.calendar import bars_in_session
 from fox_numba.market.store import MarketStore
 from fox_numba.walkforward.report import FIGURES, equity_figure, write_report
 
-EPOCHS, FOLDS = 2, 2  # the smoke preset's
+EPOCHS, FOLDS = PRESETS["smoke"]["learner.epochs"], PRESETS["smoke"]["folds.n_folds"]
+STEPS, DIAG_EVERY = PRESETS["smoke"]["learner.steps_per_epoch"], PRESETS["smoke"]["run.diag_every"]
 
 
 @pytest.fixture(scope="module")
@@ -95,13 +97,14 @@ def test_smoke_runs_every_fold_end_to_end(reference):
         assert lines[k * EPOCHS]["resets"] and lines[k * EPOCHS]["kill"] is None
         for name in ("last.h5", "best.h5", "best_validation.npz", "baselines.npz"):
             assert (run / f"fold_{k:02d}" / name).is_file()
-    assert all(np.isfinite(ln["train"]["loss"]) and ln["train"]["steps"] == 4 for ln in lines)
+    assert all(np.isfinite(ln["train"]["loss"]) and ln["train"]["steps"] == STEPS for ln in lines)
     summary = json.loads((run / "summary.json").read_text())
     assert len(summary["folds"]) == FOLDS and summary["across_folds"] is not None
     assert_report(run)
     diag = [parse_line(ln) for ln in (run / "health_diag.log").read_text().splitlines()]
-    assert len(diag) == FOLDS * EPOCHS * 2  # 4 steps per epoch, a snapshot every 2
-    assert [d["step"] for d in diag[:4]] == [2, 4, 6, 8]  # the fold's step counter runs on across its epochs
+    assert len(diag) == FOLDS * EPOCHS * STEPS // DIAG_EVERY  # a snapshot every DIAG_EVERY steps
+    per_fold = EPOCHS * STEPS // DIAG_EVERY  # the fold's step counter runs on across its epochs, then restarts
+    assert [d["step"] for d in diag] == [DIAG_EVERY * (k % per_fold + 1) for k in range(len(diag))]
     assert sum(diag[0][f"train_dir_{d}"] for d in ("short", "hold", "long", "flat")) == 16  # one collect step
     assert proc.stdout.count("HEALTH_DIAG ") == len(diag)
 
