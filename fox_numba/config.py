@@ -186,6 +186,13 @@ class LearnerConfig:
         "(tools/results/learner_ablation_h200.md section 7). At 0.5-2 on the default market it stopped the memorising "
         "and nearly all trading with it (section 8).",
     )
+    dropout: float = opt(
+        0.0,
+        "Probability of dropping each hidden unit of the online network in training (inverted dropout, kept "
+        "units scaled by 1 / (1 - p); 0: none; collect and evaluation never drop): capacity control against "
+        "memorising the training window's bars (kernels/dropout.py). At 0.1 and 0.3 on the default market the "
+        "greedy policy stopped trading (tools/results/learner_ablation_h200.md section 8).",
+    )
     warmup_rule: str = opt(
         "damped",
         "Fold warm-up factor rule: 'damped' feeds the gradient-norm EMAs the clipped norm min(raw, clip_eff), so "

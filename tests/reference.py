@@ -154,26 +154,46 @@ def dueling_backward64(dlogits):
     return np.concatenate([dv, da], axis=1).reshape(bsz, -1)
 
 
-def net_head64(p, n_layers, obs):
+def dropout_keep64(rows, hidden, *, seed, step, layer, rate):
+    """kernels/dropout.py's mask as float64 factors [rows, hidden]: 0 (dropped) or 1 / (1 - rate) (kept)."""
+    from fox_numba.kernels.dropout import GOLDEN, MIX_LAYER, MIX_STEP
+
+    mask = (1 << 64) - 1
+    keep = np.empty((rows, hidden))
+    base = (seed * GOLDEN + step * MIX_STEP + layer * MIX_LAYER) & mask
+    for i in range(rows * hidden):
+        z = (base + i) & mask
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
+        z ^= z >> 31
+        u = (z >> 40) / float(1 << 24)
+        keep[i // hidden, i % hidden] = 0.0 if u < rate else 1.0 / (1.0 - rate)
+    return keep
+
+
+def net_head64(p, n_layers, obs, keep=None):
     """(trunk activations [list of [B, H]], head GEMM output [B, 17 * Z + 1]) in float64, from host params p
-    (the layout's `unpack` of a flat buffer); the last column is the auxiliary forecast."""
+    (the layout's `unpack` of a flat buffer); the last column is the auxiliary forecast. `keep` (a list of
+    [B, H] factors per hidden layer, `dropout_keep64`) multiplies each layer's ReLU output."""
     x = np.asarray(obs, np.float64)
     acts = []
     for layer in range(n_layers):
         x = np.maximum(x @ p[f"trunk.{layer}.weight"].astype(np.float64) + p[f"trunk.{layer}.bias"], 0.0)
+        if keep is not None:
+            x = x * keep[layer]
         acts.append(x)
     return acts, x @ p["head.weight"].astype(np.float64) + p["head.bias"]
 
 
-def net_forward64(p, n_layers, obs, n_atoms):
+def net_forward64(p, n_layers, obs, n_atoms, keep=None):
     """(trunk activations [list of [B, H]], logits [B, 13, Z]) of the network (`net_head64`, then the combine)."""
-    acts, head = net_head64(p, n_layers, obs)
+    acts, head = net_head64(p, n_layers, obs, keep)
     return acts, dueling64(head, n_atoms)
 
 
-def net_backward64(p, n_layers, obs, acts, dlogits, daux=None):
+def net_backward64(p, n_layers, obs, acts, dlogits, daux=None, keep=None):
     """{name: d(sum dlogits * logits + sum daux * aux) / d param} in float64, from `net_forward64`'s
-    activations (daux [B], the auxiliary forecast's gradient, 0 when None)."""
+    activations (daux [B], the auxiliary forecast's gradient, 0 when None; `keep` as net_head64's)."""
     grads = {}
     inputs = [np.asarray(obs, np.float64)] + acts
     daux = np.zeros(dlogits.shape[0]) if daux is None else np.asarray(daux, np.float64)
@@ -185,6 +205,8 @@ def net_backward64(p, n_layers, obs, acts, dlogits, daux=None):
         grads[f"{name}.bias"] = dy.sum(axis=0)
         if layer > 0:
             dy = (dy @ p[f"{name}.weight"].astype(np.float64).T) * (x > 0)
+            if keep is not None:
+                dy = dy * keep[layer - 1]
     return grads
 
 

@@ -47,7 +47,7 @@ from typing import Any
 import numpy as np
 
 from fox_numba.actions import N_BRANCHES, N_HEADS
-from fox_numba.agent.network import Network, ParamLayout, init_params
+from fox_numba.agent.network import Dropout, Network, ParamLayout, init_params
 from fox_numba.agent.replay import ReplayBatch, ReplayBuffer
 from fox_numba.config import FoxConfig
 from fox_numba.device.control import ControlBlock
@@ -120,9 +120,10 @@ class Learner:
             raise ValueError(f"learner.branch_weights needs {N_BRANCHES} weights >= 0, got {lc.branch_weights}")
         if not (0.0 <= lc.gamma < 1.0 and 0.0 <= lc.lr_min_frac <= 1.0 and 0.0 <= lc.tau_min_frac <= 1.0
                 and 0.0 < lc.tau <= 1.0 and lc.batch_size >= 1 and lc.steps_per_epoch >= 1 and lc.aux_weight >= 0
-                and lc.obs_noise >= 0):
+                and lc.obs_noise >= 0 and 0.0 <= lc.dropout < 1.0):
             raise ValueError("learner config out of range: need 0 <= gamma < 1, lr_min_frac and tau_min_frac in "
-                             "[0, 1], 0 < tau <= 1, batch_size >= 1, steps_per_epoch >= 1, aux_weight >= 0, obs_noise >= 0")
+                             "[0, 1], 0 < tau <= 1, batch_size >= 1, steps_per_epoch >= 1, aux_weight >= 0, obs_noise "
+                             ">= 0, 0 <= dropout < 1")
         if lc.bootstrap not in BOOTSTRAP_RULES:
             raise ValueError(f"learner.bootstrap must be one of {BOOTSTRAP_RULES}, got {lc.bootstrap!r}")
         if cfg.run.diag_every < 1:
@@ -166,7 +167,8 @@ class Learner:
         self.batch = ReplayBatch(b, stream=stream, n_port=n_port)
         self.obs = device_empty((2 * b, layout.obs_dim), np.float32)  # s rows, then s' rows
         self.obs_next = self.obs[b:]
-        self.online = Network(layout, 2 * b, stream=stream, grad_rows=b, dense=dense)
+        drop = Dropout(lc.dropout, self.optim_state, self.seed) if lc.dropout > 0 else None
+        self.online = Network(layout, 2 * b, stream=stream, grad_rows=b, dense=dense, dropout=drop)
         self.target_net = Network(layout, b, stream=stream, dense=dense)
         self.logits = device_empty((2 * b, N_HEADS, z), np.float32)
         self.logits_tgt = device_empty((b, N_HEADS, z), np.float32)

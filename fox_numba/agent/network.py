@@ -28,7 +28,10 @@ have unit scale and every head starts near a smooth distribution; biases 0.
 `Network(layout, batch, stream=s, grad_rows=G)` keeps the forward's activations so `backward` can follow;
 backward uses the first G rows of the last forward (the learner runs s and s' through one forward of 2B rows
 and backpropagates the s rows only) and takes the forecast column's gradient from `dhead[:, aux_column]`
-(zero unless the learner's aux loss writes it). Dense layers run on the register-tiled GEMMs (`kernels.nn`) on the GPU
+(zero unless the learner's aux loss writes it). With `dropout=Dropout(rate, state, seed)` (the learner's
+online network, learner.dropout > 0) the forward drops each hidden unit with probability `rate` and scales
+the kept ones by 1 / (1 - rate) (kernels/dropout.py), and the backward scales each hidden layer's input
+gradient by the same factor (the dropped units are already masked by their zero output). Dense layers run on the register-tiled GEMMs (`kernels.nn`) on the GPU
 and on the grid-stride kernels (`kernels.dense_strided`, same arithmetic per element) under the simulator,
 or as `dense=` says. Every buffer is allocated in the constructor, so forward and backward run inside a
 captured StepGraph. `grads` must be zero in the layout's gaps (allocate it with device_zeros); backward
@@ -46,7 +49,8 @@ import numpy as np
 
 from fox_numba.actions import N_BRANCHES, N_HEADS
 from fox_numba.config import NetworkConfig
-from fox_numba.device.launch import check_array
+from fox_numba.device.elementwise import scale_f32
+from fox_numba.device.launch import check_array, i32, launch
 from fox_numba.device.memory import device_empty, device_zeros
 from fox_numba.device.runtime import SIMULATOR, device_address
 from fox_numba.kernels.dense_strided import (
@@ -54,6 +58,7 @@ from fox_numba.kernels.dense_strided import (
     strided_linear_forward,
     strided_linear_weight_grad,
 )
+from fox_numba.kernels.dropout import dropout, keep_scale
 from fox_numba.kernels.heads import aux_column, dueling_combine_backward, dueling_combine_forward, head_width
 from fox_numba.kernels.nn import LinearWeightGrad, linear_backward_input, linear_forward
 
@@ -168,11 +173,22 @@ def init_params(layout: ParamLayout, seed: int) -> np.ndarray:
     return flat
 
 
+@dataclass(frozen=True)
+class Dropout:
+    """Training dropout of the trunk's hidden units: the rate, the optimiser state whose step keys the mask
+    (read on the device), and the seed."""
+
+    rate: float
+    state: Any
+    seed: int
+
+
 class Network:
     """Forward and backward of the network for `batch` rows (backward over the first `grad_rows`)."""
 
     def __init__(
-        self, layout: ParamLayout, batch: int, *, stream: Any, grad_rows: int | None = None, dense: str = "auto"
+        self, layout: ParamLayout, batch: int, *, stream: Any, grad_rows: int | None = None, dense: str = "auto",
+        dropout: Dropout | None = None,
     ) -> None:
         grad_rows = batch if grad_rows is None else grad_rows
         if not 1 <= grad_rows <= batch:
@@ -182,6 +198,8 @@ class Network:
         if dense not in DENSE_KINDS:
             raise ValueError(f"Network: dense must be 'auto' or one of {DENSE_KINDS}, got {dense!r}")
         self.layout, self.batch, self.grad_rows, self.dense = layout, batch, grad_rows, dense
+        self.dropout = dropout if dropout is not None and dropout.rate > 0 else None
+        self._keep = keep_scale(dropout.rate) if dropout is not None else np.float32(1.0)
         n_layers, hidden, z = layout.n_layers, layout.hidden, layout.n_atoms
         # Trunk outputs [layer, row, unit] in one buffer (the hidden-signal producers read it whole).
         self.activations: Any = device_empty((n_layers, batch, hidden), np.float32) if n_layers else None
@@ -226,6 +244,9 @@ class Network:
         for layer in range(lay.n_layers):
             w, b = lay.layer(layer)
             self._linear(self._input(layer, self.batch), p[w.name], p[b.name], self.activations[layer], True, stream)
+            if self.dropout is not None:
+                d = self.dropout
+                dropout(self.activations[layer], d.state, d.seed, layer, d.rate, stream=stream)
         w, b = lay.layer(lay.n_layers)
         self._linear(self._input(lay.n_layers, self.batch), p[w.name], p[b.name], self.head_out, False, stream)
         dueling_combine_forward(self.head_out, logits, stream=stream)
@@ -259,4 +280,7 @@ class Network:
             if layer > 0:
                 dx = self._dh[layer % len(self._dh)]
                 self._backward_input(dy, p[w.name], dx, x, stream)  # x = the previous ReLU's output: mask
+                if self.dropout is not None:  # the kept units' 1 / (1 - rate)
+                    flat = dx.reshape(dx.size)
+                    launch(scale_f32, dx.size, flat, self._keep, i32(dx.size), stream=stream)
                 dy = dx

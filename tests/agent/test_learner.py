@@ -559,3 +559,17 @@ def test_the_evaluated_network_names_learner_state(stream, stager, rng):
     assert set(EVAL_NETWORKS) == {"online", "target"}
     with pytest.raises(ConfigError, match="evaluation.network is 'best'; choose one of 'online', 'target'"):
         eval_network("best")
+
+
+def test_dropout_runs_in_the_online_network_only(stream, stager, rng):
+    """learner.dropout 0.3: one mask launch per hidden layer in the online forward (none in the target's), one
+    gradient scale per hidden layer in the backward; without it, neither; the step stays finite."""
+    names, stats = _step_kernels(stager, stream, rng, tiny_config(n_layers=2, dropout=0.3))
+    assert names.count("dropout.dropout_kernel") == 2 and names.count("elementwise.scale_f32") == 2
+    forward = ("dense_strided.dense_fwd", "gemm.linear_fwd")  # the simulator's dense kernel, the GPU's GEMMs
+    dense = [i for i, n in enumerate(names) if n.startswith(forward)]  # online 3 layers, then the target's
+    drops = [i for i, n in enumerate(names) if n == "dropout.dropout_kernel"]
+    assert dense[0] < drops[0] < dense[1] < drops[1] < dense[2] < dense[3]
+    assert np.isfinite(stats["loss"]) and stats["applied_steps"] == 1
+    plain, _ = _step_kernels(stager, stream, rng, tiny_config(n_layers=2))
+    assert "dropout.dropout_kernel" not in plain and "elementwise.scale_f32" not in plain

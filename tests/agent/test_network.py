@@ -15,7 +15,7 @@ import pytest
 import reference
 
 from fox_numba.actions import N_HEADS
-from fox_numba.agent.network import ALIGN, Network, ParamLayout, init_params
+from fox_numba.agent.network import ALIGN, Dropout, Network, ParamLayout, init_params
 from fox_numba.config import NetworkConfig
 from fox_numba.device.memory import device_zeros
 from fox_numba.kernels.heads import head_width
@@ -96,12 +96,13 @@ def forward_backward(stager, stream, lay, p0, obs, dl, dense, grad_rows=None, da
     return stager.download(logits), stager.download(grads), net
 
 
-def finite_difference(lay, p0, obs, dl, daux, h=1e-6):
-    """Central differences of J = sum(dl * logits) + sum(daux * forecast) in float64, for every parameter."""
+def finite_difference(lay, p0, obs, dl, daux, h=1e-6, keep=None):
+    """Central differences of J = sum(dl * logits) + sum(daux * forecast) in float64, for every parameter
+    (`keep`: fixed dropout factors per hidden layer)."""
     flat = p0.astype(np.float64)
 
     def objective(f):
-        _, head = reference.net_head64(lay.unpack(f), lay.n_layers, obs)
+        _, head = reference.net_head64(lay.unpack(f), lay.n_layers, obs, keep)
         return float(np.sum(dl * reference.dueling64(head, lay.n_atoms)) + np.sum(daux * head[:, -1]))
 
     grad = np.zeros(lay.size)
@@ -137,6 +138,40 @@ def test_backward_against_finite_differences(stream, stager, rng, dense):
     for e in lay.entries:
         gaps[e.offset : e.stop] = False
     assert not grads[gaps].any()
+
+
+def test_dropout_forward_and_backward_follow_the_reference(stream, stager, rng):
+    """With dropout 0.4 at step 9: the logits and every gradient of the first 4 of 6 rows against the float64
+    network under the kernel's mask (reference.dropout_keep64), itself checked by finite differences."""
+    from fox_numba.kernels.optim import OPTIM_STATE_DTYPE
+
+    lay = ParamLayout.build(OBS, TINY)
+    p0 = init_params(lay, 5)
+    for name in ("trunk.0.bias", "trunk.1.bias"):  # a row whose every unit is dropped sits at b, off the kink
+        p0[lay.entry(name).offset : lay.entry(name).stop] = 0.1
+    obs = rng.standard_normal((6, OBS)).astype(np.float32)
+    dl = rng.standard_normal((4, N_HEADS, lay.n_atoms)).astype(np.float32)
+    state = np.zeros(1, OPTIM_STATE_DTYPE)
+    state[0]["step"] = 9
+    drop = Dropout(0.4, stager.upload_new(state), 3)
+    net = Network(lay, 6, stream=stream, grad_rows=4, dense="strided", dropout=drop)
+    params = stager.upload_new(p0)
+    logits = stager.upload_new(np.zeros((6, N_HEADS, lay.n_atoms), np.float32))
+    grads = device_zeros(lay.size, np.float32, stream=stream)
+    net.forward(params, stager.upload_new(obs), logits, stream=stream)
+    net.backward(params, stager.upload_new(dl), grads, stream=stream)
+    keep = [reference.dropout_keep64(6, TINY.hidden, seed=3, step=9, layer=k, rate=0.4) for k in range(2)]
+    assert all((k == 0).any() and (k > 0).any() for k in keep)
+    acts, ref_logits = reference.net_forward64(lay.unpack(p0), 2, obs, lay.n_atoms, keep)
+    np.testing.assert_allclose(stager.download(logits), ref_logits, rtol=1e-5, atol=1e-5 * np.abs(ref_logits).max())
+    ref = reference.net_backward64(lay.unpack(p0), 2, obs[:4], [a[:4] for a in acts], dl.astype(np.float64),
+                                   keep=[k[:4] for k in keep])  # fmt: skip
+    fd = finite_difference(lay, p0, obs[:4], dl.astype(np.float64), np.zeros(4), keep=[k[:4] for k in keep])
+    got = stager.download(grads)
+    for name, g in ref.items():
+        e = lay.entry(name)
+        np.testing.assert_allclose(g.reshape(-1), fd[e.offset : e.stop], rtol=1e-6, atol=1e-7 * np.abs(fd).max())
+        np.testing.assert_allclose(got[e.offset : e.stop], g.reshape(-1), rtol=1e-4, atol=2e-5 * np.abs(g).max())
 
 
 def test_backward_reads_the_first_grad_rows(stream, stager, rng):
