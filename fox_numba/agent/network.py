@@ -31,8 +31,8 @@ and backpropagates the s rows only) and takes the forecast column's gradient fro
 (zero unless the learner's aux loss writes it). With `dropout=Dropout(rate, state, seed)` (the learner's
 online network, learner.dropout > 0) the forward drops each hidden unit with probability `rate` and scales
 the kept ones by 1 / (1 - rate) (kernels/dropout.py), and the backward scales each hidden layer's input
-gradient by the same factor (the dropped units are already masked by their zero output). Dense layers run on the register-tiled GEMMs (`kernels.nn`) on the GPU
-and on the grid-stride kernels (`kernels.dense_strided`, same arithmetic per element) under the simulator,
+gradient by the same factor (the dropped units are already masked by their zero output). Dense layers run
+on the register-tiled GEMMs (`kernels.nn`) on the GPU and on the grid-stride kernels (`kernels.dense_strided`, same arithmetic per element) under the simulator,
 or as `dense=` says. Every buffer is allocated in the constructor, so forward and backward run inside a
 captured StepGraph. `grads` must be zero in the layout's gaps (allocate it with device_zeros); backward
 writes every entry.
@@ -199,7 +199,7 @@ class Network:
             raise ValueError(f"Network: dense must be 'auto' or one of {DENSE_KINDS}, got {dense!r}")
         self.layout, self.batch, self.grad_rows, self.dense = layout, batch, grad_rows, dense
         self.dropout = dropout if dropout is not None and dropout.rate > 0 else None
-        self._keep = keep_scale(dropout.rate) if dropout is not None else np.float32(1.0)
+        self._keep = keep_scale(self.dropout.rate) if self.dropout is not None else np.float32(1.0)
         n_layers, hidden, z = layout.n_layers, layout.hidden, layout.n_atoms
         # Trunk outputs [layer, row, unit] in one buffer (the hidden-signal producers read it whole).
         self.activations: Any = device_empty((n_layers, batch, hidden), np.float32) if n_layers else None

@@ -3,8 +3,9 @@
 Run-wide (built once): the stream and its Stager, the ISV bus, the parameter layout, the replay buffer and
 the learner (parameters, target, Adam state, supports). Per fold (`bind_fold`): the fold's market tensors
 on the device, the collect environments and their collector, the evaluator and, with selection days, a
-second evaluator over them (the selector); the learner is pointed at the fold's observations. Per epoch (`collect`, `train`, `evaluate`): the three stages in order, each a
-replay loop of captured StepGraphs with one synchronisation at its end.
+second evaluator over them (the selector); the learner is pointed at the fold's observations. Per epoch
+(`collect`, `train`, `evaluate`): the three stages in order, each a replay loop of captured StepGraphs with
+one synchronisation at its end.
 
     trainer = Trainer(cfg)
     trainer.bind_fold(FoldMarket.build(features, fold, cfg.features, cfg.env), fold.index)

@@ -41,11 +41,11 @@ from fox_numba.market.store import MarketStore
 from fox_numba.walkforward.folds import Fold, make_folds
 from fox_numba.walkforward.kill import EpochHealth, KillCriteria
 from fox_numba.walkforward.metrics import (
-    DaySeries,
     Metrics,
     OracleReference,
     buy_and_hold_days,
     compute_metrics,
+    day_series,
     flat_days,
     fold_report,
 )
@@ -233,10 +233,9 @@ class Driver:
         held = trainer.evaluate_selection()
         t4 = time.perf_counter()
         annual = cfg.evaluation.annualisation_days
-        days = [DaySeries(pnl, pos.astype(np.float64)) for pnl, pos in records]
+        days = day_series(records)
         val = compute_metrics(days, annualisation_days=annual)
-        select = None if held is None else compute_metrics(
-            [DaySeries(pnl, pos.astype(np.float64)) for pnl, pos in held], annualisation_days=annual)
+        select = None if held is None else compute_metrics(day_series(held), annualisation_days=annual)
         report = fold_report(val, flat=baselines.flat, buy_and_hold=baselines.buy_and_hold, probe=baselines.probe,
                              oracle_sharpe=baselines.oracle_sharpe)
         last = epoch == cfg.learner.epochs - 1

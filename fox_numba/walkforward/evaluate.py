@@ -31,10 +31,10 @@ from fox_numba.observation import OBS_DIM
 from fox_numba.walkforward.driver import load_features
 from fox_numba.walkforward.folds import make_folds
 from fox_numba.walkforward.metrics import (
-    DaySeries,
     OracleReference,
     buy_and_hold_days,
     compute_metrics,
+    day_series,
     flat_days,
 )
 
@@ -85,7 +85,7 @@ def evaluate_checkpoint(checkpoint: Path, *, store: str | None, overrides: list[
     params, supports = (stager.upload_new(ck.arrays[name]) for name in net)
     isv = stager.upload_new(ck.arrays["isv"])
     evaluator = Evaluator(dev, cfg, layout, params, supports, isv=isv, stager=stager, use_graph=cfg.run.graphs)
-    days = [DaySeries(pnl, pos.astype(np.float64)) for pnl, pos in evaluator.run()]
+    days = day_series(evaluator.run())
     annual = cfg.evaluation.annualisation_days
     agent = compute_metrics(days, annualisation_days=annual)
     half = 0.5 * (market.ask_px[:, 0] - market.bid_px[:, 0])

@@ -59,6 +59,11 @@ class DaySeries:
             raise ValueError(f"a day needs pnl and position of one equal non-zero length, got {pnl.shape} and {pos.shape}")
 
 
+def day_series(records: Sequence[tuple[np.ndarray, np.ndarray]]) -> list[DaySeries]:
+    """An Evaluator's per-day (pnl, position) records as DaySeries (positions as float64)."""
+    return [DaySeries(pnl, pos.astype(np.float64)) for pnl, pos in records]
+
+
 def positions_to_days(
     positions: Sequence[np.ndarray], mids: Sequence[np.ndarray], half_spreads: Sequence[np.ndarray], *,
     point_value: float, commission: float,
