@@ -429,8 +429,8 @@ def sweep(
         \\[sweep]
         seeds = [0, 1, 2]
         \\[grid]
-        "learner.lr" = [1e-4, 3e-4]
-        network = { hidden = [128, 256] }
+        "learner.lr" = [3e-4, 1e-3]
+        env = { explore_spread = [0.25, 0.5] }
 
     Trials are c00-seed0, c00-seed1, ... (configs in product order, the last
     key varying fastest). Each writes its run folder in SWEEP/runs/TRIAL/ as

@@ -83,9 +83,11 @@ class EnvConfig:
     commission: float = opt(2.25, "Commission in dollars per contract per side.")
     collect_steps: int = opt(256, "Environment steps per collect phase (per environment).")
     explore_spread: float = opt(
-        1.0,
+        0.25,
         "Collect policy, direction: each direction's Thompson draw is E[Q] + this x (sampled atom - E[Q]), in "
-        "[0, 1]; 1 is plain Thompson sampling over the C51 head, 0 the greedy direction (kernels/action_select.py).",
+        "[0, 1]; 1 is plain Thompson sampling over the C51 head, 0 the greedy direction (kernels/action_select.py). "
+        "0.25 did best with the linear network (0.1 and 0.5 worse; tools/results/learner_ablation_h200.md "
+        "section 9).",
     )
     explore_tau: float = opt(
         1.0,
@@ -124,7 +126,12 @@ class EnvConfig:
 @dataclass
 class NetworkConfig:
     hidden: int = opt(256, "Width of each hidden layer of the shared trunk.")
-    n_layers: int = opt(2, "Hidden layers in the shared trunk.")
+    n_layers: int = opt(
+        0,
+        "Hidden layers in the shared trunk; 0 is a linear network (the head reads the observation). A trunk of 2 x "
+        "256 memorised the default market's training window and traded worse out of sample "
+        "(tools/results/learner_ablation_h200.md sections 7-9).",
+    )
     n_atoms: int = opt(51, "Atoms of the C51 value distribution of each action.")
     v_min: float = opt(-1.0, "Lower end of the base C51 support (rewards are scaled into it).")
     v_max: float = opt(1.0, "Upper end of the base C51 support.")
@@ -142,7 +149,11 @@ class LearnerConfig:
     buffer_size: int = opt(1 << 20, "Capacity of the GPU experience buffer, in transitions.")
     steps_per_epoch: int = opt(1000, "Gradient steps per epoch.")
     epochs: int = opt(5, "Epochs per fold.")
-    lr: float = opt(1e-4, "Adam base learning rate (before the cosine schedule and warm-up damping).")
+    lr: float = opt(
+        1e-3,
+        "Adam base learning rate (before the cosine schedule and warm-up damping). 1e-3 is for the linear network "
+        "(at 1e-4 it lost money, at 3e-3 it was unstable); the 2 x 256 trunk did best at 1e-4.",
+    )
     lr_min_frac: float = opt(0.1, "Cosine schedule ends at lr * lr_min_frac.")
     gamma: float = opt(
         0.95,
@@ -249,7 +260,8 @@ SECTIONS: tuple[str, ...] = tuple(f.name for f in fields(FoxConfig))
 # Presets are overrides of the dataclass defaults (which are the `default` preset, sized for one GPU).
 PRESETS: dict[str, dict[str, Any]] = {
     "default": {},
-    # Small enough that a whole fold runs in minutes under the CUDA simulator on two CPU cores.
+    # Small enough that a whole fold runs in minutes under the CUDA simulator on two CPU cores. It keeps a
+    # one-layer trunk, where the default network is linear, so that the end-to-end runs cover the trunk's path.
     "smoke": {
         "folds.n_folds": 2,
         "folds.train_days": 2,

@@ -7,8 +7,17 @@ Each seed runs `python -m fox_numba train --set run.seed=S --set run.name=seed_S
 its output kept in RUNS/seed_S.log. When all are done, OUT.md and OUT.json hold per seed the wall time and
 per fold the best epoch's validation daily Sharpe beside the probe, buy-and-hold and the oracle (from each
 run's summary.json, read by fox_numba/sweep/aggregate.py as `fox sweep` reads it), then the mean across folds
-per seed and across seeds. Exit status 1 if any run failed. `fox sweep` runs seeds x configs on Ray, one trial
-per GPU; this script keeps the parallel-on-one-GPU measurement of tools/results/train_default_h200.md.
+per seed and across seeds, beside the last epoch's and the every-epoch mean (chosen by nothing). The note
+says which days chose the best epoch: the validation days themselves (in sample) or, with
+folds.select_days > 0, the held-out selection days. Exit status 1 if any run failed.
+
+    python3 tools/train_seeds.py --tabulate OUT.json --runs RUNS --out OUT
+
+rewrites OUT.md and OUT.json from the run folders in RUNS and the command, machine and wall times recorded
+in OUT.json (after the summary gained a field, or on run folders copied back from a GPU machine).
+
+`fox sweep` runs seeds x configs on Ray, one trial per GPU; this script keeps the parallel-on-one-GPU
+measurement of tools/results/train_default_h200.md.
 """
 
 from __future__ import annotations
@@ -41,7 +50,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True, help="results path without suffix (.md and .json)")
     parser.add_argument("--runs", type=Path, default=Path("runs/seeds"), help="folder of the seeds' run folders")
     parser.add_argument("--parallel", type=int, default=1, help="runs at a time (they share the GPU)")
+    parser.add_argument("--tabulate", type=Path, help="an earlier OUT.json: re-tabulate its runs, train nothing")
     args = parser.parse_args(own)
+    if args.tabulate is not None:
+        old = json.loads(args.tabulate.read_text(encoding="utf-8"))
+        seeds = sorted(int(k) for k in old["seeds"])
+        results = {seed: {**old["seeds"][str(seed)], **run_figures(args.runs, seed)} for seed in seeds}
+        parallel = int(old.get("parallel", len(seeds)))
+        return write_tables(args.out, seeds, parallel, results, old["command"], old["machine"], old["wall_s"])
     args.runs.mkdir(parents=True, exist_ok=True)
     pending = list(args.seeds)
     running: dict[int, tuple[subprocess.Popen, float, Any]] = {}
@@ -59,43 +75,67 @@ def main(argv: list[str] | None = None) -> int:
         for seed, (proc, t0, log) in list(running.items()):
             if proc.poll() is not None:
                 log.close()
-                summary_path = args.runs / f"seed_{seed}" / "summary.json"
-                summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
                 results[seed] = {"returncode": proc.returncode, "wall_s": time.perf_counter() - t0,
-                                 "folds": fold_rows(summary)}
+                                 **run_figures(args.runs, seed)}
                 del running[seed]
     wall_all = time.perf_counter() - start_all
     info = {"date_utc": datetime.now(UTC).strftime("%Y-%m-%d %H:%M"), **machine()}
     command = "python3 tools/train_seeds.py " + " ".join(argv)
-    lines = results_header("fox train over seeds: validation daily Sharpe per fold against the baselines", command, info)
-    lines += ["", f"{len(args.seeds)} seeds, {args.parallel} at a time on one GPU; all done in {wall_all:.0f} s wall "
+    return write_tables(args.out, args.seeds, args.parallel, results, command, info, wall_all)
+
+
+def run_figures(runs: Path, seed: int) -> dict[str, Any]:
+    """{chosen_on, folds} of the seed's summary.json (no folds when the run wrote none)."""
+    path = runs / f"seed_{seed}" / "summary.json"
+    summary = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    return {"chosen_on": summary.get("best_chosen_on", "validation"), "folds": fold_rows(summary)}
+
+
+def write_tables(out: Path, seeds: list[int], parallel: int, results: dict[int, dict[str, Any]], command: str,
+                 info: dict[str, Any], wall_all: float) -> int:
+    """OUT.md and OUT.json from the per-seed results; prints the tables; 1 if any run failed."""
+    title = "fox train over seeds: validation daily Sharpe per fold against the baselines"
+    lines = results_header(title, command, info)
+    on_selection = all(r.get("chosen_on") == "selection" for r in results.values())
+    lines += ["", f"{len(seeds)} seeds, {parallel} at a time on one GPU; all done in {wall_all:.0f} s wall "
               "(compilation included).", "",
-              "The best epoch of each fold is chosen on that fold's validation days, so 'agent' is optimistic; "
-              "metrics.jsonl in each run folder holds every epoch's figures, unselected.", ""]
+              ("The best epoch of each fold is chosen on the selection days held out of its training window "
+               "(folds.select_days), so 'agent' is out of sample."
+               if on_selection else
+               "The best epoch of each fold is chosen on that fold's validation days, so 'agent' is optimistic."),
+              "'last' is the fold's last epoch and 'every' the mean over all its epochs, both chosen by nothing; "
+              "metrics.jsonl in each run folder holds every epoch's figures.", ""]
+    keys = ("agent", "last", "every", "probe", "buy_and_hold", "oracle")
     per_seed_means = []
-    for seed in args.seeds:
+    for seed in seeds:
         r = results[seed]
         rows = r["folds"]
         lines += [f"## seed {seed}: exit {r['returncode']}, {r['wall_s']:.0f} s wall", "",
-                  "| fold | best epoch | agent | agent (bar) | return $ | active | probe | buy-and-hold | oracle | "
-                  "agent / oracle | kill |", "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+                  "| fold | best epoch | agent | agent (bar) | return $ | active | last | every | probe | "
+                  "buy-and-hold | oracle | agent / oracle | kill |",
+                  "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
         for row in rows:
             frac = row["agent"] / row["oracle"] if row["agent"] is not None and row["oracle"] else None
             lines.append(f"| {row['fold']} | {row['best_epoch']} | {fmt(row['agent'])} | {fmt(row['agent_bar'])} | "
-                         f"{fmt(row['return'], ',.0f')} | {fmt(row['active'], '.2f')} | {fmt(row['probe'])} | "
-                         f"{fmt(row['buy_and_hold'])} | {fmt(row['oracle'])} | {fmt(frac, '.2f')} | {row['kill'] or ''} |")
-        m = {k: mean([row[k] for row in rows]) for k in ("agent", "probe", "buy_and_hold", "oracle")}
+                         f"{fmt(row['return'], ',.0f')} | {fmt(row['active'], '.2f')} | {fmt(row['last'])} | "
+                         f"{fmt(row['every'])} | {fmt(row['probe'])} | {fmt(row['buy_and_hold'])} | "
+                         f"{fmt(row['oracle'])} | {fmt(frac, '.2f')} | {row['kill'] or ''} |")
+        m = {k: mean([row[k] for row in rows]) for k in keys}
         per_seed_means.append(m)
-        lines += [f"| mean | | {fmt(m['agent'])} | | | | {fmt(m['probe'])} | {fmt(m['buy_and_hold'])} | "
-                  f"{fmt(m['oracle'])} | {fmt(m['agent'] / m['oracle'] if m['oracle'] else None, '.2f')} | |", ""]
-    overall = {k: mean([m[k] for m in per_seed_means]) for k in ("agent", "probe", "buy_and_hold", "oracle")}
+        lines += [f"| mean | | {fmt(m['agent'])} | | | | {fmt(m['last'])} | {fmt(m['every'])} | {fmt(m['probe'])} | "
+                  f"{fmt(m['buy_and_hold'])} | {fmt(m['oracle'])} | "
+                  f"{fmt(m['agent'] / m['oracle'] if m['oracle'] else None, '.2f')} | |", ""]
+    overall = {k: mean([m[k] for m in per_seed_means]) for k in keys}
     lines += ["## across seeds (mean of the per-seed means across folds)", "",
-              "| agent | probe | buy-and-hold | flat | oracle | agent / oracle |", "| ---: | ---: | ---: | ---: | ---: | ---: |",
-              f"| {fmt(overall['agent'])} | {fmt(overall['probe'])} | {fmt(overall['buy_and_hold'])} | +0.00 | "
-              f"{fmt(overall['oracle'])} | {fmt(overall['agent'] / overall['oracle'] if overall['oracle'] else None, '.2f')} |"]
-    atomic_write_text(args.out.with_suffix(".md"), "\n".join(lines) + "\n")
-    atomic_write_text(args.out.with_suffix(".json"), json.dumps(
-        {"command": command, "machine": info, "wall_s": wall_all, "seeds": results, "across_seeds": overall}, indent=1))
+              "| agent | last | every | probe | buy-and-hold | flat | oracle | agent / oracle |",
+              "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+              f"| {fmt(overall['agent'])} | {fmt(overall['last'])} | {fmt(overall['every'])} | "
+              f"{fmt(overall['probe'])} | {fmt(overall['buy_and_hold'])} | +0.00 | {fmt(overall['oracle'])} | "
+              f"{fmt(overall['agent'] / overall['oracle'] if overall['oracle'] else None, '.2f')} |"]
+    atomic_write_text(out.with_suffix(".md"), "\n".join(lines) + "\n")
+    atomic_write_text(out.with_suffix(".json"), json.dumps(
+        {"command": command, "machine": info, "wall_s": wall_all, "parallel": parallel,
+         "seeds": {str(k): v for k, v in results.items()}, "across_seeds": overall}, indent=1))
     print("\n".join(lines))
     return 0 if all(r["returncode"] == 0 for r in results.values()) else 1
 

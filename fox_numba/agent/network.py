@@ -1,4 +1,4 @@
-"""The Q network: a ReLU trunk over the observation, then one dueling C51 head per action.
+"""The Q network: a ReLU trunk over the observation (none by default), then one dueling C51 head per action.
 
     layout = ParamLayout.build(obs_dim, cfg.network)       # .size, .entries, .fingerprint
     params = stager.upload_new(init_params(layout, seed))  # one flat float32 buffer [layout.size]
@@ -6,7 +6,9 @@
     net.forward(params, obs, logits, stream=s)             # obs [batch, D] -> logits [batch, 13, Z]
     net.backward(params, dlogits, grads, stream=s)         # dlogits [G, 13, Z] -> grads [layout.size]
 
-Architecture: `n_layers` Linear+ReLU layers of width `hidden` (the trunk), then one head GEMM
+Architecture: `n_layers` Linear+ReLU layers of width `hidden` (the trunk; with n_layers = 0, the default,
+the network is linear and the head reads the observation: the 2 x 256 trunk memorised the default market's
+training window, tools/results/learner_ablation_h200.md sections 7-9), then one head GEMM
 [H, (N_BRANCHES + N_HEADS) * Z + 1] whose output holds 4 branch value streams and 13 advantage streams
 (`fox_numba.kernels.heads`) and one auxiliary forecast column, then the dueling combine into logits
 [B, 13, Z]: for each bin a of branch b, logits = V_b + (A_a - mean of the branch's A). 13 heads

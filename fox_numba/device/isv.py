@@ -169,7 +169,7 @@ _NAMED: tuple[Slot, ...] = (
     Slot("REWARD_TIMING_EMA", 68, "Reward component: timing bonus, capped by Q_DIR_ABS_REF (seed C.4).",
          _ROLLOUT, _DIAG + " reward_split"),
     # 80-95: the network and its target
-    Slot("HIDDEN_RMS_L0_EMA", 80, "EMA (alpha 0.01) of the RMS activation of trunk layer 0.",
+    Slot("HIDDEN_RMS_L0_EMA", 80, "EMA (alpha 0.01) of the RMS activation of trunk layer 0 (0 if absent).",
          "learner forward reduce (every diag_every steps)", _DIAG, fold_reset=None),
     Slot("HIDDEN_RMS_L1_EMA", 81, "EMA (alpha 0.01) of the RMS activation of trunk layer 1 (0 if absent).",
          "learner forward reduce (every diag_every steps)", _DIAG, fold_reset=None),
@@ -177,7 +177,8 @@ _NAMED: tuple[Slot, ...] = (
          "learner forward reduce (every diag_every steps)", _DIAG, fold_reset=None),
     Slot("HIDDEN_RMS_L3_EMA", 83, "EMA (alpha 0.01) of the RMS activation of trunk layer 3 (0 if absent).",
          "learner forward reduce (every diag_every steps)", _DIAG, fold_reset=None),
-    Slot("DEAD_UNIT_FRAC_EMA", 84, "EMA (alpha 0.01) of the fraction of trunk ReLU units zero over a batch.",
+    Slot("DEAD_UNIT_FRAC_EMA", 84, "EMA (alpha 0.01) of the fraction of trunk ReLU units zero over a batch "
+         "(0 without a trunk).",
          "learner forward reduce (every diag_every steps)", _DIAG, fold_reset=None),
     Slot("TARGET_DRIFT_EMA", 92, "EMA (alpha 0.05) of |theta_target - theta_online| / max(PARAM_NORM, "
          "1e-6) (seed index).", "learner Polyak reduce (every step, train graph)", _DIAG),

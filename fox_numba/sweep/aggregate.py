@@ -50,7 +50,8 @@ def finite_spread(values: Sequence[float | None]) -> dict[str, float | int | Non
 
 
 def fold_rows(summary: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """Per fold of a run's summary.json: the best epoch's validation figures beside the baselines."""
+    """Per fold of a run's summary.json: the best epoch's validation figures beside the baselines, and the
+    last epoch's and the mean over every epoch's daily Sharpe (chosen by nothing)."""
     rows = []
     for f in summary.get("folds", []):
         val, base = f.get("val") or {}, f.get("baselines") or {}
@@ -60,6 +61,7 @@ def fold_rows(summary: Mapping[str, Any]) -> list[dict[str, Any]]:
             "active": val.get("active_fraction"), "probe": (base.get("probe") or {}).get("sharpe_daily"),
             "buy_and_hold": (base.get("buy_and_hold") or {}).get("sharpe_daily"), "oracle": base.get("oracle_sharpe"),
             "kill": (f.get("kill") or {}).get("reason"),
+            "last": (f.get("last_val") or {}).get("sharpe_daily"), "every": f.get("every_epoch_sharpe_mean"),
         })
     return rows
 

@@ -4,8 +4,8 @@
     seeds = [0, 1, 2]                    # required: run.seed of each trial, distinct integers
 
     [grid]                               # optional: every combination of these values (cartesian product)
-    "learner.lr" = [1e-4, 3e-4]          # a quoted section.field ...
-    network = { hidden = [128, 256] }    # ... or a table per section ([grid.network] hidden = [...])
+    "learner.lr" = [3e-4, 1e-3]          # a quoted section.field ...
+    env = { explore_spread = [0.25, 0.5] }  # ... or a table per section ([grid.env] explore_spread = [...])
 
 Trials are every grid combination (keys in file order, the last key varying fastest) times every seed:
 config `c00`, `c01`, ... in that order, trial `c00-seed0`, ... Each value is checked against the config

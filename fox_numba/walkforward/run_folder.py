@@ -315,6 +315,7 @@ class RunFolder:
                 "fold": k, "epochs_run": len(fl), "best_epoch": chosen["epoch"] if chosen else None,
                 "val": chosen["val"] if chosen else None, "baselines": chosen.get("baselines") if chosen else None,
                 "kill": kill, "last_epoch": fl[-1]["epoch"], "last_val": fl[-1]["val"],
+                "every_epoch_sharpe_mean": json_number(_mean_sharpe(fl)),
             })
             days = self.best_validation(k)
             if days is not None:
@@ -329,8 +330,15 @@ class RunFolder:
             "note": "across_folds chains the validation days of each fold's best epoch, chosen by its daily Sharpe "
                     + ("on the selection days held out of training (out of sample)" if on == "selection" else
                        "on those validation days (in sample: folds.select_days > 0 chooses out of sample)")
-                    + "; last_epoch_sharpe_mean is the mean daily Sharpe of each fold's last epoch (chosen by nothing)",
+                    + "; last_epoch_sharpe_mean is the mean daily Sharpe of each fold's last epoch (chosen by "
+                      "nothing); a fold's every_epoch_sharpe_mean is the mean daily Sharpe of all its epochs",
         }
         atomic_write_text(self.path / SUMMARY, json.dumps(summary, indent=1, sort_keys=True, allow_nan=False) + "\n")
         return summary
 
+
+def _mean_sharpe(lines: Sequence[Mapping[str, Any]]) -> float:
+    """Mean validation daily Sharpe over a fold's epochs (NaN when none has one)."""
+    values = [ln["val"].get("sharpe_daily") for ln in lines]
+    values = [v for v in values if v is not None]
+    return float(np.mean(values)) if values else math.nan

@@ -183,8 +183,9 @@ def step_reference64(cfg, layout, st, replay, market, isv0, clip_eff, factor):
     for layer in range(n_layers):
         slot = Isv.HIDDEN_RMS_L0_EMA + layer
         isv[slot] = ema(slot, math.sqrt(np.mean(acts_s[layer] ** 2)), 0.01)
-    dead = sum(int((a == 0).all(axis=0).sum()) for a in acts_s) / (n_layers * layout.hidden)
-    isv[Isv.DEAD_UNIT_FRAC_EMA] = ema(Isv.DEAD_UNIT_FRAC_EMA, dead, 0.01)
+    if n_layers:  # a linear network has no hidden units: the producer is not launched
+        dead = sum(int((a == 0).all(axis=0).sum()) for a in acts_s) / (n_layers * layout.hidden)
+        isv[Isv.DEAD_UNIT_FRAC_EMA] = ema(Isv.DEAD_UNIT_FRAC_EMA, dead, 0.01)
     return new, isv
 
 
@@ -220,7 +221,7 @@ def steady_isv(rng):
     return isv0
 
 
-@pytest.mark.parametrize("dense, n_layers", [("strided", 2), ("tiled", 1)])
+@pytest.mark.parametrize("dense, n_layers", [("strided", 2), ("tiled", 1), ("tiled", 0)])
 def test_one_step_equals_a_float64_step(stream, stager, rng, dense, n_layers):
     """Tolerance: parameters within 2 float32 ulps plus 1e-4 of the step's lr; moments 1e-4 relative plus
     1e-5 of the largest; ISV slots 1e-4 relative plus 1e-6 (float32 chains through two forwards, softmax,

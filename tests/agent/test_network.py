@@ -21,6 +21,7 @@ from fox_numba.device.memory import device_zeros
 from fox_numba.kernels.heads import head_width
 
 TINY = NetworkConfig(hidden=5, n_layers=2, n_atoms=3)
+LINEAR = NetworkConfig(hidden=5, n_layers=0, n_atoms=3)  # the default: the head reads the observation
 OBS = 3
 
 
@@ -55,7 +56,8 @@ def test_layout_fingerprint():
     ]
     assert len({a.fingerprint} | {o.fingerprint for o in others}) == 5
     default = ParamLayout.build(134, NetworkConfig())
-    assert default.entry("head.weight").shape == (256, 17 * 51 + 1)  # the streams, then the forecast
+    assert [e.name for e in default.entries] == ["head.weight", "head.bias"]  # linear: the head reads the obs
+    assert default.entry("head.weight").shape == (134, 17 * 51 + 1)  # the streams, then the forecast
 
 
 def test_init_is_seeded_and_scaled():
@@ -115,11 +117,13 @@ def finite_difference(lay, p0, obs, dl, daux, h=1e-6, keep=None):
     return grad
 
 
-@pytest.mark.parametrize("dense", ["strided", "tiled"])
-def test_backward_against_finite_differences(stream, stager, rng, dense):
-    lay = ParamLayout.build(OBS, TINY)
+@pytest.mark.parametrize("dense, cfg", [("strided", TINY), ("tiled", TINY), ("tiled", LINEAR), ("strided", LINEAR)])
+def test_backward_against_finite_differences(stream, stager, rng, dense, cfg):
+    lay = ParamLayout.build(OBS, cfg)
     p0 = init_params(lay, 3)
-    p0[lay.entry("trunk.0.bias").offset : lay.entry("trunk.0.bias").stop] = 0.1  # nonzero biases too
+    for e in lay.entries:
+        if not e.decay:
+            p0[e.offset : e.stop] = rng.uniform(-0.2, 0.2, e.size)  # nonzero biases too
     obs = rng.standard_normal((6, OBS)).astype(np.float32)
     dl = rng.standard_normal((6, N_HEADS, lay.n_atoms)).astype(np.float32)
     daux = rng.standard_normal(6).astype(np.float32)

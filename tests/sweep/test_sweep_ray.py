@@ -1,20 +1,20 @@
-"""`fox sweep` on a local Ray cluster under the simulator: a 2 x 2 (configs x seeds) smoke sweep, then a
-sweep that loses a trial to kill -9 and resumes it to the uninterrupted numbers.
+"""`fox sweep` on a local Ray cluster under the simulator: a 1 x 2 (configs x seeds) smoke sweep, then a
+sweep that loses a trial to kill -9 and resumes it to the uninterrupted numbers. Two trials, so that on two
+cores each sweep is one round of trials; the grid's product and the pooling over several configs are
+tested without Ray (tests/sweep/test_spec.py, test_aggregate.py).
 
 Every trial is `fox train` (the smoke preset) on a four-day synthetic store whose regular session is half
 an hour (30 bars a day), with one fold of 2 training and 2 validation days, 2 epochs of one gradient step
 and a tiny network (TRIAL_SETS): a trial takes about 30 s of one core, 10 of them setting up.
 
-The interrupted sweep reuses the reference sweep's finished run folders for two of its trials (so only
-two trials run again): one is killed once its first checkpoint exists while the other finishes; the rerun
-skips three trials, resumes the killed one, and every figure of the aggregate and of the killed trial's
-run folder matches the reference.
+The interrupted sweep runs both trials again: one is killed once its first checkpoint exists while the
+other finishes; the rerun skips the finished trial, resumes the killed one, and every figure of the
+aggregate and of the killed trial's run folder matches the reference.
 """
 
 import importlib.util
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -27,9 +27,9 @@ import pytest
 TRIAL_SETS = ("folds.n_folds=1", "folds.train_days=2", "folds.val_days=2", "folds.purge_bars=5", "learner.epochs=2",
               "learner.steps_per_epoch=1", "learner.batch_size=16", "env.n_envs=8", "env.collect_steps=8",
               "env.episode_bars=16", "network.hidden=8")
-SPEC = '[sweep]\nseeds = [0, 1]\n[grid]\n"learner.lr" = [1e-4, 3e-4]\n'
-TRIALS = ("c00-seed0", "c00-seed1", "c01-seed0", "c01-seed1")
-KILLED, RERUN = "c01-seed0", "c00-seed1"  # the trial killed mid-way, and the one that runs beside it
+SPEC = '[sweep]\nseeds = [0, 1]\n[grid]\n"learner.lr" = [3e-4]\n'
+TRIALS = ("c00-seed0", "c00-seed1")
+KILLED, RERUN = "c00-seed1", "c00-seed0"  # the trial killed mid-way, and the one that runs beside it
 TIMEOUT = 600
 
 
@@ -87,8 +87,8 @@ def test_the_sweep_runs_every_trial_and_aggregates_them(reference):
         assert len((run / "metrics.jsonl").read_text().splitlines()) == 2  # 1 fold x 2 epochs
         assert f'name = "{trial}"' in (run / "config.toml").read_text()
     s = summary(out)
-    assert [c["config"] for c in s["configs"]] == ["c00", "c01"]
-    assert [c["values"] for c in s["configs"]] == [{"learner.lr": 1e-4}, {"learner.lr": 3e-4}]
+    assert [c["config"] for c in s["configs"]] == ["c00"]
+    assert [c["values"] for c in s["configs"]] == [{"learner.lr": 3e-4}]
     for c in s["configs"]:
         runs = [summary(out / "runs" / f"{c['config']}-seed{seed}") for seed in (0, 1)]
         sharpes = [f["val"]["sharpe_daily"] for r in runs for f in r["folds"]]
@@ -97,7 +97,7 @@ def test_the_sweep_runs_every_trial_and_aggregates_them(reference):
         assert c["sharpe_daily"]["min"] == min(sharpes) and c["sharpe_daily"]["max"] == max(sharpes)
         assert c["health_diag"]["0"]["q_abs_ref"]["n"] == 2
     assert all(t["finished"] and t["error"] is None for t in s["trials"])
-    assert "agent/oracle" in proc.stdout and "c01" in proc.stdout and "4 of 4 trials finished" in proc.stdout
+    assert "agent/oracle" in proc.stdout and "c00" in proc.stdout and "2 of 2 trials finished" in proc.stdout
 
 
 def trial_pids(trial, out):
@@ -120,8 +120,6 @@ def without_volatile(s):
 def test_a_killed_trial_resumes_to_the_uninterrupted_numbers(reference, spec, store, tmp_path):
     ref, _ = reference
     out = tmp_path / "cut"
-    for trial in set(TRIALS) - {KILLED, RERUN}:  # finished before: the rerun skips them
-        shutil.copytree(ref / "runs" / trial, out / "runs" / trial)
     proc = subprocess.Popen(fox_sweep(spec, store, out), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + TIMEOUT
     while not (out / "runs" / KILLED / "fold_00" / "last.h5").is_file():
@@ -133,15 +131,16 @@ def test_a_killed_trial_resumes_to_the_uninterrupted_numbers(reference, spec, st
     stdout, stderr = proc.communicate(timeout=TIMEOUT)
     assert proc.returncode == 1, stderr[-3000:]
     assert f"{KILLED} failed (exit -9, killed by SIGKILL)" in stderr, stderr
-    assert f"{RERUN} done in" in stderr and stderr.count("skipped: finished before") == 2, stderr
-    assert "3 of 4 trials finished" in stdout
+    assert f"{RERUN} done in" in stderr and "skipped" not in stderr, stderr
+    assert "1 of 2 trials finished" in stdout
     assert len((out / "runs" / KILLED / "metrics.jsonl").read_text().splitlines()) < 2
     failed = next(t for t in summary(out)["trials"] if t["id"] == KILLED)
     assert not failed["finished"] and "SIGKILL" in failed["error"]
 
     again = run_sweep(spec, store, out)
     assert again.returncode == 0, again.stderr[-3000:]
-    assert f"{KILLED} resumed and done in" in again.stderr and again.stderr.count("skipped: finished before") == 3
+    assert f"{KILLED} resumed and done in" in again.stderr and again.stderr.count("skipped: finished before") == 1
+    assert f"{RERUN} skipped: finished before" in again.stderr
     assert "resumed from" in (out / "logs" / f"{KILLED}.out").read_text()
     record = json.loads((out / "trials" / f"{KILLED}.json").read_text())
     assert record["attempts"] == 2 and record["returncode"] == 0 and record["error"] is None

@@ -74,6 +74,9 @@ def test_the_uninterrupted_run(uninterrupted):
     last = [[x for x in lines if x["fold"] == k][-1] for k in range(3)]  # fold 1's is its kill epoch
     assert [(f["last_epoch"], f["last_val"]) for f in summary["folds"]] == [(x["epoch"], x["val"]) for x in last]
     assert summary["last_epoch_sharpe_mean"] == pytest.approx(np.mean([x["val"]["sharpe_daily"] for x in last]))
+    for fold in summary["folds"]:  # every epoch of the fold, its kill epoch included
+        every = [x["val"]["sharpe_daily"] for x in lines if x["fold"] == fold["fold"]]
+        assert fold["every_epoch_sharpe_mean"] == pytest.approx(np.mean(every)) and len(set(every)) > 1
     assert files["fold_02/last.h5"][0] == {"fold": 2, "epoch": 3, "fold_done": True}
     assert leftovers == []
 
