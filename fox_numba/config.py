@@ -125,7 +125,7 @@ class EnvConfig:
 
 @dataclass
 class NetworkConfig:
-    hidden: int = opt(256, "Width of each hidden layer of the shared trunk.")
+    hidden: int = opt(256, "Width of each hidden layer of the shared trunk (unused when n_layers = 0).")
     n_layers: int = opt(
         0,
         "Hidden layers in the shared trunk; 0 is a linear network (the head reads the observation). A trunk of 2 x "
