@@ -34,8 +34,8 @@ and backpropagates the s rows only) and takes the forecast column's gradient fro
 online network, learner.dropout > 0) the forward drops each hidden unit with probability `rate` and scales
 the kept ones by 1 / (1 - rate) (kernels/dropout.py), and the backward scales each hidden layer's input
 gradient by the same factor (the dropped units are already masked by their zero output). Dense layers run
-on the register-tiled GEMMs (`kernels.nn`) on the GPU and on the grid-stride kernels (`kernels.dense_strided`, same arithmetic per element) under the simulator,
-or as `dense=` says. Every buffer is allocated in the constructor, so forward and backward run inside a
+on the register-tiled GEMMs (`kernels.nn`) on the GPU and on the grid-stride kernels (`kernels.dense_strided`,
+same arithmetic per element) under the simulator, or as `dense=` says. Every buffer is allocated in the constructor, so forward and backward run inside a
 captured StepGraph. `grads` must be zero in the layout's gaps (allocate it with device_zeros); backward
 writes every entry.
 """
