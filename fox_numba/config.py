@@ -146,7 +146,14 @@ class NetworkConfig:
 @dataclass
 class LearnerConfig:
     batch_size: int = opt(8192, "Transitions per gradient step.")
-    buffer_size: int = opt(1 << 20, "Capacity of the GPU experience buffer, in transitions.")
+    buffer_size: int = opt(
+        1 << 20,
+        "Capacity of the GPU experience buffer, in transitions. An epoch's collect writes env.n_envs x "
+        "env.collect_steps of them (4096 x 256 = 2**20 by default), so by default each epoch's collect "
+        "overwrites the whole buffer and the learner samples only that epoch's transitions, as on-policy "
+        "as a replay gets; a larger buffer keeps earlier epochs of the fold (the buffer is emptied at every "
+        "fold boundary).",
+    )
     steps_per_epoch: int = opt(1000, "Gradient steps per epoch.")
     epochs: int = opt(5, "Epochs per fold.")
     lr: float = opt(

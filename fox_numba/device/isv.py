@@ -85,8 +85,6 @@ _NAMED: tuple[Slot, ...] = (
     Slot("PARAM_NORM", 6, "L2 norm of the online network's parameters after the last applied step.",
          "learner Polyak reduce (every step, train graph)", "TARGET_DRIFT_EMA producer; " + _DIAG,
          fold_reset=None),
-    Slot("GRAD_COLLAPSE_STEPS", 7, "Consecutive steps with GRAD_NORM_RAW under the collapse floor (count).",
-         _GRAD, "gradient-collapse kill criterion"),
     Slot("NONFINITE_STEPS", 8, "Steps of this fold whose loss or gradient held a NaN or Inf (count).",
          _GRAD, "kill criteria; " + _DIAG),
     Slot("GRAD_NORM_OBSERVED", 9, "Finite GRAD_NORM_RAW observations folded into GRAD_NORM_SLOW_EMA "
@@ -153,8 +151,10 @@ _NAMED: tuple[Slot, ...] = (
     Slot("TURNOVER_EMA", 53, "EMA (alpha 0.05) of contracts traded per environment step.", _ROLLOUT, _DIAG),
     Slot("EPISODE_RETURN_EMA", 54, "EMA (alpha 0.05) of the returns of completed episodes.", _ROLLOUT,
          _DIAG),
-    Slot("REWARD_ABS_EMA", 55, "EMA (alpha 0.05) of the mean |reward| per step.", _ROLLOUT,
-         "learner support refresh (per epoch); " + _DIAG),
+    Slot("REWARD_ABS_EMA", 55, "EMA (alpha 0.05) of the mean |reward| per step. Carries over folds like the Q "
+         "scale references: the support refresh before a fold's first collect reads it beside them, and a reset "
+         "to 0 would halve every support the fold starts with (rewards are in risk units, comparable across "
+         "folds).", _ROLLOUT, "learner support refresh (per epoch); " + _DIAG, fold_reset=None),
     # 63-68: reward components (seed indices), EMA (alpha 0.05) of the mean |component| per step
     Slot("REWARD_PNL_EMA", 63, "Reward component: mark-to-market PnL net of commission.", _ROLLOUT,
          _DIAG + " reward_split"),

@@ -31,7 +31,9 @@ an epoch) and the return noise: with per-step rewards of size r_ref, a discounte
 about r_ref / sqrt(1 - gamma**2) (the standard deviation of a discounted sum of independent terms),
 RETURN_COVER = 2 of those covers most of the distribution's mass. The base support from the config is a
 permanent floor (at bootstrap both references are small, and the network starts on the base support) and
-the cap bounds the width for good (network.support_max_scale = 1 turns adaptation off). Between epochs
+the cap bounds the width for good (network.support_max_scale = 1 turns adaptation off). The supports and
+all three references carry over fold boundaries (none has a fold-reset value in device/isv.py), so the
+refresh before a fold's first collect leaves the supports where the last fold's ended. Between epochs
 the width moves by at most SCALE_STEP = 2x: widening the atoms under fixed logits scales every E[Q]
 of the head by the same factor, so a bounded step keeps the Q_ABS_REF -> width -> E[Q] loop damped while
 the TD targets pull E[Q] back to the returns. Scaling the base support keeps its shape (an asymmetric

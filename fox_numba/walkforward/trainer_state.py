@@ -15,7 +15,7 @@ The registry is the one place a fold boundary's resets are written (DESIGN.md): 
     run.best.*             the fold's best epoch
 
 Carried over (PerRun): the online supports, the learner's sampling stream, the ISV slots without a fold
-reset (the slow gradient-norm EMA, the Q scale references...). Built fresh at every fold by
+reset (the slow gradient-norm EMA, the Q and reward scale references the support rule reads, ...). Built fresh at every fold by
 `Trainer.bind_fold`, so nothing in them crosses a boundary: the fold's market tensors, the collect
 environments and their collector, the evaluator. Their within-fold state (the environments' and the
 collector's random streams) is in every checkpoint as named arrays.
