@@ -53,7 +53,8 @@ AUX_CLIP_SIGMA = 5.0
 
 class FoldWindows(Protocol):
     """What FoldMarket needs of a fold (`walkforward.folds.Fold` has it): day windows [first, stop) as
-    indices into the FeatureSet's days, and the bars purged at the end of training."""
+    indices into the FeatureSet's days, and the bars purged at the end of training (`build` turns these into
+    rows: the one place the purge is derived)."""
 
     index: int
     train_first: int

@@ -39,8 +39,8 @@ Policy (the seed's Plan C), for sample i with E[Q] q_a = sum_j softmax(logits[i,
   shared fairly. Why: a C51 head's width is the market's noise (about one risk unit per bar), not doubt
   about the mean, so with E[Q] gaps of hundredths plain Thompson plays the four directions almost
   uniformly, every epoch; kappa scales that noise down while keeping the draw's shape. tau_mult
-  (env.explore_tau) does the same for the other three branches. Measured on the default market, every
-  narrowed setting did worse than 1 and 1 (tools/results/learner_ablation_h200.md), so both default to 1.
+  (env.explore_tau) does the same for the other three branches. Their defaults, and the measurements that
+  chose them (tools/results/learner_ablation_h200.md), are in fox_numba/config.py (table: CONFIG.md).
 - explore = 0 (evaluation): argmax E[Q] in every branch, ties to the lowest bin; the RNG is not touched.
   The seed kept Boltzmann for magnitude, order type and urgency in evaluation (its T8); we keep argmax.
   Evaluation scores a checkpoint (validation Sharpe picks the best one and feeds the kill criteria):

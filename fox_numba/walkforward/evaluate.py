@@ -4,7 +4,9 @@ The checkpoint carries what the network was trained against: its parameters and 
 and the fold's normalisation statistics and risk unit (`market.*` arrays). Observations of the evaluated
 days are normalised with those statistics (never refitted on the days evaluated), every selected day is
 a validation day, and the backtest is the training run's own (agent/evaluator.py: argmax E[Q], the same
-fill model). Without --store / --set, the days are the validation days of the checkpoint's fold.
+fill model). Without --store / --set, the days are the validation days of the checkpoint's fold. Flat,
+buy-and-hold and the oracle are scored on the agent's days: the selected days of 2+ bars (a shorter day holds
+no step).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from fox_numba.agent.evaluator import Evaluator, eval_network
 from fox_numba.agent.fold_market import CHECKPOINT_ARRAYS, FoldMarket
 from fox_numba.agent.network import ParamLayout
 from fox_numba.checkpoint import load_checkpoint
-from fox_numba.config import load_config, parse_override, set_value
+from fox_numba.config import FoxConfig, load_config, parse_override, set_value
 from fox_numba.device.runtime import new_stream
 from fox_numba.device.staging import Stager
 from fox_numba.errors import InputError
@@ -28,15 +30,9 @@ from fox_numba.features.normalise import NormStats
 from fox_numba.market.select import MarketSelection, select_market
 from fox_numba.market.store import MarketStore
 from fox_numba.observation import OBS_DIM
-from fox_numba.walkforward.driver import load_features
+from fox_numba.walkforward.driver import day_baselines, load_features
 from fox_numba.walkforward.folds import make_folds
-from fox_numba.walkforward.metrics import (
-    OracleReference,
-    buy_and_hold_days,
-    compute_metrics,
-    day_series,
-    flat_days,
-)
+from fox_numba.walkforward.metrics import OracleReference, compute_metrics, day_series
 
 
 @dataclass(frozen=True)
@@ -86,21 +82,23 @@ def evaluate_checkpoint(checkpoint: Path, *, store: str | None, overrides: list[
     isv = stager.upload_new(ck.arrays["isv"])
     evaluator = Evaluator(dev, cfg, layout, params, supports, isv=isv, stager=stager, use_graph=cfg.run.graphs)
     days = day_series(evaluator.run())
-    annual = cfg.evaluation.annualisation_days
-    agent = compute_metrics(days, annualisation_days=annual)
-    half = 0.5 * (market.ask_px[:, 0] - market.bid_px[:, 0])
-    windows = [(int(a), int(b)) for a, b in market.val_windows]
-    costs = {"point_value": market.point_value, "commission": cfg.env.commission}
-    bh = compute_metrics(buy_and_hold_days([market.mid[a:b] for a, b in windows], [half[a:b] for a, b in windows],
-                                           **costs), annualisation_days=annual)  # fmt: skip
+    agent = compute_metrics(days, annualisation_days=cfg.evaluation.annualisation_days)
     out: dict[str, Any] = {f"agent_{k}": v for k, v in agent.as_dict().items()}
     out["days"] = len(days)
-    out["flat_sharpe_daily"] = compute_metrics(flat_days([b - a for a, b in windows]),
-                                               annualisation_days=annual).sharpe_daily  # fmt: skip
-    out["buy_and_hold_sharpe_daily"] = bh.sharpe_daily
-    oracle = OracleReference.for_store(selection.path)
+    oracle, store_days = OracleReference.for_store(selection.path), []
     if oracle is not None:
         with MarketStore(selection.path) as st:
             store_days = st.days()
-        out["oracle_sharpe_daily"] = oracle.sharpe_on(oracle.day_indices(store_days, list(market.days)), annual)
+    out |= baseline_figures(cfg, market, oracle, store_days)
     return {k: (float("nan") if v is None else v) for k, v in out.items()}
+
+
+def baseline_figures(cfg: FoxConfig, market: FoldMarket, oracle: OracleReference | None,
+                     store_days: list[str]) -> dict[str, float]:
+    """Daily Sharpe of flat, buy-and-hold and (with an oracle: a synthetic store, whose days are `store_days`) the
+    oracle on the days the agent is scored on (`driver.scored_days`: the selected days of MIN_EPISODE_BARS+ bars)."""
+    fixed = day_baselines(cfg, market, oracle, store_days)
+    out = {"flat_sharpe_daily": fixed.flat.sharpe_daily, "buy_and_hold_sharpe_daily": fixed.buy_and_hold.sharpe_daily}
+    if fixed.oracle_sharpe is not None:
+        out["oracle_sharpe_daily"] = fixed.oracle_sharpe
+    return out

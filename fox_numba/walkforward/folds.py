@@ -4,12 +4,13 @@ Fold k trains on `train_days` consecutive days and validates on the `val_days` t
 advance by `step_days` per fold. Rolling folds slide the training start with them; anchored folds keep it
 at the first day (each fold trains on everything before its validation window). Windows are whole
 trading days, so episodes never cross a window edge. The last `purge_bars` bars of every training window
-are dropped: their look-ahead (rewards and labels over the next bars) would otherwise sit next to the
-validation window. With `select_days` > 0 the last that many days of the training window are held out as
-the selection window: nothing trains on them (the purge moves to their start), and each epoch's backtest
-on them, not on the validation days, picks the fold's best epoch, so the validation figures of that epoch
-are out of sample. Example, the default config (60 training / 10 validation days, advancing 10) on a
-120-day market (the default market's length):
+are dropped (in bar rows, by `agent.fold_market.FoldMarket.build`, the one place that derives them): their
+look-ahead (rewards and labels over the next bars) would otherwise sit next to the validation window. With
+`select_days` > 0 the last that many days of the training window are held out as the selection window:
+nothing trains on them (the purge moves to their start), and each epoch's backtest on them, not on the
+validation days, picks the fold's best epoch, so the validation figures of that epoch are out of sample.
+Example, the default config (60 training / 10 validation days, advancing 10) on a 120-day market (the
+default market's length):
 
     fold 0: train days 0-59,   validate 60-69
     fold 1: train days 10-69,  validate 70-79
@@ -25,8 +26,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-
-import numpy as np
 
 from fox_numba.config import FoldConfig
 from fox_numba.errors import ConfigError
@@ -44,6 +43,7 @@ class Fold:
     days: tuple[str, ...]
     """All trading days of the run (the windows index into them)."""
     purge_bars: int
+    """Bars dropped before the first held-out day (FoldMarket.build derives the fold's training rows)."""
     select_days: int = 0
     """The last days of the training window held out for selecting the best epoch (0: none)."""
 
@@ -64,21 +64,6 @@ class Fold:
     @property
     def val_days(self) -> tuple[str, ...]:
         return self.days[self.val_first : self.val_stop]
-
-    def train_rows(self, day_start: np.ndarray) -> slice:
-        """Bar rows trained on: the training window less the selection days and the purged tail before them
-        (`day_start`: RawMarket.day_start)."""
-        first, stop = int(day_start[self.train_first]), int(day_start[self.select_first]) - self.purge_bars
-        if stop <= first:
-            raise ConfigError(
-                f"fold {self.index}: purging {self.purge_bars} bars leaves no training bars "
-                f"(the window has {int(day_start[self.select_first]) - first})"
-            )
-        return slice(first, stop)
-
-    def val_rows(self, day_start: np.ndarray) -> slice:
-        """Bar rows of the validation window."""
-        return slice(int(day_start[self.val_first]), int(day_start[self.val_stop]))
 
     def as_dict(self) -> dict[str, object]:
         """The fold as plain data (the run folder's folds.json): windows as indices and as day names."""

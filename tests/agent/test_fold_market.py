@@ -155,3 +155,27 @@ def test_selection_days_are_held_out_of_training(fs, stager):
         FoldMarket.build(fs, WINDOWS, FEATURES, ENV).upload(stager).on_selection_days(stager)
     with pytest.raises(ConfigError, match="5 selection days"):
         FoldMarket.build(fs, dataclasses.replace(WINDOWS, select_days=5), FEATURES, ENV)
+
+
+@pytest.mark.parametrize("select_days", [0, 1])
+def test_real_folds_train_on_their_window_less_the_purge(rng, select_days):
+    """Every fold of make_folds (rolling and anchored, days of unequal length): the training rows run from the
+    window's first bar to purge_bars before its first held-out day (selection, else validation); the fold's rows
+    end with the validation window's; the normaliser sees the training rows only."""
+    fs = random_feature_set(rng, [int(n) for n in rng.integers(9, 15, size=8)])
+    g = fs.raw.day_start
+    for anchored in (False, True):
+        cfg = FoldConfig(n_folds=3, train_days=4, val_days=2, step_days=1, purge_bars=3, select_days=select_days,
+                         anchored=anchored)  # fmt: skip
+        for fold in make_folds(cfg, fs.days):
+            fm = FoldMarket.build(fs, fold, FEATURES, ENV)
+            g0, g_trained = g[fold.train_first], g[fold.select_first] - 3
+            assert (fm.row0, fm.train_stop) == (g0, g_trained - g0), fold
+            assert (fm.val_start, fm.n_rows) == (g[fold.val_first] - g0, g[fold.val_stop] - g0)
+            np.testing.assert_array_equal(fm.stats.mean, fit_normaliser(fs.values, slice(g0, g_trained)).mean)
+
+
+def test_a_real_fold_purged_of_every_training_bar_is_refused(fs):
+    fold = make_folds(FoldConfig(n_folds=1, train_days=1, val_days=1, purge_bars=12), fs.days)[0]
+    with pytest.raises(ConfigError, match="purging 12 bars leaves no training bars"):
+        FoldMarket.build(fs, fold, FEATURES, ENV)

@@ -270,6 +270,45 @@ def test_eval_is_argmax_expected_q_and_ignores_the_rng(stream, stager, rng):
     np.testing.assert_array_equal(conviction, qd[:, -1] - qd[:, -2])
 
 
+# Exact ties in E[Q]: the heads of a tied set share one logits row (HIGH), so their E[Q] have the same bits;
+# the other heads read LOW (E[Q] -0.24 against +0.24). Per sample: the tied set of each branch (direction,
+# magnitude, order type, urgency) and the lowest bin of each set, which evaluation must choose (Hold and
+# Flat record magnitude 0). Every set holds two bins or more, so ties to the highest bin would change every
+# branch of every row (but the magnitude of a Hold or Flat row); the rows cover each kind of 3-bin tie.
+TIE_HIGH = np.array([-0.4, 0.1, 0.3, 0.8, 0.6], np.float32)
+TIE_LOW = TIE_HIGH[::-1].copy()
+TIE_SETS = [
+    ((0, 1, 2, 3), (0, 1, 2), (0, 1), (0, 2)),
+    ((0, 2), (0, 1), (0, 2), (1, 2)),
+    ((2, 3), (0, 2), (1, 2), (0, 1, 2)),
+    ((0, 3), (1, 2), (0, 1, 2), (0, 1)),
+    ((1, 3), (1, 2), (1, 2), (1, 2)),
+    ((1, 2), (0, 1), (0, 1, 2), (0, 2)),
+    ((1, 2, 3), (0, 2), (0, 1), (0, 1, 2)),
+    ((0, 1), (1, 2), (0, 2), (1, 2)),
+]
+TIE_ACTIONS = [[0, 0, 0, 0], [0, 0, 0, 1], [2, 0, 1, 0], [0, 1, 0, 0], [1, 0, 1, 1], [1, 0, 0, 0], [1, 0, 0, 0],
+               [0, 1, 0, 1]]  # fmt: skip
+
+
+def test_eval_breaks_exact_ties_to_the_lowest_bin_in_every_branch(stream, stager):
+    """explore=False on E[Q] that tie exactly at the top of each branch: the lowest tied bin wins in every
+    branch, and the direction's conviction (best minus the best other) is exactly 0."""
+    z = TIE_HIGH.size
+    support1 = linear_support(-1.0, 1.0, z)
+    assert expected_q64(TIE_HIGH, support1) - expected_q64(TIE_LOW, support1) > 0.4
+    logits = np.empty((len(TIE_SETS), N_HEADS, z), np.float32)
+    for i, sets in enumerate(TIE_SETS):
+        for br, tied in zip(BRANCHES, sets, strict=True):
+            for k in range(br.size):
+                logits[i, br.offset + k] = TIE_HIGH if k in tied else TIE_LOW
+    support = np.broadcast_to(support1, (len(TIE_SETS), N_HEADS, 3)).copy()
+    actions, conviction = run_select(stream, stager, logits, support, xoroshiro_states(len(TIE_SETS), 4, stager),
+                                     explore=False)  # fmt: skip
+    np.testing.assert_array_equal(actions, TIE_ACTIONS)
+    np.testing.assert_array_equal(conviction, np.zeros(len(TIE_SETS), np.float32))
+
+
 def test_training_replays_the_float64_policy_on_the_same_uniforms(stream, stager, rng):
     """381 samples of 21 atoms, each state advanced by exactly DRAWS = 8 draws, the same states giving the same
     actions. Every sample's action equals the float64 policy replayed on the uniforms drawn on the host from

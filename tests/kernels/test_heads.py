@@ -3,6 +3,9 @@
 Tolerances: the combine is a sum of <= 4 float32 terms, a division and two additions per output, so every
 element is within 8 float32 ulps of the output's largest operand; the support refresh is a handful of
 float32 operations: 1e-6 relative.
+
+The rule's constants are the values kernels/heads.py documents, written here as literals (not imported), so a
+changed constant in the module fails these tests.
 """
 
 import math
@@ -14,10 +17,6 @@ import reference
 from fox_numba.actions import N_HEADS
 from fox_numba.device.isv import Isv, bootstrap_values
 from fox_numba.kernels.heads import (
-    N_STREAMS,
-    Q_COVER,
-    RETURN_COVER,
-    SCALE_STEP,
     aux_column,
     base_support,
     broadcast_supports,
@@ -30,6 +29,8 @@ from fox_numba.kernels.heads import (
 
 pytestmark = pytest.mark.usefixtures("long_switch_interval")
 B, Z = 5, 7
+N_STREAMS = 17  # 4 value streams (one per branch), then 13 advantage streams (one per head)
+Q_COVER, RETURN_COVER, SCALE_STEP = 3.0, 2.0, 2.0  # the support rule's documented constants
 
 
 def ulp_bound(*operands, ulps=8):
@@ -71,10 +72,10 @@ def support_rule64(isv, old, v_min, v_max, gamma, cap, z):
     out = np.empty((N_HEADS, 3))
     for a in range(N_HEADS):
         q_ref = isv[Isv.Q_DIR_ABS_REF] if a < 4 else isv[Isv.Q_ABS_REF]
-        want = float(Q_COVER) * q_ref + float(RETURN_COVER) * isv[Isv.REWARD_ABS_EMA] / math.sqrt(1 - gamma**2)
+        want = Q_COVER * q_ref + RETURN_COVER * isv[Isv.REWARD_ABS_EMA] / math.sqrt(1 - gamma**2)
         prev = (old[a, 1] - old[a, 0]) / (v_max - v_min)
         scale = want / max(abs(v_min), abs(v_max))
-        scale = prev if not np.isfinite(scale) else min(max(scale, prev / float(SCALE_STEP)), prev * float(SCALE_STEP))
+        scale = prev if not np.isfinite(scale) else min(max(scale, prev / SCALE_STEP), prev * SCALE_STEP)
         scale = min(max(scale, 1.0), cap)
         out[a] = (v_min * scale, v_max * scale, (v_max - v_min) * scale / (z - 1))
     return out
@@ -129,6 +130,7 @@ def test_broadcast_and_base_support(stream, stager):
     out = stager.upload_new(np.full((6, N_HEADS, 3), np.nan, np.float32))
     broadcast_supports(stager.upload_new(sup), out, stream=stream)
     np.testing.assert_array_equal(stager.download(out), np.broadcast_to(sup, (6, N_HEADS, 3)))
+    assert (head_width(Z), aux_column(Z)) == (N_STREAMS * Z + 1, N_STREAMS * Z)  # the streams, then one aux column
     np.testing.assert_array_equal(base_support(-2.0, 2.0, 5)[3], np.float32([-2.0, 2.0, 1.0]))
     assert return_spread(0.0) == 1.0 and return_spread(0.99) == pytest.approx(7.0888, rel=1e-4)
     with pytest.raises(ValueError):

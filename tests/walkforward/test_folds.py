@@ -1,4 +1,5 @@
-"""Walk-forward folds: exact windows, no overlap between a fold's training and validation, purging."""
+"""Walk-forward folds: exact day windows, no overlap between a fold's training and validation. The purge (rows) is
+FoldMarket's: tests/agent/test_fold_market.py."""
 
 import dataclasses
 import json
@@ -38,14 +39,12 @@ def test_default_config_fills_120_days_with_six_folds():
     }
 
 
-def test_selection_days_end_the_training_window_and_move_the_purge():
-    rng = np.random.default_rng(3)
-    day_start = np.concatenate(([0], np.cumsum(rng.integers(300, 391, size=len(DAYS)))))
+def test_selection_days_end_the_training_window():
+    """The selection days are the training window's last days (FoldMarket purges the bars before them:
+    tests/agent/test_fold_market.py)."""
     fold = make_folds(FoldConfig(select_days=10), DAYS)[2]
     assert (fold.train_first, fold.select_first, fold.train_stop, fold.val_first) == (20, 70, 80, 80)
     assert fold.selection_days == DAYS[70:80] and len(fold.train_days) == 60
-    train = fold.train_rows(day_start)
-    assert (train.start, train.stop) == (day_start[20], day_start[70] - 30)
     assert fold.describe() == (f"fold 2: train {DAYS[20]}..{DAYS[69]} (50 days), select {DAYS[70]}..{DAYS[79]} "
                                f"(10 days), validate {DAYS[80]}..{DAYS[89]} (10 days)")
     d = fold.as_dict()
@@ -84,18 +83,6 @@ def test_anchored_folds_keep_the_start():
     assert [len(f.train_days) for f in folds] == [60, 70, 80, 90, 100, 110]
 
 
-def test_rows_are_purged_and_never_overlap():
-    rng = np.random.default_rng(7)
-    bars_per_day = rng.integers(300, 391, size=len(DAYS))
-    day_start = np.concatenate(([0], np.cumsum(bars_per_day)))
-    for fold in make_folds(FoldConfig(purge_bars=30), DAYS):
-        train, val = fold.train_rows(day_start), fold.val_rows(day_start)
-        assert train.start == day_start[fold.train_first]
-        assert train.stop == day_start[fold.train_stop] - 30
-        assert val == slice(day_start[fold.val_first], day_start[fold.val_stop])
-        assert train.stop + 30 == val.start  # the purge gap sits right before validation
-
-
 def test_too_few_days_says_what_to_change():
     with pytest.raises(ConfigError, match="need 120 trading days; the market has 100"):
         make_folds(FoldConfig(), DAYS[:100])
@@ -106,9 +93,3 @@ def test_too_few_days_says_what_to_change():
 def test_bad_fold_config(field, value):
     with pytest.raises(ConfigError, match=f"folds.{field}"):
         make_folds(dataclasses.replace(FoldConfig(), **{field: value}), DAYS)
-
-
-def test_purge_longer_than_the_window_is_refused():
-    fold = make_folds(FoldConfig(n_folds=1, train_days=1, val_days=1, purge_bars=500), DAYS)[0]
-    with pytest.raises(ConfigError, match="leaves no training bars"):
-        fold.train_rows(np.array([0, 390, 780]))

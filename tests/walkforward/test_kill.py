@@ -91,6 +91,14 @@ def test_gradient_collapse_needs_five_consecutive_epochs_after_the_warm_up():
     assert "under 1e-06 for 5 consecutive epochs" in fired[-1].reason
 
 
+def test_gradient_collapse_counts_from_the_200th_fold_step():
+    """The warm-up boundary in the header's numbers: an epoch ending at fold step 199 does not count, one at 200
+    does (gradient 1e-7, under the 1e-6 floor)."""
+    kill = GradCollapseKill()
+    assert kill.check(health(0, grad=1e-7, fold_step=199)) is None and kill.count == 0
+    assert kill.check(health(1, grad=1e-7, fold_step=200)) is None and kill.count == 1
+
+
 def test_gradient_collapse_count_does_not_cross_a_fold_boundary():
     """Seed A.3: fold 0 ended 4 epochs into a collapse; fold 1 (grad 296k at epoch 1) must not fire."""
     kill = GradCollapseKill()

@@ -1,0 +1,100 @@
+"""The validation backtest (agent/evaluator.py) on validation days of unequal lengths, against the float64
+reference environment (tests/reference_env.py) trading the same policy.
+
+A fold of random days: two training days, then three validation days of 4, 6 and 3 bars (3, 5 and 2 steps:
+one per bar but the last, where the day is closed), backtested in chunks of 2 steps (two chunks of 2 and
+a remainder of 1 cover the longest day). The network is linear with hand-set weights (2 atoms on [-1, 1],
+so E[Q] orders the heads by their atom-1 logit minus their atom-0 logit): Long Full at market when flat,
+Flat at market when long, so every step trades and each day's record shows where it starts and ends.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from reference_env import Params, ReferenceEnv, Windows, env_config, random_feature_set
+
+from fox_numba.agent.evaluator import Evaluator
+from fox_numba.agent.fold_market import FoldMarket
+from fox_numba.agent.network import ParamLayout
+from fox_numba.config import EvaluationConfig, FoxConfig, NetworkConfig
+from fox_numba.device.isv import IsvBus
+from fox_numba.device.rng import xoroshiro_states_host
+from fox_numba.observation import N_MARKET, OBS_DIM, PORT_POSITION
+
+SHORT, HOLD, LONG, FLAT = range(4)
+FULL = 2
+MARKET = 0
+PATIENT = 0
+N_VALUE_STREAMS = 4  # the head's first streams are the branches' values, then one advantage stream per head
+MAGNITUDE_FULL_HEAD, ORDER_MARKET_HEAD, URGENCY_PATIENT_HEAD = 6, 7, 10
+DAY_BARS = [12, 10, 4, 6, 3]
+WINDOWS = Windows(train_first=0, train_stop=2, val_first=2, val_stop=5, purge_bars=2)
+DAY_STEPS = [3, 5, 2]
+# numba's xoroshiro128+ adds uint64 words with wrap-around; as numpy scalars (the simulator) they warn.
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:overflow encountered in scalar add:RuntimeWarning"),
+    pytest.mark.usefixtures("long_switch_interval"),
+]
+
+
+def atom1(head: int) -> int:
+    """Head output column of atom 1 of head `head`'s advantage stream (2 atoms per stream)."""
+    return 2 * (N_VALUE_STREAMS + head) + 1
+
+
+def flat_long_params(layout: ParamLayout) -> np.ndarray:
+    """Atom-1 advantages: Short -2, Hold -1, Long 2 - 3 x (position / max position), Flat 1; Full, Market and
+    Patient 1 in their branches (others 0). Long wins when flat (2 > 1), Flat when long 4 of 4 (-1 < 1)."""
+    flat = np.zeros(layout.size, np.float32)
+    p = layout.unpack(flat)
+    for head, a in ((SHORT, -2.0), (HOLD, -1.0), (LONG, 2.0), (FLAT, 1.0), (MAGNITUDE_FULL_HEAD, 1.0),
+                    (ORDER_MARKET_HEAD, 1.0), (URGENCY_PATIENT_HEAD, 1.0)):  # fmt: skip
+        p["head.bias"][atom1(head)] = a
+    p["head.weight"][N_MARKET + PORT_POSITION, atom1(LONG)] = -3.0
+    return flat
+
+
+def reference_days(market: FoldMarket, cfg: FoxConfig, steps: int) -> list[tuple[list[float], list[int]]]:
+    """Per validation day, (PnL dollars, position) of each step the reference takes before its day is done,
+    with the policy of `flat_long_params`."""
+    ref = ReferenceEnv(market, Params.of(market, cfg.env, cfg.features), "eval", xoroshiro_states_host(3, 0))
+    ref.reset()
+    days: list[tuple[list[float], list[int]]] = [([], []) for _ in ref.envs]
+    for _ in range(steps):
+        running = [not e.frozen for e in ref.envs]
+        actions = np.array([[LONG, FULL, MARKET, PATIENT] if e.pos == 0 else [FLAT, 0, MARKET, PATIENT]
+                            for e in ref.envs])  # fmt: skip
+        usd = ref.acc[18].copy()  # the reference's dollar PnL sums (kernels/env.py ACC_PNL_USD)
+        ref.step(actions, 0.05)
+        for d, e in enumerate(ref.envs):
+            if running[d]:
+                days[d][0].append(ref.acc[18, d] - usd[d])
+                days[d][1].append(e.pos)
+    assert all(e.frozen for e in ref.envs)
+    return days
+
+
+def test_each_day_records_its_own_steps_exactly(stager):
+    """Each day's record holds exactly its own steps (3, 5, 2), with the reference's positions and dollars: a
+    step too many or too few on any day changes a length or the closing step's record."""
+    cfg = FoxConfig(env=env_config(episode_bars=8), network=NetworkConfig(n_layers=0, n_atoms=2),
+                    evaluation=EvaluationConfig(chunk_bars=2))  # fmt: skip
+    fs = random_feature_set(np.random.default_rng(20), DAY_BARS)
+    market = FoldMarket.build(fs, WINDOWS, cfg.features, cfg.env)
+    layout = ParamLayout.build(OBS_DIM, cfg.network)
+    params = stager.upload_new(flat_long_params(layout))
+    supports = stager.upload_new(np.tile(np.float32([-1.0, 1.0, 2.0]), (13, 1)))
+    ev = Evaluator(market.upload(stager), cfg, layout, params, supports, isv=IsvBus(stager).values, stager=stager,
+                   use_graph=True)  # fmt: skip
+    assert ev.steps == 5
+    days = ev.run()
+    expected = reference_days(market, cfg, 6)
+    assert [len(pnl) for pnl, _ in expected] == DAY_STEPS
+    assert [len(pnl) for pnl, _ in days] == DAY_STEPS and [len(pos) for _, pos in days] == DAY_STEPS
+    for d, ((pnl, pos), (ref_pnl, ref_pos)) in enumerate(zip(days, expected, strict=True)):
+        assert pnl.dtype == np.float64 and pos.dtype == np.int32
+        np.testing.assert_array_equal(pos, ref_pos, err_msg=f"day {d}: positions")
+        np.testing.assert_allclose(pnl, ref_pnl, rtol=2e-6, atol=1e-4, err_msg=f"day {d}: dollars")
+        assert pos[-1] == 0, f"day {d} ends flat"
+    np.testing.assert_array_equal(days[1][1], [4, 0, 4, 0, 0])  # Long, Flat, Long, Flat, Long closed at the end
