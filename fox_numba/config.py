@@ -168,6 +168,11 @@ class LearnerConfig:
         "drift; at 0.99 the return noise on every target drowned the edge and the greedy policy never traded "
         "(tools/results/learner_ablation_h200.md).",
     )
+    n_step: int = opt(
+        1,
+        "Transitions summed into each TD target: r_0 + gamma r_1 + ... + gamma**(k-1) r_(k-1) + gamma**k "
+        "Z(s_k), k <= n_step, cut short where the episode ended (kernels/replay.py). 1 is one-step TD.",
+    )
     tau: float = opt(0.005, "Polyak averaging rate of the target network (tau_base).")
     tau_min_frac: float = opt(
         1.0,

@@ -252,9 +252,10 @@ def adamw64(p, m, v, g, *, clip_scale, lr, t, beta1, beta2, eps, weight_decay, m
     return u
 
 
-def double_dqn64(logits, q, logits_tgt, sup_on, sup_tg, actions, rewards, dones, branch_w, gamma,
+def double_dqn64(logits, q, logits_tgt, sup_on, sup_tg, actions, rewards, discounts, branch_w,
                  bootstrap="direction"):
-    """The per-row outputs of double_dqn_rows in float64 (dict of arrays); `bootstrap` as learner.bootstrap."""
+    """The per-row outputs of double_dqn_rows in float64 (dict of arrays); `discounts` per sample (the replay
+    gather's gamma**k * (1 - done)); `bootstrap` as learner.bootstrap."""
     b, _, z = logits_tgt.shape
     eff = effect64(actions)
     out = {k: [] for k in ("taken", "p_next", "sup_next", "sup_proj", "rew", "disc", "w", "stats")}
@@ -265,7 +266,7 @@ def double_dqn64(logits, q, logits_tgt, sup_on, sup_tg, actions, rewards, dones,
             a_n = n_off + int(np.argmax(q[b + i, n_off : n_off + n_size]))  # first maximum: ties to the lowest bin
             p = softmax64(logits_tgt[i, a_n])
             e_tgt = float(p @ atoms64(sup_tg[a_n], z))
-            disc = gamma * (1.0 - dones[i])
+            disc = float(discounts[i])
             out["taken"].append(logits[i, a_t])
             out["p_next"].append(p)
             out["sup_next"].append(sup_tg[a_n])
@@ -275,3 +276,34 @@ def double_dqn64(logits, q, logits_tgt, sup_on, sup_tg, actions, rewards, dones,
             out["w"].append(branch_w[br] * eff[i, br] / b)
             out["stats"].append([rewards[i] + disc * e_tgt - q[i, a_t], e_tgt, e_tgt - q[b + i, a_n]])
     return {k: np.array(v, np.float64) for k, v in out.items()}
+
+
+def replay_gather64(host, idx, *, stride=1, n_step=1, gamma=0.9):
+    """The learner's batch from the ring `host` at slots idx, float64 (kernels/replay.py's rule, written out
+    per sample): the chain s, s + stride, ... of up to n_step transitions, stopped at a done, at a slot
+    whose row is not the last one's next_row, or at a slot not written after s; slot -1: row 0, zero
+    portfolio and action, reward NaN, discount 0."""
+    cap = host["row"].shape[0]
+    cursor, size = (int(v) for v in host["meta"])
+    oldest = (cursor - size) % cap
+    n = idx.size
+    out = {"rows": np.zeros(2 * n, np.int32), "port": np.zeros((2 * n, host["port"].shape[1])),
+           "actions": np.zeros((n, 4), np.int32), "rewards": np.full(n, np.nan), "discounts": np.zeros(n)}
+    for j, s in enumerate(int(v) for v in idx):
+        if s < 0:
+            continue
+        chain = [s]
+        while len(chain) < n_step:
+            last, k = chain[-1], len(chain)
+            nxt = (s + k * stride) % cap
+            written_after = (s - oldest) % cap + k * stride < size
+            if not written_after or host["done"][last] != 0 or host["row"][nxt] != host["next_row"][last]:
+                break
+            chain.append(nxt)
+        last = chain[-1]
+        out["rows"][j], out["rows"][n + j] = host["row"][s], host["next_row"][last]
+        out["port"][j], out["port"][n + j] = host["port"][s], host["next_port"][last]
+        out["actions"][j] = host["action"][s]
+        out["rewards"][j] = sum(gamma**i * float(host["reward"][t]) for i, t in enumerate(chain))
+        out["discounts"][j] = gamma ** len(chain) * (1.0 - float(host["done"][last]))
+    return out

@@ -85,7 +85,7 @@ def bench_n(n: int, market: Any, env_cfg: EnvConfig, stager: Stager, args: argpa
 
     def learner_gather(s: Any) -> None:  # the learner step's replay part (agent/learner.py)
         replay.sample(states, batch.idx, stream=s)
-        replay.gather(batch, stream=s)
+        replay.gather(batch, stride=n, gamma=0.95, stream=s)
         gather_obs(market.market_obs, batch.rows, batch.port, batch_obs, stream=s)
 
     parts = {

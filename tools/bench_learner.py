@@ -74,6 +74,8 @@ def make_learner(args: argparse.Namespace, stager: Stager, stream: Any, graphs: 
         cfg.network.hidden, cfg.network.n_layers, cfg.network.n_atoms = 8, 2, 11
     cfg.learner.batch_size = args.batch
     cfg.learner.steps_per_epoch = args.steps
+    cfg.learner.n_step = args.n_step
+    cfg.env.n_envs = min(cfg.env.n_envs, args.capacity)
     cfg.run.graphs = graphs
     rng = np.random.default_rng(0)
     cap, bars, m = args.capacity, args.bars, args.obs_dim - N_PORT
@@ -88,6 +90,8 @@ def make_learner(args: argparse.Namespace, stager: Stager, stream: Any, graphs: 
         "next_port": rng.standard_normal((cap, N_PORT)).astype(np.float32),
         "meta": np.array([0, cap], np.int32),
     }
+    stride = cfg.env.n_envs  # each transition continues into its environment's next slot (n-step chains)
+    host["next_row"][: cap - stride] = host["row"][stride:]
     replay = ReplayBuffer(cap, stream=stream, n_port=N_PORT)
     replay.upload(host, stager)
     market = stager.upload_new(rng.standard_normal((bars, m)).astype(np.float32))
@@ -202,7 +206,8 @@ def markdown_batch(modes: dict[str, Any], kernels: dict[str, Any], args: argpars
     shape = "tiny network (--tiny)" if args.tiny else "default network"
     intro = (
         f"One gradient step, batch {args.batch}, obs_dim {args.obs_dim}, {shape}: {modes['param_count']} "
-        f"parameters; dense layers: {modes['gemm_path']} kernels. Replay of {args.capacity} random transitions "
+        f"parameters; dense layers: {modes['gemm_path']} kernels; learner.n_step {args.n_step}. Replay of "
+        f"{args.capacity} random transitions "
         f"over {args.bars} market rows. Best of {args.windows} windows of {args.steps} steps after "
         f"{args.warmup} warm-up steps."
     )
@@ -274,6 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kernel-steps", type=int, default=10, help="steps of the per-kernel timing")
     parser.add_argument("--spin", type=int, default=5_000_000, help="iterations of the spin kernel (~10 ms on an H200)")
     parser.add_argument("--tiny", action="store_true", help="a tiny size that runs under the simulator")
+    parser.add_argument("--n-step", type=int, default=1, help="learner.n_step of the measured step")
     args = parser.parse_args(argv)
     command = "python3 tools/bench_learner.py " + " ".join(argv if argv is not None else sys.argv[1:])
     if args.tiny:

@@ -1,8 +1,10 @@
 """The learner: the train stage. One gradient step is one StepGraph; an epoch replays it K times.
 
     learner = Learner(cfg, layout, replay, market_obs, aux_target, isv=bus.values, stager=stager, stream=stream)
-    per fold:   learner.shrink_perturb(seed); learner.sync_target(); learner.shrink_adam();
-                learner.reset_step_counter()               (fold 0: only reset_step_counter is needed)
+    per fold:   learner.shrink_adam(); learner.reset_step_counter(); learner.shrink_perturb(seed);
+                learner.sync_target()                      the fold reset's learner entries, in its order
+                                                           (walkforward/trainer_state.py); the driver runs
+                                                           the whole reset at every fold, fold 0 included
     per epoch:  learner.refresh_supports()                 before collect (the collector reads
                                                            learner.support_online)
                 learner.train_epoch()                      K = learner.steps_per_epoch replays, no host sync
@@ -22,7 +24,8 @@ once, and leaves parameters, Adam state and target bit-identical) -> adaptive cl
 (the landed producer) -> AdamW (lr = cosine schedule x max(0.05, FOLD_WARMUP_FACTOR)) -> Polyak with tau =
 tau_base x cosine / (1 + clip(ISV[Q_DRIFT_RATE], 0, 4)) -> commit (Adam's t, the target supports, update /
 drift / parameter-norm signals) -> hidden-activation signals (every diag_every steps).
-n-step returns: the replay stores one-step transitions, so the discount is gamma (n = 1).
+n-step returns (learner.n_step): the replay stores one-step transitions; the gather sums up to n of one
+environment's consecutive rewards and hands the row its discount gamma**k * (1 - done) (kernels/replay.py).
 
 Auxiliary regression (learner.aux_weight, 0 turns it off): the head GEMM's extra column f(s) regresses
 y = aux_target[row of s] (agent/fold_market.py `aux_forecast_target`: the forward mid change over
@@ -124,6 +127,8 @@ class Learner:
             raise ValueError("learner config out of range: need 0 <= gamma < 1, lr_min_frac and tau_min_frac in "
                              "[0, 1], 0 < tau <= 1, batch_size >= 1, steps_per_epoch >= 1, aux_weight >= 0, obs_noise "
                              ">= 0, 0 <= dropout < 1")
+        if lc.n_step < 1:
+            raise ValueError(f"learner.n_step must be >= 1, got {lc.n_step}")
         if lc.bootstrap not in BOOTSTRAP_RULES:
             raise ValueError(f"learner.bootstrap must be one of {BOOTSTRAP_RULES}, got {lc.bootstrap!r}")
         if cfg.run.diag_every < 1:
@@ -201,7 +206,7 @@ class Learner:
         lc, bt, rows, n = self.cfg.learner, self.batch, self.rows, self.layout.size
         schedule_step(self.schedule.device, self.optim_state, self.isv, stream=s)
         self.replay.sample(self.rng_states, bt.idx, stream=s)
-        self.replay.gather(bt, stream=s)
+        self.replay.gather(bt, stride=self.cfg.env.n_envs, n_step=lc.n_step, gamma=lc.gamma, stream=s)
         gather_obs(self.market_obs, bt.rows, bt.port, self.obs, stream=s)
         if lc.obs_noise > 0:
             add_obs_noise(self.obs, self.rng_states, lc.obs_noise, int(self.market_obs.shape[1]), stream=s)
@@ -209,7 +214,7 @@ class Learner:
         self.target_net.forward(self.target, self.obs_next, self.logits_tgt, stream=s)
         expected_q(self.logits, self.support_rows, self.q, self.entropy, utilisation=self.util, stream=s)
         select_rows(self.logits, self.q, self.logits_tgt, self.support_online, self.support_target, bt.actions,
-                    bt.rewards, bt.dones, self.branch_weights, lc.gamma, rows, stream=s, bootstrap=lc.bootstrap)
+                    bt.rewards, bt.discounts, self.branch_weights, rows, stream=s, bootstrap=lc.bootstrap)
         c51_project(rows.p_next, rows.rewards, rows.discounts, rows.sup_next, rows.sup_proj, rows.target, stream=s)
         c51_loss(rows.taken, rows.target, rows.weights, rows.loss, rows.dl, stream=s)
         produce_loss_signals(rows.loss, rows.weights, rows.stats, self.loss_partials, self.isv, self.epoch, stream=s)

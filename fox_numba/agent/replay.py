@@ -19,7 +19,8 @@ observation gather and one network forward cover both, then rebuilds the 2B obse
 
     batch = ReplayBatch(B, stream=s)               # once, with obs [2B, OBS_DIM] beside it
     replay.sample(states, batch.idx, stream=s)     # states: xoroshiro [>= B], one draw each
-    replay.gather(batch, stream=s)                 # rows [2B], port [2B, P]: s, then s'; actions, rewards, dones
+    replay.gather(batch, stride=N, n_step=n, gamma=g, stream=s)   # rows [2B], port [2B, P]: s, then s' (n steps on);
+                                                                  # actions, n-step rewards and discounts
     gather_obs(market.market_obs, batch.rows, batch.port, obs, stream=s)    # obs[:B] = s, obs[B:] = s'
 """
 
@@ -51,7 +52,7 @@ FIELDS: tuple[str, ...] = ("row", "port", "action", "reward", "done", "next_row"
 class ReplayBatch:
     """B sampled transitions in the learner's layout: idx int32 [B] (the slots, -1 from an empty ring),
     rows int32 [2B] and port float32 [2B, P] (s in rows 0..B-1, s' in rows B..2B-1), actions int32 [B, 4],
-    rewards float32 [B], dones float32 [B]."""
+    n-step rewards float32 [B] and discounts float32 [B] (gamma**k * (1 - done); kernels/replay.py)."""
 
     def __init__(self, batch: int, *, stream: Any, n_port: int = N_PORTFOLIO) -> None:
         if batch < 1:
@@ -62,7 +63,7 @@ class ReplayBatch:
         self.port = device_zeros((2 * batch, n_port), np.float32, stream=stream)
         self.actions = device_zeros((batch, N_BRANCHES), np.int32, stream=stream)
         self.rewards = device_zeros(batch, np.float32, stream=stream)
-        self.dones = device_zeros(batch, np.float32, stream=stream)
+        self.discounts = device_zeros(batch, np.float32, stream=stream)
 
 
 class ReplayBuffer:
@@ -114,10 +115,12 @@ class ReplayBuffer:
         draw each; the rule in kernels/replay.py)."""
         replay_sample(self.meta, states, idx, stream=stream)
 
-    def gather(self, batch: ReplayBatch, *, stream: Any) -> None:
-        """Copy the transitions at batch.idx into the batch's arrays (s rows, then s' rows)."""
-        replay_gather(batch.idx, self.arrays(), batch.rows, batch.port, batch.actions, batch.rewards, batch.dones,
-                      stream=stream)  # fmt: skip
+    def gather(self, batch: ReplayBatch, *, stride: int, n_step: int = 1, gamma: float, stream: Any) -> None:
+        """The transitions at batch.idx into the batch's arrays (s rows, then the s' rows n_step transitions on),
+        with their n-step rewards and discounts; `stride`: transitions written per collect step (the collect's
+        environments), which places an environment's next transition (kernels/replay.py)."""
+        replay_gather(self.meta, batch.idx, self.arrays(), batch.rows, batch.port, batch.actions, batch.rewards,
+                      batch.discounts, stride=stride, n_step=n_step, gamma=gamma, stream=stream)
 
     def read_meta(self, stager: Stager) -> tuple[int, int]:
         """(cursor, size) on the host (synchronises the stager's stream)."""

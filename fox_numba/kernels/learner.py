@@ -144,20 +144,21 @@ def _effect(actions, i, b):
     return float32(1.0)
 
 
-@register((_F3, _F2, _F3, _F2, _F2, _I2, _F1, _F1, _F1, float32, int32,
+@register((_F3, _F2, _F3, _F2, _F2, _I2, _F1, _F1, _F1, int32,
            _F2, _F2, _F2, _F2, _F1, _F1, _F1, _F2, int32))
 @cuda.jit
-def double_dqn_rows(logits, q, logits_tgt, support_online, support_target, actions, rewards, dones,
-                    branch_w, gamma, shared, taken, p_next, sup_next, sup_proj, rew_r, disc_r, weights, row_stats,
+def double_dqn_rows(logits, q, logits_tgt, support_online, support_target, actions, rewards, discounts,
+                    branch_w, shared, taken, p_next, sup_next, sup_proj, rew_r, disc_r, weights, row_stats,
                     n):
     """Per branch row r = i * 4 + b (n = 4B rows); logits and q hold s in rows 0..B-1 and s' in rows B..2B-1.
 
     a_t = the taken head of branch b; a* = argmax of the online E[Q](s') over the bins of the direction
     branch when shared = 1, else of branch b (ties to the lowest bin). taken[r] = online logits(s)[a_t];
     p_next[r] = softmax(target logits(s')[a*]);
-    sup_next[r] = target support[a*]; sup_proj[r] = online support[a_t]; rew_r[r] = reward;
-    disc_r[r] = gamma * (1 - done); weights[r] = branch_w[b] * effect / B; row_stats[r] = (TD,
-    E_target[Q(s', a*)], E_target - E_online at (s', a*)), TD = reward + disc * E_target - E[Q(s, a_t)].
+    sup_next[r] = target support[a*]; sup_proj[r] = online support[a_t]; rew_r[r] = reward (the n-step
+    return); disc_r[r] = discounts[i] (the replay gather's gamma**k * (1 - done)); weights[r] = branch_w[b] *
+    effect / B; row_stats[r] = (TD, E_target[Q(s', a*)], E_target - E_online at (s', a*)),
+    TD = reward + disc * E_target - E[Q(s, a_t)].
     """
     n_atoms = logits.shape[2]
     n_samples = actions.shape[0]
@@ -194,7 +195,7 @@ def double_dqn_rows(logits, q, logits_tgt, support_online, support_target, actio
             sup_next[r, c] = support_target[a_n, c]
             sup_proj[r, c] = support_online[a_t, c]
         reward = rewards[i]
-        discount = gamma * (float32(1.0) - dones[i])
+        discount = discounts[i]
         rew_r[r] = reward
         disc_r[r] = discount
         weights[r] = branch_w[b] * _effect(actions, i, b) / float32(n_samples)
@@ -383,7 +384,7 @@ class BranchRows:
 
 
 def select_rows(logits: Any, q: Any, logits_tgt: Any, support_online: Any, support_target: Any, actions: Any,
-                rewards: Any, dones: Any, branch_w: Any, gamma: float, rows: BranchRows, *, stream: Any,
+                rewards: Any, discounts: Any, branch_w: Any, rows: BranchRows, *, stream: Any,
                 bootstrap: str = "direction") -> None:
     """Fill `rows` for double DQN (kernel double_dqn_rows); logits [2B, 13, Z] and q [2B, 13] of the online
     network on s then s', logits_tgt [B, 13, Z] of the target network on s'; `bootstrap` as in the header."""
@@ -396,14 +397,12 @@ def select_rows(logits: Any, q: Any, logits_tgt: Any, support_online: Any, suppo
     check_array("support_target", support_target, "[13, 3]", (N_HEADS, 3))
     check_array("actions", actions, "[B, 4]", (b, N_BRANCHES), np.int32)
     check_array("rewards", rewards, "[B]", (b,))
-    check_array("dones", dones, "[B]", (b,))
+    check_array("discounts", discounts, "[B]", (b,))
     check_array("branch_w", branch_w, "[4]", (N_BRANCHES,))
-    if not 0.0 <= gamma <= 1.0:
-        raise ValueError(f"gamma must be in [0, 1], got {gamma}")
     if bootstrap not in BOOTSTRAP_RULES:
         raise ValueError(f"learner.bootstrap must be one of {BOOTSTRAP_RULES}, got {bootstrap!r}")
     launch_strided(double_dqn_rows, r, logits, q, logits_tgt, support_online, support_target, actions, rewards,
-                   dones, branch_w, np.float32(gamma), i32(bootstrap == "direction"), rows.taken, rows.p_next,
+                   discounts, branch_w, i32(bootstrap == "direction"), rows.taken, rows.p_next,
                    rows.sup_next, rows.sup_proj, rows.rewards, rows.discounts, rows.weights, rows.stats, i32(r),
                    stream=stream, block=ROWS_BLOCK)
 

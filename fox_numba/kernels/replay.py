@@ -14,12 +14,29 @@ advance writes it, so no thread reads a cursor another thread is changing. N <= 
 
 One training step of B samples: replay_sample draws B slots, replay_gather copies them into the learner's
 batch layout: rows2 [2B] and port2 [2B, P] hold s in rows 0..B-1 and s' in rows B..2B-1 (so one gather_obs
-and one network forward cover both), actions [B, 4], rewards [B], dones [B].
+and one network forward cover both), actions [B, 4], rewards [B], discounts [B].
+
+n-step returns (learner.n_step = n): the transition at slot s was written by one environment, whose next
+step sits N slots later (N = the collect's environments, `stride`): a collect step writes N consecutive
+slots. The gather follows that chain from s for up to n transitions t_0 = s, t_1 = s + N, ... and returns
+
+    rewards[j]   = sum_{i < k} gamma**i * reward[t_i]           (float32, summed in order i = 0, 1, ...)
+    discounts[j] = gamma**k * (1 - done[t_{k-1}])               (the bootstrap's weight; 0 after a terminal)
+    s'           = next_row / next_port of t_{k-1}
+
+with k <= n the transitions taken. The chain stops early (k < n) where the episode did: at a done
+transition, or where the next slot's row is not this transition's next_row (the collect's environments
+restart at fresh draws every epoch without a done), or where the next slot has not been written after s
+(its position in write order, counted from the oldest slot (cursor - size) % C, would pass size - 1).
+Such a truncated return bootstraps from the last state it reached, as the standard n-step target does.
+With n = 1 it is the one-step target: rewards = reward[s], discounts = gamma * (1 - done[s]), bit for bit
+the float32 product the learner formed before n-step returns existed. The chain follows the behaviour
+policy's actions (uncorrected n-step, as in Rainbow).
 
 Sampling: sample j uses generator states[j] (numba xoroshiro128+, bit-exact between simulator and GPU), one
 draw per step: slot = floor(u * size / 2**32) with u the draw's top 32 bits, size read from meta on the
 device (every slot below size holds a transition, full ring or not). An empty ring (size 0) gives slot -1,
-which the gather turns into row 0, a zero portfolio and action, reward NaN and done 1: the learner's
+which the gather turns into row 0, a zero portfolio and action, reward NaN and discount 0: the learner's
 non-finite guard then skips the step rather than reading outside an array.
 
 Launch shapes: puts, sample and gather 1-D, one thread per transition or sample (`thread_block`); advance
@@ -100,14 +117,16 @@ def replay_sample_kernel(meta, states, idx):
     idx[j] = int32((u * uint64(size)) >> uint64(32)) if size > 0 else int32(-1)
 
 
-@register((I32_1D, I32_1D, F32_2D, I32_2D, F32_1D, F32_1D, I32_1D, F32_2D, I32_1D, F32_2D, I32_2D, F32_1D, F32_1D))
+@register((I32_1D, I32_1D, I32_1D, F32_2D, I32_2D, F32_1D, F32_1D, I32_1D, F32_2D, int32, int32, float32, I32_1D, F32_2D,
+           I32_2D, F32_1D, F32_1D))
 @cuda.jit
 def replay_gather_kernel(
-    idx, r_row, r_port, r_action, r_reward, r_done, r_next_row, r_next_port, rows2, port2, actions, rewards, dones,
+    meta, idx, r_row, r_port, r_action, r_reward, r_done, r_next_row, r_next_port, stride, n_step, gamma, rows2,
+    port2, actions, rewards, discounts,
 ):  # fmt: skip
-    """Sample j of slot s = idx[j]: rows2[j], port2[j] = the slot's s; rows2[B + j], port2[B + j] = its s';
-    actions[j], rewards[j], dones[j]. Slot -1 (an empty ring): row 0, zero portfolio and action, reward NaN,
-    done 1."""
+    """Sample j of slot s = idx[j]: rows2[j], port2[j] = the slot's s and actions[j] its action; the n-step
+    reward, discount and s' (rows2[B + j], port2[B + j]) of the chain from s (module header). Slot -1 (an
+    empty ring): row 0, zero portfolio and action, reward NaN, discount 0."""
     j = cuda.grid(1)
     n = idx.shape[0]
     if j >= n:
@@ -115,15 +134,30 @@ def replay_gather_kernel(
     n_port = r_port.shape[1]
     s = idx[j]
     if s >= 0:
+        cap = r_row.shape[0]
+        size = meta[META_SIZE]
+        pos = (s - (meta[META_CURSOR] - size) + 2 * cap) % cap  # s's place in write order, 0 = oldest
+        last = s
+        total = r_reward[s]
+        discount = gamma
+        for k in range(1, n_step):
+            if pos + k * stride >= size or r_done[last] != float32(0.0):
+                break
+            nxt = (s + k * stride) % cap
+            if r_row[nxt] != r_next_row[last]:
+                break
+            last = nxt
+            total += discount * r_reward[last]
+            discount *= gamma
         rows2[j] = r_row[s]
-        rows2[n + j] = r_next_row[s]
+        rows2[n + j] = r_next_row[last]
         for c in range(n_port):
             port2[j, c] = r_port[s, c]
-            port2[n + j, c] = r_next_port[s, c]
+            port2[n + j, c] = r_next_port[last, c]
         for k in range(N_BRANCHES):
             actions[j, k] = r_action[s, k]
-        rewards[j] = r_reward[s]
-        dones[j] = r_done[s]
+        rewards[j] = total
+        discounts[j] = discount * (float32(1.0) - r_done[last])
     else:
         rows2[j] = 0
         rows2[n + j] = 0
@@ -133,7 +167,7 @@ def replay_gather_kernel(
         for k in range(N_BRANCHES):
             actions[j, k] = 0
         rewards[j] = float32(math.nan)
-        dones[j] = float32(1.0)
+        discounts[j] = float32(0.0)
 
 
 def _width(port: Any) -> int:
@@ -212,20 +246,25 @@ def replay_sample(meta: Any, states: Any, idx: Any, *, stream: Any) -> None:
     launch(replay_sample_kernel, b, meta, states, idx, stream=stream, block=thread_block(b, REPLAY_BLOCK))
 
 
-def replay_gather(idx: Any, ring: tuple[Any, ...], rows2: Any, port2: Any, actions: Any, rewards: Any, dones: Any,
-                  *, stream: Any) -> None:  # fmt: skip
+def replay_gather(meta: Any, idx: Any, ring: tuple[Any, ...], rows2: Any, port2: Any, actions: Any, rewards: Any,
+                  discounts: Any, *, stride: int, n_step: int, gamma: float, stream: Any) -> None:
     """Gather the B transitions at the slots idx [B] of `ring` (row, port, action, reward, done, next_row,
-    next_port) into the learner's batch: rows2 int32 [2B] and port2 [2B, P] hold s in 0..B-1 and s' in
-    B..2B-1 (one network forward covers both), actions int32 [B, 4], rewards [B], dones [B]."""
+    next_port; meta its (cursor, size)) into the learner's batch: rows2 int32 [2B] and port2 [2B, P] hold s in
+    0..B-1 and s' in B..2B-1 (one network forward covers both), actions int32 [B, 4], and the n-step rewards
+    [B] and discounts [B] of the module header (`stride`: transitions written per collect step)."""
     if len(idx.shape) != 1 or idx.shape[0] < 1:
         raise ValueError(f"idx must be int32 [B] with B >= 1, got {idx.shape}")
     b = idx.shape[0]
-    _, n_port = check_ring(ring)
+    cap, n_port = check_ring(ring)
+    check_array("meta", meta, "[2]", (2,), np.int32)
     check_array("idx", idx, "[B]", (b,), np.int32)
     check_array("rows2", rows2, "[2B]", (2 * b,), np.int32)
     check_array("port2", port2, "[2B, P]", (2 * b, n_port))
     check_array("actions", actions, f"[B, {N_BRANCHES}]", (b, N_BRANCHES), np.int32)
     check_array("rewards", rewards, "[B]", (b,))
-    check_array("dones", dones, "[B]", (b,))
-    launch(replay_gather_kernel, b, idx, *ring, rows2, port2, actions, rewards, dones, stream=stream,
-           block=thread_block(b, REPLAY_BLOCK))  # fmt: skip
+    check_array("discounts", discounts, "[B]", (b,))
+    if n_step < 1 or not 1 <= stride <= cap or not 0.0 <= gamma <= 1.0:
+        raise ValueError(f"replay_gather needs n_step >= 1, 1 <= stride <= {cap} and gamma in [0, 1]; got "
+                         f"n_step {n_step}, stride {stride}, gamma {gamma}")
+    launch(replay_gather_kernel, b, meta, idx, *ring, i32(stride), i32(n_step), np.float32(gamma), rows2, port2,
+           actions, rewards, discounts, stream=stream, block=thread_block(b, REPLAY_BLOCK))

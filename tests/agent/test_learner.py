@@ -25,6 +25,7 @@ from fox_numba.kernels.heads import base_support
 from fox_numba.kernels.optim import OPTIM_STATE_DTYPE
 
 M, P = 3, 2  # market and portfolio columns of the observation
+STRIDE = 4  # transitions per collect step of the test rings (env.n_envs): an environment's next slot is 4 on
 SHORT, HOLD, LONG, FLAT = (int(d) for d in Direction)
 
 
@@ -36,6 +37,7 @@ def tiny_config(batch=6, hidden=4, n_layers=1, n_atoms=5, **learner):
     cfg.learner.epochs = 3
     cfg.run.graphs = True
     cfg.run.diag_every = 1
+    cfg.env.n_envs = STRIDE
     for key, value in learner.items():
         setattr(cfg.learner, key, value)
     return cfg
@@ -53,6 +55,10 @@ def random_replay(rng, capacity=20, n_bars=12):
         "next_port": rng.standard_normal((capacity, P)).astype(np.float32),
         "meta": np.array([5, capacity - 3], np.int32),  # the last 3 slots are not filled yet
     }
+    # every other transition continues into the slot STRIDE on (its next_row is that slot's row), so n-step
+    # chains of several lengths run through the ring
+    for s in range(0, capacity - STRIDE, 2):
+        h["next_row"][s] = h["row"][s + STRIDE]
     return h
 
 
@@ -86,10 +92,11 @@ def host_state(learner):
 # ---- one whole step against float64 ---------------------------------------------------------------------
 
 
-def step_reference64(cfg, layout, st, replay, market, isv0, clip_eff, factor):
-    """The learner's step in float64 from the host state `st` (state_arrays names); `clip_eff` and `factor`
-    are the adaptive-clip producer's outputs (tested in tests/device/test_optim_kernels.py) read back.
-    Returns (new state dict, expected ISV slots dict); the new state also holds the step's aux loss."""
+def step_reference64(cfg, layout, st, replay, market, isv0):
+    """The learner's step in float64 from the host state `st` (state_arrays names) and the ISV before the step
+    `isv0`; the warm-up factor and CLIP_EFF come from the float64 adaptive-clip producer (reference.py, the
+    formulas of device/isv.py's slots) on isv0 and this step's norm. Returns (new state dict, expected ISV slots
+    dict); the new state also holds the step's aux loss."""
     lc, z, n_layers = cfg.learner, layout.n_atoms, layout.n_layers
     b = lc.batch_size
     st = {k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in st.items()}
@@ -107,10 +114,10 @@ def step_reference64(cfg, layout, st, replay, market, isv0, clip_eff, factor):
     tau = f32(lc.tau) * (f32(lc.tau_min_frac) + (1 - f32(lc.tau_min_frac)) * cosine) / (1 + drift)
     # sample and gather
     idx = reference.sample_indices64(st["rng_states"], int(replay["meta"][1]))
-    rows = np.concatenate([replay["row"][idx], replay["next_row"][idx]])
-    port = np.concatenate([replay["port"][idx], replay["next_port"][idx]])
+    batch = reference.replay_gather64(replay, idx, stride=cfg.env.n_envs, n_step=lc.n_step, gamma=f32(lc.gamma))
+    rows, port = batch["rows"], batch["port"]
     obs = np.concatenate([market[rows], port], axis=1).astype(np.float64)
-    actions, rewards, dones = replay["action"][idx], replay["reward"][idx], replay["done"][idx]
+    actions, rewards, discounts = batch["actions"], batch["rewards"], batch["discounts"]
     # forwards, E[Q], double DQN rows, projection, loss
     p_on, p_tg = layout.unpack(st["params"]), layout.unpack(st["target_params"])
     acts_s, head_s = reference.net_head64(p_on, n_layers, obs[:b])
@@ -120,8 +127,8 @@ def step_reference64(cfg, layout, st, replay, market, isv0, clip_eff, factor):
     logits = np.concatenate([logits_s, logits_n])
     sup_on, sup_tg = st["support_online"].astype(np.float64), st["support_target"].astype(np.float64)
     q = reference.expected_q64(logits, np.broadcast_to(sup_on, (2 * b, N_HEADS, 3)))
-    rws = reference.double_dqn64(logits, q, logits_t, sup_on, sup_tg, actions, rewards, dones,
-                                 np.asarray(lc.branch_weights, np.float64), f32(lc.gamma))
+    rws = reference.double_dqn64(logits, q, logits_t, sup_on, sup_tg, actions, rewards, discounts,
+                                 np.asarray(lc.branch_weights, np.float64))
     m_proj = reference.project64(rws["p_next"], rws["rew"], rws["disc"], rws["sup_next"], rws["sup_proj"])
     loss = reference.loss64(rws["taken"], m_proj)
     dl_rows = rws["w"][:, None] * (m_proj.sum(1, keepdims=True) * reference.softmax64(rws["taken"]) - m_proj)
@@ -137,6 +144,14 @@ def step_reference64(cfg, layout, st, replay, market, isv0, clip_eff, factor):
     for e in layout.entries:
         grads[e.offset : e.stop] = g_named[e.name].reshape(-1)
     norm = float(np.sqrt(np.sum(grads**2)))
+    # the adaptive clip: factor and CLIP_EFF from the EMAs before this norm, then the EMAs take it
+    clip = np.array(isv0, np.float64)
+    clip[Isv.GRAD_NORM_RAW] = norm
+    reference.adaptive_clip64(clip, f32(lc.clip_ema_mult), lc.warmup_rule)
+    clip_eff, factor = float(clip[Isv.CLIP_EFF]), float(clip[Isv.FOLD_WARMUP_FACTOR])
+    for slot in (Isv.FOLD_WARMUP_FACTOR, Isv.CLIP_EFF, Isv.CLIP_ENGAGED_EMA, Isv.GRAD_NORM_EMA, Isv.GRAD_NORM_FAST_EMA,
+                 Isv.GRAD_NORM_SLOW_EMA, Isv.GRAD_NORM_OBSERVED):
+        isv[slot] = float(clip[slot])
     # AdamW, Polyak, commit
     params = st["params"].astype(np.float64)
     m, v = st["adam_m"].astype(np.float64), st["adam_v"].astype(np.float64)
@@ -221,13 +236,14 @@ def steady_isv(rng):
     return isv0
 
 
-@pytest.mark.parametrize("dense, n_layers", [("strided", 2), ("tiled", 1), ("tiled", 0)])
-def test_one_step_equals_a_float64_step(stream, stager, rng, dense, n_layers):
+@pytest.mark.parametrize("dense, n_layers, n_step", [("strided", 2, 1), ("tiled", 1, 1), ("tiled", 0, 1),
+                                                      ("tiled", 0, 3)])
+def test_one_step_equals_a_float64_step(stream, stager, rng, dense, n_layers, n_step):
     """Tolerance: parameters within 2 float32 ulps plus 1e-4 of the step's lr; moments 1e-4 relative plus
     1e-5 of the largest; ISV slots 1e-4 relative plus 1e-6 (float32 chains through two forwards, softmax,
     projection and backward, against float64)."""
     cfg = tiny_config(n_layers=n_layers, weight_decay=0.01, branch_weights=[1.0, 0.5, 2.0, 0.25], tau=0.05,
-                      tau_min_frac=0.5, gamma=0.9, aux_weight=0.7)
+                      tau_min_frac=0.5, gamma=0.9, aux_weight=0.7, n_step=n_step)
     replay, market = random_replay(rng), rng.standard_normal((12, M)).astype(np.float32)
     isv0 = steady_isv(rng)
     learner, isv = build(stager, stream, cfg, replay, market, isv0, dense=dense)
@@ -235,8 +251,10 @@ def test_one_step_equals_a_float64_step(stream, stager, rng, dense, n_layers):
     learner.step()
     got = host_state(learner)
     got_isv = stager.download(isv)
-    ref, ref_isv = step_reference64(cfg, learner.layout, start, replay, market, isv0.astype(np.float64),
-                                    float(got_isv[Isv.CLIP_EFF]), float(got_isv[Isv.FOLD_WARMUP_FACTOR]))
+    ref, ref_isv = step_reference64(cfg, learner.layout, start, replay, market, isv0.astype(np.float64))
+    # the step runs past the warm-up bootstrap with the clip engaged: factor 0.04 / 0.06, CLIP_EFF below the norm
+    assert ref_isv[Isv.FOLD_WARMUP_FACTOR] == pytest.approx(2 / 3, rel=1e-6)
+    assert ref_isv[Isv.CLIP_EFF] < ref_isv[Isv.GRAD_NORM_RAW]
     rec = got["optim_state"][0]
     assert (rec["step"], rec["adam_t"]) == (ref["step"], ref["adam_t"])
     assert rec["lr"] == pytest.approx(ref["lr"], rel=1e-6) and rec["tau"] == pytest.approx(ref["tau"], rel=1e-6)
@@ -316,6 +334,37 @@ def test_a_nan_reward_skips_the_step_bit_for_bit(stream, stager, rng):
         assert isv_after[s] == isv_before[s], Isv(s).name
     stats = learner.epoch_stats()
     assert (stats["steps"], stats["applied_steps"], stats["skipped_steps"]) == (1, 0, 1)
+
+
+def batch_q_mean64(learner, st, replay, market):
+    """The mean E[Q] over the 13 heads of the B rows s the next step samples, in float64 from host state `st`."""
+    layout, b = learner.layout, learner.batch_size
+    idx = reference.sample_indices64(st["rng_states"].copy(), int(replay["meta"][1]))
+    obs = np.concatenate([market[replay["row"][idx]], replay["port"][idx]], axis=1)
+    _, logits = reference.net_forward64(layout.unpack(st["params"]), layout.n_layers, obs, layout.n_atoms)
+    support = np.broadcast_to(st["support_online"].astype(np.float64), (b, N_HEADS, 3))
+    return float(reference.expected_q64(logits, support).mean())
+
+
+def test_epoch_means_divide_by_their_own_counts(stream, stager, rng):
+    """Two steps, the second skipped by the guard (a NaN reward, a finite forward): q_mean is the mean over both
+    steps of the batch mean E[Q], the loss and gradient norm are the applied step's alone."""
+    replay, market = random_replay(rng), rng.standard_normal((12, M)).astype(np.float32)
+    learner, isv = build(stager, stream, tiny_config(), replay, market, steady_isv(rng))
+    q_means = [batch_q_mean64(learner, host_state(learner), replay, market)]
+    learner.step()
+    first = stager.download(isv)
+    st = host_state(learner)
+    slot = int(reference.sample_indices64(st["rng_states"].copy(), int(replay["meta"][1]))[2])
+    replay["reward"][slot] = np.nan  # the slot sample 2 draws next
+    stager.upload(replay["reward"], learner.replay.reward)
+    q_means.append(batch_q_mean64(learner, st, replay, market))
+    learner.step()
+    stats = learner.epoch_stats()
+    assert (stats["steps"], stats["applied_steps"], stats["skipped_steps"]) == (2, 1, 1)
+    assert stats["q_mean"] == pytest.approx(np.mean(q_means), rel=1e-4, abs=1e-6)
+    assert stats["loss"] == pytest.approx(first[Isv.LOSS_RAW], rel=1e-6)
+    assert stats["grad_norm"] == pytest.approx(first[Isv.GRAD_NORM_RAW], rel=1e-6)
 
 
 def test_an_empty_replay_skips_steps(stream, stager, rng):
@@ -418,6 +467,7 @@ def test_learns_a_contextual_bandit(stream, stager):
     cfg.learner.batch_size, cfg.learner.lr, cfg.learner.lr_min_frac = 8, 0.03, 0.05
     cfg.learner.epochs, cfg.learner.steps_per_epoch = 1, 50
     cfg.run.diag_every = 1000
+    cfg.env.n_envs = 1  # a bandit: every transition is done, no chain to follow
     market = np.array([[-1.0], [1.0]], np.float32)
     replay = bandit_replay()
     layout = ParamLayout.build(2, cfg.network)
@@ -427,7 +477,7 @@ def test_learns_a_contextual_bandit(stream, stager):
     learner.train_epoch()
     net = Network(layout, 2, stream=stream)
     logits = stager.upload_new(np.zeros((2, N_HEADS, 11), np.float32))
-    q, entropy = stager.upload_new(np.zeros((2, N_HEADS), np.float32)), stager.upload_new(np.zeros((2, N_HEADS), np.float32))
+    q, entropy = (stager.upload_new(np.zeros((2, N_HEADS), np.float32)) for _ in range(2))
     net.forward(learner.params, stager.upload_new(np.array([[-1.0, 0.0], [1.0, 0.0]], np.float32)), logits,
                 stream=stream)
     expected_q(logits, stager.upload_new(np.broadcast_to(base_support(-1.0, 1.0, 11), (2, N_HEADS, 3)).copy()), q,

@@ -131,37 +131,81 @@ def test_sampling_is_uniform(stream, stager, rng):
     assert np.all(np.abs(counts - expected) < 5 * math.sqrt(expected * 0.8))
 
 
-def gather64(host, idx):
-    """The learner's batch from the ring `host` at slots idx (slot -1: row 0, zero portfolio and action,
-    reward NaN, done 1)."""
-    ok = idx >= 0
-    j = np.where(ok, idx, 0)
-    rows = np.where(ok, host["row"][j], 0), np.where(ok, host["next_row"][j], 0)
-    ports = (np.where(ok[:, None], host["port"][j], 0.0), np.where(ok[:, None], host["next_port"][j], 0.0))
-    return {
-        "rows": np.concatenate(rows).astype(np.int32),
-        "port": np.concatenate(ports).astype(np.float64),
-        "actions": np.where(ok[:, None], host["action"][j], 0).astype(np.int32),
-        "rewards": np.where(ok, host["reward"][j], np.nan).astype(np.float64),
-        "dones": np.where(ok, host["done"][j], 1.0).astype(np.float64),
-    }
-
-
 @pytest.mark.parametrize("n_port", [N_PORTFOLIO, 3])
 def test_gather_stacks_s_then_s_prime(stream, stager, rng, n_port):
-    """9 samples of a ring of 50, one of them slot -1 (an empty ring's) and two the same slot: rows and port
-    hold s in 0..8 and s' in 9..17; every element of the batch equals the reference (NaN where expected)."""
+    """One-step gather: 9 samples of a ring of 50, one of them slot -1 (an empty ring's) and two the same slot:
+    rows and port hold s in 0..8 and s' in 9..17; every element equals the reference exactly (NaN where
+    expected), and the discount is the float32 product gamma * (1 - done) the learner formed before n-step."""
     replay, host = filled_ring(stager, stream, rng, 50, 50, n_port)
     idx = rng.integers(0, 50, 9).astype(np.int32)
     idx[4], idx[7] = -1, idx[2]
     batch = ReplayBatch(9, stream=stream, n_port=n_port)
-    for name in ("rows", "port", "actions", "rewards", "dones"):  # poison the outputs
+    for name in ("rows", "port", "actions", "rewards", "discounts"):  # poison the outputs
         arr = getattr(batch, name)
         stager.upload(np.full(arr.shape, -9, arr.dtype), arr)
     stager.upload(idx, batch.idx)
-    replay.gather(batch, stream=stream)
-    for name, want in gather64(host, idx).items():
-        np.testing.assert_array_equal(stager.download(getattr(batch, name)), want, err_msg=name)
+    replay.gather(batch, stride=1, n_step=1, gamma=0.9, stream=stream)
+    want = reference.replay_gather64(host, idx)
+    want["discounts"] = np.where(idx >= 0, np.float32(0.9) * (np.float32(1.0) - host["done"][idx]), 0.0)
+    for name, expected in want.items():
+        np.testing.assert_array_equal(stager.download(getattr(batch, name)), expected, err_msg=name)
+
+
+def episodes_ring(rng, n_envs, steps, capacity):
+    """A ring written as a collect writes it: n_envs environments step `steps` times (N slots a step, the ring
+    wrapping), each walking consecutive rows with random dones (an auto-reset to a fresh row follows) and a
+    restart at a fresh row without a done every 5 steps (the collect's per-epoch reset)."""
+    host = {k: np.zeros((capacity, *v.shape[1:]), v.dtype) for k, v in random_step(rng, 1, 3).items()}
+    row = rng.integers(0, 10_000, n_envs)
+    cursor = size = 0
+    for t in range(steps):
+        if t % 5 == 0:
+            row = rng.integers(0, 10_000, n_envs)
+        done = (rng.random(n_envs) < 0.15).astype(np.float32)
+        slots = (cursor + np.arange(n_envs)) % capacity
+        host["row"][slots], host["next_row"][slots] = row, row + 1
+        host["port"][slots] = rng.normal(size=(n_envs, 3))
+        host["next_port"][slots] = rng.normal(size=(n_envs, 3))
+        host["action"][slots] = rng.integers(0, 3, (n_envs, 4))
+        host["reward"][slots] = rng.normal(size=n_envs)
+        host["done"][slots] = done
+        row = np.where(done > 0, rng.integers(0, 10_000, n_envs), row + 1)
+        cursor, size = (cursor + n_envs) % capacity, min(size + n_envs, capacity)
+    host["meta"] = np.array([cursor, size], np.int32)
+    # A trap for the write-order check: the slot after each newest transition (the oldest slot of a full
+    # ring, an unwritten one of a part-full ring) continues its row, so only the write order stops the chain.
+    newest, beyond = (cursor - n_envs + np.arange(n_envs)) % capacity, (cursor + np.arange(n_envs)) % capacity
+    host["done"][newest] = 0.0
+    host["row"][beyond] = host["next_row"][newest]
+    return host
+
+
+@pytest.mark.parametrize(("n_step", "capacity", "steps"), [(4, 40, 13), (3, 64, 9), (1, 40, 13)])
+def test_n_step_gather_follows_each_environment(stream, stager, rng, n_step, capacity, steps):
+    """5 environments written as a collect writes them into a ring that wraps (capacity 40 after 13 steps)
+    or is part full (64 after 9 steps), every slot sampled once: the n-step rewards, discounts and s' of each
+    equal the float64 chain of gather64 (rtol 1e-6: float32 sums of <= 4 terms of |r| < 5, and gamma**k).
+    The chains stop at dones, at the every-5-steps restarts and at the ring's newest slots; the test checks
+    that each kind of stop happens, so it cannot pass on chains that never start or never stop."""
+    host = episodes_ring(rng, 5, steps, capacity)
+    size = int(host["meta"][1])
+    replay = ReplayBuffer(capacity, stream=stream, n_port=3)
+    replay.upload(host, stager)
+    idx = np.arange(size, dtype=np.int32)
+    batch = ReplayBatch(size, stream=stream, n_port=3)
+    stager.upload(idx, batch.idx)
+    replay.gather(batch, stride=5, n_step=n_step, gamma=0.9, stream=stream)
+    want = reference.replay_gather64(host, idx, stride=5, n_step=n_step, gamma=0.9)
+    for name in ("rows", "port", "actions"):
+        np.testing.assert_array_equal(stager.download(getattr(batch, name)), want[name], err_msg=name)
+    for name in ("rewards", "discounts"):
+        np.testing.assert_allclose(stager.download(getattr(batch, name)), want[name], rtol=1e-6, atol=1e-7,
+                                   err_msg=name)
+    lengths = np.round(np.log(np.maximum(want["discounts"], 1e-30)) / np.log(0.9)).astype(int)
+    alive = host["done"][idx] == 0
+    if n_step > 1:
+        assert (lengths[alive] == n_step).any() and (lengths[alive] < n_step).any()  # full and cut chains
+        assert (want["discounts"] == 0).any()  # a chain that ended on a terminal
 
 
 def test_sample_and_gather_check_their_arguments(stream, stager):
@@ -170,4 +214,6 @@ def test_sample_and_gather_check_their_arguments(stream, stager):
     with pytest.raises(ValueError, match=r"states must be xoroshiro128p states \[>= 4\]"):
         replay.sample(states, stager.upload_new(np.zeros(4, np.int32)), stream=stream)
     with pytest.raises(ValueError, match="port2 must be"):
-        replay.gather(ReplayBatch(2, stream=stream, n_port=3), stream=stream)
+        replay.gather(ReplayBatch(2, stream=stream, n_port=3), stride=1, gamma=0.9, stream=stream)
+    with pytest.raises(ValueError, match="n_step >= 1, 1 <= stride <= 4"):
+        replay.gather(ReplayBatch(2, stream=stream), stride=5, gamma=0.9, stream=stream)

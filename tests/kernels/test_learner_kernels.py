@@ -22,7 +22,6 @@ from fox_numba.device.rng import xoroshiro_states_host
 from fox_numba.kernels.heads import aux_column, head_width
 from fox_numba.kernels.learner import (
     SCHEDULE_DTYPE,
-    U1_FLOOR,
     BranchRows,
     add_obs_noise,
     aux_loss,
@@ -89,16 +88,16 @@ def test_double_dqn_rows(stream, stager, rng, bootstrap):
     actions[:4, 0] = [HOLD, FLAT, 0, 2]  # every effect rule shows up
     actions[2:4, 2] = [int(OrderType.MARKET), 1]
     rewards = rng.standard_normal(b).astype(np.float32)
-    dones = (np.arange(b) % 3 == 0).astype(np.float32)
+    # the gather's n-step discounts gamma**k * (1 - done): terminal rows 0, the others 0.9 ** k, k in 1..3
+    discounts = np.where(np.arange(b) % 3 == 0, 0.0, 0.9 ** rng.integers(1, 4, b)).astype(np.float32)
     branch_w = np.array([1.0, 0.5, 2.0, 0.25], np.float32)
-    gamma = 0.9
     rows = BranchRows(b, z)
-    select_rows(*(stager.upload_new(a) for a in (logits, q, logits_tgt, sup_on, sup_tg, actions, rewards, dones,
-                                                  branch_w)), gamma, rows, stream=stream, bootstrap=bootstrap)
-    ref = reference.double_dqn64(logits, q, logits_tgt, sup_on, sup_tg, actions, rewards, dones, branch_w,
-                                 float(np.float32(gamma)), bootstrap)
-    other = reference.double_dqn64(logits, q, logits_tgt, sup_on, sup_tg, actions, rewards, dones, branch_w,
-                                   float(np.float32(gamma)), "branch" if bootstrap == "direction" else "direction")
+    select_rows(*(stager.upload_new(a) for a in (logits, q, logits_tgt, sup_on, sup_tg, actions, rewards, discounts,
+                                                  branch_w)), rows, stream=stream, bootstrap=bootstrap)
+    ref = reference.double_dqn64(logits, q, logits_tgt, sup_on, sup_tg, actions, rewards, discounts, branch_w,
+                                 bootstrap)
+    other = reference.double_dqn64(logits, q, logits_tgt, sup_on, sup_tg, actions, rewards, discounts, branch_w,
+                                   "branch" if bootstrap == "direction" else "direction")
     assert not np.allclose(ref["p_next"], other["p_next"])  # the two rules differ on these inputs
     if bootstrap == "direction":  # every branch of a sample bootstraps from one head: the same row four times
         p = ref["p_next"].reshape(b, 4, z)
@@ -140,10 +139,14 @@ def test_obs_noise(stream, stager, rng):
     """B = 5 samples, 2B rows of 6 columns, noise on the first 5 (an odd count: the last pair's sine is dropped):
     every element against the Box-Muller draws replayed in float64 from host copies of the generators (float32
     log, sqrt, cos and sin: 1e-5 relative plus 1e-6); the portfolio column is untouched; the states advance by
-    6 draws each (3 pairs), so the next launch draws fresh noise."""
+    6 draws each (3 pairs), so the next launch draws fresh noise. Generator 0 starts at s0 = 2**64 - 1, s1 = 0:
+    its first two draws round to U = 1.0 in float32, so u1 is the documented floor 2**-25 (a literal here), u2 = 1
+    and element (0, 0) gains the whole clipped radius sigma * sqrt(50 ln 2)."""
     b, width, n_market, sigma = 5, 6, 5, 0.3
+    u1_floor = 2.0**-25
     obs0 = rng.standard_normal((2 * b, width)).astype(np.float32)
     host_states = xoroshiro_states_host(b, 21)
+    host_states[0] = (np.uint64(2**64 - 1), np.uint64(0))
     obs, states = stager.upload_new(obs0), stager.upload_new(host_states)
     add_obs_noise(obs, states, sigma, n_market, stream=stream)
     got = stager.download(obs)
@@ -152,13 +155,14 @@ def test_obs_noise(stream, stager, rng):
     for j in range(b):
         for row in (j, b + j):
             for c in range(0, n_market, 2):
-                u1 = max(float(np.float32(1.0 - uniform32_64(ref_states, j))), float(U1_FLOOR))
+                u1 = max(float(np.float32(1.0 - uniform32_64(ref_states, j))), u1_floor)
                 u2 = uniform32_64(ref_states, j)
                 r = float(np.float32(sigma)) * math.sqrt(-2.0 * math.log(u1))
                 want[row, c] += r * math.cos(2 * math.pi * u2)
                 if c + 1 < n_market:
                     want[row, c + 1] += r * math.sin(2 * math.pi * u2)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    assert got[0, 0] - obs0[0, 0] == pytest.approx(0.3 * math.sqrt(50 * math.log(2)), rel=1e-5)
     np.testing.assert_array_equal(got[:, n_market:], obs0[:, n_market:])
     assert np.abs(got - obs0).max() > 0.1  # the noise is there at sigma 0.3
     np.testing.assert_array_equal(stager.download(states).view(np.uint64), ref_states.view(np.uint64))
