@@ -313,9 +313,10 @@ def train(
                      "config options are refused)."),
     ] = None,
 ) -> None:
-    """Walk-forward training: per fold, per epoch collect -> train -> validate; the best checkpoint of each fold by
-    validation Sharpe. Writes runs/<name>/ (config, folds, metrics.jsonl, checkpoints, summary.json) and prints
-    one line per epoch."""
+    """Walk-forward training: per fold, per epoch collect -> train -> validate. Each fold's checkpoint (best.h5) is
+    chosen without its validation days: the last epoch, or the best on held-out selection days with
+    --set folds.select_days=N. Writes runs/<name>/ (config, folds, metrics.jsonl, checkpoints, summary.json)
+    and prints one line per epoch."""
     from fox_numba.walkforward.driver import train_run
 
     if resume is not None:
@@ -333,19 +334,20 @@ def train(
 
 
 def summary_line(summary: dict) -> str:
-    """Mean validation Sharpe across folds (daily) at the best and at the last epoch, and the per-bar Sharpe
-    of all validation days, from summary.json."""
+    """The headline of summary.json: the mean validation daily Sharpe across folds of the checkpoints chosen
+    without the validation days (out of sample), the per-bar Sharpe of their validation days, and beside them
+    the in-sample figure (each fold's best epoch on the days that score it), labelled."""
     across = summary.get("across_folds") or {}
-    daily = across.get("fold_sharpe_mean")
     bar = (across.get("all_validation_days") or {}).get("sharpe_bar")
 
     def fmt(v: float | None) -> str:
         return "n/a" if v is None else f"{v:+.2f}"
 
-    chosen = ("on the selection days" if summary.get("best_chosen_on") == "selection" else "on those days")
-    return (f"validation Sharpe: daily {fmt(daily)} (mean across folds of the best epoch, chosen {chosen}; 0 "
-            f"with fewer than 2 validation days a fold), {fmt(summary.get('last_epoch_sharpe_mean'))} at the last "
-            f"epoch; per bar {fmt(bar)} (all validation days of the best epochs)")
+    chosen = ("the best on the selection days" if summary.get("best_chosen_on") == "selection" else
+              "the last epoch")
+    return (f"validation Sharpe: daily {fmt(summary.get('honest_sharpe_mean'))} (mean across folds, out of sample: "
+            f"each fold's checkpoint is {chosen}; 0 with fewer than 2 validation days a fold), per bar {fmt(bar)}; "
+            f"in sample (each fold's best epoch on its validation days) {fmt(summary.get('in_sample_best_sharpe_mean'))}")
 
 
 @app.command()

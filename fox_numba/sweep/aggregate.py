@@ -1,7 +1,7 @@
 """Per-config figures of a sweep, from the trials' summary.json and health_diag.log.
 
 Per config (a grid combination), over its finished trials: the validation daily Sharpe of every fold's
-best epoch, pooled over seeds and folds (mean, std with ddof 0, min, max, n), the probe's and the oracle's
+chosen epoch (out of sample: walkforward/run_folder.py), pooled over seeds and folds (mean, std with ddof 0, min, max, n), the probe's and the oracle's
 Sharpe on the same folds, the oracle fraction (mean agent / mean oracle, as tools/train_seeds.py reports
 it), and the HEALTH_DIAG aggregate across the seeds (diag/aggregate.py, each fold's last snapshot). Rows
 are in trial-id order and hold no timing, so two sweeps of the same spec give the same `configs` whether
@@ -50,8 +50,9 @@ def finite_spread(values: Sequence[float | None]) -> dict[str, float | int | Non
 
 
 def fold_rows(summary: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """Per fold of a run's summary.json: the best epoch's validation figures beside the baselines, and the
-    last epoch's and the mean over every epoch's daily Sharpe (chosen by nothing)."""
+    """Per fold of a run's summary.json: the chosen epoch's validation figures (out of sample) beside the
+    baselines, the in-sample best epoch's daily Sharpe (chosen on the validation days; None in summaries that
+    predate it), and the last epoch's and the mean over every epoch's daily Sharpe."""
     rows = []
     for f in summary.get("folds", []):
         val, base = f.get("val") or {}, f.get("baselines") or {}
@@ -62,6 +63,7 @@ def fold_rows(summary: Mapping[str, Any]) -> list[dict[str, Any]]:
             "buy_and_hold": (base.get("buy_and_hold") or {}).get("sharpe_daily"), "oracle": base.get("oracle_sharpe"),
             "kill": (f.get("kill") or {}).get("reason"),
             "last": (f.get("last_val") or {}).get("sharpe_daily"), "every": f.get("every_epoch_sharpe_mean"),
+            "in_sample": (f.get("in_sample_best_val") or {}).get("sharpe_daily"),
         })
     return rows
 
@@ -123,7 +125,7 @@ def results_table(summary: Mapping[str, Any]) -> Any:
     """The per-config table of a sweep summary (a rich Table), wall seconds per trial in the last column."""
     from rich.table import Table
 
-    table = Table(title="fox sweep: validation daily Sharpe of each fold's best epoch, over seeds and folds")
+    table = Table(title="fox sweep: validation daily Sharpe of each fold's chosen epoch (out of sample), over seeds and folds")
     for name in ("config", "values", "seeds", "Sharpe mean", "std", "min", "max", "n", "probe", "oracle",
                  "agent/oracle", "wall s/trial"):
         table.add_column(name, justify="left" if name in ("config", "values") else "right")

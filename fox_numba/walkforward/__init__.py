@@ -24,5 +24,5 @@ The driver's sequence (tests/walkforward/fake_trainer.py runs it on a fake train
             run.end_epoch(line, arrays=host copies of every device buffer, registry=registry, best=best,
                           fold_done=kill is not None or e == last, validation=days, fingerprints=...)
             if kill or e == last: break
-    run.summarise(annualisation_days=cfg.evaluation.annualisation_days)
+    run.summarise(annualisation_days=cfg.evaluation.annualisation_days, chosen_by=best.rule)
 """

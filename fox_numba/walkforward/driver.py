@@ -10,7 +10,8 @@
             kill checks (Q drift, gradient collapse, non-finite) -> ISV[Q_DRIFT_RATE]
             evaluate  the deterministic policy on every validation day -> Sharpe etc.
                       (and on the selection days held out of training, when folds.select_days > 0)
-            metrics line, checkpoints (last, and best by daily Sharpe on the selection days, else validation)
+            metrics line, checkpoints (last, and best.h5: the epoch chosen without the validation days, by
+                      daily Sharpe on the selection days, else the last epoch the kill criteria passed)
             a kill ends the fold (the run goes on with the next one)
     summary.json across folds
 
@@ -85,40 +86,71 @@ class Baselines:
             np.savez(fh, **self.series)
 
 
-def fold_baselines(cfg: FoxConfig, market: FoldMarket, oracle: OracleReference | None,
-                   store_days: list[str]) -> Baselines:
-    """Flat, buy-and-hold (one contract per day) and the probe on the fold's validation days; the oracle's
-    Sharpe on those days when the store is synthetic."""
-    ev = cfg.evaluation
-    half = 0.5 * (market.ask_px[:, 0] - market.bid_px[:, 0])
+def half_spread(market: FoldMarket) -> np.ndarray:
+    """float64 [n]: half the close spread of every bar (price units): what the baselines pay per contract crossed."""
+    return 0.5 * (market.ask_px[:, 0] - market.bid_px[:, 0])
+
+
+def scored_days(market: FoldMarket) -> list[int]:
+    """Fold day index of each validation window of `market`: the days the agent is scored on (a day of fewer than
+    MIN_EPISODE_BARS bars holds no step and has no window), and so the days every baseline is scored on."""
+    return [int(d) for d in np.searchsorted(market.day_start, market.val_windows[:, 0], side="right") - 1]
+
+
+@dataclass(frozen=True)
+class DayBaselines:
+    """Flat, buy-and-hold (one contract per day) and the oracle on the days the agent is scored on."""
+
+    days: list[int]
+    """`scored_days(market)`."""
+    flat: Metrics
+    buy_and_hold: Metrics
+    buy_and_hold_pnl: np.ndarray
+    """float64 [bars of those days]: buy-and-hold's PnL per bar."""
+    oracle_sharpe: float | None
+    """The oracle's daily Sharpe on those days (None: not a synthetic store)."""
+    oracle_daily: np.ndarray
+    """float64 [days]: the oracle's daily PnL on those days (empty without an oracle)."""
+
+
+def day_baselines(cfg: FoxConfig, market: FoldMarket, oracle: OracleReference | None,
+                  store_days: list[str]) -> DayBaselines:
+    """The baselines that fit nothing, on `scored_days(market)` (`store_days`: the store's days, for the oracle)."""
+    days = scored_days(market)
     windows = [(int(a), int(b)) for a, b in market.val_windows]
-    mids = [market.mid[a:b] for a, b in windows]
-    halves = [half[a:b] for a, b in windows]
-    costs = {"point_value": market.point_value, "commission": cfg.env.commission}
-    annual = ev.annualisation_days
-    n_train_days = len(market.days) - cfg.folds.val_days
-    val_days = [d for d in range(n_train_days, len(market.days))
-                if market.day_start[d + 1] - market.day_start[d] >= 2]  # fmt: skip
-    probe = probe_baseline(market.market_obs, market.mid, half, market.day_start, slice(0, market.train_stop),
-                           val_days, horizon=ev.probe_horizon_bars, ridge=ev.probe_ridge,
-                           tick_size=market.tick_size, annualisation_days=annual, **costs)  # fmt: skip
+    half = half_spread(market)
+    bh = buy_and_hold_days([market.mid[a:b] for a, b in windows], [half[a:b] for a, b in windows],
+                           point_value=market.point_value, commission=cfg.env.commission)  # fmt: skip
+    annual = cfg.evaluation.annualisation_days
     oracle_sharpe, oracle_daily = None, np.zeros(0)
     if oracle is not None:
-        index = oracle.day_indices(store_days, [market.days[d] for d in val_days])
-        oracle_sharpe = oracle.sharpe_on(index, annual)
-        oracle_daily = oracle.daily_pnl[index]
-    bh_days = buy_and_hold_days(mids, halves, **costs)
-    series = {
-        "lengths": np.array([b - a for a, b in windows], np.int64),
-        "buy_and_hold_pnl": np.concatenate([d.pnl for d in bh_days]),
-        "probe_pnl": np.concatenate([d.pnl for d in probe.days]),
-        "oracle_daily_pnl": np.asarray(oracle_daily, np.float64),
-    }
-    return Baselines(
-        flat=compute_metrics(flat_days([b - a for a, b in windows]), annualisation_days=annual),
-        buy_and_hold=compute_metrics(bh_days, annualisation_days=annual),
-        probe=probe.metrics, probe_r2=probe.val_r2, oracle_sharpe=oracle_sharpe, series=series,
+        index = oracle.day_indices(store_days, [market.days[d] for d in days])
+        oracle_sharpe, oracle_daily = oracle.sharpe_on(index, annual), oracle.daily_pnl[index]
+    return DayBaselines(
+        days=days, flat=compute_metrics(flat_days([b - a for a, b in windows]), annualisation_days=annual),
+        buy_and_hold=compute_metrics(bh, annualisation_days=annual),
+        buy_and_hold_pnl=np.concatenate([d.pnl for d in bh]), oracle_sharpe=oracle_sharpe, oracle_daily=oracle_daily,
     )
+
+
+def fold_baselines(cfg: FoxConfig, market: FoldMarket, oracle: OracleReference | None,
+                   store_days: list[str]) -> Baselines:
+    """`day_baselines` and the probe (fitted on the training rows, the purged tail left out) on the days the
+    agent is scored on: the fold's validation days of MIN_EPISODE_BARS+ bars."""
+    ev = cfg.evaluation
+    fixed = day_baselines(cfg, market, oracle, store_days)
+    probe = probe_baseline(market.market_obs, market.mid, half_spread(market), market.day_start,
+                           slice(0, market.train_stop), fixed.days, horizon=ev.probe_horizon_bars, ridge=ev.probe_ridge,
+                           tick_size=market.tick_size, point_value=market.point_value, commission=cfg.env.commission,
+                           annualisation_days=ev.annualisation_days)  # fmt: skip
+    series = {
+        "lengths": np.diff(market.val_windows, axis=1)[:, 0].astype(np.int64),
+        "buy_and_hold_pnl": fixed.buy_and_hold_pnl,
+        "probe_pnl": np.concatenate([d.pnl for d in probe.days]),
+        "oracle_daily_pnl": np.asarray(fixed.oracle_daily, np.float64),
+    }
+    return Baselines(flat=fixed.flat, buy_and_hold=fixed.buy_and_hold, probe=probe.metrics, probe_r2=probe.val_r2,
+                     oracle_sharpe=fixed.oracle_sharpe, series=series)
 
 
 def epoch_summary(fold: int, epoch: int, val: Metrics, train: dict[str, float], rollout: dict[str, float],
@@ -153,7 +185,7 @@ class Driver:
             self.store_days = store.days()
         self.oracle = OracleReference.for_store(selection.path)
         self.trainer = Trainer(cfg)
-        self.kills, self.best = KillCriteria(), BestEpoch()
+        self.kills, self.best = KillCriteria(), BestEpoch.for_config(cfg.folds.select_days)
         self.registry = StateResetRegistry()
         self.fold_market: FoldMarket | None = None
 
@@ -171,7 +203,8 @@ class Driver:
             point = self.run.resume_point(len(self.folds), expected_fingerprints=self.fingerprints())
             if point is not None and point.run_done:
                 log("every fold has finished; writing the summary")
-                return self.run.summarise(annualisation_days=cfg.evaluation.annualisation_days)
+                return self.run.summarise(annualisation_days=cfg.evaluation.annualisation_days,
+                                          chosen_by=self.best.rule)
         first = point.fold if point is not None else 0
         for k in range(first, len(self.folds)):
             fold = self.folds[k]
@@ -203,7 +236,7 @@ class Driver:
                 killed = self.epoch(k, epoch, baselines, resets if epoch == start_epoch else None)
                 if killed:
                     break
-        return self.run.summarise(annualisation_days=cfg.evaluation.annualisation_days)
+        return self.run.summarise(annualisation_days=cfg.evaluation.annualisation_days, chosen_by=self.best.rule)
 
     def diag(self, fold: int, epoch: int) -> None:
         """Read the HEALTH_DIAG snapshot just taken: one line on stdout and in health_diag.log."""

@@ -1,12 +1,12 @@
 """`fox report RUN`: PNG plots and a one-page Markdown report of a run folder (written at the end of `fox train`).
 
 Reads only what the run wrote: metrics.jsonl (per epoch per fold), summary.json, each fold's
-best_validation.npz and baselines.npz (per-bar validation PnL of the best epoch, of buy-and-hold and of the
+best_validation.npz and baselines.npz (per-bar validation PnL of the chosen epoch, of buy-and-hold and of the
 probe; the oracle's daily PnL on a synthetic store) and health_diag.log. Writes into RUN/report/:
 
-    equity.png        validation equity per fold (best epoch) against flat, buy-and-hold, the probe, the oracle
+    equity.png        validation equity per fold (chosen epoch) against flat, buy-and-hold, the probe, the oracle
     sharpe.png        validation daily Sharpe per epoch, one line per fold (dashed beside it: the Sharpe on the
-                      selection days, which chose the best epoch, when the run has them)
+                      selection days, which chose the epoch, when the run has them)
     signals.png       from HEALTH_DIAG over the snapshots: reward split, Q scale references, gradient norm raw
                       and clipped with clip_eff, lr_eff, tau_eff and the fold warm-up factor
     actions.png       training and validation action shares per branch (each fold's last snapshot)
@@ -191,11 +191,13 @@ def markdown(run: Path, lines: list[dict[str, Any]], summary: dict[str, Any] | N
     out += [f"- {n}" for n in notes] + ([""] if notes else [])
     if summary is not None:
         across = summary.get("across_folds") or {}
-        out += [f"Mean validation daily Sharpe across folds: **{_fmt(across.get('fold_sharpe_mean'))}** "
-                f"(std {_fmt(across.get('fold_sharpe_std'), '.2f')}); at each fold's last epoch "
-                f"**{_fmt(summary.get('last_epoch_sharpe_mean'))}**. {summary.get('note', '')}.", ""]
-        out += ["| fold | best epoch | Sharpe daily | Sharpe bar | return $ | max DD $ | active | probe | buy-and-hold "
-                "| oracle | kill |", "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+        out += [f"Mean validation daily Sharpe across folds, out of sample: **{_fmt(summary.get('honest_sharpe_mean'))}**"
+                f" (std {_fmt(across.get('fold_sharpe_std'), '.2f')}); in sample (each fold's best epoch on its "
+                f"validation days): {_fmt(summary.get('in_sample_best_sharpe_mean'))}. {summary.get('note', '')}.",
+                ""]
+        out += ["| fold | chosen epoch | Sharpe daily | Sharpe bar | return $ | max DD $ | active | probe | "
+                "buy-and-hold | oracle | in sample (epoch) | kill |",
+                "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
         for f in summary.get("folds", []):
             val, base = f.get("val") or {}, f.get("baselines") or {}
             probe = (base.get("probe") or {}).get("sharpe_daily")
@@ -204,7 +206,9 @@ def markdown(run: Path, lines: list[dict[str, Any]], summary: dict[str, Any] | N
             out.append(f"| {f['fold']} | {f.get('best_epoch')} | {_fmt(val.get('sharpe_daily'))} | "
                        f"{_fmt(val.get('sharpe_bar'))} | {_fmt(val.get('total_return'), ',.0f')} | "
                        f"{_fmt(val.get('max_drawdown'), ',.0f')} | {_fmt(val.get('active_fraction'), '.2f')} | "
-                       f"{_fmt(probe)} | {_fmt(bh)} | {_fmt(base.get('oracle_sharpe'))} | {kill} |")
+                       f"{_fmt(probe)} | {_fmt(bh)} | {_fmt(base.get('oracle_sharpe'))} | "
+                       f"{_fmt((f.get('in_sample_best_val') or {}).get('sharpe_daily'))} "
+                       f"({f.get('in_sample_best_epoch')}) | {kill} |")
         out.append("")
     out += [f"{len(lines)} epochs recorded in {METRICS}.", ""]
     out += [f"![{name}]({name})" for name in FIGURES]

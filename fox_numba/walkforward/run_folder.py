@@ -5,10 +5,12 @@
       folds.json                   the fold windows (Fold.as_dict) and the run's trading days
       metrics.jsonl                one line per epoch per fold (`epoch_line`), appended and fsynced
       fold_00/last.h5              the trainer's state after the fold's latest epoch (a checkpoint)
-      fold_00/best.h5              the state after the fold's best epoch by daily Sharpe (on the selection
-                                   days, else on the validation days)
+      fold_00/best.h5              the state of the fold's chosen epoch, the checkpoint to deploy (`BestEpoch`:
+                                   the best daily Sharpe on the selection days, or without them the last
+                                   epoch the kill criteria passed; never chosen on the validation days)
       fold_00/best_validation.npz  that epoch's validation days (per-bar PnL and positions)
-      summary.json                 per fold: best epoch, its figures and baselines, kill; across folds
+      summary.json                 per fold: the chosen epoch, its figures and baselines, the in-sample best
+                                   epoch by validation Sharpe (labelled, never deployed), kill; across folds
       .lock                        held (flock) by the process running the folder
 
 Per epoch the driver calls `end_epoch`, which writes, in this order: the metrics line; when the epoch is the
@@ -24,8 +26,11 @@ after a fold reset when the checkpoint ended its fold (last epoch, or a kill). T
 checkpoint's arrays, calls `registry.load_host_state(point.checkpoint.registry_state)`, runs
 `registry.reset(FoldReset, ...)` if `point.fold_boundary`, and goes on as if never stopped.
 
-Which epoch is best is registry state (`BestEpoch`, FoldReset), so a resumed fold compares against the
-same best as an uninterrupted one. An epoch that fired a kill criterion is never the best.
+Which epoch is chosen is registry state (`BestEpoch`, FoldReset), so a resumed fold compares against the
+same best as an uninterrupted one. An epoch that fired a kill criterion is never chosen. The validation days
+never choose: they score the chosen epoch, so its figure is out of sample (the headline of `fox train`,
+summary.json and the report). The epoch with the best validation Sharpe is reported beside it as the
+in-sample figure, labelled so.
 """
 
 from __future__ import annotations
@@ -60,18 +65,29 @@ from fox_numba.walkforward.reset_registry import FoldReset, StateResetRegistry
 
 CONFIG, FOLDS, METRICS, SUMMARY, LOCK = "config.toml", "folds.json", "metrics.jsonl", "summary.json", ".lock"
 LAST, BEST, BEST_VALIDATION = "last.h5", "best.h5", "best_validation.npz"
-SELECT_BY = "sharpe_daily"  # the figure the best epoch is chosen by: of the selection days if any, else validation
+SELECT_BY = "sharpe_daily"  # the selection days' figure the chosen epoch is picked by (folds.select_days > 0)
+CHOSEN_BY = {"selection": "the best daily Sharpe on the selection days held out of training",
+             "last": "the last epoch that passed the kill criteria (the end of the fixed schedule)"}
+"""BestEpoch rules, with what each means for summary.json and the report."""
 
 
 class BestEpoch:
-    """The fold's best epoch so far by daily Sharpe on the selection days, or on the validation days without
-    them (registry state, FoldReset)."""
+    """The fold's chosen epoch so far (registry state, FoldReset), by `rule` (CHOSEN_BY): 'selection' keeps
+    the best daily Sharpe on the selection days, 'last' the latest epoch that passed the kill criteria."""
 
-    NOT_STATE = ()
+    NOT_STATE = ("rule",)
 
-    def __init__(self) -> None:
+    def __init__(self, rule: str = "last") -> None:
+        if rule not in CHOSEN_BY:
+            raise ValueError(f"BestEpoch: rule must be one of {sorted(CHOSEN_BY)}, got {rule!r}")
+        self.rule = rule
         self.epoch: int | None = None
         self.sharpe: float | None = None
+
+    @classmethod
+    def for_config(cls, select_days: int) -> BestEpoch:
+        """'selection' when the fold holds selection days out of training (folds.select_days > 0), else 'last'."""
+        return cls("selection" if select_days > 0 else "last")
 
     def register_state(self, registry: StateResetRegistry) -> None:
         r = registry.owner(self, "run.best")
@@ -79,8 +95,14 @@ class BestEpoch:
         r.field("sharpe", FoldReset, None, "the daily Sharpe it was chosen by")
 
     def update(self, epoch: int, sharpe: float | None, eligible: bool = True) -> bool:
-        """Record the epoch if it beats the best so far (strictly; a NaN or ineligible epoch never does)."""
-        if not eligible or sharpe is None or not math.isfinite(sharpe):
+        """Record the epoch if the rule chooses it: under 'last' every eligible epoch, under 'selection' one
+        whose selection Sharpe beats the best so far (strictly; a NaN or ineligible epoch never does)."""
+        if not eligible:
+            return False
+        if self.rule == "last":
+            self.epoch, self.sharpe = epoch, None if sharpe is None or not math.isfinite(sharpe) else float(sharpe)
+            return True
+        if sharpe is None or not math.isfinite(sharpe):
             return False
         if self.sharpe is not None and sharpe <= self.sharpe:
             return False
@@ -239,7 +261,7 @@ class RunFolder:
         """Record an epoch (module docstring: the order); returns whether it is the fold's best so far.
         `fold_done`: the fold ends with this epoch (its last, or a kill)."""
         fold, epoch = int(line["fold"]), int(line["epoch"])
-        chooser = line.get("select", line["val"])
+        chooser = line.get("select", {})
         improved = best.update(epoch, chooser.get(SELECT_BY), eligible=line.get("kill") is None)
         self.append_metrics({**line, "best": improved})
         ck_meta = {**(meta or {}), "fold": fold, "epoch": epoch, "fold_done": bool(fold_done)}
@@ -299,8 +321,11 @@ class RunFolder:
         return ResumePoint(fold, epoch + 1, ck, fold_boundary=False, run_done=False)
 
     # ---- the end -----------------------------------------------------------------------------------
-    def summarise(self, *, annualisation_days: int) -> dict[str, Any]:
-        """summary.json from metrics.jsonl and each fold's best validation days; written atomically."""
+    def summarise(self, *, annualisation_days: int, chosen_by: str) -> dict[str, Any]:
+        """summary.json from metrics.jsonl and each fold's chosen validation days (`chosen_by`: the BestEpoch
+        rule); written atomically. The headline, `honest_sharpe_mean`, is the mean across folds of the chosen
+        epochs' validation daily Sharpe; `in_sample_best_sharpe_mean` the same for the epoch each fold's
+        validation days would have picked (in sample, reported beside it, never deployed)."""
         lines = self.read_metrics()
         folds: dict[int, list[dict[str, Any]]] = {}
         for ln in lines:
@@ -311,30 +336,47 @@ class RunFolder:
             best = [ln for ln in fl if ln.get("best")]
             chosen = best[-1] if best else None
             kill = next((ln["kill"] for ln in fl if ln.get("kill")), None)
+            peek = _in_sample_best(fl)
             per_fold.append({
                 "fold": k, "epochs_run": len(fl), "best_epoch": chosen["epoch"] if chosen else None,
                 "val": chosen["val"] if chosen else None, "baselines": chosen.get("baselines") if chosen else None,
                 "kill": kill, "last_epoch": fl[-1]["epoch"], "last_val": fl[-1]["val"],
                 "every_epoch_sharpe_mean": json_number(_mean_sharpe(fl)),
+                "in_sample_best_epoch": peek["epoch"] if peek else None,
+                "in_sample_best_val": peek["val"] if peek else None,
             })
             days = self.best_validation(k)
             if days is not None:
                 best_days.append(days)
-        last = [f["last_val"].get("sharpe_daily") for f in per_fold]
-        on = "selection" if any("select" in ln for ln in lines) else "validation"
         summary = {
             "folds": per_fold,
             "across_folds": across_folds(best_days, annualisation_days=annualisation_days) if best_days else None,
-            "last_epoch_sharpe_mean": json_number(float(np.mean(last))) if last and None not in last else None,
-            "best_chosen_on": on,
-            "note": "across_folds chains the validation days of each fold's best epoch, chosen by its daily Sharpe "
-                    + ("on the selection days held out of training (out of sample)" if on == "selection" else
-                       "on those validation days (in sample: folds.select_days > 0 chooses out of sample)")
-                    + "; last_epoch_sharpe_mean is the mean daily Sharpe of each fold's last epoch (chosen by "
-                      "nothing); a fold's every_epoch_sharpe_mean is the mean daily Sharpe of all its epochs",
+            "honest_sharpe_mean": _fold_mean([f["val"] for f in per_fold]),
+            "in_sample_best_sharpe_mean": _fold_mean([f["in_sample_best_val"] for f in per_fold]),
+            "last_epoch_sharpe_mean": _fold_mean([f["last_val"] for f in per_fold]),
+            "best_chosen_on": chosen_by,
+            "note": f"each fold's checkpoint (best.h5, best_epoch, val) is chosen by {CHOSEN_BY[chosen_by]}, so "
+                    "its validation figures are out of sample; honest_sharpe_mean is their mean daily Sharpe "
+                    "across folds and across_folds chains their validation days. in_sample_best_* is the epoch "
+                    "with the best validation daily Sharpe, chosen on the days that score it (in sample, never "
+                    "deployed); last_epoch_sharpe_mean is each fold's last epoch; a fold's "
+                    "every_epoch_sharpe_mean is the mean daily Sharpe of all its epochs",
         }
         atomic_write_text(self.path / SUMMARY, json.dumps(summary, indent=1, sort_keys=True, allow_nan=False) + "\n")
         return summary
+
+
+def _in_sample_best(lines: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
+    """The fold's epoch with the best validation daily Sharpe among those no kill fired at (the first of ties;
+    None when none has a finite one): what choosing on the validation days would have deployed."""
+    ok = [ln for ln in lines if ln.get("kill") is None and ln["val"].get("sharpe_daily") is not None]
+    return max(ok, key=lambda ln: ln["val"]["sharpe_daily"], default=None)
+
+
+def _fold_mean(vals: Sequence[Mapping[str, Any] | None]) -> float | None:
+    """Mean daily Sharpe over folds; None unless every fold has one (a missing fold would bias the mean)."""
+    values = [(v or {}).get("sharpe_daily") for v in vals]
+    return json_number(float(np.mean(values))) if values and None not in values else None
 
 
 def _mean_sharpe(lines: Sequence[Mapping[str, Any]]) -> float:

@@ -153,7 +153,7 @@ def run(run_dir: Path, resume: bool) -> None:
                           validation=days, fingerprints={"params": "fake0000fake0000"})
             if done:
                 break
-    run.summarise(annualisation_days=cfg.evaluation.annualisation_days)
+    run.summarise(annualisation_days=cfg.evaluation.annualisation_days, chosen_by=best.rule)
     run.close()
 
 

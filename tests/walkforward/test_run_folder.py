@@ -68,7 +68,9 @@ def test_the_uninterrupted_run(uninterrupted):
         best = [x for x in lines if x["fold"] == fold["fold"] and x["best"]][-1]
         assert fold["best_epoch"] == best["epoch"] and fold["val"] == best["val"]
         fold_lines = [x for x in lines if x["fold"] == fold["fold"] and x["kill"] is None]
-        assert best["val"]["sharpe_daily"] == max(x["val"]["sharpe_daily"] for x in fold_lines)
+        assert best["epoch"] == fold_lines[-1]["epoch"]  # the last epoch no kill fired at (no selection days)
+        peak = max(fold_lines, key=lambda x: x["val"]["sharpe_daily"])
+        assert (fold["in_sample_best_epoch"], fold["in_sample_best_val"]) == (peak["epoch"], peak["val"])
         ck = files[f"fold_{fold['fold']:02d}/best.h5"]
         assert ck[0]["epoch"] == fold["best_epoch"] and ck[1]["run.best.epoch"] == fold["best_epoch"]
     last = [[x for x in lines if x["fold"] == k][-1] for k in range(3)]  # fold 1's is its kill epoch
@@ -129,36 +131,44 @@ def test_folder_rules(tmp_path):
         assert again.resume_point(2) is None  # no epoch recorded: start from the beginning
 
 
-def test_metrics_lines_and_the_best_epoch(tmp_path):
+def test_without_selection_days_the_last_epoch_is_chosen_and_the_peek_is_labelled(tmp_path):
+    """Three epochs whose validation Sharpe peaks at epoch 1: the checkpoint (best.h5, best_validation.npz,
+    summary's best_epoch / val / honest_sharpe_mean) is the last epoch's; the validation peak is reported as
+    the in-sample best and chooses nothing. A killed epoch is never chosen."""
     cfg = load_config("smoke", overrides=[f"run.out_dir={tmp_path}", "run.name=r"])
-    registry, best = StateResetRegistry(), BestEpoch()
+    registry, best = StateResetRegistry(), BestEpoch("last")
     best.register_state(registry)
+    vals = sorted((compute_metrics(days(seed), annualisation_days=252) for seed in (1, 2, 3)),
+                  key=lambda m: m.sharpe_daily)
+    order = [vals[0], vals[2], vals[1]]  # epoch 1 has the best validation Sharpe, epoch 2 is the last
     with RunFolder.create(cfg, make_folds(cfg.folds, DAYS)) as run:
-        sharpe = []
-        for e, seed in enumerate([1, 2, 3]):
-            val = compute_metrics(days(seed), annualisation_days=252)
-            sharpe.append(val.sharpe_daily)
+        for e, val in enumerate(order):
             run.end_epoch(epoch_line(0, e, val=val), arrays={"p": np.full(3, e, np.float32)}, registry=registry,
-                          best=best, fold_done=e == 2, validation=days(seed))
-        lines = run.read_metrics()
-        assert [ln["best"] for ln in lines] == [s == max(sharpe[: i + 1]) for i, s in enumerate(sharpe)]
-        best_epoch = int(np.argmax(sharpe))
-        assert load_checkpoint(run.fold_dir(0) / "best.h5").arrays["p"].tolist() == [best_epoch] * 3
-        assert run.best_validation(0)[0].pnl.tolist() == days([1, 2, 3][best_epoch])[0].pnl.tolist()
+                          best=best, fold_done=e == 2, validation=days(e + 1))
+        assert [ln["best"] for ln in run.read_metrics()] == [True, True, True]
+        assert load_checkpoint(run.fold_dir(0) / "best.h5").arrays["p"].tolist() == [2, 2, 2]
+        assert run.best_validation(0)[0].pnl.tolist() == days(3)[0].pnl.tolist()
         with open(run.path / "metrics.jsonl", "a") as fh:
             fh.write('{"fold": 0, "ep')  # a torn line
         assert len(run.read_metrics()) == 3
         point = run.resume_point(2)
         assert (point.fold, point.epoch, point.fold_boundary, point.run_done) == (1, 0, True, False)
         assert (run.path / "metrics.jsonl").read_text().endswith("}\n")
-    assert best.update(5, float("nan")) is False and best.update(5, 1e9, eligible=False) is False
+        summary = run.summarise(annualisation_days=252, chosen_by=best.rule)
+    fold = summary["folds"][0]
+    assert summary["best_chosen_on"] == "last" and fold["best_epoch"] == 2 and fold["val"] == order[2].as_dict()
+    assert summary["honest_sharpe_mean"] == order[2].sharpe_daily
+    assert fold["in_sample_best_epoch"] == 1 and summary["in_sample_best_sharpe_mean"] == order[1].sharpe_daily
+    assert order[1].sharpe_daily > order[2].sharpe_daily  # the peek is higher: it is in sample
+    assert best.update(3, float("nan")) is True and best.epoch == 3 and best.sharpe is None
+    assert best.update(4, 1e9, eligible=False) is False and best.epoch == 3
 
 
 def test_selection_days_choose_the_best_epoch(tmp_path):
     """With selection figures on the lines, they choose: validation and selection Sharpe rank the three epochs
     in opposite orders here, and the summary says what chose."""
     cfg = load_config("smoke", overrides=[f"run.out_dir={tmp_path}", "run.name=r"])
-    registry, best = StateResetRegistry(), BestEpoch()
+    registry, best = StateResetRegistry(), BestEpoch.for_config(select_days=10)
     best.register_state(registry)
     vals = sorted((compute_metrics(days(seed), annualisation_days=252) for seed in (1, 2, 3)),
                   key=lambda m: m.sharpe_daily)
@@ -173,9 +183,14 @@ def test_selection_days_choose_the_best_epoch(tmp_path):
         assert load_checkpoint(run.fold_dir(0) / "best.h5").arrays["p"].tolist() == [chosen] * 3
         lines = run.read_metrics()
         assert lines[chosen]["select"] == sels[chosen].as_dict() and lines[chosen]["best"]
-        summary = run.summarise(annualisation_days=252)
+        assert [ln["best"] for ln in lines] == [True, False, False]
+        summary = run.summarise(annualisation_days=252, chosen_by=best.rule)
         assert summary["best_chosen_on"] == "selection" and summary["folds"][0]["best_epoch"] == chosen
         assert summary["folds"][0]["val"] == vals[chosen].as_dict()
+        assert summary["folds"][0]["in_sample_best_epoch"] == 2
+    assert best.update(5, float("nan")) is False and best.update(5, 1e9, eligible=False) is False
+    with pytest.raises(ValueError, match="rule must be one of"):
+        BestEpoch("validation")
 
 
 def test_resume_checks_the_layouts(tmp_path):
