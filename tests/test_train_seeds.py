@@ -1,5 +1,5 @@
-"""tools/train_seeds.py --tabulate: the tables of run folders, the best, last and every-epoch means, and the note
-saying which days chose the best epoch."""
+"""tools/train_seeds.py --tabulate: the tables of run folders, the chosen, in-sample, last and every-epoch means,
+and the note saying which days chose each fold's checkpoint."""
 
 import importlib.util
 import json
@@ -22,10 +22,11 @@ def fold(k: int, best: float, last: float, every: float, probe: float) -> dict:
     return {"fold": k, "best_epoch": 1, "val": val,
             "baselines": {"probe": {"sharpe_daily": probe}, "buy_and_hold": {"sharpe_daily": 0.5},
                           "oracle_sharpe": 12.0},
-            "kill": None, "last_val": {"sharpe_daily": last}, "every_epoch_sharpe_mean": every}
+            "kill": None, "last_val": {"sharpe_daily": last}, "every_epoch_sharpe_mean": every,
+            "in_sample_best_val": {"sharpe_daily": max(best, last) + 1.0}}
 
 
-@pytest.mark.parametrize("chosen_on, note", [("validation", "so 'agent' is optimistic"),
+@pytest.mark.parametrize("chosen_on, note", [("last", "is its last epoch (the kill criteria passing), so 'agent' is"),
                                              ("selection", "so 'agent' is out of sample")])
 def test_tabulate_rereads_the_run_folders(tmp_path, chosen_on, note):
     runs = tmp_path / "runs"
@@ -45,8 +46,8 @@ def test_tabulate_rereads_the_run_folders(tmp_path, chosen_on, note):
     text = out.with_suffix(".md").read_text()
     assert note in text and "python3 tools/train_seeds.py --seeds 3 1" in text
     assert text.index("## seed 1:") < text.index("## seed 3:")  # seed order, not completion order
-    assert "| mean | | +4.00 | | | | +0.50 | +1.00 | +2.50 |" in text  # seed 3: best, last, every, probe
-    assert "| mean | | +3.00 | | | | +2.50 | +2.75 | +2.50 |" in text  # seed 1
+    assert "| mean | | +4.00 | | | | +5.00 | +0.50 | +1.00 | +2.50 |" in text  # seed 3: chosen, in sample, last, ...
+    assert "| mean | | +3.00 | | | | +4.00 | +2.50 | +2.75 | +2.50 |" in text  # seed 1
     result = json.loads(out.with_suffix(".json").read_text())
     assert result["across_seeds"]["agent"] == pytest.approx(3.5)
     assert result["across_seeds"]["last"] == pytest.approx(1.5)

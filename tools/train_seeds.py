@@ -27,9 +27,10 @@ import json
 import subprocess
 import sys
 import time
+from collections.abc import Hashable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, NamedTuple
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -59,29 +60,50 @@ def main(argv: list[str] | None = None) -> int:
         parallel = int(old.get("parallel", len(seeds)))
         return write_tables(args.out, seeds, parallel, results, old["command"], old["machine"], old["wall_s"])
     args.runs.mkdir(parents=True, exist_ok=True)
-    pending = list(args.seeds)
-    running: dict[int, tuple[subprocess.Popen, float, Any]] = {}
-    results: dict[int, dict[str, Any]] = {}
     start_all = time.perf_counter()
-    while pending or running:
-        while pending and len(running) < args.parallel:
-            seed = pending.pop(0)
-            cmd = [sys.executable, "-m", "fox_numba", "train", *extra, "--set", f"run.seed={seed}",
-                   "--set", f'run.name="seed_{seed}"', "--set", f'run.out_dir="{args.runs}"']
-            log = open(args.runs / f"seed_{seed}.log", "w", encoding="utf-8")  # noqa: SIM115 (closed below)
-            running[seed] = (subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT), time.perf_counter(),
-                             log)
-        time.sleep(1.0)
-        for seed, (proc, t0, log) in list(running.items()):
-            if proc.poll() is not None:
-                log.close()
-                results[seed] = {"returncode": proc.returncode, "wall_s": time.perf_counter() - t0,
-                                 **run_figures(args.runs, seed)}
-                del running[seed]
+    done = run_jobs([Job(seed, train_command(extra, seed, args.runs), args.runs / f"seed_{seed}.log")
+                     for seed in args.seeds], args.parallel)
+    results = {seed: {**done[seed], **run_figures(args.runs, seed)} for seed in args.seeds}
     wall_all = time.perf_counter() - start_all
     info = {"date_utc": datetime.now(UTC).strftime("%Y-%m-%d %H:%M"), **machine()}
     command = "python3 tools/train_seeds.py " + " ".join(argv)
     return write_tables(args.out, args.seeds, args.parallel, results, command, info, wall_all)
+
+
+class Job(NamedTuple):
+    """One subprocess of `run_jobs`: its key in the results, its command and the file for its output."""
+
+    key: Hashable
+    cmd: list[str]
+    log: Path
+
+
+def run_jobs(jobs: Sequence[Job], parallel: int, poll_s: float = 1.0) -> dict[Hashable, dict[str, Any]]:
+    """Run the jobs in order from the repository root, at most `parallel` at a time (they share the GPU), each
+    with stdout and stderr in its log; {key: {returncode, wall_s}} once all have ended."""
+    pending = list(jobs)
+    running: dict[Hashable, tuple[subprocess.Popen, float, IO[str]]] = {}
+    done: dict[Hashable, dict[str, Any]] = {}
+    while pending or running:
+        while pending and len(running) < parallel:
+            job = pending.pop(0)
+            job.log.parent.mkdir(parents=True, exist_ok=True)
+            log = open(job.log, "w", encoding="utf-8")  # noqa: SIM115 (closed when the job ends)
+            proc = subprocess.Popen(job.cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+            running[job.key] = (proc, time.perf_counter(), log)
+        time.sleep(poll_s)
+        for key, (proc, t0, log) in list(running.items()):
+            if proc.poll() is not None:
+                log.close()
+                done[key] = {"returncode": proc.returncode, "wall_s": time.perf_counter() - t0}
+                del running[key]
+    return done
+
+
+def train_command(args: Sequence[str], seed: int, runs: Path) -> list[str]:
+    """`fox train` with `args`, then the run's seed, its name seed_S and RUNS as its out_dir (these win)."""
+    return [sys.executable, "-m", "fox_numba", "train", *args, "--set", f"run.seed={seed}",
+            "--set", f'run.name="seed_{seed}"', "--set", f'run.out_dir="{runs}"']
 
 
 def run_figures(runs: Path, seed: int) -> dict[str, Any]:
@@ -99,37 +121,40 @@ def write_tables(out: Path, seeds: list[int], parallel: int, results: dict[int, 
     on_selection = all(r.get("chosen_on") == "selection" for r in results.values())
     lines += ["", f"{len(seeds)} seeds, {parallel} at a time on one GPU; all done in {wall_all:.0f} s wall "
               "(compilation included).", "",
-              ("The best epoch of each fold is chosen on the selection days held out of its training window "
+              ("Each fold's checkpoint is chosen on the selection days held out of its training window "
                "(folds.select_days), so 'agent' is out of sample."
                if on_selection else
-               "The best epoch of each fold is chosen on that fold's validation days, so 'agent' is optimistic."),
-              "'last' is the fold's last epoch and 'every' the mean over all its epochs, both chosen by nothing; "
-              "metrics.jsonl in each run folder holds every epoch's figures.", ""]
-    keys = ("agent", "last", "every", "probe", "buy_and_hold", "oracle")
+               "Each fold's checkpoint is its last epoch (the kill criteria passing), so 'agent' is out of sample."),
+              "'in sample' is the epoch with the best validation Sharpe, chosen on the days that score it (never "
+              "deployed); 'last' is the fold's last epoch and 'every' the mean over all its epochs; metrics.jsonl in "
+              "each run folder holds every epoch's figures.", ""]
+    keys = ("agent", "in_sample", "last", "every", "probe", "buy_and_hold", "oracle")
     per_seed_means = []
     for seed in seeds:
         r = results[seed]
         rows = r["folds"]
         lines += [f"## seed {seed}: exit {r['returncode']}, {r['wall_s']:.0f} s wall", "",
-                  "| fold | best epoch | agent | agent (bar) | return $ | active | last | every | probe | "
+                  "| fold | chosen epoch | agent | agent (bar) | return $ | active | in sample | last | every | probe | "
                   "buy-and-hold | oracle | agent / oracle | kill |",
-                  "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+                  "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
         for row in rows:
             frac = row["agent"] / row["oracle"] if row["agent"] is not None and row["oracle"] else None
             lines.append(f"| {row['fold']} | {row['best_epoch']} | {fmt(row['agent'])} | {fmt(row['agent_bar'])} | "
-                         f"{fmt(row['return'], ',.0f')} | {fmt(row['active'], '.2f')} | {fmt(row['last'])} | "
+                         f"{fmt(row['return'], ',.0f')} | {fmt(row['active'], '.2f')} | {fmt(row.get('in_sample'))} | "
+                         f"{fmt(row['last'])} | "
                          f"{fmt(row['every'])} | {fmt(row['probe'])} | {fmt(row['buy_and_hold'])} | "
                          f"{fmt(row['oracle'])} | {fmt(frac, '.2f')} | {row['kill'] or ''} |")
         m = {k: mean([row[k] for row in rows]) for k in keys}
         per_seed_means.append(m)
-        lines += [f"| mean | | {fmt(m['agent'])} | | | | {fmt(m['last'])} | {fmt(m['every'])} | {fmt(m['probe'])} | "
+        lines += [f"| mean | | {fmt(m['agent'])} | | | | {fmt(m['in_sample'])} | {fmt(m['last'])} | {fmt(m['every'])} | "
+                  f"{fmt(m['probe'])} | "
                   f"{fmt(m['buy_and_hold'])} | {fmt(m['oracle'])} | "
                   f"{fmt(m['agent'] / m['oracle'] if m['oracle'] else None, '.2f')} | |", ""]
     overall = {k: mean([m[k] for m in per_seed_means]) for k in keys}
     lines += ["## across seeds (mean of the per-seed means across folds)", "",
-              "| agent | last | every | probe | buy-and-hold | flat | oracle | agent / oracle |",
-              "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
-              f"| {fmt(overall['agent'])} | {fmt(overall['last'])} | {fmt(overall['every'])} | "
+              "| agent | in sample | last | every | probe | buy-and-hold | flat | oracle | agent / oracle |",
+              "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+              f"| {fmt(overall['agent'])} | {fmt(overall['in_sample'])} | {fmt(overall['last'])} | {fmt(overall['every'])} | "
               f"{fmt(overall['probe'])} | {fmt(overall['buy_and_hold'])} | +0.00 | {fmt(overall['oracle'])} | "
               f"{fmt(overall['agent'] / overall['oracle'] if overall['oracle'] else None, '.2f')} |"]
     atomic_write_text(out.with_suffix(".md"), "\n".join(lines) + "\n")

@@ -26,6 +26,26 @@ The latent expected return over the next h minutes, known at bar m's close, is t
 with E[vol[r_{m+k}] | r_m = i] = vbar + lambda^k (vol[i] - vbar), lambda = 1 - q_calm - q_volatile and
 vbar the stationary mean of vol. The oracle (`synthetic_oracle`) trades it after costs.
 
+The switching process (an optional `[switching]` table; without it z_m = trend always, the model above):
+
+    hidden state      z_m in {trend, revert}, a Markov chain with leave probabilities p_t, p_v per minute
+                      (z_0 drawn from its stationary law)
+    flow state        xt_m = x_m 1[z_m = trend] replaces x in the drift and in the book
+    displacement      g_m = rho g_{m-1} + 1[z_m = revert] shock_ticks sqrt(u_m) eta_m,  g_{-1} = 0 each day
+    drift             mu_m = beta * s_m * xt_m + (g_m - g_{m-1})
+
+so f carries g: while trending, informed flow pushes the price as on the default market; while reverting,
+the flow is uninformed, the price takes shocks g that then decay at the rate 1 - rho (the drift opposes the
+recent move), and the catch-up market orders that follow each shock make the flow point the wrong way. With
+K = #{k = 1..h : m + k < M} the expected change of f over the horizon is then
+
+    er_m = beta * x_m * sum_k phi^k sqrt(u_{m+k}) E[vol_ticks[r_{m+k}] | r_m] P(z_{m+k} = trend | z_m)
+           + (rho^K - 1) g_m
+
+with P(z_{m+k} = trend | z_m) = pbar + lambda_z^k (1[z_m = trend] - pbar), pbar = p_v / (p_t + p_v),
+lambda_z = 1 - p_t - p_v (x, r and z are independent chains, and g's innovations have mean zero whatever
+the state).
+
 Bars are built from trades (`bars.bars_from_trades`, the store's own rule). Every minute of the session
 has a bar: a minute without trades gets a flat zero-volume bar at the previous bar's close (before the
 day's first trade: at the first trade's price), which the store's validation accepts.
@@ -96,24 +116,49 @@ class LatentDay:
     x: np.ndarray  # float64 [M]
     regime: np.ndarray  # int8 [M]: 0 calm, 1 volatile
     u: np.ndarray  # float64 [M]
+    revert: np.ndarray | None = None  # int8 [M]: z_m, 0 trend, 1 revert (None: no [switching] table)
+    g: np.ndarray | None = None  # float64 [M]: displacement g_m in ticks (None: no [switching] table)
+
+    def flow(self) -> np.ndarray:
+        """xt_m: the state that drives the drift and tilts the book (x itself without switching)."""
+        return self.x if self.revert is None else np.where(self.revert == 0, self.x, 0.0)
+
+
+def markov_path(uniform: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """int8 path of a two-state chain with per-step leave probabilities `q`, started from its stationary law,
+    driven by one uniform draw per step."""
+    state = np.empty(uniform.size, dtype=np.int8)
+    state[0] = 1 if uniform[0] < q[0] / q.sum() else 0
+    for m in range(1, uniform.size):
+        prev = state[m - 1]
+        state[m] = 1 - prev if uniform[m] < q[prev] else prev
+    return state
 
 
 def latent_day(rng: np.random.Generator, n_minutes: int, d: SynthDefinition) -> LatentDay:
-    """Draw x and the regime path of one day from `rng`."""
-    q = np.asarray(d.regimes.leave_prob)
+    """Draw x and the regime path of one day from `rng` (then, with [switching], z and g)."""
     phi = d.latent.phi
     eps = rng.standard_normal(n_minutes)
     x = np.empty(n_minutes)
     x[0] = eps[0]
     for m in range(1, n_minutes):
         x[m] = phi * x[m - 1] + np.sqrt(1.0 - phi * phi) * eps[m]
-    switch = rng.random(n_minutes)
-    regime = np.empty(n_minutes, dtype=np.int8)
-    regime[0] = 1 if switch[0] < q[0] / q.sum() else 0
-    for m in range(1, n_minutes):
-        prev = regime[m - 1]
-        regime[m] = 1 - prev if switch[m] < q[prev] else prev
-    return LatentDay(x=x, regime=regime, u=intraday_pattern(n_minutes, d.activity))
+    regime = markov_path(rng.random(n_minutes), np.asarray(d.regimes.leave_prob))
+    lat = LatentDay(x=x, regime=regime, u=intraday_pattern(n_minutes, d.activity))
+    if (sw := d.switching) is not None:
+        lat.revert = markov_path(rng.random(n_minutes), np.asarray(sw.leave_prob))
+        shock = lat.revert * sw.shock_ticks * np.sqrt(lat.u) * rng.standard_normal(n_minutes)
+        lat.g = np.empty(n_minutes)
+        lat.g[0] = shock[0]
+        for m in range(1, n_minutes):
+            lat.g[m] = sw.rho * lat.g[m - 1] + shock[m]
+    return lat
+
+
+def drift_ticks(lat: LatentDay, vol: np.ndarray, d: SynthDefinition) -> np.ndarray:
+    """mu_m (ticks per minute, module docstring) given s_m = `vol`."""
+    drift = d.latent.beta * vol * lat.flow()
+    return drift if lat.g is None else drift + np.diff(lat.g, prepend=0.0)
 
 
 def expected_return(lat: LatentDay, d: SynthDefinition, horizon: int) -> np.ndarray:
@@ -129,8 +174,21 @@ def expected_return(lat: LatentDay, d: SynthDefinition, horizon: int) -> np.ndar
     for m in range(n):
         kk = k[m + k < n]
         ev = vbar + lam**kk * (vol[lat.regime[m]] - vbar)
-        er[m] = np.sum(d.latent.phi**kk * root_u[m + kk] * ev)
-    return d.latent.beta * lat.x * er
+        er[m] = np.sum(d.latent.phi**kk * root_u[m + kk] * ev * trend_probability(lat, d, m, kk))
+    er = d.latent.beta * lat.x * er
+    if lat.g is None:
+        return er
+    ahead = np.minimum(horizon, n - 1 - np.arange(n))
+    return er + (d.switching.rho**ahead - 1.0) * lat.g
+
+
+def trend_probability(lat: LatentDay, d: SynthDefinition, m: int, k: np.ndarray) -> np.ndarray | float:
+    """P(z_{m+k} = trend | z_m) (module docstring); 1 without [switching]."""
+    if lat.revert is None:
+        return 1.0
+    p = np.asarray(d.switching.leave_prob)
+    pbar = p[1] / p.sum()
+    return pbar + (1.0 - p.sum()) ** k * ((1.0 - lat.revert[m]) - pbar)
 
 
 @dataclass
@@ -144,6 +202,8 @@ class Latent:
     efficient_price: np.ndarray  # float64: f at the bar's close, price units
     mid: np.ndarray  # float64: book mid at the bar's close, price units
     half_spread: np.ndarray  # float64: half the book spread at the bar's close, price units
+    revert: np.ndarray | None = None  # int8: z_m, 0 trend, 1 revert (None, and not in the sidecar: no switching)
+    displacement: np.ndarray | None = None  # float64: g_m in price units (as `revert`)
 
 
 @dataclass
@@ -222,7 +282,7 @@ def generate(d: SynthDefinition, progress: Callable[[str], None] | None = None) 
         if i > 0:
             f += d.market.overnight_ticks * rng.standard_normal()
         book = simulate_day(
-            int(rng.integers(2**31 - 1)), open_ns, f, n_events, d.latent.beta * vol * lat.x, vol, lat.x,
+            int(rng.integers(2**31 - 1)), open_ns, f, n_events, drift_ticks(lat, vol, d), vol, lat.flow(),
             depth_r[lat.regime].astype(np.float64), refill_r[lat.regime].astype(np.float64), bp,
         )
         f = float(book.close_f[-1])
@@ -235,9 +295,12 @@ def generate(d: SynthDefinition, progress: Callable[[str], None] | None = None) 
         parts["efficient_price"].append(book.close_f * tick)
         parts["mid"].append(0.5 * (book.close_bid + book.close_ask) * tick)
         parts["half_spread"].append(0.5 * (book.close_ask - book.close_bid) * tick)
+        if lat.g is not None:
+            parts["revert"].append(lat.revert)
+            parts["displacement"].append(lat.g * tick)
         if progress is not None:
             progress(f"{name} generated: {book.ts.size:,} book rows, {book.trades.shape[0]:,} trades")
-    latent = Latent(**{k: np.concatenate(v) for k, v in parts.items()})
+    latent = Latent(**{k: np.concatenate(v) for k, v in parts.items() if v})
     oracle = oracle_pnl(
         latent.expected_return, latent.mid, latent.half_spread, latent.ts_event.size // len(days),
         tick_size=tick, point_value=d.market.point_value, commission=d.oracle.commission,
@@ -270,7 +333,8 @@ def build_store(d: SynthDefinition, out: str | Path, progress: Callable[[str], N
     sidecar = {**attrs, "oracle_daily_pnl": market.oracle.daily_pnl.tolist(), "latent_arrays": latent_npz.name}
     atomic_write_text(oracle_json, json.dumps(sidecar, indent=2) + "\n")
     with atomic_path(latent_npz) as tmp, open(tmp, "wb") as fh:
-        np.savez(fh, **dataclasses.asdict(market.latent), oracle_position=market.oracle.position)
+        arrays = {k: v for k, v in dataclasses.asdict(market.latent).items() if v is not None}
+        np.savez(fh, **arrays, oracle_position=market.oracle.position)
     write_store(out, market.instrument, _reporting(market.days, progress), attrs=attrs)
     return market
 

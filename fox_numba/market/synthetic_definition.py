@@ -1,8 +1,10 @@
 """The parameters of a synthetic market: one frozen dataclass per table of the definition file.
 
 `data/default_market.toml` is the default market's definition and the only place its values live; every
-key is required and unknown keys are rejected, so a typo cannot silently fall back to a default. The
-meaning of each parameter is documented in that file and in `synthetic` / `synthetic_book`.
+key of a table is required and unknown keys are rejected, so a typo cannot silently fall back to a default.
+A table typed `X | None` in `SynthDefinition` is optional: absent, its process is off (the original market),
+and the definition hashes as it did before the table existed. The meaning of each parameter is documented
+in `data/default_market.toml`, `data/suite/switching.toml` and in `synthetic` / `synthetic_book`.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import json
 from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
-from typing import Any, get_type_hints
+from typing import Any, get_args, get_type_hints
 
 from fox_numba.config import coerce, read_toml
 from fox_numba.errors import ConfigError
@@ -101,6 +103,18 @@ class OracleSection:
 
 
 @dataclass(frozen=True)
+class SwitchingSection:
+    """The switching latent process (`synthetic` module docstring): a hidden trend / revert state per minute."""
+
+    leave_prob: list[float]
+    """Per-minute probability of leaving the trend state and the revert state."""
+    rho: float
+    """Per-minute persistence of the revert state's transient displacement g (half-life ln 0.5 / ln rho)."""
+    shock_ticks: float
+    """Standard deviation of g's innovation per minute at u = 1 in the revert state, in ticks."""
+
+
+@dataclass(frozen=True)
 class SynthDefinition:
     """Every parameter of a synthetic market (the tables of `data/default_market.toml`)."""
 
@@ -110,6 +124,8 @@ class SynthDefinition:
     latent: LatentSection
     book: BookSection
     oracle: OracleSection
+    switching: SwitchingSection | None = None
+    """Optional: absent, x drives the drift all day (every market before this table existed)."""
 
     def instrument(self) -> Instrument:
         """The traded contract (ES session hours and time zone, this market's symbol, tick and point value)."""
@@ -128,8 +144,10 @@ class SynthDefinition:
         return dataclasses.replace(self, market=market)
 
     def digest(self) -> str:
-        """sha256 of the parameters and `GENERATOR_VERSION` (comments and layout of the file do not count)."""
-        text = json.dumps({"generator": GENERATOR_VERSION, **dataclasses.asdict(self)}, sort_keys=True)
+        """sha256 of the parameters and `GENERATOR_VERSION` (comments and layout of the file do not count; an
+        absent optional table does not either, so older definitions keep their hash)."""
+        params = {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+        text = json.dumps({"generator": GENERATOR_VERSION, **params}, sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()
 
 
@@ -153,13 +171,25 @@ def _section(kind: type, data: Any, name: str, origin: str) -> Any:
     return kind(**values)
 
 
+def _table_type(hint: Any) -> tuple[type, bool]:
+    """The section dataclass of a `SynthDefinition` field and whether the table may be absent (`X | None`)."""
+    kinds = [k for k in get_args(hint) if k is not type(None)]
+    return (kinds[0], True) if kinds else (hint, False)
+
+
 def load_definition(path: str | Path) -> SynthDefinition:
-    """Read and check a market definition file (every key required, none unknown)."""
+    """Read and check a market definition file (every key of a table required, none unknown; optional
+    tables may be absent)."""
     data = read_toml(path, "synthetic market definition")
     hints = get_type_hints(SynthDefinition)
     unknown = sorted(set(data) - set(hints))
     _check(not unknown, f"unknown tables {unknown}", str(path))
-    defn = SynthDefinition(**{name: _section(kind, data.get(name), name, str(path)) for name, kind in hints.items()})
+    tables = {}
+    for name, hint in hints.items():
+        kind, optional = _table_type(hint)
+        if not (optional and name not in data):
+            tables[name] = _section(kind, data.get(name), name, str(path))
+    defn = SynthDefinition(**tables)
     _validate(defn, str(path))
     return defn
 
@@ -189,3 +219,8 @@ def _validate(d: SynthDefinition, origin: str) -> None:
            "book sizes, fractions and level_decay must be positive", origin)
     ok = o.horizon_minutes >= 1 and o.annualisation_days >= 1 and o.commission >= 0
     _check(ok, "oracle: horizon_minutes >= 1, annualisation_days >= 1 and commission >= 0 are required", origin)
+    if (s := d.switching) is not None:
+        ok = len(s.leave_prob) == 2 and all(0 <= p <= 1 for p in s.leave_prob) and 0 < sum(s.leave_prob) <= 1
+        _check(ok, "switching.leave_prob needs two probabilities (trend, revert) summing to (0, 1]", origin)
+        _check(0 <= s.rho < 1, "switching.rho must be in [0, 1)", origin)
+        _check(s.shock_ticks >= 0, "switching.shock_ticks must be non-negative", origin)

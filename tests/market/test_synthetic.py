@@ -8,6 +8,7 @@ property gives.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -54,7 +55,7 @@ def market(definition: SynthDefinition) -> SynthMarket:
 
 
 def arrays(m: SynthMarket) -> list[np.ndarray]:
-    out = [v for v in vars(m.latent).values()]
+    out = [v for v in vars(m.latent).values() if v is not None]
     for day in m.days:
         for record in (day.bars, day.mbp10, day.trades):
             out.extend(vars(record).values())
@@ -382,6 +383,24 @@ def test_default_paths(monkeypatch, tmp_path):
 def test_bad_definitions_name_the_key(tmp_path, old, new, message):
     with pytest.raises(ConfigError, match=message):
         load_definition(write_definition(tmp_path / "bad.toml", **{old: new}))
+
+
+DEFAULT_DIGEST = "fc2fe526252549ec7a18015042b1e306dd6e15d9b8f5f1da81e6453c7c4b2a8f"
+DEFAULT_ARRAYS_SHA256 = "f99994bf86666420a89dd19066494530f4f73f955bcac648e1a5e4c842cd65d8"
+"""The default market's definition digest and the sha256 of every array it generates, recorded before the optional
+[switching] table existed: adding a process must change neither (else the cached stores and every earlier result
+would silently refer to another market)."""
+
+
+def test_default_market_is_unchanged(definition, market):
+    assert definition.switching is None and definition.digest() == DEFAULT_DIGEST
+    assert market.latent.revert is None and market.latent.displacement is None
+    h = hashlib.sha256()
+    for a in arrays(market):
+        h.update(np.ascontiguousarray(a).tobytes())
+    h.update(market.oracle.daily_pnl.tobytes())
+    h.update(market.oracle.position.tobytes())
+    assert h.hexdigest() == DEFAULT_ARRAYS_SHA256
 
 
 def test_definition_hash_follows_parameters_only(definition):

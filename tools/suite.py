@@ -1,0 +1,412 @@
+"""Score a `fox train` config on the market suite (data/suite/suite.toml): every market x every seed, one table.
+
+    python3 tools/suite.py --seeds 0 1 2 3 4 --parallel 6 --out tools/results/suite_NAME [--markets a,b]
+        [--runs runs/suite] [--stores DIR] [--suite data/suite/suite.toml] [-- extra fox train arguments]
+
+Each market's store is built from its definition (`python -m fox_numba data synth --definition DEF --out
+STORES/MARKET.h5`; an existing store built from the same definition digest is reused; STORES defaults to
+the default market's cache folder + /suite). Then markets x seeds `python -m fox_numba train` runs, at most
+--parallel at a time on one GPU (tools/train_seeds.py's runner), each with the arguments, in this order:
+the suite's [plan] set, the extra arguments, the market's own set, the settings the tool derives from the
+market's definition (`env.commission` and `evaluation.probe_horizon_bars` = its [oracle] commission and
+horizon, so the agent and the probe pay and look as far as the oracle does), then --store and the run's
+seed, name seed_S and folder RUNS/MARKET (the last word wins; a --set of a derived key is refused).
+
+OUT.md and OUT.json hold per market, seen and held-out marked: the honest figure (`honest_sharpe`: the validation
+daily Sharpe of a checkpoint chosen without the validation days) as mean and standard error across seeds, the
+probe, buy-and-hold and the oracle on the same validation days, agent / probe and agent / oracle, and the
+in-sample figure (`in_sample_sharpe`: the epoch with the best validation Sharpe) as a labelled second column;
+then the seen and the held-out markets pooled per seed. Only the seen markets may choose a setting; the held-out
+ones are reported so that a choice that does not carry over shows. The command, seeds, machine and wall
+times are recorded. Exit status 1 if a build or a run failed, 2 for a bad suite file or argument.
+
+    python3 tools/suite.py --tabulate OUT.json --out OUT [--runs RUNS]
+
+rewrites OUT.md and OUT.json from the run folders (by default those recorded in OUT.json) and the command,
+machine and wall times recorded in OUT.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tools"))
+
+from bench_device import machine, results_header  # noqa: E402
+from train_seeds import Job, run_jobs, train_command  # noqa: E402
+
+from fox_numba.config import load_config, read_toml  # noqa: E402
+from fox_numba.errors import ConfigError  # noqa: E402
+from fox_numba.io import atomic_write_text  # noqa: E402
+from fox_numba.market.default import built_hash, default_store_path  # noqa: E402
+from fox_numba.market.synthetic_definition import SynthDefinition, load_definition  # noqa: E402
+from fox_numba.sweep.aggregate import fmt, fold_rows, mean  # noqa: E402
+from fox_numba.walkforward.metrics import json_number  # noqa: E402
+
+SUITE = ROOT / "data" / "suite" / "suite.toml"
+ROLES = ("seen", "held_out")
+HONEST_FIELD = "honest_sharpe_mean"
+"""summary.json's honest figure, per fold (or for the run); until a run writes it, the last epoch's figure stands in."""
+IN_SAMPLE_FIELD = "in_sample_best_sharpe_mean"
+"""summary.json's mean over folds of the epoch with the best validation Sharpe (chosen on the days that score it)."""
+DERIVED = ("env.commission", "evaluation.probe_horizon_bars")
+"""--set keys the tool derives from each market's definition; a suite file or the extra arguments may not set them."""
+OWNED = (*DERIVED, "market.store", "run.seed", "run.name", "run.out_dir")
+"""Keys a suite file may not set: the derived ones and those that place each run."""
+MARKET_KEYS = ("definition", "role", "set")
+
+
+@dataclass(frozen=True)
+class Market:
+    """One market of the suite: its name, definition, role and own `fox train` --set overrides."""
+
+    name: str
+    definition_path: Path
+    definition: SynthDefinition
+    role: str
+    overrides: tuple[str, ...]
+
+    def derived(self) -> tuple[str, ...]:
+        """The DERIVED overrides: the environment's commission and the probe's horizon are the oracle's."""
+        o = self.definition.oracle
+        return (f"env.commission={o.commission}", f"evaluation.probe_horizon_bars={o.horizon_minutes}")
+
+
+@dataclass(frozen=True)
+class Suite:
+    """The markets of a suite file, in file order, and the --set overrides every run gets."""
+
+    path: Path
+    plan: tuple[str, ...]
+    markets: tuple[Market, ...]
+
+
+def _overrides(value: Any, where: str, origin: Path) -> tuple[str, ...]:
+    """A list of `section.field=value` strings, none setting an OWNED key."""
+    if not isinstance(value, list) or not all(isinstance(v, str) and "=" in v for v in value):
+        raise ConfigError(f"{origin}: {where}: expected a list of 'section.field=value' strings, got {value!r}")
+    owned = [v for v in value if v.partition("=")[0].strip() in OWNED]
+    if owned:
+        raise ConfigError(f"{origin}: {where}: {owned} set keys the tool sets itself ({', '.join(OWNED)})")
+    return tuple(value)
+
+
+def load_suite(path: Path) -> Suite:
+    """Read and check a suite file: [plan] set, then [markets.NAME] tables of definition (a path relative to the
+    file), role ('seen' or 'held_out') and an optional set. Every definition is loaded and every market's --set
+    overrides are checked against the config before anything runs; errors name the file and the key."""
+    data = read_toml(path, "market suite")
+    unknown = sorted(set(data) - {"plan", "markets"})
+    if unknown:
+        raise ConfigError(f"{path}: unknown tables {unknown} (tables: plan, markets)")
+    plan = data.get("plan", {})
+    if not isinstance(plan, dict) or sorted(plan) != ["set"]:
+        raise ConfigError(f"{path}: [plan] must hold exactly the key 'set'")
+    tables = data.get("markets")
+    if not isinstance(tables, dict) or not tables:
+        raise ConfigError(f"{path}: no [markets.NAME] tables")
+    markets = []
+    for name, table in tables.items():
+        where = f"markets.{name}"
+        if not isinstance(table, dict):
+            raise ConfigError(f"{path}: {where} must be a table")
+        unknown = sorted(set(table) - set(MARKET_KEYS))
+        if unknown:
+            raise ConfigError(f"{path}: {where}: unknown keys {unknown} (keys: {', '.join(MARKET_KEYS)})")
+        missing = [k for k in ("definition", "role") if k not in table]
+        if missing:
+            raise ConfigError(f"{path}: {where} lacks {missing}")
+        if table["role"] not in ROLES:
+            raise ConfigError(f"{path}: {where}.role: expected one of {ROLES}, got {table['role']!r}")
+        definition = path.parent / str(table["definition"])
+        if not definition.is_file():
+            raise ConfigError(f"{path}: {where}.definition: {definition} not found")
+        markets.append(Market(name, definition, load_definition(definition), table["role"],
+                              _overrides(table.get("set", []), f"{where}.set", path)))
+    suite = Suite(path, _overrides(plan["set"], "plan.set", path), tuple(markets))
+    for m in markets:
+        try:
+            load_config("default", None, [*suite.plan, *m.overrides, *m.derived()])
+        except ConfigError as e:
+            raise ConfigError(f"{path}: markets.{m.name}: {e}") from None
+    return suite
+
+
+def pick(suite: Suite, names: str | None) -> list[Market]:
+    """The markets named in `names` (comma-separated; None: all), in suite order."""
+    if names is None:
+        return list(suite.markets)
+    wanted = [n.strip() for n in names.split(",") if n.strip()]
+    known = [m.name for m in suite.markets]
+    unknown = [n for n in wanted if n not in known]
+    if unknown:
+        raise ConfigError(f"{suite.path}: --markets names {unknown}, not in the suite (markets: {', '.join(known)})")
+    return [m for m in suite.markets if m.name in wanted]
+
+
+def set_keys(args: Sequence[str]) -> list[str]:
+    """The `section.field` keys of the --set options in a `fox train` argument list."""
+    keys = []
+    for i, arg in enumerate(args):
+        value = args[i + 1] if arg == "--set" and i + 1 < len(args) else arg.removeprefix("--set=")
+        if arg == "--set" or arg.startswith("--set="):
+            keys.append(value.partition("=")[0].strip())
+    return keys
+
+
+def check_extra(extra: Sequence[str]) -> None:
+    """Refuse extra arguments that would take a market's place: --store, --resume or a --set of an OWNED key."""
+    if any(a in ("--store", "--resume") or a.startswith(("--store=", "--resume=")) for a in extra):
+        raise ConfigError("the extra fox train arguments may not hold --store or --resume: the suite picks the store")
+    owned = [k for k in set_keys(extra) if k in OWNED]
+    if owned:
+        raise ConfigError(f"the extra fox train arguments set {owned}, which the suite sets per market")
+
+
+def store_path(stores: Path, market: Market) -> Path:
+    return stores / f"{market.name}.h5"
+
+
+def market_command(market: Market, suite: Suite, extra: Sequence[str], store: Path, seed: int,
+                   runs: Path) -> list[str]:
+    """The `fox train` command of one market and seed (module docstring: the order of the arguments)."""
+    args = [*set_options(suite.plan), *extra, *set_options([*market.overrides, *market.derived()]),
+            "--store", str(store)]
+    return train_command(args, seed, runs / market.name)
+
+
+def set_options(sets: Sequence[str]) -> list[str]:
+    """`--set KEY=VALUE` options for `fox train`."""
+    return [a for s in sets for a in ("--set", s)]
+
+
+def build_stores(markets: Sequence[Market], stores: Path, parallel: int) -> dict[str, dict[str, Any]]:
+    """Build the store of every market whose store is absent or from another definition digest (at most
+    `parallel` at a time); {market: {reused} or {returncode, wall_s}}."""
+    jobs, built = [], {}
+    for m in markets:
+        store = store_path(stores, m)
+        if built_hash(store) == m.definition.digest():
+            built[m.name] = {"reused": True}
+            continue
+        cmd = [sys.executable, "-m", "fox_numba", "data", "synth", "--definition", str(m.definition_path),
+               "--out", str(store)]
+        jobs.append(Job(m.name, cmd, stores / f"{m.name}.build.log"))
+    for name, result in run_jobs(jobs, parallel).items():
+        built[str(name)] = {"reused": False, **result}
+    return built
+
+
+def honest_sharpe(summary: Mapping[str, Any]) -> tuple[float | None, str]:
+    """A run's honest figure, the validation daily Sharpe of checkpoints chosen without the validation days,
+    averaged over its folds, and where it came from: each fold's HONEST_FIELD, else the run's, else (until
+    summary.json holds it) each fold's last epoch (chosen by nothing). None when the run has no fold."""
+    folds = summary.get("folds") or []
+    if folds and all(HONEST_FIELD in f for f in folds):
+        return json_number(mean([f[HONEST_FIELD] for f in folds])), f"{HONEST_FIELD} per fold"
+    if HONEST_FIELD in summary:
+        return json_number(summary[HONEST_FIELD]), f"{HONEST_FIELD} of the run"
+    return json_number(mean([(f.get("last_val") or {}).get("sharpe_daily") for f in folds])), "last epoch"
+
+
+def in_sample_sharpe(summary: Mapping[str, Any]) -> float | None:
+    """A run's in-sample figure, the validation daily Sharpe of each fold's epoch chosen on those validation days,
+    averaged over its folds: IN_SAMPLE_FIELD, else each fold's in-sample best epoch, else (summaries whose best
+    epoch was chosen on the validation days) the best epoch's; None when the run has none."""
+    folds = summary.get("folds") or []
+    if IN_SAMPLE_FIELD in summary:
+        return json_number(summary[IN_SAMPLE_FIELD])
+    if folds and all(f.get("in_sample_best_val") for f in folds):
+        return json_number(mean([f["in_sample_best_val"].get("sharpe_daily") for f in folds]))
+    if summary.get("best_chosen_on") == "validation":
+        return json_number(mean([(f.get("val") or {}).get("sharpe_daily") for f in folds]))
+    return None
+
+
+def run_result(runs: Path, market: str, seed: int) -> dict[str, Any]:
+    """The figures of one run folder RUNS/MARKET/seed_S (no folds when it wrote no summary.json)."""
+    path = runs / market / f"seed_{seed}" / "summary.json"
+    summary = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    honest, source = honest_sharpe(summary)
+    rows = fold_rows(summary)
+    return {"honest": honest, "honest_source": source if rows else None, "in_sample": in_sample_sharpe(summary),
+            "folds": rows, **{k: json_number(mean([r[k] for r in rows])) for k in ("probe", "buy_and_hold", "oracle")}}
+
+
+def mean_se(values: Sequence[float | None]) -> tuple[float | None, float | None, int]:
+    """Mean and standard error (sample std / sqrt(n)) of the finite values, and n; None where undefined."""
+    vals = [v for v in values if v is not None and math.isfinite(v)]
+    if not vals:
+        return None, None, 0
+    se = statistics.stdev(vals) / math.sqrt(len(vals)) if len(vals) > 1 else None
+    return statistics.fmean(vals), se, len(vals)
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    """a / b, None unless both are known and b > 0 (a ratio to a losing baseline reads backwards)."""
+    return a / b if a is not None and b is not None and b > 0 else None
+
+
+def market_row(runs: Mapping[int, Mapping[str, Any]]) -> dict[str, Any]:
+    """One market's table row from its runs {seed: run_result + returncode}: the honest and the in-sample
+    figures' mean and SE across the seeds whose run finished, the baselines' means and the ratios."""
+    ok = [r for r in runs.values() if r.get("returncode") == 0 and r["folds"]]
+    honest, honest_se, n = mean_se([r["honest"] for r in ok])
+    in_sample, in_sample_se, _ = mean_se([r["in_sample"] for r in ok])
+    base = {k: json_number(mean([r[k] for r in ok])) for k in ("probe", "buy_and_hold", "oracle")}
+    return {"honest": honest, "honest_se": honest_se, "n": n, "runs": len(runs), "in_sample": in_sample,
+            "in_sample_se": in_sample_se, **base, "agent_probe": ratio(honest, base["probe"]),
+            "agent_oracle": ratio(honest, base["oracle"]), "honest_sources": [r["honest_source"] for r in ok]}
+
+
+def group_row(rows: Mapping[str, Mapping[str, Any]], runs: Mapping[str, Mapping[int, Mapping[str, Any]]],
+              names: Sequence[str]) -> dict[str, Any]:
+    """The markets `names` pooled: per seed the mean honest figure over the markets (seeds finished on all of
+    them), then its mean and SE across seeds; the baselines' and the in-sample figure's means over the markets."""
+    seeds = set.intersection(*[{s for s, r in runs[n].items() if r.get("returncode") == 0 and r["folds"]}
+                               for n in names])
+    honest, honest_se, n = mean_se([mean([runs[m][s]["honest"] for m in names]) for s in sorted(seeds)])
+    base = {k: json_number(mean([rows[m][k] for m in names])) for k in ("probe", "buy_and_hold", "oracle", "in_sample")}
+    return {"markets": list(names), "honest": honest, "honest_se": honest_se, "n": n, **base,
+            "agent_probe": ratio(honest, base["probe"]), "agent_oracle": ratio(honest, base["oracle"])}
+
+
+def ended(run: Mapping[str, Any]) -> str:
+    """How a run ended, for the tables: 'exit N', or 'not run' (its market's store was not built)."""
+    return "not run" if run.get("returncode") is None else f"exit {run['returncode']}"
+
+
+def pm(value: float | None, se: float | None) -> str:
+    return f"{fmt(value)} ± {fmt(se, '.2f')}" if se is not None else fmt(value)
+
+
+def write_tables(out: Path, record: dict[str, Any]) -> int:
+    """OUT.md and OUT.json from a record (command, machine, seeds, markets with their runs); prints the table;
+    1 if a build or a run failed."""
+    markets = record["markets"]
+    runs = {name: {int(s): r for s, r in m["runs"].items()} for name, m in markets.items()}
+    rows = {name: market_row(runs[name]) for name in markets}
+    groups = {role: group_row(rows, runs, names) for role in ROLES
+              if (names := [n for n, m in markets.items() if m["role"] == role])}
+    sources = [s for r in rows.values() for s in r["honest_sources"]]
+    fallback = sources.count("last epoch")
+    lines = results_header("Market suite: the honest validation daily Sharpe per market", record["command"],
+                           record["machine"])
+    lines += ["", f"Seeds {record['seeds']}, {record['parallel']} runs at a time on one GPU; suite "
+              f"`{record['suite']}`, runs in `{record['runs']}`; all done in {record['wall_s']:.0f} s wall "
+              "(store builds and compilation included).", "",
+              "| market | role | runs ok | honest ± SE | probe | buy-and-hold | oracle | agent / probe | "
+              "agent / oracle | in sample ± SE | wall s per run |",
+              "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for name, m in markets.items():
+        r = rows[name]
+        wall = mean([x.get("wall_s") for x in m["runs"].values()])
+        lines.append(f"| {name} | {m['role']} | {r['n']}/{r['runs']} | {pm(r['honest'], r['honest_se'])} | "
+                     f"{fmt(r['probe'])} | {fmt(r['buy_and_hold'])} | {fmt(r['oracle'])} | "
+                     f"{fmt(r['agent_probe'], '.2f')} | {fmt(r['agent_oracle'], '.2f')} | "
+                     f"{pm(r['in_sample'], r['in_sample_se'])} | {fmt(wall, '.0f')} |")
+    for role, g in groups.items():
+        lines.append(f"| **{role} markets pooled** | {role} | {g['n']} seeds | {pm(g['honest'], g['honest_se'])} | "
+                     f"{fmt(g['probe'])} | {fmt(g['buy_and_hold'])} | {fmt(g['oracle'])} | "
+                     f"{fmt(g['agent_probe'], '.2f')} | {fmt(g['agent_oracle'], '.2f')} | {fmt(g['in_sample'])} | |")
+    honest_note = (f"'honest' is summary.json's `{HONEST_FIELD}`" if not fallback else
+                   f"'honest' is each fold's last epoch's validation Sharpe (chosen by nothing) in the {fallback} of "
+                   f"{len(sources)} runs whose summary.json holds no `{HONEST_FIELD}`, else that field")
+    lines += ["", f"{honest_note}, averaged over the run's folds; ± is the standard error across seeds (sample std "
+              "/ sqrt(n)). Probe (ridge on the agent's observation, training days only), buy-and-hold and the oracle "
+              "are scored on the same validation days. A ratio to a baseline at or below 0 is n/a. 'in sample' is "
+              "the validation Sharpe of each fold's epoch with the best validation Sharpe, chosen on the days that "
+              "score it: optimistic, shown only beside the honest figure (n/a where a run's summary.json has none).",
+              "Seen markets may choose a setting; held-out markets are only reported. A pooled row averages the "
+              "markets per seed (seeds finished on all of them), then takes mean and SE across seeds.", "",
+              "## honest figure per seed", "",
+              "| market | " + " | ".join(f"seed {s}" for s in record["seeds"]) + " |",
+              "| --- |" + " ---: |" * len(record["seeds"])]
+    for name in markets:
+        cells = [fmt(runs[name][s]["honest"]) if runs[name][s].get("returncode") == 0 else ended(runs[name][s])
+                 for s in record["seeds"]]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    failed = [f"{n} store build (exit {m['build']['returncode']})" for n, m in markets.items()
+              if m["build"].get("returncode", 0) != 0]
+    failed += [f"{n} seed {s} ({ended(r)})" for n in markets for s, r in runs[n].items() if r.get("returncode") != 0]
+    if failed:
+        lines += ["", f"Failed: {'; '.join(failed)}; logs beside the run folders and the stores."]
+    atomic_write_text(out.with_suffix(".md"), "\n".join(lines) + "\n")
+    atomic_write_text(out.with_suffix(".json"), json.dumps({**record, "table": rows, "pooled": groups}, indent=1))
+    print("\n".join(lines))
+    return 1 if failed else 0
+
+
+def tabulate(earlier: Path, out: Path, runs: Path | None) -> int:
+    """Rewrite the tables of an earlier OUT.json from its run folders (or those in `runs`)."""
+    record = json.loads(earlier.read_text(encoding="utf-8"))
+    if runs is not None:
+        record["runs"] = str(runs)
+    for name, m in record["markets"].items():
+        m["runs"] = {s: {**r, **run_result(Path(record["runs"]), name, int(s))} for s, r in m["runs"].items()}
+    return write_tables(out, record)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    extra = argv[argv.index("--") + 1 :] if "--" in argv else []
+    own = argv[: argv.index("--")] if "--" in argv else argv
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
+    parser.add_argument("--out", type=Path, required=True, help="results path without suffix (.md and .json)")
+    parser.add_argument("--suite", type=Path, default=SUITE, help="the suite file")
+    parser.add_argument("--markets", help="comma-separated market names (default: every market of the suite)")
+    parser.add_argument("--runs", type=Path, help="folder of the run folders, one sub-folder per market "
+                        "(default runs/suite; with --tabulate, the one recorded)")
+    parser.add_argument("--stores", type=Path, default=default_store_path().parent / "suite",
+                        help="folder of the markets' stores (built when absent or stale)")
+    parser.add_argument("--parallel", type=int, default=1, help="runs at a time (they share the GPU)")
+    parser.add_argument("--tabulate", type=Path, help="an earlier OUT.json: re-tabulate its runs, train nothing")
+    args = parser.parse_args(own)
+    try:
+        if args.tabulate is not None:
+            return tabulate(args.tabulate, args.out, args.runs)
+        check_extra(extra)
+        suite = load_suite(args.suite)
+        markets = pick(suite, args.markets)
+    except ConfigError as e:
+        print(f"suite: {e}", file=sys.stderr)
+        return 2
+    runs = (args.runs or ROOT / "runs" / "suite").resolve()
+    stores = args.stores.resolve()
+    start = time.perf_counter()
+    builds = build_stores(markets, stores, args.parallel)
+    ready = [m for m in markets if builds[m.name].get("returncode", 0) == 0]
+    jobs = [Job((m.name, seed), market_command(m, suite, extra, store_path(stores, m), seed, runs),
+                runs / m.name / f"seed_{seed}.log") for seed in args.seeds for m in ready]
+    done = run_jobs(jobs, args.parallel)
+    record = {
+        "command": "python3 tools/suite.py " + " ".join(argv), "wall_s": time.perf_counter() - start,
+        "machine": {"date_utc": datetime.now(UTC).strftime("%Y-%m-%d %H:%M"), **machine()},
+        "parallel": args.parallel, "seeds": args.seeds, "suite": str(suite.path), "runs": str(runs),
+        "stores": str(stores), "extra": extra,
+        "markets": {m.name: {
+            "role": m.role, "definition": str(m.definition_path), "digest": m.definition.digest(),
+            "store": str(store_path(stores, m)), "set": [*suite.plan, *m.overrides, *m.derived()],
+            "build": builds[m.name],
+            "runs": {str(s): {**done.get((m.name, s), {"returncode": None, "wall_s": None}),
+                              **run_result(runs, m.name, s)} for s in args.seeds},
+        } for m in markets},
+    }
+    return write_tables(args.out, record)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
