@@ -229,9 +229,14 @@ class EvaluationConfig:
     chunk_bars: int = opt(512, "Bars per chunk of the validation backtest (one batched launch each).")
     network: str = opt(
         "online",
-        "Network the backtests trade with (validation, selection days, fox evaluate): 'online', or 'target', the "
-        "Polyak average of the online weights over about 1 / learner.tau steps (agent/evaluator.py); on the default "
-        "market the two trade alike (tools/results/learner_ablation_h200.md section 8).",
+        "Network the backtests trade with (validation, selection days, fox evaluate): 'online'; 'target', the "
+        "Polyak average of the online weights over about 1 / learner.tau steps (agent/evaluator.py; on the default "
+        "market the two trade alike, tools/results/learner_ablation_h200.md section 8); or 'average', the mean of "
+        "the fold's epoch-end online networks from epoch average_start on (agent/learner.py average_epoch).",
+    )
+    average_start: int = opt(
+        1, "First epoch of a fold whose end-of-epoch network enters evaluation.network = 'average' (before it the "
+           "average is the current network).",
     )
     annualisation_days: int = opt(
         252, "Trading days per year: daily Sharpe x sqrt(this); per-bar Sharpe x sqrt(this x bars per day)."

@@ -48,6 +48,7 @@ from fox_numba.observation import OBS_DIM
 EVAL_NETWORKS: dict[str, tuple[str, str]] = {
     "online": ("params", "support_online"),
     "target": ("target_params", "support_target"),
+    "average": ("average_params", "support_average"),
 }
 """evaluation.network -> (parameters, supports): names of Learner.state_arrays, and of checkpoint arrays
 under "learner."."""

@@ -2,13 +2,14 @@
 
     learner = Learner(cfg, layout, replay, market_obs, aux_target, isv=bus.values, stager=stager, stream=stream)
     per fold:   learner.shrink_adam(); learner.reset_step_counter(); learner.shrink_perturb(seed);
-                learner.sync_target()                      the fold reset's learner entries, in its order
+                learner.sync_target(); learner.restart_average()   the fold reset's learner entries, in its order
                                                            (walkforward/trainer_state.py); the driver runs
                                                            the whole reset at every fold, fold 0 included
     per epoch:  learner.refresh_supports()                 before collect (the collector reads
                                                            learner.support_online)
                 learner.train_epoch()                      K = learner.steps_per_epoch replays, no host sync
                 stats = learner.epoch_stats()              one read of the device sums, then zeroed
+                learner.average_epoch(epoch)               the fold's running mean of epoch-end networks
 
 One step, in launch order (`_step`): the schedule (step counter, lr, tau on the device) -> sample B replay
 slots and gather s, a, r, done, s' (ReplayBuffer.sample / gather, agent/replay.py: s rows, then s' rows) ->
@@ -54,7 +55,7 @@ from fox_numba.agent.network import Dropout, Network, ParamLayout, init_params
 from fox_numba.agent.replay import ReplayBatch, ReplayBuffer
 from fox_numba.config import FoxConfig
 from fox_numba.device.control import ControlBlock
-from fox_numba.device.elementwise import copy_u32, fill_u32
+from fox_numba.device.elementwise import axpy_f32, copy_u32, fill_u32, scale_f32
 from fox_numba.device.graphs import StepGraph
 from fox_numba.device.launch import i32, launch
 from fox_numba.device.memory import device_empty, device_zeros, words
@@ -127,6 +128,8 @@ class Learner:
             raise ValueError("learner config out of range: need 0 <= gamma < 1, lr_min_frac and tau_min_frac in "
                              "[0, 1], 0 < tau <= 1, batch_size >= 1, steps_per_epoch >= 1, aux_weight >= 0, obs_noise "
                              ">= 0, 0 <= dropout < 1")
+        if cfg.evaluation.average_start < 0:
+            raise ValueError(f"evaluation.average_start must be >= 0, got {cfg.evaluation.average_start}")
         if lc.n_step < 1:
             raise ValueError(f"learner.n_step must be >= 1, got {lc.n_step}")
         if lc.bootstrap not in BOOTSTRAP_RULES:
@@ -150,6 +153,7 @@ class Learner:
         self.adam_v = device_zeros(n, np.float32, stream=stream)
         self.decay_mask = stager.upload_new(layout.decay_mask())
         self.fresh = device_empty(n, np.float32)  # shrink-and-perturb's fresh draw
+        self.average = device_zeros(n, np.float32, stream=stream)  # the fold's running mean of epoch-end params
         self.optim_state = device_zeros(1, OPTIM_STATE_DTYPE, stream=stream)
         self.schedule = ControlBlock(SCHEDULE_DTYPE)
         self.branch_weights = stager.upload_new(np.asarray(lc.branch_weights, np.float32))
@@ -166,6 +170,8 @@ class Learner:
         base = base_support(cfg.network.v_min, cfg.network.v_max, z)
         self.support_online = stager.upload_new(base)
         self.support_target = stager.upload_new(base)
+        self.support_average = stager.upload_new(base)
+        self.restart_average()
         self.support_rows = device_empty((2 * b, N_HEADS, 3), np.float32)
 
         # the step's buffers
@@ -305,8 +311,33 @@ class Learner:
     def sync_target(self) -> None:
         """target = params and target supports = online supports."""
         for dst, src in ((self.target, self.params), (self.support_target, self.support_online)):
-            dw, sw = words(dst), words(src)
-            launch(copy_u32, dw.size, dw, sw, i32(dw.size), stream=self.stream)
+            self._copy_words(dst, src)
+
+    def restart_average(self) -> None:
+        """The weight average restarts at the current parameters and supports (a fold boundary)."""
+        self._copy_words(self.average, self.params)
+        self._copy_words(self.support_average, self.support_online)
+
+    def average_epoch(self, epoch: int) -> None:
+        """Fold the parameters and supports at the end of the fold's epoch `epoch` into their running mean:
+        average += (x - average) / k with k = epoch - evaluation.average_start + 1, and average = x while k <= 1
+        (epochs before average_start only follow the current network). evaluation.network = 'average' trades
+        with it: the mean of the fold's epoch-end networks, SWA's estimate (Izmailov et al. 2018), which
+        does not depend on where in its epoch-to-epoch swing the last epoch stopped."""
+        k = epoch - self.cfg.evaluation.average_start + 1
+        for avg, x in ((self.average, self.params), (self.support_average, self.support_online)):
+            if k <= 1:
+                self._copy_words(avg, x)
+                continue
+            flat_avg, flat_x = avg.reshape(avg.size), x.reshape(x.size)
+            launch(scale_f32, flat_avg.size, flat_avg, np.float32(1.0 - 1.0 / k), i32(flat_avg.size),
+                   stream=self.stream)
+            launch(axpy_f32, flat_avg.size, flat_avg, np.float32(1.0 / k), flat_x, i32(flat_avg.size),
+                   stream=self.stream)
+
+    def _copy_words(self, dst: Any, src: Any) -> None:
+        dw, sw = words(dst), words(src)
+        launch(copy_u32, dw.size, dw, sw, i32(dw.size), stream=self.stream)
 
     def shrink_adam(self) -> None:
         """m *= 0.1, v *= 0.01 (kernels/optim.py); Adam's t restarts with reset_step_counter."""
@@ -336,6 +367,8 @@ class Learner:
             "rng_states": self.rng_states,
             "support_online": self.support_online,
             "support_target": self.support_target,
+            "average_params": self.average,
+            "support_average": self.support_average,
         }
 
     def load_state(self, arrays: dict[str, np.ndarray]) -> None:

@@ -255,6 +255,7 @@ class Driver:
         rollout = trainer.collect()
         t1 = time.perf_counter()
         train = trainer.train(lambda: self.diag(k, epoch))
+        trainer.learner.average_epoch(epoch)
         t2 = time.perf_counter()
         isv = trainer.isv()
         fold_step = int(trainer.learner.read_optim_state()["step"])

@@ -8,6 +8,7 @@ The registry is the one place a fold boundary's resets are written (DESIGN.md): 
     learner.fold_step        and the warm-up gates start again); one kernel resets both counters
     learner.params         theta = 0.8 theta + 0.2 theta_fresh, theta_fresh seeded per (run seed, fold)
     learner.target         target (and its supports) re-synced to the perturbed online network
+    learner.average        the epoch-end weight average (evaluation.network = 'average') restarts there too
     learner.adaptive_tau   tau_eff's damping reads ISV[Q_DRIFT_RATE], reset with the ISV slots below
     collector.replay       the replay buffer emptied: the new fold's market rows mean other bars
     isv.<SLOT>             every ISV slot whose table entry has a fold-reset value (one launch)
@@ -53,6 +54,8 @@ def register_trainer(registry: StateResetRegistry, trainer: Trainer, kills: Kill
              action=lambda ctx: lrn.shrink_perturb(ctx.seed_for("learner.params")))
     r.action("target", FoldReset, "target network and supports re-synced to the online ones",
              fields=("target", "support_target"), action=lambda ctx: lrn.sync_target())
+    r.action("average", FoldReset, "the epoch-end weight average restarts at the perturbed network",
+             fields=("average", "support_average"), action=lambda ctx: lrn.restart_average())
     r.action("adaptive_tau", FoldReset, "tau damping state ISV[Q_DRIFT_RATE] = 0 (with the ISV slots)",
              fields=(), action=lambda ctx: bus.fold_reset(ctx.stream), batch=("isv", id(bus)))
     r.carried("support_online", "the online supports follow the Q scale across folds", fields=("support_online",))

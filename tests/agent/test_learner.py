@@ -624,3 +624,32 @@ def test_dropout_runs_in_the_online_network_only(stream, stager, rng):
     assert np.isfinite(stats["loss"]) and stats["applied_steps"] == 1
     plain, _ = _step_kernels(stager, stream, rng, tiny_config(n_layers=2))
     assert "dropout.dropout_kernel" not in plain and "elementwise.scale_f32" not in plain
+
+
+def test_the_weight_average_is_the_mean_of_the_epoch_end_networks(stream, stager, rng):
+    """Four epochs of two steps with evaluation.average_start = 1: after epoch 0 the average is the network, after
+    epoch e >= 1 it is the float64 mean of the epoch-end networks of epochs 1..e (parameters and supports alike;
+    rtol 1e-6 and 1e-7 of the largest parameter: a float32 running mean of <= 3 terms). The fold reset's
+    restart_average copies the network exactly."""
+    cfg = tiny_config(steps_per_epoch=2)
+    cfg.evaluation.average_start = 1
+    learner, _ = build(stager, stream, cfg, random_replay(rng), rng.standard_normal((12, M)).astype(np.float32),
+                       steady_isv(rng))
+    seen = []
+    for epoch in range(4):
+        learner.train_epoch(2)
+        st = host_state(learner)
+        st["support_online"] = st["support_online"] * (1.0 + 0.1 * epoch)  # supports that move between epochs
+        stager.upload(st["support_online"].astype(np.float32), learner.support_online)
+        learner.average_epoch(epoch)
+        seen.append({k: st[k].astype(np.float64) for k in ("params", "support_online")})
+        got = host_state(learner)
+        window = seen[1:] if epoch >= 1 else seen[-1:]
+        for name, avg in (("params", "average_params"), ("support_online", "support_average")):
+            want = np.mean([s[name] for s in window], axis=0)
+            np.testing.assert_allclose(got[avg], want, rtol=1e-6, atol=1e-7 * np.abs(want).max(), err_msg=avg)
+    assert not np.allclose(seen[1]["params"], seen[3]["params"])  # the networks moved: the mean is not one of them
+    learner.restart_average()
+    got = host_state(learner)
+    np.testing.assert_array_equal(got["average_params"], got["params"])
+    np.testing.assert_array_equal(got["support_average"], got["support_online"])
