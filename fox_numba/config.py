@@ -232,7 +232,8 @@ class EvaluationConfig:
         "Network the backtests trade with (validation, selection days, fox evaluate): 'online'; 'target', the "
         "Polyak average of the online weights over about 1 / learner.tau steps (agent/evaluator.py; on the default "
         "market the two trade alike, tools/results/learner_ablation_h200.md section 8); or 'average', the mean of "
-        "the fold's epoch-end online networks from epoch average_start on (agent/learner.py average_epoch).",
+        "the fold's epoch-end online networks from epoch average_start on (agent/learner.py average_epoch; it lost "
+        "on the default market, tools/results/learner_ablation_h200.md section 12).",
     )
     average_start: int = opt(
         1, "First epoch of a fold whose end-of-epoch network enters evaluation.network = 'average' (before it the "
