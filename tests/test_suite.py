@@ -180,6 +180,34 @@ def test_tabulate_means_standard_errors_and_ratios(suite, tmp_path):
     assert "| odd | -0.50 | +0.00 | exit 1 |" in text and "Failed: odd seed 2 (exit 1)" in text
 
 
+def test_the_epoch_table_averages_folds_then_seeds_then_markets(suite, tmp_path):
+    """metrics.jsonl of two seeds x two folds x three epochs on a seen market and one run on a held-out one: each
+    epoch's cell is the mean over folds, then seeds; the role row the mean over its markets; a run without
+    metrics.jsonl adds nothing."""
+    runs = tmp_path / "runs"
+    curves = {("a", 0): [[1.0, 2.0, 3.0], [3.0, 4.0, 5.0]], ("a", 1): [[0.0, 0.0, 1.0], [2.0, 2.0, 3.0]],
+              ("b", 0): [[-1.0, 1.0, 3.0]]}
+    for (market, seed), folds in curves.items():
+        write_run(runs, market, seed, [fold(k, 0.0, 0.0, 1.0, 10.0) for k in range(len(folds))])
+        lines = [{"fold": k, "epoch": e, "val": {"sharpe_daily": v}} for k, c in enumerate(folds) for e, v in enumerate(c)]
+        (runs / market / f"seed_{seed}" / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    write_run(runs, "b", 1, [fold(0, 0.0, 0.0, 1.0, 10.0)])  # no metrics.jsonl
+    record = {"command": "c", "wall_s": 1.0, "parallel": 1, "seeds": [0, 1], "machine": {"date_utc": "d"},
+              "suite": "s", "runs": str(runs),
+              "markets": {m: {"role": role, "build": {"reused": True},
+                              "runs": {"0": {"returncode": 0}, "1": {"returncode": 0}}}
+                          for m, role in (("a", "seen"), ("b", "held_out"))}}
+    earlier = tmp_path / "earlier.json"
+    earlier.write_text(json.dumps(record))
+    out = tmp_path / "table"
+    assert suite.main(["--tabulate", str(earlier), "--out", str(out)]) == 0
+    text = out.with_suffix(".md").read_text()
+    # a: seed 0 folds mean [2, 3, 4], seed 1 [1, 1, 2] -> [1.5, 2, 3]; b: [-1, 1, 3]
+    assert "| a | +1.50 | +2.00 | +3.00 |" in text and "| b | -1.00 | +1.00 | +3.00 |" in text
+    assert "| **seen markets** | +1.50 | +2.00 | +3.00 |" in text
+    assert "| **held_out markets** | -1.00 | +1.00 | +3.00 |" in text
+
+
 FAKE_TRAIN = """import json, pathlib, sys
 run = pathlib.Path(sys.argv[1]) / f"seed_{sys.argv[2]}"
 run.mkdir(parents=True)

@@ -242,7 +242,20 @@ def run_result(runs: Path, market: str, seed: int) -> dict[str, Any]:
     honest, source = honest_sharpe(summary)
     rows = fold_rows(summary)
     return {"honest": honest, "honest_source": source if rows else None, "in_sample": in_sample_sharpe(summary),
-            "folds": rows, **{k: json_number(mean([r[k] for r in rows])) for k in ("probe", "buy_and_hold", "oracle")}}
+            "folds": rows, "by_epoch": epoch_curve(path.parent / "metrics.jsonl"),
+            **{k: json_number(mean([r[k] for r in rows])) for k in ("probe", "buy_and_hold", "oracle")}}
+
+
+def epoch_curve(metrics: Path) -> list[float | None]:
+    """Validation daily Sharpe by epoch index, the mean over the run's folds (from metrics.jsonl; empty when
+    the run wrote none): whether the out-of-sample figure still rises at the schedule's end (more epochs) or
+    peaked before it (fewer)."""
+    by_epoch: dict[int, list[float | None]] = {}
+    if metrics.is_file():
+        for text in metrics.read_text(encoding="utf-8").splitlines():
+            line = json.loads(text)
+            by_epoch.setdefault(int(line["epoch"]), []).append(line["val"].get("sharpe_daily"))
+    return [json_number(mean(by_epoch[e])) for e in sorted(by_epoch)]
 
 
 def mean_se(values: Sequence[float | None]) -> tuple[float | None, float | None, int]:
@@ -281,6 +294,30 @@ def group_row(rows: Mapping[str, Mapping[str, Any]], runs: Mapping[str, Mapping[
     base = {k: json_number(mean([rows[m][k] for m in names])) for k in ("probe", "buy_and_hold", "oracle", "in_sample")}
     return {"markets": list(names), "honest": honest, "honest_se": honest_se, "n": n, **base,
             "agent_probe": ratio(honest, base["probe"]), "agent_oracle": ratio(honest, base["oracle"])}
+
+
+def epoch_table(markets: Mapping[str, Mapping[str, Any]], runs: Mapping[str, Mapping[int, Mapping[str, Any]]],
+                seeds: Sequence[int]) -> list[str]:
+    """The table of validation daily Sharpe by epoch: per market the mean over its finished seeds of each run's
+    epoch curve, then per role the mean over its markets."""
+    curves = {name: [mean([(runs[name][s].get("by_epoch") or [])[e] if e < len(runs[name][s].get("by_epoch") or [])
+                           else None for s in seeds if runs[name][s].get("returncode") == 0])
+                     for e in range(max((len(runs[name][s].get("by_epoch") or []) for s in seeds), default=0))]
+              for name in markets}
+    width = max((len(c) for c in curves.values()), default=0)
+    if width == 0:
+        return []
+    lines = ["", "## validation daily Sharpe by epoch (mean over folds, then seeds; the honest checkpoint is the "
+             "last epoch unless folds.select_days chose)", "",
+             "| market | " + " | ".join(f"epoch {e}" for e in range(width)) + " |", "| --- |" + " ---: |" * width]
+    for name, curve in curves.items():
+        lines.append(f"| {name} | " + " | ".join(fmt(curve[e]) if e < len(curve) else "" for e in range(width)) + " |")
+    for role in ROLES:
+        names = [n for n, m in markets.items() if m["role"] == role]
+        if names:
+            cells = [fmt(mean([curves[n][e] if e < len(curves[n]) else None for n in names])) for e in range(width)]
+            lines.append(f"| **{role} markets** | " + " | ".join(cells) + " |")
+    return lines
 
 
 def ended(run: Mapping[str, Any]) -> str:
@@ -338,6 +375,7 @@ def write_tables(out: Path, record: dict[str, Any]) -> int:
         cells = [fmt(runs[name][s]["honest"]) if runs[name][s].get("returncode") == 0 else ended(runs[name][s])
                  for s in record["seeds"]]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    lines += epoch_table(markets, runs, record["seeds"])
     failed = [f"{n} store build (exit {m['build']['returncode']})" for n, m in markets.items()
               if m["build"].get("returncode", 0) != 0]
     failed += [f"{n} seed {s} ({ended(r)})" for n in markets for s, r in runs[n].items() if r.get("returncode") != 0]
