@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
@@ -31,7 +31,7 @@ from fox_numba.market.schema import (
 
 
 def build_features(
-    days: Sequence[MarketDay],
+    days: Iterable[MarketDay],
     instrument: Instrument,
     config: FeatureConfig,
     source: str = "market data",
@@ -44,29 +44,34 @@ def build_features(
     restart at the day's first such bar. A day without one is left out, with a note in `FeatureSet.notes`.
     Every day needs bars, MBP-10 and trades (MissingDataError otherwise); `source` names the data in
     error messages (e.g. the store's path). Bad rows raise InputError naming the day, schema and row.
+    `days` may be a generator (walkforward/driver.py `load_features` reads one store day at a time): each day
+    is reduced to its per-bar features and raw-market rows and then let go, so memory holds one day's book
+    rows at a time and the bars of all of them.
     """
     check_feature_config(config)
     if session not in SESSIONS:
         raise ConfigError(f"market.session is {session!r}; it must be one of {', '.join(SESSIONS)}")
-    if not days:
-        raise MissingDataError(f"{source}: no trading days to build features from")
-    parts, kept, notes = [], [], []
+    parts, kept, notes, seen = [], [], [], 0
     for day in days:
+        seen += 1
         part = _day_features(day, instrument, config, source, session)
         if part is None:
             notes.append(f"{day.day} skipped: no bar in its {session} session")
         else:
             parts.append(part)
-            kept.append(day)
+            kept.append(day.day)
+        del day  # let the day's book go before the next one is read
+    if not seen:
+        raise MissingDataError(f"{source}: no trading days to build features from")
     if not parts:
-        raise MissingDataError(f"{source}: none of the {len(days)} trading days has a bar in the {session} session")
+        raise MissingDataError(f"{source}: none of the {seen} trading days has a bar in the {session} session")
     _check_day_order(kept, [p[1]["ts"] for p in parts], source)
     n_per_day = np.array([p[0].shape[0] for p in parts], dtype=np.int64)
     raw = {key: np.concatenate([p[1][key] for p in parts]) for key in parts[0][1]}
     return FeatureSet(
         values=np.concatenate([p[0] for p in parts]),
         names=FEATURE_NAMES,
-        days=tuple(day.day for day in kept),
+        days=tuple(kept),
         raw=RawMarket(
             **raw,
             day_index=np.repeat(np.arange(len(kept), dtype=np.int32), n_per_day),
@@ -101,13 +106,13 @@ def _check_sorted(ts: np.ndarray, source: str, group: str, *, strict: bool) -> N
         raise InputError(source, f"timestamps are not {order}", group=group, field="ts_event", row=int(bad[0]) + 1)
 
 
-def _check_day_order(days: Sequence[MarketDay], bar_ts: list[np.ndarray], source: str) -> None:
+def _check_day_order(days: Sequence[str], bar_ts: list[np.ndarray], source: str) -> None:
     for d in range(1, len(days)):
         if bar_ts[d][0] <= bar_ts[d - 1][-1]:
             raise InputError(
                 source,
-                f"day {days[d].day} does not start after day {days[d - 1].day} ends; days must be in time order",
-                group=f"day {days[d].day} bars",
+                f"day {days[d]} does not start after day {days[d - 1]} ends; days must be in time order",
+                group=f"day {days[d]} bars",
                 field="ts_event",
                 row=0,
             )

@@ -62,9 +62,9 @@ Log = Callable[[str], None]
 def load_features(cfg: FoxConfig, selection: MarketSelection) -> FeatureSet:
     """Features and raw market of the selected days of the store."""
     with MarketStore(selection.path) as store:
-        days = [store.read_day(day) for day in selection.days]
-        instrument = store.instrument
-    return build_features(days, instrument, cfg.features, source=str(selection.path), session=selection.session)
+        days = (store.read_day(day) for day in selection.days)  # one day's book in memory at a time
+        return build_features(days, store.instrument, cfg.features, source=str(selection.path),
+                              session=selection.session)
 
 
 @dataclass(frozen=True)

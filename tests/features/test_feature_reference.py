@@ -25,7 +25,9 @@ Day 2, 2024-03-11 (EDT, T1 = 13:30 UTC), bars at T1, T1+60 s; the book starts in
 
 from __future__ import annotations
 
+import gc
 import math
+import weakref
 from datetime import UTC, date, datetime, timedelta
 from fractions import Fraction
 from zoneinfo import ZoneInfo
@@ -37,6 +39,7 @@ from fox_numba.config import FeatureConfig
 from fox_numba.errors import ConfigError, MissingDataError
 from fox_numba.features import FEATURE_NAMES, build_features
 from fox_numba.market.schema import (
+    DTYPES,
     N_LEVELS,
     NS_PER_MINUTE,
     PRICE_SCALE,
@@ -391,3 +394,29 @@ def test_a_day_without_a_bar_in_the_session_is_skipped_with_a_note(random_market
         build_features([early], ES, FeatureConfig(), source="es.h5")
     with pytest.raises(ConfigError, match="market.session is 'night'; it must be one of regular, full"):
         build_features([later], ES, FeatureConfig(), session="night")
+
+
+def test_a_generator_of_days_gives_the_same_features_one_day_at_a_time(random_market):
+    """build_features over a generator equals build_features over the list, and keeps no day alive once it has
+    moved on: when the generator makes day k, day k - 1 is already gone (a weak reference to its book array is
+    dead), so the load holds one day's book rows at a time."""
+    days = random_market(5, n_days=3, n_bars=8)
+    whole = build_features(days, ES, FeatureConfig())
+    books = [d.mbp10.bid_px.copy() for d in days]
+    alive: list[weakref.ref] = []
+
+    def one_at_a_time():
+        for k, d in enumerate(days):
+            gc.collect()
+            assert all(ref() is None for ref in alive), f"day {k - 1} is still held when day {k} is read"
+            fresh = MarketDay(d.day, d.bars, Mbp10(**{f: getattr(d.mbp10, f).copy() for f in DTYPES["mbp10"]}),
+                              d.trades, d.contract)
+            alive.append(weakref.ref(fresh.mbp10.bid_px))
+            yield fresh
+            del fresh
+
+    streamed = build_features(one_at_a_time(), ES, FeatureConfig())
+    np.testing.assert_array_equal(streamed.values, whole.values)
+    for name in ("bid_px", "ask_sz", "mid", "close", "day_start"):
+        np.testing.assert_array_equal(getattr(streamed.raw, name), getattr(whole.raw, name))
+    assert streamed.days == whole.days and all(np.array_equal(b, d.mbp10.bid_px) for b, d in zip(books, days))
