@@ -4,16 +4,17 @@ Rule: trading day D runs from `day_roll` local time on the trading day before D 
 exchange calendar) up to `day_roll` on D, in the instrument's time zone (DST-aware through zoneinfo).
 For CME equity futures the day rolls at the Globex close, 17:00 New York time: the daily break
 17:00-18:00 and its pre-open belong to the next trading day, and so does everything from Friday's close
-(or a holiday eve's) to the next trading day's close: the Sunday evening reopen, and a holiday's
-abbreviated Globex session (CME books it on the next trade date). A roll of "24:00" makes the trading day
-the local calendar date (equities).
+(or a holiday eve's) to the next trading day's close: the Sunday or holiday evening reopen and its
+pre-open. Rows in the regular hours of a closed date inside D (`closed_dates`: a holiday's abbreviated
+Globex session, which CME books on the next trade date, or a session the calendar does not know) are
+refused by validation: D would hold two sessions and the gap between; `--calendar weekdays` keeps such a
+date a trading day of its own. A roll of "24:00" makes the trading day the local calendar date (equities).
 
 Two sessions of trading day D (`SESSIONS`, chosen per run with `market.session`):
 - "regular": `session_open` to `session_close` on D (ES: 09:30-16:00 New York);
 - "full": `day_open` on the calendar day before D to `day_roll` on D (ES: the Globex day, 18:00-17:00
   New York; for equities, with day_open = day_roll = "24:00", the whole calendar date). After a holiday
-  the full session starts at the last reopen, so the holiday's own abbreviated session stays in the store
-  but outside both sessions.
+  the full session starts at the last reopen.
 
 Exchange calendars (`CALENDARS`): "us" is the NYSE holiday schedule, which CME equity futures follow for
 their trade dates (New Year's Day, Martin Luther King Jr. Day, Washington's Birthday, Good Friday,
@@ -126,6 +127,15 @@ def session_bounds(day: str, instrument: Instrument, session: str = "regular") -
     if session == "full":
         return local_ns(d - timedelta(days=1), parse_hhmm(instrument.day_open), tz), _roll_ns(d, instrument)
     raise ValueError(f"session {session!r} is not one of {', '.join(SESSIONS)}")
+
+
+def closed_dates(day: str, instrument: Instrument) -> list[tuple[date, str]]:
+    """The calendar dates that trading day `day` spans but that are not trading days (a weekend, a holiday),
+    each with the reason it is closed: rows in their regular hours are a session of their own, not `day`'s."""
+    d = date.fromisoformat(day)
+    before = previous_trading_day(d, instrument.calendar)
+    spanned = (before + timedelta(days=k) for k in range(1, (d - before).days))
+    return [(c, str(closed_reason(c, instrument.calendar))) for c in spanned]
 
 
 def session_minutes(day: str, instrument: Instrument, session: str = "regular") -> np.ndarray:

@@ -1,7 +1,8 @@
 """Databento DBN importer: `mbp-10`, `trades` and `ohlcv-1m` files (DBN or DBN+zstd) to trading days.
 
-Files are decoded with `databento_dbn` and their records viewed as numpy structured arrays (DBN records
-are fixed-size C structs), so a day of MBP-10 converts without a Python loop per field.
+Files are decoded with `databento_dbn` in blocks (`_CHUNK` bytes of input) and each block's records viewed as a
+numpy structured array (DBN records are fixed-size C structs), so a day of MBP-10 converts without a Python
+loop per field; of each block only the chosen instrument's records and the fields the store needs are kept.
 
 Decisions:
 - One instrument per import. `--instrument` names it by raw symbol (ESU4) or instrument_id (an id the
@@ -78,7 +79,9 @@ CUT_WARNING_MINUTES = 60
 _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 _DBN_PREFIX = 8
 """b"DBN", the version byte and the metadata length (u32) precede the metadata."""
-_CHUNK = 1 << 22
+_CHUNK = 1 << 20
+"""Bytes of input read at a time: a block of records. A compressed chunk decodes to a few times as many bytes, and
+databento_dbn makes a Python object of each of its records (~1.5 KB) before the block is packed into numpy."""
 _HEADER = [("length", "u1"), ("rtype", "u1"), ("publisher_id", "<u2"), ("instrument_id", "<u4"), ("ts_event", "<u8")]
 _MBP = [
     ("price", "<i8"), ("size", "<u4"), ("action", "S1"), ("side", "S1"), ("flags", "u1"), ("depth", "u1"),
@@ -131,7 +134,6 @@ class DatabentoImport:
     """The chosen instrument (raw symbol or instrument_id)."""
     notes: list[str] = field(default_factory=list)
     counts: Counter = field(default_factory=Counter)
-    _first: np.ndarray | None = None
     warnings: list[str] = field(default_factory=list)
     """Signs of a damaged input that do not stop the import (a file that may be cut short)."""
 
@@ -139,9 +141,11 @@ class DatabentoImport:
     def open(cls, paths: Sequence[Path], instrument: str | None = None) -> DatabentoImport:
         """Read the headers of `paths` and choose the instrument."""
         files = sorted((read_header(p) for p in paths), key=lambda f: (f.start, _ORDER[f.schema], str(f.path)))
-        first = read_records(files[0])
-        ids, n = np.unique(first["instrument_id"], return_counts=True)
-        have = Counter({files[0].names.get(int(i), str(i)): int(c) for i, c in zip(ids, n, strict=True)})
+        per_id: Counter = Counter()
+        for block in record_blocks(files[0]):
+            ids, n = np.unique(block["instrument_id"], return_counts=True)
+            per_id.update(dict(zip(ids.tolist(), n.tolist(), strict=True)))
+        have = Counter({files[0].names.get(i, str(i)): c for i, c in sorted(per_id.items())})
         if instrument is None:
             if not have:
                 raise InputError(files[0].path, "the file holds no records")
@@ -163,7 +167,7 @@ class DatabentoImport:
                 "no checksum or frame, so a file cut at a record boundary shows only as a last record far "
                 "before the metadata's end (checked)"
             )
-        return cls(files, name, notes, Counter(), first)
+        return cls(files, name, notes, Counter())
 
     @property
     def symbol(self) -> str:
@@ -180,39 +184,75 @@ class DatabentoImport:
     def days(self, instrument: Instrument, progress: Callable[[str], None] | None = None) -> Iterator[MarketDay]:
         """Validated trading days, each complete across files, with bars built from trades if none came."""
         pending: dict[str, dict[str, list[Sourced]]] = {}
-        for k, f in enumerate(self.files):
+        for f in self.files:
             yield from self._flush(pending, instrument, before=f.start)
             if progress is not None:
                 progress(f"reading {f.path.name}")
-            records = self._first if k == 0 and self._first is not None else read_records(f)
-            rows = self._convert(f, records)
-            self._check_end(f, records, instrument)
-            day_names, day_idx = assign_days(rows.data.ts_event, instrument)
-            for j, day in enumerate(day_names):
-                pending.setdefault(day, {}).setdefault(f.schema, []).append(rows.take(np.flatnonzero(day_idx == j)))
-        self._first = None
+            for day, rows in self._file_days(f, instrument):
+                pending.setdefault(day, {}).setdefault(f.schema, []).append(rows)
         yield from self._flush(pending, instrument, before=None)
 
-    def _check_end(self, f: DbnFile, records: np.ndarray, instrument: Instrument) -> None:
-        """Refuse records at or past the metadata's end; warn when the last one is far before it."""
-        if f.end is None or records.size == 0:
-            return
+    def _file_days(self, f: DbnFile, instrument: Instrument) -> list[tuple[str, Sourced]]:
+        """The chosen instrument's rows of file `f`, converted and split into trading days.
+
+        The file is read block by block: each block keeps only the chosen instrument's records and the fields
+        `_convert` reads, so no copy of the whole file's records is ever held. The per-file decisions (snapshot
+        runs, unchanged books, order) are taken on the joined rows, as on a file read whole.
+        """
+        ids = [i for i, n in f.names.items() if n == self.name]
+        if not ids and self.name.isdigit():
+            ids = [int(self.name)]
         index = "ts_event" if f.schema == "bars" else "ts_recv"
-        late = np.flatnonzero(records[index] >= np.uint64(f.end))
-        if late.size:
-            k = int(late[0])
+        parts: dict[str, list[np.ndarray]] = {}
+        at: list[np.ndarray] = []
+        present: set[int] = set()
+        late: tuple[int, int] | None = None
+        last: int | None = None
+        offset = 0
+        for block in record_blocks(f):
+            mine = np.flatnonzero(np.isin(block["instrument_id"], ids))
+            for name, values in _columns(block, mine, f.schema).items():
+                parts.setdefault(name, []).append(values)
+            at.append(mine + offset)
+            present.update(np.unique(block["instrument_id"]).tolist())
+            if block.size and f.end is not None:
+                beyond = np.flatnonzero(block[index] >= np.uint64(f.end))
+                if beyond.size and late is None:
+                    late = (offset + int(beyond[0]), int(block[index][beyond[0]]))
+                last = max(int(block[index].max()), last or 0)
+            offset += block.size
+        selected = np.concatenate(at) if at else np.zeros(0, dtype=np.int64)
+        if selected.size == 0:
+            held = ", ".join(sorted({f.names.get(i, str(i)) for i in present})) or "none"
+            raise InputError(f.path, f"no records for instrument {self.name} (the file holds {held})")
+        cols = {name: np.concatenate(parts.pop(name)) for name in list(parts)}  # one column's blocks at a time
+        rows = self._convert(f, cols, selected)
+        self._check_end(f, index, late, last, instrument)
+        day_names, day_idx = assign_days(rows.data.ts_event, instrument)
+        ends = np.searchsorted(day_idx, np.arange(1, len(day_names) + 1))  # rows are in time order: days are runs
+        return [(day, rows.take(slice(a, b))) for day, a, b in zip(day_names, np.r_[0, ends[:-1]], ends, strict=True)]
+
+    def _check_end(
+        self, f: DbnFile, index: str, late: tuple[int, int] | None, last: int | None, instrument: Instrument
+    ) -> None:
+        """Refuse records at or past the metadata's end (`late`: the first one's record number and `index` time);
+        warn when the last `index` time is far before it."""
+        if f.end is None or last is None:
+            return
+        if late is not None:
             message = (
-                f"{index} {format_ns(int(records[index][k]), 'UTC')} UTC is at or past the end of the file's "
+                f"{index} {format_ns(late[1], 'UTC')} UTC is at or past the end of the file's "
                 f"metadata ({format_ns(f.end, 'UTC')} UTC): the file is damaged or its records are not its own"
             )
-            raise InputError(f.path, message, field=index, row=k)
-        last = int(records[index].max()) + (60 * 10**9 if f.schema == "bars" else 0)
+            raise InputError(f.path, message, field=index, row=late[0])
+        last += 60 * 10**9 if f.schema == "bars" else 0
         gap = open_ns_between(last, f.end, instrument) / 60e9
         if gap > CUT_WARNING_MINUTES:
             self.warnings.append(
                 f"{f.path.name}: its last record ({format_ns(last, instrument.timezone)[:19]}) is {gap:,.0f} "
-                f"minutes of open market before the end its metadata gives ({format_ns(f.end, instrument.timezone)[:19]} "
-                f"{instrument.timezone}): was the file cut short? Compare it with the download"
+                "minutes of open market before the end its metadata gives "
+                f"({format_ns(f.end, instrument.timezone)[:19]} {instrument.timezone}): was the file cut short? "
+                "Compare it with the download"
             )
 
     def summary(self) -> list[str]:
@@ -236,37 +276,34 @@ class DatabentoImport:
                 labels["bars"] = f"bars built from trades {self.name}"
             yield validate_sourced(day, parts, instrument, labels, self.name)
 
-    def _convert(self, f: DbnFile, records: np.ndarray) -> Sourced:
-        ids = [i for i, n in f.names.items() if n == self.name]
-        if not ids and self.name.isdigit():
-            ids = [int(self.name)]
-        selected = np.flatnonzero(np.isin(records["instrument_id"], ids))
-        if selected.size == 0:
-            present = sorted({f.names.get(int(i), str(i)) for i in np.unique(records["instrument_id"])})
-            held = ", ".join(present) or "none"
-            raise InputError(f.path, f"no records for instrument {self.name} (the file holds {held})")
-        rec = records[selected]
+    def _convert(self, f: DbnFile, cols: dict[str, np.ndarray], selected: np.ndarray) -> Sourced:
+        """Rows of the chosen instrument's records (columns `cols` from `_columns`, filtered in place so that a
+        column and its filtered copy are the only two alive; record numbers `selected`) after the flags'
+        decisions."""
         label = f"{f.dbn_schema} {self.name}"
-        ts = rec["ts_event"]
+        ts = cols["ts_event"]
         # 0 and UNDEF_TIMESTAMP mark an undefined time; past int64 (year 2262) no trading day can hold it.
         undefined = (ts == 0) | (ts > np.uint64(np.iinfo(np.int64).max))
         if undefined.any():
             row = int(selected[np.argmax(undefined)])
             raise InputError(f.path, "undefined ts_event", group=label, field="ts_event", row=row)
         if f.schema == "bars":
-            return Sourced.one_file(Bars(**{c: rec[c] for c in DTYPES["bars"]}), f.path, selected)
-        flags = rec["flags"]
+            return Sourced.one_file(Bars(**{c: cols[c] for c in DTYPES["bars"]}), f.path, selected)
+        flags = cols.pop("flags")
         self.counts["bad_ts_recv"] += int(np.count_nonzero(flags & dbn.F_BAD_TS_RECV))
-        keep = _mbp10_keep(rec, self.counts) if f.schema == "mbp10" else _trades_keep(flags, self.counts)
-        rec, selected = rec[keep], selected[keep]
-        _check_order(rec["ts_event"], selected, f.path, label)
+        keep = np.flatnonzero(
+            _mbp10_keep(cols, flags, self.counts) if f.schema == "mbp10" else _trades_keep(flags, self.counts)
+        )
+        del ts  # the unfiltered column: each is replaced by its filtered copy below
+        for name in cols:
+            cols[name] = cols[name][keep]
+        selected = selected[keep]
+        _check_order(cols["ts_event"], selected, f.path, label)
         if f.schema == "trades":
-            side = np.select([rec["side"] == b"B", rec["side"] == b"A"], [SIDE_BUY, SIDE_SELL], SIDE_NONE)
-            trades = Trades(rec["ts_event"], rec["price"], rec["size"], side.astype(np.int8))
-            return Sourced.one_file(trades, f.path, selected)
-        lv = rec["levels"]
-        book = Mbp10(rec["ts_event"], *(np.ascontiguousarray(lv[c]) for c in BOOK_FIELDS))
-        return Sourced.one_file(book, f.path, selected)
+            side = cols.pop("side")
+            cols["side"] = np.select([side == b"B", side == b"A"], [SIDE_BUY, SIDE_SELL], SIDE_NONE).astype(np.int8)
+            return Sourced.one_file(Trades(**cols), f.path, selected)
+        return Sourced.one_file(Mbp10(**cols), f.path, selected)
 
 
 def read_header(path: Path) -> DbnFile:
@@ -296,64 +333,90 @@ def read_header(path: Path) -> DbnFile:
     )  # fmt: skip
 
 
-def read_records(f: DbnFile) -> np.ndarray:
-    """All data records of the file as a structured array (file order, every instrument)."""
+def record_blocks(f: DbnFile) -> Iterator[np.ndarray]:
+    """The data records of the file in blocks (structured arrays over about `_CHUNK` bytes of input, in file
+    order, every instrument). A damaged file is refused as if it had been read whole: a decoding failure
+    first, then a cut record, a wrong record length, a wrong record type."""
     dtype = np.dtype(RECORD_FIELDS[f.schema] + ([("ts_out", "<u8")] if f.ts_out else []))
+    other: tuple[int, int] | None = None
+    offset = 0
     with _open(f.path) as fh:
-        if f.compressed:
-            data = _zstd_records(fh, f, dtype.itemsize)
-        else:
-            fh.seek(f.records_at)
-            data = fh.read()
-            _check_plain_lengths(data, f, dtype.itemsize)
-    records = np.frombuffer(data, dtype=dtype)
-    other = np.flatnonzero(records["rtype"] != RTYPES[f.schema])
-    if other.size:
-        message = f"record type {records['rtype'][other[0]]:#x} in a {f.dbn_schema} file"
-        raise InputError(f.path, message, field="rtype", row=int(other[0]))
-    return records
+        for data in (_zstd_blocks if f.compressed else _plain_blocks)(fh, f, dtype.itemsize):
+            block = np.frombuffer(data, dtype=dtype)
+            wrong = np.flatnonzero(block["rtype"] != RTYPES[f.schema])
+            if wrong.size and other is None:
+                other = (offset + int(wrong[0]), int(block["rtype"][wrong[0]]))
+            offset += block.size
+            yield block
+    if other is not None:
+        raise InputError(f.path, f"record type {other[1]:#x} in a {f.dbn_schema} file", field="rtype", row=other[0])
 
 
-def _zstd_records(fh: BinaryIO, f: DbnFile, itemsize: int) -> bytes:
-    """The record bytes of a DBN+zstd file, decoded with databento_dbn (after checking the frames are whole)."""
+def _zstd_blocks(fh: BinaryIO, f: DbnFile, itemsize: int) -> Iterator[bytes]:
+    """The record bytes of a DBN+zstd file, one block per `_CHUNK` of input, decoded with databento_dbn (after
+    checking the frames are whole). After a record of the wrong length nothing more is yielded; the rest is
+    decoded to report a decoding failure first, as for a file read whole."""
     if not _zstd_complete(fh):
         raise InputError(f.path, "the zstd stream is cut short (an interrupted download?)")
     fh.seek(0)
     decoder = _decoder(fh.read(4))
-    blobs: list[bytes] = []
+    n = 0
+    wrong: tuple[int, int] | None = None
     while chunk := fh.read(_CHUNK):
-        out = _decode(decoder, chunk, f.path, f"DBN decoding failed after record {len(blobs)}")
+        out = _decode(decoder, chunk, f.path, f"DBN decoding failed after record {n}")
         if out and isinstance(out[0], dbn.Metadata):
             out = out[1:]
-        blobs.extend(map(bytes, out))
+        blobs = [bytes(r) for r in out]
+        sizes = np.fromiter(map(len, blobs), dtype=np.int64, count=len(blobs))
+        bad = np.flatnonzero(sizes != itemsize)
+        if bad.size and wrong is None:
+            wrong = (n + int(bad[0]), int(sizes[bad[0]]))
+        n += len(blobs)
+        if wrong is None:
+            yield b"".join(blobs)
     if decoder.buffer():
-        raise InputError(f.path, f"the file ends inside a record (after record {len(blobs) - 1})")
-    sizes = np.fromiter((len(b) for b in blobs), dtype=np.int64, count=len(blobs))
-    wrong = np.flatnonzero(sizes != itemsize)
-    if wrong.size:
-        message = f"record of {sizes[wrong[0]]} bytes, expected {itemsize} for {f.dbn_schema}"
-        raise InputError(f.path, message, row=int(wrong[0]))
-    return b"".join(blobs)
+        raise InputError(f.path, f"the file ends inside a record (after record {n - 1})")
+    if wrong is not None:
+        message = f"record of {wrong[1]} bytes, expected {itemsize} for {f.dbn_schema}"
+        raise InputError(f.path, message, row=wrong[0])
 
 
-def _check_plain_lengths(data: bytes, f: DbnFile, itemsize: int) -> None:
-    """Every record of a plain file declares the schema's length (in 4-byte words) and the file ends on a
-    record boundary; otherwise name the first bad record and its byte offset."""
-    n = len(data) // itemsize
-    declared = np.frombuffer(data, dtype=np.uint8, count=n * itemsize)[::itemsize].astype(np.int64) * 4
-    wrong = np.flatnonzero(declared != itemsize)
-    if wrong.size:
-        k = int(wrong[0])
-        message = (
-            f"record at byte {f.records_at + k * itemsize:,} declares a length of {declared[k]} bytes, "
-            f"expected {itemsize} for {f.dbn_schema}: the file is damaged"
-        )
-        raise InputError(f.path, message, field="length", row=k)
-    if len(data) % itemsize:
-        raise InputError(
-            f.path,
-            f"the file ends inside a record (after record {n - 1}, {len(data) % itemsize} bytes of record {n})",
-        )
+def _plain_blocks(fh: BinaryIO, f: DbnFile, itemsize: int) -> Iterator[bytes]:
+    """The record bytes of a plain DBN file in blocks of whole records. Every record declares the schema's
+    length (in 4-byte words) and the file ends on a record boundary; otherwise name the first bad record and
+    its byte offset."""
+    fh.seek(f.records_at)
+    n = 0
+    while data := fh.read(_CHUNK // itemsize * itemsize):
+        whole = len(data) // itemsize
+        declared = np.frombuffer(data, dtype=np.uint8, count=whole * itemsize)[::itemsize].astype(np.int64) * 4
+        wrong = np.flatnonzero(declared != itemsize)
+        if wrong.size:
+            k = n + int(wrong[0])
+            message = (
+                f"record at byte {f.records_at + k * itemsize:,} declares a length of {declared[wrong[0]]} bytes, "
+                f"expected {itemsize} for {f.dbn_schema}: the file is damaged"
+            )
+            raise InputError(f.path, message, field="length", row=k)
+        n += whole
+        if len(data) % itemsize:
+            raise InputError(
+                f.path,
+                f"the file ends inside a record (after record {n - 1}, {len(data) % itemsize} bytes of record {n})",
+            )
+        yield data
+
+
+def _columns(block: np.ndarray, rows: np.ndarray, schema: str) -> dict[str, np.ndarray]:
+    """The fields `DatabentoImport._convert` reads of `rows` of a block, each its own contiguous array (the book
+    split per field: `bid_px` [n, 10]...), so nothing else of a record outlives its block."""
+    if schema == "mbp10":
+        levels = block["levels"]
+        return {"ts_event": block["ts_event"][rows], "flags": block["flags"][rows]} | {
+            c: levels[c][rows] for c in BOOK_FIELDS
+        }
+    names = ("ts_event", "price", "size", "side", "flags") if schema == "trades" else tuple(DTYPES["bars"])
+    return {c: block[c][rows] for c in names}
 
 
 def find_files(folder: Path) -> list[Path]:
@@ -361,8 +424,7 @@ def find_files(folder: Path) -> list[Path]:
     return sorted(p for p in folder.iterdir() if p.is_file() and p.name.endswith(SUFFIXES))
 
 
-def _mbp10_keep(rec: np.ndarray, counts: Counter) -> np.ndarray:
-    flags = rec["flags"]
+def _mbp10_keep(cols: dict[str, np.ndarray], flags: np.ndarray, counts: Counter) -> np.ndarray:
     snap = (flags & dbn.F_SNAPSHOT) != 0
     keep = ~snap | ~np.r_[snap[1:], False]
     counts["snapshot"] += int(np.count_nonzero(~keep))
@@ -370,7 +432,7 @@ def _mbp10_keep(rec: np.ndarray, counts: Counter) -> np.ndarray:
     counts["bad_book"] += int(np.count_nonzero(bad & keep))
     keep &= ~bad
     kept = np.flatnonzero(keep)
-    same = unchanged_book_rows(rec["levels"][kept], rec["ts_event"][kept])
+    same = unchanged_book_rows((cols[c][kept] for c in BOOK_FIELDS), cols["ts_event"][kept])
     counts["unchanged"] += int(np.count_nonzero(same))
     keep[kept[same]] = False
     return keep

@@ -160,3 +160,4 @@ def _counted(days: Iterable[MarketDay], result: ImportResult) -> Iterator[Market
     for day in days:
         result.rows[day.day] = {s: n_rows(getattr(day, s)) for s in day.present()}
         yield day
+        del day  # released before `days` makes the next one

@@ -174,8 +174,7 @@ def _book(raw: np.ndarray, path: Path, ts: np.ndarray) -> Sourced:
         ask_ct=np.zeros((n, N_LEVELS), dtype=np.uint32),
     )
     rows = np.arange(n)
-    levels_all = np.concatenate([book.bid_px, book.ask_px, book.bid_sz, book.ask_sz], axis=1)
-    keep = np.flatnonzero(~unchanged_book_rows(levels_all, ts))
+    keep = np.flatnonzero(~unchanged_book_rows([book.bid_px, book.ask_px, book.bid_sz, book.ask_sz], ts))
     return Sourced.one_file(book, path, rows).take(keep)
 
 

@@ -7,7 +7,7 @@ in-memory array.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,7 +32,8 @@ class Sourced:
     def one_file(cls, data: Bars | Mbp10 | Trades, path: Path, record: np.ndarray) -> Sourced:
         return cls(data, [path], np.zeros(len(record), dtype=np.int32), np.asarray(record, dtype=np.int64))
 
-    def take(self, rows: np.ndarray) -> Sourced:
+    def take(self, rows: np.ndarray | slice) -> Sourced:
+        """The rows `rows`: copied for an index array, a view for a slice."""
         data = type(self.data)(**{k: v[rows] for k, v in columns(self.data).items()})
         return Sourced(data, self.files, self.file_idx[rows], self.record[rows])
 
@@ -80,16 +81,23 @@ def validate_sourced(
         raise InputError(path, e.reason, group=f"{labels[schema]} {day}", field=e.field, row=record) from None
 
 
-def unchanged_book_rows(levels: np.ndarray, ts_event: np.ndarray) -> np.ndarray:
-    """Rows whose book (`levels`, one row of any shape per update) equals the previous row's.
+def unchanged_book_rows(columns: Iterable[np.ndarray], ts_event: np.ndarray) -> np.ndarray:
+    """Rows equal to the previous row in every one of `columns` (each [n, ...], the book's fields).
 
     Such rows carry no book change (a trade record, a hidden execution, a change deeper than the stored
     levels). The last row is kept when it is later than the row before it, so the book's time range still
-    reaches the file's last event.
+    reaches the file's last event. `columns` is read one at a time (a generator may make each on demand),
+    and each row is compared as one opaque value, so no [n, bytes] mask is built.
     """
-    n = levels.shape[0]
-    flat = np.ascontiguousarray(levels).view(np.uint8).reshape(n, -1)
-    same = np.r_[False, (flat[1:] == flat[:-1]).all(axis=1)] if n else np.zeros(0, dtype=bool)
+    n = ts_event.shape[0]
+    same = np.zeros(n, dtype=bool)
+    if n == 0:
+        return same
+    same[1:] = True
+    for col in columns:
+        raw = np.ascontiguousarray(col).view(np.uint8).reshape(n, -1)
+        flat = raw.view(f"V{raw.shape[1]}").ravel()
+        same[1:] &= flat[1:] == flat[:-1]
     if n > 1 and same[-1]:
         before = np.flatnonzero(~same[:-1])[-1]
         same[-1] = ts_event[-1] == ts_event[before]

@@ -104,6 +104,7 @@ def write_store(
                 if progress is not None:
                     rows = ", ".join(f"{s} {n_rows(getattr(checked, s)):,}" for s in day.present())
                     progress(f"wrote {day.day}: {rows}")
+                del day, merged, checked  # released before `days` makes the next one: one day in memory at a time
             if old is not None:
                 for schema, day_name in _groups(old.file):
                     if (schema, day_name) not in written:

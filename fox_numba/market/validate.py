@@ -10,7 +10,8 @@ What each rule means, with real feeds in mind:
   before casting.
 - Trading day: a YYYY-MM-DD date that is a trading day of the instrument's exchange calendar.
 - Timestamps: never 0 or Databento's undefined value; inside the trading day (`calendar.day_bounds`);
-  never decreasing.
+  never decreasing; never in the regular hours of a closed date the day spans (a session on Good Friday,
+  say, would otherwise join the next trading day: one day of two sessions with a weekend between).
 - Duplicates, per schema:
   bars: a minute may appear once (strictly increasing `ts_event`), and `ts_event` is a minute start;
   mbp10: several rows may share a `ts_event` (one exchange packet carries several book changes), but a
@@ -43,7 +44,15 @@ import numpy as np
 
 from fox_numba.errors import InputError
 from fox_numba.market.bars import bars_from_trades, minute_of
-from fox_numba.market.calendar import CALENDARS, closed_reason, day_bounds, format_ns, parse_hhmm, session_bounds
+from fox_numba.market.calendar import (
+    CALENDARS,
+    closed_dates,
+    closed_reason,
+    day_bounds,
+    format_ns,
+    parse_hhmm,
+    session_bounds,
+)
 from fox_numba.market.schema import (
     DTYPES,
     N_LEVELS,
@@ -203,11 +212,30 @@ def _check_timestamps(ts: np.ndarray, day: str, instrument: Instrument, where: _
             f"({where.time(start)} to {where.time(end)}; a day runs from the day roll on the trading day "
             f"before it, set by --day-roll {instrument.day_roll} and --calendar {instrument.calendar})",
         )
+    _check_closed_sessions(ts, day, instrument, where)
     if ts.size > 1:
         step = ts[1:].astype(np.int64) - ts[:-1].astype(np.int64)
         where.check(np.r_[False, step < 0], "ts_event", "ts_event decreases (rows must be in time order)")
         if strict:
             where.check(np.r_[False, step == 0], "ts_event", "duplicate minute")
+
+
+def _check_closed_sessions(ts: np.ndarray, day: str, instrument: Instrument, where: _Where) -> None:
+    """Refuse rows in the regular hours of a closed date that the day spans (Good Friday before Monday's
+    day): that session would be folded into `day`, which would then hold two sessions and the gap between."""
+    for closed, reason in closed_dates(day, instrument):
+        lo, hi = session_bounds(closed.isoformat(), instrument)
+        inside = (ts >= np.uint64(lo)) & (ts < np.uint64(hi))
+        if inside.any():
+            row = int(np.argmax(inside))
+            opens = next(c for c in CALENDARS if closed_reason(closed, c) is None)
+            where.fail(
+                "ts_event",
+                row,
+                f"{where.time(int(ts[row]))} is in the regular hours of {closed}, {reason}, not a trading day of "
+                f"the {instrument.calendar!r} calendar: its session would be folded into trading day {day} "
+                f"(--calendar {opens} keeps {closed} a day of its own)",
+            )
 
 
 def _check_prices(px: np.ndarray, name: str, where: _Where, *, allow_undef: bool) -> None:

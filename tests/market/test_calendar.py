@@ -8,6 +8,7 @@ import pytest
 
 from fox_numba.market.calendar import (
     assign_days,
+    closed_dates,
     closed_reason,
     day_bounds,
     format_ns,
@@ -103,6 +104,15 @@ def test_a_holiday_evening_reopen_belongs_to_the_next_trading_day():
     assert days == ["2023-12-25", "2023-12-26"] and idx.tolist() == [0, 1, 1]
     # After a holiday Monday (MLK Day 2024) the full session starts at Monday's reopen.
     assert session_bounds("2024-01-16", ES, "full")[0] == ns("2024-01-15T23:00:00")
+
+
+def test_closed_dates_are_the_weekend_and_holidays_a_trading_day_spans():
+    assert closed_dates("2024-04-01", ES) == [
+        (date(2024, 3, 29), "Good Friday"), (date(2024, 3, 30), "a Saturday"), (date(2024, 3, 31), "a Sunday"),
+    ]  # fmt: skip
+    assert closed_dates("2024-04-02", ES) == []
+    assert [d for d, _ in closed_dates("2024-04-01", replace(ES, calendar="weekdays"))] == [date(2024, 3, 30), date(2024, 3, 31)]
+    assert closed_dates("2024-03-30", replace(ES, calendar="all-days")) == []
 
 
 def test_open_time_between_counts_only_full_sessions():

@@ -1,11 +1,13 @@
 """Databento DBN import: real files from Databento and nautilus_trader, and files written here with
 databento-dbn's encoder (multi-day, unsorted, crossed, snapshots, bad-book and bad-ts flags)."""
 
+import hashlib
 import io
 import os
 import signal
 import subprocess
 import sys
+import tracemalloc
 from datetime import UTC, date, datetime
 from pathlib import Path
 from types import SimpleNamespace
@@ -20,7 +22,8 @@ from fox_numba.cli import app
 from fox_numba.cli import main as cli_main
 from fox_numba.errors import InputError
 from fox_numba.market.bars import bars_from_trades
-from fox_numba.market.databento import DatabentoImport, read_header, read_records
+from fox_numba.market import databento
+from fox_numba.market.databento import DatabentoImport, read_header, record_blocks
 from fox_numba.market.importer import import_market
 from fox_numba.market.inspect import summarize
 from fox_numba.market.schema import UNDEF_PRICE, Instrument
@@ -128,7 +131,7 @@ def test_real_multi_instrument_ohlcv_picks_one_and_says_so():
 
 def test_the_structured_view_equals_the_decoders_fields():
     for path in (STUBS / "test_data.mbp-10.dbn.zst", STUBS / "test_data.trades.dbn.zst", next(ESU4.glob("futures_ohlcv-1m_*"))):
-        records = read_records(read_header(path))
+        records = np.concatenate(list(record_blocks(read_header(path))))
         decoder = dbn.DBNDecoder(compression=dbn.Compression.ZSTD)
         decoder.write(path.read_bytes())
         objects = decoder.decode()[1:]
@@ -337,11 +340,11 @@ def test_cut_short_files_are_refused(tmp_path):
         path = tmp_path / f"cut{cut}.trades.dbn.zst"
         path.write_bytes(real[:cut])
         with pytest.raises(InputError, match=r"the zstd stream is cut short \(an interrupted download\?\)"):
-            read_records(read_header(path))
+            list(record_blocks(read_header(path)))
     plain = write_dbn(tmp_path / "p.trades.dbn", dbn.Schema.TRADES, [trade(T), trade(T + S)], start=T, compress=False)
     plain.write_bytes(plain.read_bytes()[:-10])
     with pytest.raises(InputError, match=r"p.trades.dbn: the file ends inside a record \(after record 0, 38 bytes of record 1\)"):
-        read_records(read_header(plain))
+        list(record_blocks(read_header(plain)))
 
 
 # A Globex evening: CME's pre-open (17:00-18:00 New York) may cross; trading from 18:00 is the next day's.
@@ -393,6 +396,40 @@ def test_a_holiday_evening_reopen_with_a_crossed_pre_open_imports_as_the_next_tr
     assert not (tmp_path / "old.h5").exists()
 
 
+def regular_hours(tmp_path: Path, opens: list[int], minutes: int = 30) -> list[Path]:
+    """A book and trades over the first `minutes` of each regular session opening at `opens` (UTC ns)."""
+    books = [book(o + k * 60 * S, PX + (k % 3 + 3 * j) * TICK) for j, o in enumerate(opens) for k in range(minutes + 1)]
+    trades = [trade(o + k * 60 * S + S, PX + (k % 3 + 3 * j) * TICK) for j, o in enumerate(opens) for k in range(minutes)]
+    start = opens[0] - 3600 * S
+    return [
+        write_dbn(tmp_path / "days.mbp-10.dbn.zst", dbn.Schema.MBP_10, books, start=start),
+        write_dbn(tmp_path / "days.trades.dbn.zst", dbn.Schema.TRADES, trades, start=start),
+    ]
+
+
+def test_a_session_on_a_holiday_is_refused_naming_the_date_and_the_file(tmp_path):
+    """Good Friday 2024 (29 March) and Easter Monday: under the `us` calendar Friday's session would join
+    Monday's trading day (two sessions and a 2.7-day gap in one day); it is refused, and `--calendar
+    weekdays` keeps Friday a day of its own."""
+    files = regular_hours(tmp_path, [ns("2024-03-29T13:30:00"), ns("2024-04-01T13:30:00")])
+    with pytest.raises(InputError) as info:
+        import_market(files, tmp_path / "es.h5")
+    e = info.value
+    assert (e.path, e.group, e.field, e.row) == (str(files[0]), "mbp-10 ESU4 2024-04-01", "ts_event", 0)
+    assert e.reason == (
+        "2024-03-29 09:30:00.000000 America/New_York is in the regular hours of 2024-03-29, Good Friday, not a "
+        "trading day of the 'us' calendar: its session would be folded into trading day 2024-04-01 (--calendar "
+        "weekdays keeps 2024-03-29 a day of its own)"
+    )
+    assert "\n" not in str(e) and not (tmp_path / "es.h5").exists()
+    result = import_market(files, tmp_path / "es.h5", overrides={"calendar": "weekdays"})
+    assert result.rows == {d: {"bars": 30, "mbp10": 31, "trades": 30} for d in ("2024-03-29", "2024-04-01")}
+    # A session on a Saturday is refused under `weekdays` too, pointing at `all-days`.
+    saturday = regular_hours(tmp_path, [ns("2024-03-30T13:30:00"), ns("2024-04-01T13:30:00")])
+    with pytest.raises(InputError, match=r"2024-03-30, a Saturday, .*--calendar all-days keeps 2024-03-30"):
+        import_market(saturday, tmp_path / "sat.h5", overrides={"calendar": "weekdays"})
+
+
 def test_an_ordinary_evening_pre_open_belongs_to_the_next_day(tmp_path):
     files = globex_evening(tmp_path, ns("2024-07-09T21:45:00"), ns("2024-07-09T22:00:00"))  # Tuesday 17:45 EDT
     assert list(import_market(files, tmp_path / "es.h5").rows) == ["2024-07-10"]
@@ -435,7 +472,9 @@ def test_bit_flips_in_a_zstd_file_are_one_line_errors_naming_it(tmp_path):
     assert {"not a readable DBN file", "DBN decoding failed"} <= reasons
 
 
-def test_a_corrupted_record_length_in_a_plain_file_names_the_record_and_its_offset(tmp_path):
+@pytest.mark.parametrize("chunk", [databento._CHUNK, 1000])  # 1000: 20 trade records a block
+def test_a_corrupted_record_length_in_a_plain_file_names_the_record_and_its_offset(tmp_path, monkeypatch, chunk):
+    monkeypatch.setattr(databento, "_CHUNK", chunk)
     good = trades_file(tmp_path, "good.trades.dbn", 300, compress=False).read_bytes()
     first = len(good) - 300 * 48
     for value in (0, 1, 6, 13, 200, 255):  # 6 words (24 bytes) made the Rust decoder panic
@@ -497,9 +536,31 @@ def test_a_plain_file_cut_at_a_record_boundary_is_flagged(tmp_path):
     assert "  warning: " + result.warnings[0] in result.lines()
 
 
-def test_records_past_the_metadata_end_are_refused(tmp_path):
-    path = trades_file(tmp_path, "late.trades.dbn.zst", 10, compress=True, end=OPEN + 5 * S)
-    rejects([path], path, None, "ts_recv", 5, "ts_recv 2024-07-02 13:30:05.000000 UTC is at or past the end of the file's metadata")
+@pytest.mark.parametrize("chunk", [databento._CHUNK, 200])  # 200: 4 plain trade records a block
+def test_records_past_the_metadata_end_are_refused(tmp_path, monkeypatch, chunk):
+    monkeypatch.setattr(databento, "_CHUNK", chunk)
+    for compress in (True, False):
+        path = trades_file(tmp_path, "late.trades.dbn" + ".zst" * compress, 10, compress=compress, end=OPEN + 5 * S)
+        reason = "ts_recv 2024-07-02 13:30:05.000000 UTC is at or past the end of the file's metadata"
+        rejects([path], path, None, "ts_recv", 5, reason)
+
+
+def test_errors_name_the_record_of_the_file_across_blocks(tmp_path, monkeypatch):
+    """Read 2 MBP-10 records a block, with another instrument's records between: the record numbers stay the
+    file's."""
+    monkeypatch.setattr(databento, "_CHUNK", 2 * 368)
+    records = [book(OPEN + k * S, PX + (k % 2) * TICK, iid=118 if k % 3 else 999) for k in range(9)]
+    records[7] = book(OPEN + 7 * S, PX + 2 * TICK, ask=PX + TICK)  # crossed after the open
+    symbols = {"ESU4": 118, "ESZ4": 999}
+    path = write_dbn(tmp_path / "x.mbp-10.dbn", dbn.Schema.MBP_10, records, start=T, symbols=symbols, compress=False)
+    rejects([path], path, "mbp-10 ESU4 2024-07-02", "bid_px_00", 7, "crossed book after the session open")
+    records[7] = trade(OPEN + 7 * S)  # a trade record in an MBP-10 file, padded to the MBP-10 length
+    raw = bytearray(bytes(records[7]).ljust(368, b"\0"))
+    raw[0] = 368 // 4
+    data = bytearray(path.read_bytes())
+    data[len(data) - 2 * 368 : len(data) - 368] = raw
+    path.write_bytes(bytes(data))
+    rejects([path], path, None, "rtype", 7, "record type 0x0 in a mbp-10 file")
 
 
 def test_a_store_following_two_contracts_records_the_roll(tmp_path):
@@ -602,3 +663,112 @@ def test_every_bad_input_ends_in_one_line_and_keeps_the_store(tmp_path, capfd):
         assert words in lines[0], lines[0]
         assert (out.read_bytes() if out.exists() else None) == before
     assert sorted(p.name for p in tmp_path.glob(".*")) == []
+
+
+# The same store from the same files: every value the importer writes, pinned, so a rewrite of the import path
+# (issue 22: block decoding) must reproduce today's stores bit for bit.
+
+
+def mixed_files(tmp_path: Path) -> list[Path]:
+    """Three trading days of ESU4 with ESZ4 interleaved: a snapshot run at each day's start, bad-book,
+    bad-ts_recv and unchanged records, snapshot trades, sides B/A/N, a day split over two book files (one
+    plain), crossing the 17:00 roll. No random numbers: the inputs are the same on every numpy."""
+    books, trades = [], []
+    for day, start in enumerate((ns("2024-07-08T12:00:00"), ns("2024-07-09T12:00:00"), ns("2024-07-10T12:00:00"))):
+        snap = [book(start - 3 * S, PX - TICK, flags=dbn.F_SNAPSHOT), book(start - 2 * S, PX, flags=dbn.F_SNAPSHOT | dbn.F_LAST)]
+        books += snap
+        for k in range(400):
+            ts, bid = start + k * 7 * S + day, PX + ((k * 7919) % 11 - 5) * TICK
+            flags = dbn.F_LAST | (dbn.F_MAYBE_BAD_BOOK if k % 89 == 88 else 0) | (dbn.F_BAD_TS_RECV if k % 53 == 52 else 0)
+            books.append(book(ts, bid, size=1 + (k * 31) % 17, flags=flags))
+            if k % 97 == 96:  # a trade record that leaves the book as it was
+                books.append(book(ts + 1, bid, size=1 + (k * 31) % 17, action=dbn.Action.TRADE))
+            if k % 5 == 0:
+                books.append(book(ts, PX + 40 * TICK, iid=999))
+            if k % 3 == 1:
+                side = (dbn.Side.BID, dbn.Side.ASK, dbn.Side.NONE)[k % 9 // 3]
+                trades.append(trade(ts + 2, bid + TICK * (k % 2), size=1 + k % 4, side=side, flags=dbn.F_SNAPSHOT * (k % 41 == 40)))
+                if k % 7 == 0:
+                    trades.append(trade(ts + 3, bid, size=2, iid=999))
+        roll = start + 9 * 3600 * S  # 17:00 New York: the last record is the next trading day's
+        books += [book(roll - S, PX + 3 * TICK, size=3), book(roll, PX + 2 * TICK, size=4)]
+    symbols = {"ESU4": 118, "ESZ4": 999}
+    cut = len(books) // 2
+    return [
+        write_dbn(tmp_path / "a.mbp-10.dbn.zst", dbn.Schema.MBP_10, books[:cut], start=books[0].ts_event, symbols=symbols),
+        write_dbn(tmp_path / "b.mbp-10.dbn", dbn.Schema.MBP_10, books[cut:], start=books[cut].ts_event, symbols=symbols, compress=False),
+        write_dbn(tmp_path / "c.trades.dbn.zst", dbn.Schema.TRADES, trades, start=books[0].ts_event, symbols=symbols),
+    ]
+
+
+def store_digests(path: Path) -> dict[str, str]:
+    """sha256 (first 16 hex digits) of every day group's datasets (dtype, shape, bytes) and contract."""
+    out = {}
+    with h5py.File(path, "r") as f:
+        for schema in sorted(f):
+            for day in sorted(f[schema]):
+                group, h = f[f"{schema}/{day}"], hashlib.sha256(str(f[f"{schema}/{day}"].attrs["contract"]).encode())
+                for name in sorted(group):
+                    values = group[name][()]
+                    h.update(f"{name} {values.dtype.str} {values.shape}".encode() + values.tobytes())
+                out[f"{schema}/{day}"] = h.hexdigest()[:16]
+    return out
+
+
+@pytest.mark.parametrize("chunk", [databento._CHUNK, 997, 4096])
+def test_the_same_files_give_the_same_store_bit_for_bit(tmp_path, monkeypatch, chunk):
+    """Pinned from the importer that read each file whole; read in blocks of `chunk` input bytes (records, snapshot
+    runs and unchanged books cut across blocks) the store is the same."""
+    monkeypatch.setattr(databento, "_CHUNK", chunk)
+    files = mixed_files(tmp_path)
+    result = import_market(files, tmp_path / "mixed.h5")
+    assert result.rows == {
+        "2024-07-08": {"bars": 47, "mbp10": 398, "trades": 130},
+        "2024-07-09": {"bars": 47, "mbp10": 399, "trades": 130},
+        "2024-07-10": {"bars": 47, "mbp10": 399, "trades": 130},
+        "2024-07-11": {"mbp10": 1},
+    }
+    assert result.notes[2:] == [
+        "12 MBP-10 records flagged F_MAYBE_BAD_BOOK dropped",
+        "12 snapshot records dropped (last state of each snapshot kept)",
+        "12 MBP-10 records that left the 10-level book unchanged dropped",
+        "21 records flagged F_BAD_TS_RECV kept (ts_event is used)",
+    ]
+    assert store_digests(tmp_path / "mixed.h5") == {
+        "bars/2024-07-08": "d7a1321c5342bf3c",
+        "bars/2024-07-09": "271ff2080502da2d",
+        "bars/2024-07-10": "5586ffdd21c8ff98",
+        "mbp10/2024-07-08": "2f078a5c5f9a673f",
+        "mbp10/2024-07-09": "4cd77cb523243ca7",
+        "mbp10/2024-07-10": "61557679b862bcd9",
+        "mbp10/2024-07-11": "9f196bd204e1c51d",
+        "trades/2024-07-08": "2357913bca579d41",
+        "trades/2024-07-09": "3f9a257a975bf2a4",
+        "trades/2024-07-10": "aa3b82c026d2397a",
+    }
+    real = [next(ESU4.glob("futures_trades_*")), next(ESU4.glob("futures_ohlcv-1m_*"))]
+    import_market(real, tmp_path / "esu4.h5")
+    import_market([STUBS / "test_data.mbp-10.dbn.zst"], tmp_path / "stub.h5")
+    assert store_digests(tmp_path / "esu4.h5") | store_digests(tmp_path / "stub.h5") == {
+        "bars/2024-07-02": "f70d2756afd053a6",
+        "trades/2024-07-02": "112010850a51434d",
+        "mbp10/2020-12-28": "fe96b008489eb6cc",
+    }
+
+
+def test_a_day_is_imported_in_memory_near_its_columns(tmp_path, monkeypatch):
+    """Read in small blocks, a day of MBP-10 peaks near the size of its stored columns (ts_event and six [n, 10]
+    book fields: 328 B a row, 340 B with the row origins), not at copies of whole records: the importer that
+    read files whole peaked at ~1,500 B a row here."""
+    n = 20_000
+    records = [book(OPEN + k * S // 10, PX + (k % 7) * TICK, size=1 + k % 13) for k in range(n)]
+    path = write_dbn(tmp_path / "d.mbp-10.dbn.zst", dbn.Schema.MBP_10, records, start=T)
+    monkeypatch.setattr(databento, "_CHUNK", 1 << 12)  # the decoder's objects for one chunk: a few hundred records
+    tracemalloc.start()
+    try:
+        result = import_market([path], tmp_path / "es.h5")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert result.rows == {"2024-07-02": {"mbp10": n}}
+    assert peak < 700 * n, f"{peak / n:,.0f} B a row"
