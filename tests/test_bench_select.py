@@ -9,7 +9,6 @@ import pytest
 BENCH = Path(__file__).resolve().parents[1] / "tools" / "bench_select.py"
 
 
-@pytest.mark.filterwarnings("ignore:overflow encountered in scalar add:RuntimeWarning")
 def test_bench_select_tiny_writes_results_whose_checks_hold(tmp_path):
     spec = importlib.util.spec_from_file_location("bench_select", BENCH)
     bench = importlib.util.module_from_spec(spec)

@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 from numba import cuda, float32, int32
-from numba.cuda.random import xoroshiro128p_type, xoroshiro128p_uniform_float32
+from numba.cuda.random import xoroshiro128p_type
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -48,7 +48,7 @@ from fox_numba.device.graphs import StepGraph
 from fox_numba.device.launch import launch
 from fox_numba.device.memory import device_empty
 from fox_numba.device.registry import register
-from fox_numba.device.rng import xoroshiro_states_host
+from fox_numba.device.rng import xoroshiro128p_uniform_float32, xoroshiro_states_host
 from fox_numba.device.runtime import SIMULATOR, new_stream
 from fox_numba.device.staging import Stager
 from fox_numba.io import atomic_write_text

@@ -23,8 +23,16 @@ from numba import cuda, int32, uint32
 from fox_numba.device.launch import i32, launch
 from fox_numba.device.memory import device_zeros
 from fox_numba.device.registry import register
+from fox_numba.device.rng import modular
 from fox_numba.device.runtime import SIMULATOR
 from fox_numba.device.timing import Timings
+
+
+@modular
+@cuda.jit(device=True)
+def _lcg_step(v):  # type: ignore[no-untyped-def]
+    """1664525 v + 1013904223 modulo 2**32 (the wrap is the generator's)."""
+    return v * uint32(1664525) + uint32(1013904223)
 
 
 @register((uint32[::1], int32))
@@ -35,7 +43,7 @@ def busy_lcg(x, iters):
     if cuda.grid(1) == 0:
         v = x[0]
         for _ in range(iters):
-            v = v * uint32(1664525) + uint32(1013904223)
+            v = _lcg_step(v)
         x[0] = v
 
 

@@ -1,20 +1,32 @@
-"""Random-number states for kernels: numba's xoroshiro128+ generators, built on the host, uploaded once.
+"""Random-number states and draws for kernels: numba's xoroshiro128+ generators, built on the host.
 
-Kernels draw with `numba.cuda.random.xoroshiro128p_uniform_float32(states, i)` (bit-exact between the
-simulator and the GPU). numba's own `create_xoroshiro128p_states` runs its host initialisation in object
-mode under the simulator (about 5 ms per state) and copies with `to_device`; this module computes the same
-states (SplitMix64 seeding, then one 2**64-step jump per state) in a CPU-compiled loop and uploads them
+Kernels draw with this module's `xoroshiro128p_next` / `xoroshiro128p_uniform_float32` / `..._float64`
+(bit-exact between the simulator and the GPU): numba.cuda.random's device functions themselves on a GPU.
+Under the simulator they run in object mode on numpy uint64 scalars, and the generator's output
+`s0 + s1` (xoroshiro128plus.c: a uint64_t sum, modulo 2**64 by definition) makes numpy warn
+"overflow encountered in scalar add" whenever the sum passes 2**64, about every other draw: the wrap
+is the algorithm's arithmetic, the same the GPU does silently (tests/device/test_rng_states.py checks the
+draws against Python integers modulo 2**64). So the simulator's draws run under
+`np.errstate(over="ignore")`, set inside each call because numpy's error state is per thread and the
+simulator runs each CUDA thread in its own; no other operation's warnings are touched.
+
+numba's own `create_xoroshiro128p_states` runs its host initialisation in object mode under the simulator
+(about 5 ms per state) and copies with `to_device`; this module computes the same states (SplitMix64 seeding, then one 2**64-step jump per state) in a CPU-compiled loop and uploads them
 through the `Stager`, identical bits either way.
 """
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 from numba import njit
+from numba.cuda import random as cuda_random
 from numba.cuda.random import xoroshiro128p_dtype
 
+from fox_numba.device.runtime import SIMULATOR
 from fox_numba.device.staging import Stager
 
 XOROSHIRO_DTYPE = xoroshiro128p_dtype
@@ -65,3 +77,23 @@ def xoroshiro_states_host(n: int, seed: int, subsequence_start: int = 0) -> np.n
 def xoroshiro_states(n: int, seed: int, stager: Stager, subsequence_start: int = 0) -> Any:
     """A device array of `n` generator states for `numba.cuda.random` draws."""
     return stager.upload_new(xoroshiro_states_host(n, seed, subsequence_start))
+
+
+def modular(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """A device function whose unsigned arithmetic wraps by design (modulo 2**32 or 2**64, as C's does): `fn`
+    itself on the GPU; under the simulator, `fn` with numpy's overflow warning off for the call (module
+    docstring), so the simulator says nothing about a wrap the algorithm intends and the GPU does silently."""
+    if not SIMULATOR:
+        return fn
+
+    @functools.wraps(fn)
+    def wrapped(*args: Any) -> Any:
+        with np.errstate(over="ignore"):
+            return fn(*args)
+
+    return wrapped
+
+
+xoroshiro128p_next = modular(cuda_random.xoroshiro128p_next)
+xoroshiro128p_uniform_float32 = modular(cuda_random.xoroshiro128p_uniform_float32)
+xoroshiro128p_uniform_float64 = modular(cuda_random.xoroshiro128p_uniform_float64)

@@ -52,8 +52,9 @@ Policy (the seed's Plan C), for sample i with E[Q] q_a = sum_j softmax(logits[i,
 Random draws come from `states[i]` (numba xoroshiro128+, bit-exact between simulator and GPU) in a fixed
 order, whatever the ties and whether or not Hold/Flat later overrides the magnitude: the 4 direction
 draws (DRAW_DIRECTION + d), the tie-break (DRAW_TIE), then magnitude, order type, urgency: DRAWS = 8
-uniforms per sample and step. The draws are numba.cuda.random's device functions, imported by name:
-inside a simulated kernel `cuda` has no `random` attribute. (The atom a draw selects comes from float32
+uniforms per sample and step. The draws are numba.cuda.random's device functions, imported by name
+from device/rng.py (inside a simulated kernel `cuda` has no `random` attribute; rng.py silences the
+simulator's uint64 wrap-around warning, the generator's own arithmetic). (The atom a draw selects comes from float32
 cumulative sums, whose last bits differ between the GPU, which fuses multiply-adds, and the simulator.)
 Outputs: actions[i] = (direction, magnitude, order type, urgency) as int32, and conviction[i] = E[Q] of
 the chosen direction minus the best E[Q] among the other three (>= 0 in evaluation).
@@ -67,7 +68,7 @@ from typing import Any
 
 import numpy as np
 from numba import cuda, float32, int32
-from numba.cuda.random import xoroshiro128p_dtype, xoroshiro128p_type, xoroshiro128p_uniform_float32
+from numba.cuda.random import xoroshiro128p_dtype, xoroshiro128p_type
 
 from fox_numba.actions import (
     BRANCHES,
@@ -83,7 +84,7 @@ from fox_numba.actions import (
 )
 from fox_numba.device.launch import check_array, launch_rows
 from fox_numba.device.registry import register
-from fox_numba.device.rng import XOROSHIRO_DTYPE
+from fox_numba.device.rng import XOROSHIRO_DTYPE, xoroshiro128p_uniform_float32
 from fox_numba.device.runtime import SIMULATOR
 from fox_numba.kernels.distributional import F32_3D, row_stats
 

@@ -149,6 +149,9 @@ def c51_project_kernel(p_next, rewards, discounts, support_next, support_proj, m
     `cur` (= floor(b_j), at most Z - 2) and cur + 1, writes atom cur once b_j has moved past it, and
     writes the atoms after the last one reached as 0. Each source atom adds p_j * (1 - |b_j - k|) to its
     two neighbours k when that weight is positive, as the gather over sources did.
+    A row whose reward, discount or supports are not finite (an empty replay's NaN reward, say) gets m = NaN
+    in every atom, so its loss is NaN and the learner's non-finite guard skips the step: b would be NaN, and
+    casting it to an atom index is undefined (the GPU and the simulator disagree on it).
     """
     r = cuda.grid(1)
     if r < p_next.shape[0]:
@@ -159,6 +162,11 @@ def c51_project_kernel(p_next, rewards, discounts, support_next, support_proj, m
         dz_next = support_next[r, 2]
         v_min_proj = support_proj[r, 0]
         inv_dz_proj = float32(1.0) / support_proj[r, 2]
+        if not (math.isfinite(reward) and math.isfinite(discount) and math.isfinite(v_min_next)
+                and math.isfinite(dz_next) and math.isfinite(v_min_proj) and math.isfinite(inv_dz_proj)):
+            for k in range(n_atoms):
+                m[r, k] = float32(math.nan)
+            return
         top = float32(n_atoms - 1)
         last_lower = n_atoms - 2
         descending = discount * dz_next * inv_dz_proj < float32(0.0)

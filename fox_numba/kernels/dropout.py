@@ -24,6 +24,7 @@ from numba import cuda, float32, from_dtype, int32, uint64
 
 from fox_numba.device.launch import check_array, launch
 from fox_numba.device.registry import register
+from fox_numba.device.rng import modular
 from fox_numba.kernels.optim import OPTIM_STATE_DTYPE, check_state
 
 _STATE = from_dtype(OPTIM_STATE_DTYPE)
@@ -31,11 +32,15 @@ GOLDEN, MIX_STEP, MIX_LAYER = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB
 """The key's multipliers (splitmix64's constants)."""
 
 
+@modular
 @cuda.jit(device=True)
-def _splitmix64(z):  # type: ignore[no-untyped-def]
+def _draw(seed, step, layer, i):  # type: ignore[no-untyped-def]
+    """The element's u in [0, 1): splitmix64 of the key seed * GOLDEN + step * MIX_STEP + layer * MIX_LAYER + i,
+    all modulo 2**64 (the hash wraps by design)."""
+    z = seed * uint64(GOLDEN) + uint64(step) * uint64(MIX_STEP) + uint64(layer) * uint64(MIX_LAYER) + uint64(i)
     z = (z ^ (z >> uint64(30))) * uint64(0xBF58476D1CE4E5B9)
     z = (z ^ (z >> uint64(27))) * uint64(0x94D049BB133111EB)
-    return z ^ (z >> uint64(31))
+    return float32((z ^ (z >> uint64(31))) >> uint64(40)) * float32(1.0 / (1 << 24))
 
 
 @register((float32[:, ::1], _STATE[::1], uint64, int32, float32, float32))
@@ -46,9 +51,7 @@ def dropout_kernel(act, state, seed, layer, rate, keep_scale):
     hidden = act.shape[1]
     if i >= act.shape[0] * hidden:
         return
-    key = (seed * uint64(GOLDEN) + uint64(state[0].step) * uint64(MIX_STEP) + uint64(layer) * uint64(MIX_LAYER)
-           + uint64(i))  # fmt: skip
-    u = float32(_splitmix64(key) >> uint64(40)) * float32(1.0 / (1 << 24))
+    u = _draw(seed, state[0].step, layer, i)
     r, c = i // hidden, i % hidden
     if u < rate:
         act[r, c] = float32(0.0)

@@ -78,13 +78,13 @@ from typing import Any
 
 import numpy as np
 from numba import cuda, float32, float64, int32
-from numba.cuda.random import xoroshiro128p_type, xoroshiro128p_uniform_float32, xoroshiro128p_uniform_float64
+from numba.cuda.random import xoroshiro128p_type
 
 from fox_numba.actions import FLAT, HOLD, N_BRANCHES, N_DIRECTIONS, OrderType
 from fox_numba.device.isv import ISV_TOTAL_DIM, Isv
 from fox_numba.device.launch import check_array, launch, launch_2d
 from fox_numba.device.registry import register
-from fox_numba.device.rng import XOROSHIRO_DTYPE
+from fox_numba.device.rng import XOROSHIRO_DTYPE, xoroshiro128p_uniform_float32, xoroshiro128p_uniform_float64
 from fox_numba.device.runtime import SIMULATOR
 from fox_numba.market.schema import N_LEVELS
 from fox_numba.observation import (

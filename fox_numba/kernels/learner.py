@@ -57,13 +57,14 @@ from typing import Any
 
 import numpy as np
 from numba import cuda, float32, float64, from_dtype, int32
-from numba.cuda.random import xoroshiro128p_type, xoroshiro128p_uniform_float32
+from numba.cuda.random import xoroshiro128p_type
 
 from fox_numba.actions import FLAT, HOLD, N_BRANCHES, N_HEADS, OrderType
 from fox_numba.device.isv import ISV_TOTAL_DIM, Isv
 from fox_numba.device.launch import check_array, i32, launch, launch_rows, launch_strided, strided_threads
 from fox_numba.device.memory import device_empty
 from fox_numba.device.registry import register
+from fox_numba.device.rng import xoroshiro128p_uniform_float32
 from fox_numba.kernels.heads import N_AUX, N_STREAMS, aux_column, branch_span, head_width
 from fox_numba.kernels.optim import NORM_BLOCK, OPTIM_STATE_DTYPE, check_state, norm_partials_len, partials_used
 from fox_numba.kernels.signals import EpochStat, check_epoch, ema, finite, tree_sums

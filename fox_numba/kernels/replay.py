@@ -50,12 +50,12 @@ from typing import Any
 
 import numpy as np
 from numba import cuda, float32, int32, uint64
-from numba.cuda.random import xoroshiro128p_next, xoroshiro128p_type
+from numba.cuda.random import xoroshiro128p_type
 
 from fox_numba.actions import N_BRANCHES
 from fox_numba.device.launch import check_array, i32, launch, launch_rows
 from fox_numba.device.registry import register
-from fox_numba.device.rng import XOROSHIRO_DTYPE
+from fox_numba.device.rng import XOROSHIRO_DTYPE, xoroshiro128p_next
 from fox_numba.kernels.env import thread_block
 
 META_CURSOR, META_SIZE = 0, 1

@@ -21,10 +21,7 @@ from fox_numba.device.rng import xoroshiro_states
 from fox_numba.kernels.env import random_actions
 from fox_numba.observation import N_MARKET, OBS_DIM
 
-pytestmark = [
-    pytest.mark.filterwarnings("ignore:overflow encountered in scalar add:RuntimeWarning"),
-    pytest.mark.usefixtures("long_switch_interval"),
-]
+pytestmark = pytest.mark.usefixtures("long_switch_interval")
 N_ENVS, CAPACITY, STEPS = 4, 64, 200
 
 

@@ -31,11 +31,7 @@ MAGNITUDE_FULL_HEAD, ORDER_MARKET_HEAD, URGENCY_PATIENT_HEAD = 6, 7, 10
 DAY_BARS = [12, 10, 4, 6, 3]
 WINDOWS = Windows(train_first=0, train_stop=2, val_first=2, val_stop=5, purge_bars=2)
 DAY_STEPS = [3, 5, 2]
-# numba's xoroshiro128+ adds uint64 words with wrap-around; as numpy scalars (the simulator) they warn.
-pytestmark = [
-    pytest.mark.filterwarnings("ignore:overflow encountered in scalar add:RuntimeWarning"),
-    pytest.mark.usefixtures("long_switch_interval"),
-]
+pytestmark = pytest.mark.usefixtures("long_switch_interval")
 
 
 def atom1(head: int) -> int:

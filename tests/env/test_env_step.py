@@ -57,11 +57,7 @@ QUARTER, HALF, FULL = range(3)
 MARKET, JOIN, IMPROVE = range(3)
 PATIENT, NORMAL, URGENT = range(3)
 HOLD_ACTION = (HOLD, 0, MARKET, PATIENT)
-# numba's xoroshiro128+ adds uint64 words with wrap-around; as numpy scalars (the simulator) they warn.
-pytestmark = [
-    pytest.mark.filterwarnings("ignore:overflow encountered in scalar add:RuntimeWarning"),
-    pytest.mark.usefixtures("long_switch_interval"),
-]
+pytestmark = pytest.mark.usefixtures("long_switch_interval")
 
 
 def deep(bid: float, trades=None, z_vol: float = 0.0) -> Bar:

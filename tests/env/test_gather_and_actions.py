@@ -5,18 +5,19 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from numba.cuda.random import xoroshiro128p_uniform_float32, xoroshiro128p_uniform_float64
 from reference_env import uniform32, uniform64
 
 from fox_numba.device.memory import device_empty
-from fox_numba.device.rng import xoroshiro_states, xoroshiro_states_host
+from fox_numba.device.rng import (
+    xoroshiro128p_uniform_float32,
+    xoroshiro128p_uniform_float64,
+    xoroshiro_states,
+    xoroshiro_states_host,
+)
 from fox_numba.kernels.env import gather_obs, random_actions
 from fox_numba.observation import N_MARKET, N_PORTFOLIO, OBS_DIM
 
-pytestmark = [
-    pytest.mark.filterwarnings("ignore:overflow encountered in scalar add:RuntimeWarning"),
-    pytest.mark.usefixtures("long_switch_interval"),
-]
+pytestmark = pytest.mark.usefixtures("long_switch_interval")
 
 
 @pytest.mark.parametrize("lanes", [1, 4, 32])

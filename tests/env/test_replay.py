@@ -16,10 +16,7 @@ from fox_numba.agent.replay import FIELDS, ReplayBatch, ReplayBuffer
 from fox_numba.device.rng import xoroshiro_states_host
 from fox_numba.observation import N_PORTFOLIO
 
-pytestmark = [
-    pytest.mark.filterwarnings("ignore:overflow encountered in scalar add:RuntimeWarning"),
-    pytest.mark.usefixtures("long_switch_interval"),
-]
+pytestmark = pytest.mark.usefixtures("long_switch_interval")
 
 
 def random_step(rng, n, n_port=N_PORTFOLIO):

@@ -19,7 +19,6 @@ import sys
 
 import numpy as np
 import pytest
-from numba.cuda.random import xoroshiro128p_next, xoroshiro128p_uniform_float32
 from reference import atoms32, atoms64, expected_q64, linear_support, random_support, softmax64
 
 from fox_numba.actions import (
@@ -34,7 +33,12 @@ from fox_numba.actions import (
 )
 from fox_numba.device.graphs import StepGraph
 from fox_numba.device.memory import device_empty
-from fox_numba.device.rng import xoroshiro_states, xoroshiro_states_host
+from fox_numba.device.rng import (
+    xoroshiro128p_next,
+    xoroshiro128p_uniform_float32,
+    xoroshiro_states,
+    xoroshiro_states_host,
+)
 from fox_numba.device.runtime import SIMULATOR
 from fox_numba.kernels.action_select import (
     DRAW_BRANCH,
@@ -58,8 +62,6 @@ CONV_TOL = 2 * 4 * (21 + 2) * 2.0**-24
 # per-sample replay leaves out samples whose uniform falls this close to one (about 2% of them).
 BOUNDARY_MARGIN = 1e-4
 TEST_LANES = 1 if SIMULATOR else None  # the simulator pays per thread (see the module docstring)
-# numba's xoroshiro128+ adds uint64 words with wrap-around; as numpy scalars (the simulator) they warn.
-pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered in scalar add:RuntimeWarning")
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -153,6 +153,22 @@ def test_c51_project_matches_the_float64_scatter_reference(stream, stager, rng):
     assert len(ends) >= 2 and np.all(ends.max(axis=1) > 0.99)
 
 
+def test_c51_project_marks_rows_with_a_non_finite_input_nan(stream, stager, rng):
+    """Rows with a NaN reward, an infinite discount or a NaN support get NaN in every atom (the learner's guard
+    then skips the step); every other row equals the float64 reference as above."""
+    rows, z = 12, 11
+    p, rewards, discounts, sup_next, sup_proj = random_projection_inputs(rng, rows, z)
+    rewards[2], discounts[5], sup_next[7, 0], sup_proj[9, 2] = np.nan, np.inf, np.nan, np.nan
+    m = device_empty((rows, z), np.float32)
+    c51_project(*(stager.upload_new(x) for x in (p, rewards, discounts, sup_next, sup_proj)), m, stream=stream)
+    got = stager.download(m)
+    bad = [2, 5, 7, 9]
+    assert np.isnan(got[bad]).all()
+    good = [i for i in range(rows) if i not in bad]
+    want = project64(p[good], rewards[good], discounts[good], sup_next[good], sup_proj[good])
+    np.testing.assert_array_less(np.abs(got[good] - want), 8 * z * EPS)
+
+
 def test_c51_project_conserves_mass(stream, stager, rng):
     """On 96 random rows of 21 atoms, sum_k m = sum_j p_next within 8 Z eps, and m >= 0."""
     rows, z = 96, 21

@@ -21,11 +21,7 @@ QUARTER, FULL = 0, 2
 MARKET = 0
 PATIENT = 0
 HOLD_ACTION = [HOLD, 0, MARKET, PATIENT]
-# numba's xoroshiro128+ adds uint64 words with wrap-around; as numpy scalars (the simulator) they warn.
-pytestmark = [
-    pytest.mark.filterwarnings("ignore:overflow encountered in scalar add:RuntimeWarning"),
-    pytest.mark.usefixtures("long_switch_interval"),
-]
+pytestmark = pytest.mark.usefixtures("long_switch_interval")
 
 BARS = [
     Bar(5000.00, (1, 2), 5000.25, (5,)),  # mid 5000.125

@@ -36,10 +36,7 @@ from fox_numba.kernels.learner import (
 from fox_numba.kernels.optim import OPTIM_STATE_DTYPE, norm_partials_len, partials_used
 from fox_numba.kernels.signals import N_EPOCH_STATS, EpochStat
 
-pytestmark = [
-    pytest.mark.usefixtures("long_switch_interval"),
-    pytest.mark.filterwarnings("ignore:overflow encountered in scalar add:RuntimeWarning"),  # the simulator's uint64
-]
+pytestmark = pytest.mark.usefixtures("long_switch_interval")
 
 
 def state_record(step=0, adam_t=0, lr=0.0, tau=0.0):
