@@ -134,9 +134,14 @@ def save_checkpoint(
     return path
 
 
-def _read(path: Path) -> tuple[dict[str, Any], dict[str, np.ndarray], str, str]:
+def require_checkpoint(path: Path) -> None:
+    """An InputError naming `path` when no checkpoint file is there (before anything is read beside it)."""
     if not path.is_file():
         raise InputError(path, "checkpoint not found")
+
+
+def _read(path: Path) -> tuple[dict[str, Any], dict[str, np.ndarray], str, str]:
+    require_checkpoint(path)
     try:
         with h5py.File(path, "r") as f:
             if "header" not in f.attrs or _ARRAYS not in f:

@@ -13,10 +13,12 @@ file, field and row, with exit code 1.
 
 from __future__ import annotations
 
+import inspect
 import json
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, NoReturn
 
@@ -24,7 +26,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from fox_numba.config import PRESETS, FoxConfig, load_config, parse_override, toml_literal
+from fox_numba.config import PRESETS, FoxConfig, check_preset, load_config, parse_override, toml_literal
 from fox_numba.errors import INTERRUPTS, ConfigError, FoxError, Interrupted
 from fox_numba.market.calendar import CALENDARS
 from fox_numba.market.default import default_definition_path, default_store_path
@@ -35,6 +37,27 @@ from fox_numba.market.synthetic import STEPS_PER_DAY, build_store, sidecar_paths
 from fox_numba.market.synthetic_definition import load_definition
 from fox_numba.progress import progress_bar
 from fox_numba.walkforward.folds import make_folds
+
+Command = Callable[..., None]
+
+
+def unwrapped(doc: str) -> str:
+    """A docstring with each paragraph's line breaks turned into spaces (a paragraph with an indented line, such
+    as an example, is kept as written): rich prints a help text's line breaks as they are, so the docstring's
+    wrapping at 120 columns would break sentences mid-line in any other terminal."""
+    paragraphs = inspect.cleandoc(doc).split("\n\n")
+    return "\n\n".join(p if any(line[:1].isspace() for line in p.splitlines()) else " ".join(p.split("\n"))
+                       for p in paragraphs)
+
+
+def command(group: typer.Typer, name: str | None = None) -> Callable[[Command], Command]:
+    """`group.command(name)` with the function's docstring `unwrapped` as its help."""
+
+    def register(fn: Command) -> Command:
+        return group.command(name, help=unwrapped(fn.__doc__ or ""))(fn)
+
+    return register
+
 
 app = typer.Typer(
     name="fox",
@@ -96,7 +119,7 @@ def prepare_market(cfg: FoxConfig) -> MarketSelection:
     return selection
 
 
-@data_app.command("synth")
+@command(data_app, "synth")
 def data_synth(
     out: Annotated[
         Path | None,
@@ -140,7 +163,7 @@ def data_synth(
         typer.echo(line)
 
 
-@data_app.command("import")
+@command(data_app, "import")
 def data_import(
     paths: Annotated[list[Path], typer.Argument(help="Files or folders of daily files to import.")],
     out: Annotated[Path, typer.Option("--out", "-o", help="Store file to write or extend (HDF5).")],
@@ -208,7 +231,7 @@ def data_import(
         typer.echo(line)
 
 
-@data_app.command("inspect")
+@command(data_app, "inspect")
 def data_inspect(
     store: Annotated[Path, typer.Argument(help="Market store (HDF5) to summarise.")],
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON instead of a table.")] = False,
@@ -239,7 +262,8 @@ def stage_config(
 
     if preset is None:
         preset = "smoke" if SIMULATOR else "default"
-    elif SIMULATOR and preset != "smoke":
+    check_preset(preset)  # an unknown name is named as such before the machine is judged
+    if SIMULATOR and preset != "smoke":
         raise ConfigError(
             f"--preset {preset} is sized for a GPU and this machine has none; use --preset smoke (or run on a GPU)"
         )
@@ -268,7 +292,7 @@ def print_table(title: str, values: dict[str, float], as_json: bool) -> None:
     Console(width=None if sys.stdout.isatty() else 200).print(table)
 
 
-@app.command()
+@command(app)
 def collect(
     preset: StagePresetOpt = None,
     config: ConfigOpt = None,
@@ -276,9 +300,10 @@ def collect(
     store: StoreOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the metrics as JSON instead of a table.")] = False,
 ) -> None:
-    """Run one epoch of collection (env.collect_steps steps of env.n_envs environments) on fold 0 with a freshly
-    initialised network, and print the rollout metrics (reward and its split, active fraction, turnover, limit
-    fill rate, mean |position|, episode returns)."""
+    """Run one epoch of collection on fold 0 with a freshly initialised network and print the rollout metrics.
+
+    env.collect_steps steps of env.n_envs environments; the metrics: reward and its split, active fraction,
+    turnover, limit fill rate, mean |position|, episode returns."""
     from fox_numba.agent.fold_market import FoldMarket
     from fox_numba.agent.trainer import Trainer
     from fox_numba.walkforward.driver import load_features
@@ -301,7 +326,7 @@ def collect(
                 metrics, as_json)
 
 
-@app.command()
+@command(app)
 def train(
     preset: StagePresetOpt = None,
     config: ConfigOpt = None,
@@ -312,74 +337,72 @@ def train(
         typer.Option(help="Continue the interrupted run in this run folder (its config.toml is used; other "
                      "config options are refused)."),
     ] = None,
+    verbose: Annotated[
+        bool,
+        typer.Option("--verbose", "-v", help="Print the long lines too: every fold reset entry and the HEALTH_DIAG "
+                     "lines (always in the run folder's train.log and health_diag.log)."),
+    ] = False,
 ) -> None:
-    """Walk-forward training: per fold, per epoch collect -> train -> validate. Each fold's checkpoint (best.h5) is
-    chosen without its validation days: the last epoch, or the best on held-out selection days with
-    --set folds.select_days=N. Writes runs/<name>/ (config, folds, metrics.jsonl, checkpoints, summary.json)
-    and prints one line per epoch."""
-    from fox_numba.walkforward.driver import train_run
+    """Walk-forward training on a market store: per fold, per epoch collect -> train -> validate.
+
+    Each fold's checkpoint (best.h5) is chosen without its validation days: the last epoch, or the best on
+    held-out selection days with --set folds.select_days=N. Writes runs/<name>/ (config, folds,
+    metrics.jsonl, checkpoints, summary.json, train.log, health_diag.log) and prints one line per fold and
+    one per epoch."""
+    from fox_numba.walkforward.driver import EPOCH_PHASES, train_run
+    from fox_numba.walkforward.report import headline
+    from fox_numba.walkforward.run_folder import RunFolder
 
     if resume is not None:
         if preset or config or set_ or store:
             raise ConfigError("--resume continues a run with its own config.toml; drop --preset/--config/--set/--store")
-        cfg, chosen = load_config(path=resume / "config.toml"), f"of {resume}"
+        cfg, chosen = load_config(path=RunFolder.config_path(resume)), f"of {resume}"
     else:
         cfg, chosen = stage_config(preset, config, set_, store)
     selection = prepare_market(cfg)
     make_folds(cfg.folds, selection.days)  # too few days for the folds stops here, before any work
     typer.echo(backend_line(chosen), err=True)
     start = time.perf_counter()
-    run_dir, summary = train_run(cfg, selection, resume=resume, log=typer.echo)
-    typer.echo(f"run {run_dir} done in {time.perf_counter() - start:.0f} s: {summary_line(summary)}")
+    phases = len(make_folds(cfg.folds, selection.days)) * cfg.learner.epochs * len(EPOCH_PHASES)
+    with progress_bar("training", total=phases) as progress:
+        run_dir, summary = train_run(cfg, selection, resume=resume, log=typer.echo, verbose=verbose,
+                                     progress=progress)
+    typer.echo(f"run {run_dir} done in {time.perf_counter() - start:.0f} s: {headline(summary)}")
 
 
-def summary_line(summary: dict) -> str:
-    """The headline of summary.json: the mean validation daily Sharpe across folds of the checkpoints chosen
-    without the validation days (out of sample), the per-bar Sharpe of their validation days, and beside them
-    the in-sample figure (each fold's best epoch on the days that score it), labelled."""
-    across = summary.get("across_folds") or {}
-    bar = (across.get("all_validation_days") or {}).get("sharpe_bar")
-
-    def fmt(v: float | None) -> str:
-        return "n/a" if v is None else f"{v:+.2f}"
-
-    chosen = ("the best on the selection days" if summary.get("best_chosen_on") == "selection" else
-              "the last epoch")
-    return (f"validation Sharpe: daily {fmt(summary.get('honest_sharpe_mean'))} (mean across folds, out of sample: "
-            f"each fold's checkpoint is {chosen}; 0 with fewer than 2 validation days a fold), per bar {fmt(bar)}; "
-            f"in sample (each fold's best epoch on its validation days) {fmt(summary.get('in_sample_best_sharpe_mean'))}")
-
-
-@app.command()
+@command(app)
 def evaluate(
     checkpoint: Annotated[Path, typer.Argument(help="Checkpoint written by `fox train` (runs/NAME/fold_KK/best.h5).")],
     set_: SetOpt = None,
     store: StoreOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the results as JSON instead of a table.")] = False,
 ) -> None:
-    """Backtest a checkpoint with the deterministic policy (argmax E[Q]) on every selected day of a store, with the
-    normalisation and risk unit of the fold it was trained on. Without --store/--set, the run's own store and the
-    checkpoint fold's validation days."""
+    """Backtest a checkpoint with the deterministic policy (argmax E[Q]) on every selected day of a store.
+
+    The normalisation and risk unit are those of the fold it was trained on. Without --store/--set, the days
+    are the run's own store's validation days of the checkpoint's fold."""
     from fox_numba.walkforward.evaluate import evaluate_checkpoint
 
     results = evaluate_checkpoint(checkpoint, store=store, overrides=set_ or [], log=lambda m: typer.echo(m, err=True))
     print_table(f"fox evaluate {checkpoint}", results, as_json)
 
 
-@app.command()
+@command(app)
 def report(
     run: Annotated[Path, typer.Argument(help="Run folder written by `fox train` (runs/NAME).")],
 ) -> None:
-    """Write PNG plots and a one-page Markdown report into RUN/report/: validation equity per fold against flat,
-    buy-and-hold, the probe and the oracle; Sharpe per epoch; reward split, Q scale, gradient norm / clip / lr /
-    tau / warm-up factor from HEALTH_DIAG; action shares. `fox train` writes it at the end of every run. A fold
-    whose best_validation.npz is missing is named on stderr and in report.md."""
+    """Write PNG plots and a one-page Markdown report of a run into RUN/report/.
+
+    Validation equity per fold against flat, buy-and-hold, the probe and the oracle; Sharpe per epoch; reward
+    split, Q scale, gradient norm / clip / lr / tau / warm-up factor from HEALTH_DIAG; action shares.
+    `fox train` writes it at the end of every run. A fold whose best_validation.npz is missing is named on
+    stderr and in report.md."""
     from fox_numba.walkforward.report import write_report
 
     typer.echo(f"report {write_report(run, log=lambda m: typer.echo(m, err=True))}")
 
 
-@app.command()
+@command(app)
 def profile(
     preset: StagePresetOpt = None,
     config: ConfigOpt = None,
@@ -388,10 +411,12 @@ def profile(
     epochs: Annotated[int, typer.Option(help="Epochs in the timed window (after one warm-up epoch).")] = 2,
     steps: Annotated[int, typer.Option(help="Eager steps per stage for the per-kernel table.")] = 10,
 ) -> None:
-    """Time one epoch's stages (collect, train, evaluate) and every kernel on fold 0, after a warm-up epoch:
-    calls, mean time, share, launches per step, graph vs eager, environment and gradient steps per second,
-    TFLOP/s of the GEMMs and estimated bandwidth of the other kernels against the device's copy bandwidth.
-    Prints the tables and writes profile.json / profile.md into a run folder (run.out_dir/profile-<time>)."""
+    """Time one epoch's stages (collect, train, evaluate) and every kernel on fold 0, after a warm-up epoch.
+
+    Per stage and kernel: calls, mean time, share, launches per step, graph vs eager, environment and
+    gradient steps per second, TFLOP/s of the GEMMs and estimated bandwidth of the other kernels against the
+    device's copy bandwidth. Prints the tables and writes profile.json / profile.md into a run folder
+    (run.out_dir/profile-<time>)."""
     from fox_numba.walkforward.profile import profile as run_profile
 
     cfg, chosen = stage_config(preset, config, set_, store)
@@ -406,7 +431,7 @@ def profile(
     typer.echo(f"profile written to {out_dir / 'profile.json'}", err=True)
 
 
-@app.command()
+@command(app)
 def sweep(
     spec: Annotated[Path, typer.Argument(help="Sweep spec, TOML: \\[sweep] seeds and \\[grid] values (format above).")],
     preset: StagePresetOpt = None,
@@ -423,8 +448,9 @@ def sweep(
                      "this machine's CPUs and GPUs)."),
     ] = None,
 ) -> None:
-    """Train every combination of config values times every seed, one `fox train` per trial as a Ray task
-    (one GPU each; one CPU under the simulator), then tabulate validation Sharpe per config.
+    """Train every combination of config values times every seed and tabulate validation Sharpe per config.
+
+    One `fox train` per trial, as a Ray task (one GPU each; one CPU under the simulator).
 
     A spec: every key of \\[grid] is a config field; every combination of
     the values is a config, trained once per seed.

@@ -259,6 +259,11 @@ class RunConfig:
     seed: int = opt(0, "Seed for every random stream (network init, environments, sampling).")
     graphs: bool = opt(True, "Replay captured CUDA graphs on the GPU (False: launch eagerly, for debugging).")
     diag_every: int = opt(50, "Gradient steps between HEALTH_DIAG snapshots.")
+    tensorboard: bool = opt(
+        False, "Also write TensorBoard event files into the run folder's tensorboard/ (every epoch's validation, "
+               "baseline and training figures, the HEALTH_DIAG fields; walkforward/tensorboard.py); needs the "
+               "optional extra: pip install -e \".[tensorboard]\".",
+    )
 
 
 @dataclass
@@ -384,12 +389,17 @@ def apply_mapping(cfg: FoxConfig, data: dict[str, Any], origin: str) -> None:
                 raise ConfigError(f"{origin}: {e}") from None
 
 
+def check_preset(preset: str) -> None:
+    """A ConfigError naming an unknown preset and listing the known ones."""
+    if preset not in PRESETS:
+        raise ConfigError(f"unknown preset '{preset}' (presets: {', '.join(PRESETS)})")
+
+
 def load_config(
     preset: str = "default", path: str | Path | None = None, overrides: list[str] | None = None
 ) -> FoxConfig:
     """Resolve a config: preset, then the TOML file at `path`, then `section.field=value` overrides."""
-    if preset not in PRESETS:
-        raise ConfigError(f"unknown preset '{preset}' (presets: {', '.join(PRESETS)})")
+    check_preset(preset)
     cfg = FoxConfig()
     for key, value in PRESETS[preset].items():
         set_value(cfg, key, value)

@@ -15,8 +15,9 @@ from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeEl
 
 
 @contextlib.contextmanager
-def progress_bar(description: str, total: int | None = None) -> Iterator[Callable[[str], None]]:
-    """Yield a callback: each call shows its message and, with a `total`, advances the bar by one step."""
+def progress_bar(description: str, total: int | None = None) -> Iterator[Callable[..., None]]:
+    """Yield a callback `(message, advance=1)`: each call shows its message and, with a `total`, advances the
+    bar by `advance` steps (0: a new message within the same step)."""
     if total is None:
         columns = (SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn())
     else:
@@ -24,5 +25,7 @@ def progress_bar(description: str, total: int | None = None) -> Iterator[Callabl
     console = Console(stderr=True)
     with Progress(*columns, console=console, transient=True, disable=not console.is_terminal) as bar:
         task = bar.add_task(description, total=total)
-        advance = 0 if total is None else 1
-        yield lambda message: bar.update(task, advance=advance, description=message)
+        def update(message: str, advance: int = 1) -> None:
+            bar.update(task, advance=0 if total is None else advance, description=message)
+
+        yield update

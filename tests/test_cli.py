@@ -1,6 +1,7 @@
 """The `fox` command line explains itself and fails plainly."""
 
 import dataclasses
+import inspect
 import json
 import subprocess
 import sys
@@ -8,10 +9,11 @@ import sys
 import pytest
 from typer.testing import CliRunner
 
-from fox_numba.cli import app, resolve_config
+from fox_numba.cli import app, data_app, resolve_config
 from fox_numba.config import PRESETS
 from fox_numba.device.runtime import SIMULATOR
 from fox_numba.market.store import write_store
+from fox_numba.walkforward.report import headline
 
 runner = CliRunner()
 
@@ -35,6 +37,19 @@ def test_top_level_help_lists_every_command():
         assert name in result.output
 
 
+def test_top_level_help_gives_each_command_a_whole_sentence():
+    """Each command's line in `fox --help` is its docstring's first paragraph, one sentence, whole: rich keeps a
+    help text's line breaks, so a summary wrapped in the source broke mid-sentence in the listing."""
+    for group, prefix in ((app, []), (data_app, ["data"])):
+        output = runner.invoke(app, [*prefix, "--help"], env={"COLUMNS": "80"}).output
+        listing = " ".join(line.strip("│ ") for line in output.split("Commands")[1].splitlines())
+        listing = " ".join(listing.split())
+        for info in group.registered_commands:
+            first = inspect.cleandoc(info.help or info.callback.__doc__).split("\n\n")[0]
+            assert "\n" not in first and first.endswith(".") and first.count(". ") == 0, first
+            assert f"{info.name or info.callback.__name__} {first}" in listing
+
+
 @pytest.mark.parametrize("command", COMMANDS, ids=" ".join)
 def test_every_command_explains_itself(command):
     result = runner.invoke(app, [*command, "--help"])
@@ -42,6 +57,17 @@ def test_every_command_explains_itself(command):
     assert "Usage:" in result.output
     # The command's one-line description is shown, not just the usage line.
     assert len([line for line in result.output.splitlines() if line.strip()]) > 4
+
+
+def test_the_headline_falls_back_to_the_per_bar_sharpe_and_says_why():
+    """One validation day a fold (the smoke preset): no daily Sharpe can be formed, so the per-bar one leads."""
+    base = {"best_chosen_on": "last", "across_folds": {"all_validation_days": {"sharpe_bar": 0.25}}}
+    line = headline({**base, "honest_sharpe_mean": None, "in_sample_best_sharpe_mean": None})
+    assert line.startswith("validation Sharpe: per bar +0.25 (every fold's validation days, out of sample")
+    assert "daily n/a (it needs 2+ validation days a fold: folds.val_days)" in line and "+0.00" not in line
+    line = headline({**base, "honest_sharpe_mean": 1.5, "in_sample_best_sharpe_mean": 2.0})
+    assert line.startswith("validation Sharpe: daily +1.50 (mean across folds, out of sample")
+    assert "per bar +0.25" in line and line.endswith("validation days) +2.00")
 
 
 @pytest.mark.parametrize("store", ["plain.h5", r"C:\data\es.h5", 'a "quoted" name.h5', "tab\there.h5"])
@@ -141,10 +167,23 @@ def test_gpu_presets_are_refused_without_a_gpu(stores):
 
 
 def test_evaluate_refuses_a_missing_checkpoint(tmp_path):
-    proc = run_fox("evaluate", str(tmp_path / "runs" / "r" / "fold_00" / "best.h5"))
+    missing = tmp_path / "runs" / "r" / "fold_00" / "best.h5"
+    proc = run_fox("evaluate", str(missing))
     assert proc.returncode == 1
-    assert proc.stderr.startswith("fox: error: ") and "config.toml" in proc.stderr
-    assert len(proc.stderr.strip().splitlines()) == 1
+    assert proc.stderr == f"fox: error: {missing}: checkpoint not found\n"
+
+
+def test_resume_refuses_a_missing_run_folder(tmp_path):
+    proc = run_fox("train", "--resume", str(tmp_path / "nosuch_run"))
+    assert proc.returncode == 1
+    assert proc.stderr == f"fox: error: {tmp_path / 'nosuch_run'}: run folder not found\n"
+
+
+def test_an_unknown_preset_is_named_on_any_machine():
+    """On a machine without a GPU too, where a known GPU preset is refused for the machine's sake."""
+    proc = run_fox("train", "--preset", "nosuch")
+    assert proc.returncode == 1
+    assert proc.stderr == f"fox: error: unknown preset 'nosuch' (presets: {', '.join(PRESETS)})\n"
 
 
 def test_stages_refuse_a_missing_store(tmp_path):

@@ -21,6 +21,7 @@ run from its last checkpoint and ends with the same numbers as an uninterrupted 
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -49,14 +50,44 @@ from fox_numba.walkforward.metrics import (
     day_series,
     flat_days,
     fold_report,
+    signed,
 )
 from fox_numba.walkforward.probe import probe_baseline
 from fox_numba.walkforward.report import BASELINES, HEALTH_LOG, write_report
 from fox_numba.walkforward.reset_registry import FoldReset, ResetContext, StateResetRegistry, format_resets
-from fox_numba.walkforward.run_folder import BestEpoch, RunFolder, epoch_line
+from fox_numba.walkforward.run_folder import TRAIN_LOG, BestEpoch, RunFolder, epoch_line
+from fox_numba.walkforward.tensorboard import EventLog
 from fox_numba.walkforward.trainer_state import audit_trainer, register_trainer
 
 Log = Callable[[str], None]
+EPOCH_PHASES = ("collect", "train", "evaluate")
+"""The steps of an epoch on the progress bar (`fox train` counts folds x epochs x these)."""
+
+
+class RunLog:
+    """Where a run's lines go: each appended in full to the run folder's train.log; on the console the short
+    ones (`__call__`: a line per fold, per epoch), and the long ones (`detail`: the fold reset's every entry,
+    HEALTH_DIAG lines, which are also in health_diag.log) only when `verbose`."""
+
+    def __init__(self, path: Path, console: Log, *, verbose: bool = False) -> None:
+        self.path, self.console, self.verbose = path, console, verbose
+
+    def write(self, line: str) -> None:
+        """Append `line` to train.log only."""
+        with open(self.path, "a", encoding="utf-8") as fh:
+            fh.write(line + "\n")
+
+    def __call__(self, line: str) -> None:
+        self.write(line)
+        self.console(line)
+
+    def detail(self, line: str, *, to_file: bool = True) -> None:
+        """A long line: in train.log (unless `to_file` is False: it has a file of its own), on the console with
+        `verbose`."""
+        if to_file:
+            self.write(line)
+        if self.verbose:
+            self.console(line)
 
 
 def load_features(cfg: FoxConfig, selection: MarketSelection) -> FeatureSet:
@@ -153,12 +184,18 @@ def fold_baselines(cfg: FoxConfig, market: FoldMarket, oracle: OracleReference |
                      oracle_sharpe=fixed.oracle_sharpe, series=series)
 
 
+def sharpe_text(m: Metrics) -> str:
+    """A policy's daily Sharpe for the console; the per-bar one, labelled, where no daily one can be formed."""
+    return signed(m.sharpe_daily) if math.isfinite(m.sharpe_daily) else f"{signed(m.sharpe_bar)} per bar"
+
+
 def epoch_summary(fold: int, epoch: int, val: Metrics, train: dict[str, float], rollout: dict[str, float],
                   seconds: dict[str, float], select: Metrics | None = None) -> str:
     """One human line per epoch."""
     times = " ".join(f"{name} {t:.1f}" for name, t in seconds.items())
-    held = f"select Sharpe {select.sharpe_daily:+.2f}, " if select is not None else ""
-    return (f"fold {fold} epoch {epoch}: {held}val Sharpe {val.sharpe_daily:+.2f} (daily) {val.sharpe_bar:+.2f} (bar), "
+    held = f"select Sharpe {signed(select.sharpe_daily)}, " if select is not None else ""
+    return (f"fold {fold} epoch {epoch}: {held}val Sharpe {signed(val.sharpe_daily)} (daily) "
+            f"{signed(val.sharpe_bar)} (bar), "
             f"return ${val.total_return:,.0f}, active {val.active_fraction:.2f}, trades {val.trades} | "
             f"loss {train['loss']:.4f}, grad {train['grad_norm']:.3g}, q {train['q_mean']:+.4f} | "
             f"collect reward {rollout.get('reward_mean', float('nan')):+.4f} | seconds: {times}")
@@ -177,8 +214,11 @@ def trim_health_log(path: Path, fold: int, epoch: int) -> None:
 class Driver:
     """One walk-forward run (module docstring)."""
 
-    def __init__(self, cfg: FoxConfig, selection: MarketSelection, run: RunFolder, *, log: Log) -> None:
+    def __init__(self, cfg: FoxConfig, selection: MarketSelection, run: RunFolder, *, log: RunLog,
+                 progress: Callable[..., None] | None = None) -> None:
         self.cfg, self.selection, self.run, self.log = cfg, selection, run, log
+        self.progress = progress or (lambda message, advance=1: None)
+        """`(message, advance)` per epoch phase (EPOCH_PHASES) and per HEALTH_DIAG snapshot (advance 0)."""
         self.features = load_features(cfg, selection)
         self.folds = make_folds(cfg.folds, selection.days)
         with MarketStore(selection.path) as store:
@@ -188,6 +228,9 @@ class Driver:
         self.kills, self.best = KillCriteria(), BestEpoch.for_config(cfg.folds.select_days)
         self.registry = StateResetRegistry()
         self.fold_market: FoldMarket | None = None
+        self.events: EventLog | None = None
+        """TensorBoard events (run.tensorboard), opened at the first epoch this process runs: by then a resumed
+        run has cut metrics.jsonl and health_diag.log back to its checkpoint, and the events are rebuilt from them."""
 
     def market(self, fold: Fold) -> FoldMarket:
         return FoldMarket.build(self.features, fold, self.cfg.features, self.cfg.env)
@@ -206,11 +249,13 @@ class Driver:
                 return self.run.summarise(annualisation_days=cfg.evaluation.annualisation_days,
                                           chosen_by=self.best.rule)
         first = point.fold if point is not None else 0
+        if point is not None:
+            self.progress("resuming", advance=(point.fold * cfg.learner.epochs + point.epoch) * len(EPOCH_PHASES))
         for k in range(first, len(self.folds)):
             fold = self.folds[k]
             market = self.fold_market = self.market(fold)
             trainer.bind_fold(market, k)
-            log(self.fold_line(fold, market))
+            fold_text = self.fold_line(fold, market)
             if not self.registry.entries:
                 register_trainer(self.registry, trainer, self.kills, self.best)
                 problems = audit_trainer(self.registry, trainer, self.kills, self.best)
@@ -225,25 +270,31 @@ class Driver:
                 log(f"resumed from {point.checkpoint.path} at fold {k} epoch {start_epoch}")
             if start_epoch == 0:
                 records = self.registry.reset(FoldReset, ResetContext(fold=k, seed=cfg.run.seed, stream=trainer.stream))
-                log(format_resets(records, k))
+                log.detail(format_resets(records, k))
                 resets = [r.name for r in records]
+                fold_text += f"; {len(records)} state entries reset (listed in {TRAIN_LOG})"
             baselines = fold_baselines(cfg, market, self.oracle, self.store_days)
             baselines.save(self.run.fold_dir(k))
-            log(f"fold {k} baselines: probe Sharpe {baselines.probe.sharpe_daily:+.2f} (val R^2 "
-                f"{baselines.probe_r2:+.3f}), buy-and-hold {baselines.buy_and_hold.sharpe_daily:+.2f}"
-                + (f", oracle {baselines.oracle_sharpe:+.2f}" if baselines.oracle_sharpe is not None else ""))
+            log(f"{fold_text}; baselines: probe Sharpe {sharpe_text(baselines.probe)} (val R^2 "
+                f"{baselines.probe_r2:+.3f}), buy-and-hold {sharpe_text(baselines.buy_and_hold)}"
+                + (f", oracle {signed(baselines.oracle_sharpe)}" if baselines.oracle_sharpe is not None else ""))
             for epoch in range(start_epoch, cfg.learner.epochs):
                 killed = self.epoch(k, epoch, baselines, resets if epoch == start_epoch else None)
+                if killed:  # the fold's remaining epochs will not run: their steps of the bar are done
+                    self.progress(f"fold {k} killed", advance=(cfg.learner.epochs - epoch - 1) * len(EPOCH_PHASES))
                 if killed:
                     break
         return self.run.summarise(annualisation_days=cfg.evaluation.annualisation_days, chosen_by=self.best.rule)
 
     def diag(self, fold: int, epoch: int) -> None:
-        """Read the HEALTH_DIAG snapshot just taken: one line on stdout and in health_diag.log."""
+        """Read the HEALTH_DIAG snapshot just taken: one line in health_diag.log (on the console with --verbose)."""
         line = self.trainer.health.line(fold=fold, epoch=epoch, kill=self.kills.diag_fields)
-        self.log(line)
         with open(self.run.path / HEALTH_LOG, "a", encoding="utf-8") as fh:
             fh.write(line + "\n")
+        self.log.detail(line, to_file=False)
+        if self.events is not None:
+            self.events.health(line)
+        self.progress(f"fold {fold} epoch {epoch}: train, step {parse_line(line)['step']}", advance=0)
 
     def fingerprints(self) -> dict[str, str]:
         return {"params": self.trainer.layout.fingerprint}
@@ -251,8 +302,12 @@ class Driver:
     def epoch(self, k: int, epoch: int, baselines: Baselines, resets: list[str] | None) -> bool:
         """One epoch of fold k; True when a kill criterion ended the fold."""
         cfg, trainer = self.cfg, self.trainer
+        if cfg.run.tensorboard and self.events is None:
+            self.events = EventLog.rebuilt(self.run.path, self.run.read_metrics(), self.run.path / HEALTH_LOG)
         t0 = time.perf_counter()
+        self.progress(f"fold {k} epoch {epoch}: collect", advance=0)
         rollout = trainer.collect()
+        self.progress(f"fold {k} epoch {epoch}: train")
         t1 = time.perf_counter()
         train = trainer.train(lambda: self.diag(k, epoch))
         trainer.learner.average_epoch(epoch)
@@ -263,6 +318,7 @@ class Driver:
                                                      steps=int(train["steps"]), fold_step=fold_step))
         trainer.update_drift(train["q_mean"])
         t3 = time.perf_counter()
+        self.progress(f"fold {k} epoch {epoch}: validation")
         records, eval_env = trainer.evaluate()
         held = trainer.evaluate_selection()
         t4 = time.perf_counter()
@@ -279,31 +335,42 @@ class Driver:
         arrays = trainer.download_state() | self.fold_market.checkpoint_arrays()
         self.run.end_epoch(line, arrays=arrays, registry=self.registry, best=self.best,
                            fold_done=kill is not None or last, validation=days, fingerprints=self.fingerprints())
+        if self.events is not None:
+            self.events.epoch(line)
         seconds = {"collect": t1 - t0, "train": t2 - t1, "evaluate": t4 - t3, "epoch": time.perf_counter() - t0}
         self.log(epoch_summary(k, epoch, val, train, rollout, seconds, select))
+        self.progress(f"fold {k} epoch {epoch} done")
         if kill is not None:
             self.log(f"fold {k} killed: {kill.reason}")
         return kill is not None
 
 
 def train_run(cfg: FoxConfig, selection: MarketSelection, *, resume: Path | None = None,
-              log: Log = print) -> tuple[Path, dict[str, Any]]:
-    """Run (or resume) a walk-forward training; (run folder, summary)."""
+              log: Log = print, verbose: bool = False,
+              progress: Callable[..., None] | None = None) -> tuple[Path, dict[str, Any]]:
+    """Run (or resume) a walk-forward training; (run folder, summary). `log` gets a line per fold and per epoch,
+    and with `verbose` the long ones too (RunLog); train.log in the run folder gets them all; `progress`
+    (progress.progress_bar's callback) a step per epoch phase of folds x epochs x EPOCH_PHASES."""
     folds = make_folds(cfg.folds, selection.days)  # too few days stops here, before any work
-    if resume is not None:
-        run = RunFolder.open(resume)
-        stored = run.config()
-        if stored.market.store != cfg.market.store and cfg.market.store != "default":
-            raise ConfigError(f"{resume}: the run trained on {stored.market.store}, not {cfg.market.store}")
-        cfg = stored
-    else:
-        run = RunFolder.create(cfg, folds)
+    run = RunFolder.open(resume) if resume is not None else RunFolder.create(cfg, folds)
     with run:
+        log = RunLog(run.path / TRAIN_LOG, log, verbose=verbose)
+        if resume is not None:
+            stored = run.config()
+            if stored.market.store != cfg.market.store and cfg.market.store != "default":
+                raise ConfigError(f"{resume}: the run trained on {stored.market.store}, not {cfg.market.store}")
+            cfg = stored
+        if (note := run.lock_note()) is not None:
+            log(note)
         log(f"run folder {run.path}")
         for fold in folds:
-            log(fold.describe())
-        driver = Driver(cfg, selection, run, log=log)
-        summary = driver.train(resume=resume is not None)
+            log.detail(fold.describe())
+        driver = Driver(cfg, selection, run, log=log, progress=progress)
+        try:
+            summary = driver.train(resume=resume is not None)
+        finally:
+            if driver.events is not None:
+                driver.events.close()
         report = write_report(run.path, log=log)
         log(f"report {report}")
     return run.path, summary

@@ -21,7 +21,7 @@ import numpy as np
 from fox_numba.agent.evaluator import Evaluator, eval_network
 from fox_numba.agent.fold_market import CHECKPOINT_ARRAYS, FoldMarket
 from fox_numba.agent.network import ParamLayout
-from fox_numba.checkpoint import load_checkpoint
+from fox_numba.checkpoint import load_checkpoint, require_checkpoint
 from fox_numba.config import FoxConfig, load_config, parse_override, set_value
 from fox_numba.device.runtime import new_stream
 from fox_numba.device.staging import Stager
@@ -52,6 +52,7 @@ def evaluate_checkpoint(checkpoint: Path, *, store: str | None, overrides: list[
                         log: Callable[[str], None] = print) -> dict[str, Any]:
     """The validation figures of the checkpoint's network on the chosen days, beside flat, buy-and-hold and the
     oracle (on a synthetic store)."""
+    require_checkpoint(checkpoint)  # before its run's config.toml, which a missing checkpoint lacks too
     run_dir = checkpoint.resolve().parent.parent
     cfg = load_config(path=run_dir / "config.toml")
     layout = ParamLayout.build(OBS_DIM, cfg.network)

@@ -12,9 +12,11 @@ Conventions (stated once, used everywhere):
   bars_per_day), bars_per_day = bars / days of the sample. It treats bars as independent, so it differs
   from the daily figure when intraday PnL is autocorrelated (holding periods longer than a bar); it is less
   noisy over a 10-day window.
-  Either Sharpe is 0 when its standard deviation is 0 or there are fewer than two samples.
+  Either Sharpe is 0 when its standard deviation is 0 (flat: nothing earned or lost).
 - Sortino (daily): mean(d) / sqrt(mean(min(d, 0)**2)) * sqrt(annualisation_days), target 0 over all days;
   inf when no day lost and the mean is positive, 0 when nothing was earned or lost.
+- A ratio that cannot be formed, from fewer than two samples (one validation day: no spread of days), is
+  NaN, every ratio alike: None in JSON, "n/a" on the console (`signed`), never chosen by, never averaged.
 - Max drawdown: the largest fall of cumulative equity (dollars, from 0 at the first bar, days chained)
   below its running peak; a positive number of dollars.
 - Total return: the sum of PnL, dollars (per the traded size: one contract for the baselines).
@@ -126,19 +128,29 @@ def json_number(v: Any) -> Any:
     return v
 
 
+MIN_SAMPLES = 2
+"""Samples a ratio needs (a standard deviation or a downside deviation of one sample says nothing)."""
+
+
+def signed(value: float | None) -> str:
+    """A ratio for the console: +1.23, or n/a when it could not be formed (None or NaN)."""
+    return "n/a" if value is None or math.isnan(value) else f"{value:+.2f}"
+
+
 def sharpe(samples: np.ndarray, periods_per_year: float) -> float:
-    """mean / std(ddof=1) * sqrt(periods_per_year); 0 with fewer than two samples or no variation."""
+    """mean / std(ddof=1) * sqrt(periods_per_year); NaN with fewer than MIN_SAMPLES, 0 with no variation."""
     x = np.asarray(samples, dtype=np.float64)
-    if x.size < 2:
-        return 0.0
+    if x.size < MIN_SAMPLES:
+        return math.nan
     std = float(x.std(ddof=1))
     return float(x.mean() / std * math.sqrt(periods_per_year)) if std > 0 else 0.0
 
 
 def sortino(daily: np.ndarray, periods_per_year: float) -> float:
+    """mean / downside deviation * sqrt(periods_per_year) (module docstring); NaN with fewer than MIN_SAMPLES."""
     d = np.asarray(daily, dtype=np.float64)
-    if d.size == 0:
-        return 0.0
+    if d.size < MIN_SAMPLES:
+        return math.nan
     downside = math.sqrt(float(np.mean(np.minimum(d, 0.0) ** 2)))
     mean = float(d.mean())
     if downside == 0:

@@ -32,6 +32,7 @@ from fox_numba.diag.aggregate import HEALTH_LOG
 from fox_numba.diag.layout import PREFIX, parse_line
 from fox_numba.errors import InputError
 from fox_numba.io import atomic_path, atomic_write_text
+from fox_numba.walkforward.metrics import MIN_SAMPLES, signed
 from fox_numba.walkforward.run_folder import BEST_VALIDATION, METRICS, SUMMARY, fold_dir
 
 BASELINES = "baselines.npz"
@@ -182,6 +183,25 @@ def actions_figure(diag: list[dict[str, float | int]]) -> Any:
     return fig
 
 
+def headline(summary: dict[str, Any]) -> str:
+    """The headline of summary.json (`fox train`'s last line, report.md): the mean validation daily Sharpe across
+    folds of the checkpoints chosen without the validation days (out of sample), the per-bar Sharpe of their
+    validation days, and beside them the in-sample figure (each fold's best epoch on the days that score it),
+    labelled. When the daily figure cannot be formed (a fold of fewer than MIN_SAMPLES validation days), the
+    per-bar one leads, and the line says why."""
+    bar = ((summary.get("across_folds") or {}).get("all_validation_days") or {}).get("sharpe_bar")
+    daily, in_sample = summary.get("honest_sharpe_mean"), summary.get("in_sample_best_sharpe_mean")
+    chosen = ("the best on the selection days" if summary.get("best_chosen_on") == "selection" else
+              "the last epoch")
+    if daily is None:
+        return (f"validation Sharpe: per bar {signed(bar)} (every fold's validation days, out of sample: each fold's "
+                f"checkpoint is {chosen}); daily n/a (it needs {MIN_SAMPLES}+ validation days a fold: "
+                f"folds.val_days); in sample {signed(in_sample)}")
+    return (f"validation Sharpe: daily {signed(daily)} (mean across folds, out of sample: each fold's checkpoint is "
+            f"{chosen}), per bar {signed(bar)}; in sample (each fold's best epoch on its validation days) "
+            f"{signed(in_sample)}")
+
+
 def _fmt(v: Any, spec: str = "+.2f") -> str:
     return "n/a" if v is None else format(v, spec)
 
@@ -191,10 +211,8 @@ def markdown(run: Path, lines: list[dict[str, Any]], summary: dict[str, Any] | N
     out += [f"- {n}" for n in notes] + ([""] if notes else [])
     if summary is not None:
         across = summary.get("across_folds") or {}
-        out += [f"Mean validation daily Sharpe across folds, out of sample: **{_fmt(summary.get('honest_sharpe_mean'))}**"
-                f" (std {_fmt(across.get('fold_sharpe_std'), '.2f')}); in sample (each fold's best epoch on its "
-                f"validation days): {_fmt(summary.get('in_sample_best_sharpe_mean'))}. {summary.get('note', '')}.",
-                ""]
+        spread = _fmt(across.get("fold_sharpe_std"), ".2f")
+        out += [f"**{headline(summary)}**; std of the folds' daily Sharpes {spread}. {summary.get('note', '')}.", ""]
         out += ["| fold | chosen epoch | Sharpe daily | Sharpe bar | return $ | max DD $ | active | probe | "
                 "buy-and-hold | oracle | in sample (epoch) | kill |",
                 "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]

@@ -9,9 +9,12 @@
                                    the best daily Sharpe on the selection days, or without them the last
                                    epoch the kill criteria passed; never chosen on the validation days)
       fold_00/best_validation.npz  that epoch's validation days (per-bar PnL and positions)
+      train.log                    every line the run printed, in full (the fold resets' entries; `fox train
+                                   --verbose` prints them, and HEALTH_DIAG lines, on the console too)
       summary.json                 per fold: the chosen epoch, its figures and baselines, the in-sample best
                                    epoch by validation Sharpe (labelled, never deployed), kill; across folds
-      .lock                        held (flock) by the process running the folder
+      .lock                        held (flock) by the process running the folder, deleted when it closes the
+                                   folder; one left by a SIGKILL is taken over by the next run, which says so
 
 Per epoch the driver calls `end_epoch`, which writes, in this order: the metrics line; when the epoch is the
 fold's best so far, best_validation.npz and best.h5; then last.h5. Every file but metrics.jsonl is written
@@ -64,6 +67,7 @@ from fox_numba.walkforward.metrics import DaySeries, Metrics, across_folds, json
 from fox_numba.walkforward.reset_registry import FoldReset, StateResetRegistry
 
 CONFIG, FOLDS, METRICS, SUMMARY, LOCK = "config.toml", "folds.json", "metrics.jsonl", "summary.json", ".lock"
+TRAIN_LOG = "train.log"
 LAST, BEST, BEST_VALIDATION = "last.h5", "best.h5", "best_validation.npz"
 SELECT_BY = "sharpe_daily"  # the selection days' figure the chosen epoch is picked by (folds.select_days > 0)
 CHOSEN_BY = {"selection": "the best daily Sharpe on the selection days held out of training",
@@ -151,20 +155,37 @@ def fold_dir(run: Path, fold: int) -> Path:
 class RunFolder:
     """One run's folder, locked by this process while it is open."""
 
-    def __init__(self, path: Path, lock_fd: int) -> None:
+    def __init__(self, path: Path, lock: tuple[int, bool]) -> None:
         self.path = path
-        self._lock_fd: int | None = lock_fd
+        self._lock_fd: int | None = lock[0]
+        self.stale_lock = lock[1]
+        """A .lock was there that no process held (left by a run killed with SIGKILL); this one took it over."""
 
     # ---- opening -----------------------------------------------------------------------------------
     @staticmethod
-    def _lock(path: Path) -> int:
-        fd = os.open(path / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            os.close(fd)
-            raise ConfigError(f"{path}: the run folder is in use by another process") from None
-        return fd
+    def _lock(path: Path) -> tuple[int, bool]:
+        """(descriptor holding the flock of path/.lock, whether a lock file was there unheld). close() deletes
+        the file while holding the lock, so a lock taken on a file since unlinked is retried on the new one."""
+        while True:
+            try:
+                fd, stale = os.open(path / LOCK, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644), False
+            except FileExistsError:
+                try:
+                    fd, stale = os.open(path / LOCK, os.O_RDWR), True
+                except FileNotFoundError:  # deleted by its holder's close() in between
+                    continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                os.close(fd)
+                raise ConfigError(f"{path}: the run folder is in use by another process") from None
+            try:
+                same = os.stat(path / LOCK).st_ino == os.fstat(fd).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                return fd, stale
+            os.close(fd)  # locked a file its holder deleted on close: lock the current one
 
     @classmethod
     def create(cls, cfg: FoxConfig, folds: Sequence[Fold], *, name: str | None = None) -> RunFolder:
@@ -183,18 +204,36 @@ class RunFolder:
         fsync_dir(path)
         return run
 
+    @staticmethod
+    def config_path(path: str | Path) -> Path:
+        """The config.toml of the run folder `path`; an InputError when the folder or its config is missing."""
+        path = Path(path)
+        if not path.is_dir():
+            raise InputError(path, "run folder not found")
+        if not (path / CONFIG).is_file():
+            raise InputError(path, f"not a run folder (no {CONFIG})")
+        return path / CONFIG
+
     @classmethod
     def open(cls, path: str | Path) -> RunFolder:
         """An existing run folder, locked, stale temporary files of interrupted writes deleted."""
         path = Path(path)
-        if not (path / CONFIG).is_file():
-            raise InputError(path, f"not a run folder (no {CONFIG})")
+        cls.config_path(path)
         run = cls(path, cls._lock(path))
         remove_stale_temporaries(path)
         return run
 
+    def lock_note(self) -> str | None:
+        """The line a run prints when it took over a stale .lock (None when there was none)."""
+        if not self.stale_lock:
+            return None
+        return (f"{self.path / LOCK}: left by a run that did not exit cleanly (killed?); no process held it, so "
+                "this run took it over")
+
     def close(self) -> None:
+        """Delete .lock and release it (a clean exit, an error or Ctrl-C leaves no lock file behind)."""
         if self._lock_fd is not None:
+            (self.path / LOCK).unlink(missing_ok=True)  # while still held: see _lock
             os.close(self._lock_fd)  # releases the flock
             self._lock_fd = None
 

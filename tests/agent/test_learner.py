@@ -597,7 +597,7 @@ def test_observation_noise_enters_the_step_only_when_asked(stream, stager, rng):
 
 
 def test_the_evaluated_network_names_learner_state(stream, stager, rng):
-    """evaluation.network picks arrays the learner checkpoints: the online ones, or the target's."""
+    """evaluation.network picks arrays the learner checkpoints: the online ones, the target's or the average's."""
     from fox_numba.agent.evaluator import EVAL_NETWORKS, eval_network
     from fox_numba.errors import ConfigError
 
@@ -605,10 +605,11 @@ def test_the_evaluated_network_names_learner_state(stream, stager, rng):
         np.float32), bootstrap_values())
     state = learner.state_arrays()
     for name, arrays in (("online", (learner.params, learner.support_online)),
-                         ("target", (learner.target, learner.support_target))):
+                         ("target", (learner.target, learner.support_target)),
+                         ("average", (learner.average, learner.support_average))):
         assert all(state[n] is a for n, a in zip(eval_network(name), arrays, strict=True)), name
-    assert set(EVAL_NETWORKS) == {"online", "target"}
-    with pytest.raises(ConfigError, match="evaluation.network is 'best'; choose one of 'online', 'target'"):
+    assert set(EVAL_NETWORKS) == {"online", "target", "average"}
+    with pytest.raises(ConfigError, match="evaluation.network is 'best'; choose one of 'online', 'target', 'average'"):
         eval_network("best")
 
 

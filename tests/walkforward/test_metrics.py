@@ -19,6 +19,7 @@ from fox_numba.walkforward.metrics import (
     fold_report,
     positions_to_days,
     round_trip_pnls,
+    signed,
 )
 
 # Day A: long 1 (entry costs 3), reversed to short at bar 2, closed at bar 4. Day B: long 2 from bar 1.
@@ -57,9 +58,21 @@ def test_degenerate_days():
     assert (flat.sharpe_daily, flat.sharpe_bar, flat.sortino_daily, flat.max_drawdown, flat.turnover) == (0, 0, 0, 0, 0)
     assert math.isnan(flat.hit_rate) and flat.as_dict()["hit_rate"] is None
     json.dumps(flat.as_dict(), allow_nan=False)
-    assert compute_metrics([DAY_A], annualisation_days=252).sharpe_daily == 0.0  # one day: no std
     with pytest.raises(ValueError, match="equal non-zero length"):
         DaySeries(np.zeros(3), np.zeros(4))
+
+
+@pytest.mark.parametrize("day", [DAY_A, DAY_C, DaySeries(np.zeros(4), np.zeros(4))], ids=["won", "lost", "flat"])
+def test_a_ratio_of_one_day_is_undefined_alike(day):
+    """One day has no spread of days: daily Sharpe and Sortino alike are NaN (None in JSON, n/a on the console),
+    whether the day won, lost or stood still; so is the per-bar Sharpe of a single bar."""
+    m = compute_metrics([day], annualisation_days=252)
+    assert math.isnan(m.sharpe_daily) and math.isnan(m.sortino_daily)
+    assert m.as_dict()["sharpe_daily"] is None and m.as_dict()["sortino_daily"] is None
+    assert signed(m.sharpe_daily) == signed(None) == "n/a" and signed(0.5) == "+0.50"
+    assert math.isfinite(m.sharpe_bar)  # several bars: the per-bar figure is formed
+    assert math.isnan(compute_metrics([DaySeries(np.ones(1), np.ones(1))], annualisation_days=252).sharpe_bar)
+    json.dumps(m.as_dict(), allow_nan=False)
 
 
 def test_buy_and_hold_pays_both_crossings():

@@ -16,7 +16,7 @@ import pytest
 
 from fox_numba.checkpoint import load_checkpoint, save_checkpoint
 from fox_numba.config import load_config
-from fox_numba.errors import ConfigError, InputError
+from fox_numba.errors import ConfigError, InputError, Interrupted
 from fox_numba.walkforward.folds import make_folds
 from fox_numba.walkforward.metrics import DaySeries, compute_metrics
 from fox_numba.walkforward.reset_registry import StateResetRegistry
@@ -95,12 +95,14 @@ def test_killed_at_many_moments_and_resumed_ends_identically(tmp_path, uninterru
     for args, kill in chain:
         proc = fake(run_dir, *args, "--kill", kill)
         assert proc.returncode == -signal.SIGKILL, (kill, proc.stderr)
+        assert (run_dir / ".lock").exists()  # the killed process could not delete it; the resume takes it over
         if kill.startswith("replace"):  # the temporary file is left behind, complete; the resume deletes it
             (stale,) = run_dir.rglob(".*.tmp-*")
             assert stale.stat().st_size > 0
     proc = fake(run_dir, "--resume")
     assert proc.returncode == 0, proc.stderr
     assert snapshot(run_dir) == uninterrupted
+    assert not (run_dir / ".lock").exists()
     proc = fake(run_dir, "--resume")  # a finished run resumes to nothing new
     assert proc.returncode == 0, proc.stderr
     assert snapshot(run_dir) == uninterrupted
@@ -129,6 +131,28 @@ def test_folder_rules(tmp_path):
     with RunFolder.open(run.path) as again:
         assert not stale.exists()
         assert again.resume_point(2) is None  # no epoch recorded: start from the beginning
+
+
+def test_the_lock_file_lives_while_the_folder_is_open(tmp_path):
+    """Deleted on a clean close and on an interrupt; one that no process holds (a SIGKILL left it) is taken
+    over and said so."""
+    cfg = load_config("smoke", overrides=[f"run.out_dir={tmp_path}", "run.name=r"])
+    lock = tmp_path / "r" / ".lock"
+    with RunFolder.create(cfg, make_folds(cfg.folds, DAYS)) as run:
+        assert lock.exists() and run.lock_note() is None
+    assert not lock.exists()
+    with pytest.raises(Interrupted), RunFolder.open(run.path):
+        assert lock.exists()
+        raise Interrupted(signal.SIGINT)
+    assert not lock.exists()
+    lock.touch()  # what a killed run leaves: the file, no holder
+    with RunFolder.open(run.path) as again:
+        note = (f"{lock}: left by a run that did not exit cleanly (killed?); no process held it, so this run took "
+                "it over")
+        assert again.lock_note() == note
+        with pytest.raises(ConfigError, match="in use by another process"):
+            RunFolder.open(run.path)
+    assert not lock.exists()
 
 
 def test_without_selection_days_the_last_epoch_is_chosen_and_the_peek_is_labelled(tmp_path):
