@@ -189,7 +189,8 @@ def test_the_epoch_table_averages_folds_then_seeds_then_markets(suite, tmp_path)
               ("b", 0): [[-1.0, 1.0, 3.0]]}
     for (market, seed), folds in curves.items():
         write_run(runs, market, seed, [fold(k, 0.0, 0.0, 1.0, 10.0) for k in range(len(folds))])
-        lines = [{"fold": k, "epoch": e, "val": {"sharpe_daily": v}} for k, c in enumerate(folds) for e, v in enumerate(c)]
+        lines = [{"fold": k, "epoch": e, "val": {"sharpe_daily": v}}
+                 for k, c in enumerate(folds) for e, v in enumerate(c)]
         (runs / market / f"seed_{seed}" / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
     write_run(runs, "b", 1, [fold(0, 0.0, 0.0, 1.0, 10.0)])  # no metrics.jsonl
     record = {"command": "c", "wall_s": 1.0, "parallel": 1, "seeds": [0, 1], "machine": {"date_utc": "d"},

@@ -134,8 +134,8 @@ def write_tables(out: Path, seeds: list[int], parallel: int, results: dict[int, 
         r = results[seed]
         rows = r["folds"]
         lines += [f"## seed {seed}: exit {r['returncode']}, {r['wall_s']:.0f} s wall", "",
-                  "| fold | chosen epoch | agent | agent (bar) | return $ | active | in sample | last | every | probe | "
-                  "buy-and-hold | oracle | agent / oracle | kill |",
+                  "| fold | chosen epoch | agent | agent (bar) | return $ | active | in sample | last | every | "
+                  "probe | buy-and-hold | oracle | agent / oracle | kill |",
                   "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
         for row in rows:
             frac = row["agent"] / row["oracle"] if row["agent"] is not None and row["oracle"] else None
@@ -146,15 +146,16 @@ def write_tables(out: Path, seeds: list[int], parallel: int, results: dict[int, 
                          f"{fmt(row['oracle'])} | {fmt(frac, '.2f')} | {row['kill'] or ''} |")
         m = {k: mean([row[k] for row in rows]) for k in keys}
         per_seed_means.append(m)
-        lines += [f"| mean | | {fmt(m['agent'])} | | | | {fmt(m['in_sample'])} | {fmt(m['last'])} | {fmt(m['every'])} | "
-                  f"{fmt(m['probe'])} | "
+        lines += [f"| mean | | {fmt(m['agent'])} | | | | {fmt(m['in_sample'])} | {fmt(m['last'])} | "
+                  f"{fmt(m['every'])} | {fmt(m['probe'])} | "
                   f"{fmt(m['buy_and_hold'])} | {fmt(m['oracle'])} | "
                   f"{fmt(m['agent'] / m['oracle'] if m['oracle'] else None, '.2f')} | |", ""]
     overall = {k: mean([m[k] for m in per_seed_means]) for k in keys}
     lines += ["## across seeds (mean of the per-seed means across folds)", "",
               "| agent | in sample | last | every | probe | buy-and-hold | flat | oracle | agent / oracle |",
               "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
-              f"| {fmt(overall['agent'])} | {fmt(overall['in_sample'])} | {fmt(overall['last'])} | {fmt(overall['every'])} | "
+              f"| {fmt(overall['agent'])} | {fmt(overall['in_sample'])} | {fmt(overall['last'])} | "
+              f"{fmt(overall['every'])} | "
               f"{fmt(overall['probe'])} | {fmt(overall['buy_and_hold'])} | +0.00 | {fmt(overall['oracle'])} | "
               f"{fmt(overall['agent'] / overall['oracle'] if overall['oracle'] else None, '.2f')} |"]
     atomic_write_text(out.with_suffix(".md"), "\n".join(lines) + "\n")

@@ -10,9 +10,9 @@ draws against Python integers modulo 2**64). So the simulator's draws run under
 `np.errstate(over="ignore")`, set inside each call because numpy's error state is per thread and the
 simulator runs each CUDA thread in its own; no other operation's warnings are touched.
 
-numba's own `create_xoroshiro128p_states` runs its host initialisation in object mode under the simulator
-(about 5 ms per state) and copies with `to_device`; this module computes the same states (SplitMix64 seeding, then one 2**64-step jump per state) in a CPU-compiled loop and uploads them
-through the `Stager`, identical bits either way.
+numba's own `create_xoroshiro128p_states` runs its host initialisation in object mode under the simulator (about 5 ms
+per state) and copies with `to_device`; this module computes the same states (SplitMix64 seeding, then one 2**64-step
+jump per state) in a CPU-compiled loop and uploads them through the `Stager`, identical bits either way.
 """
 
 from __future__ import annotations

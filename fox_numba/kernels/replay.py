@@ -117,8 +117,8 @@ def replay_sample_kernel(meta, states, idx):
     idx[j] = int32((u * uint64(size)) >> uint64(32)) if size > 0 else int32(-1)
 
 
-@register((I32_1D, I32_1D, I32_1D, F32_2D, I32_2D, F32_1D, F32_1D, I32_1D, F32_2D, int32, int32, float32, I32_1D, F32_2D,
-           I32_2D, F32_1D, F32_1D))
+@register((I32_1D, I32_1D, I32_1D, F32_2D, I32_2D, F32_1D, F32_1D, I32_1D, F32_2D, int32, int32, float32, I32_1D,
+           F32_2D, I32_2D, F32_1D, F32_1D))
 @cuda.jit
 def replay_gather_kernel(
     meta, idx, r_row, r_port, r_action, r_reward, r_done, r_next_row, r_next_port, stride, n_step, gamma, rows2,

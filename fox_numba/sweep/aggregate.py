@@ -1,11 +1,11 @@
 """Per-config figures of a sweep, from the trials' summary.json and health_diag.log.
 
-Per config (a grid combination), over its finished trials: the validation daily Sharpe of every fold's
-chosen epoch (out of sample: walkforward/run_folder.py), pooled over seeds and folds (mean, std with ddof 0, min, max, n), the probe's and the oracle's
-Sharpe on the same folds, the oracle fraction (mean agent / mean oracle, as tools/train_seeds.py reports
-it), and the HEALTH_DIAG aggregate across the seeds (diag/aggregate.py, each fold's last snapshot). Rows
-are in trial-id order and hold no timing, so two sweeps of the same spec give the same `configs` whether
-they ran on one GPU or several; wall seconds are kept apart, under `wall_s`.
+Per config (a grid combination), over its finished trials: the validation daily Sharpe of every fold's chosen epoch (out
+of sample: walkforward/run_folder.py), pooled over seeds and folds (mean, std with ddof 0, min, max, n), the probe's and
+the oracle's Sharpe on the same folds, the oracle fraction (mean agent / mean oracle, as tools/train_seeds.py reports
+it), and the HEALTH_DIAG aggregate across the seeds (diag/aggregate.py, each fold's last snapshot). Rows are in trial-id
+order and hold no timing, so two sweeps of the same spec give the same `configs` whether they ran on one GPU or several;
+wall seconds are kept apart, under `wall_s`.
 """
 
 from __future__ import annotations
@@ -125,7 +125,8 @@ def results_table(summary: Mapping[str, Any]) -> Any:
     """The per-config table of a sweep summary (a rich Table), wall seconds per trial in the last column."""
     from rich.table import Table
 
-    table = Table(title="fox sweep: validation daily Sharpe of each fold's chosen epoch (out of sample), over seeds and folds")
+    table = Table(title="fox sweep: validation daily Sharpe of each fold's chosen epoch (out of sample), over seeds "
+                        "and folds")
     for name in ("config", "values", "seeds", "Sharpe mean", "std", "min", "max", "n", "probe", "oracle",
                  "agent/oracle", "wall s/trial"):
         table.add_column(name, justify="left" if name in ("config", "values") else "right")

@@ -15,11 +15,11 @@ The registry is the one place a fold boundary's resets are written (DESIGN.md): 
     kill.*                 the Q-drift window, the collapse and non-finite counters
     run.best.*             the fold's best epoch
 
-Carried over (PerRun): the online supports, the learner's sampling stream, the ISV slots without a fold
-reset (the slow gradient-norm EMA, the Q and reward scale references the support rule reads, ...). Built fresh at every fold by
-`Trainer.bind_fold`, so nothing in them crosses a boundary: the fold's market tensors, the collect
-environments and their collector, the evaluator. Their within-fold state (the environments' and the
-collector's random streams) is in every checkpoint as named arrays.
+Carried over (PerRun): the online supports, the learner's sampling stream, the ISV slots without a fold reset (the slow
+gradient-norm EMA, the Q and reward scale references the support rule reads, ...). Built fresh at every fold by
+`Trainer.bind_fold`, so nothing in them crosses a boundary: the fold's market tensors, the collect environments and
+their collector, the evaluator. Their within-fold state (the environments' and the collector's random streams) is in
+every checkpoint as named arrays.
 
 `audit_trainer` lists every attribute of the run-wide components that is neither an entry nor declared
 wiring (each class's NOT_STATE); the driver refuses to start and a test asserts it is empty, so a field added

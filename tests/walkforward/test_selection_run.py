@@ -25,7 +25,7 @@ def test_selection_days_are_backtested_and_choose_the_best_epoch(half_hour_store
     # the progress bar: every phase of the 3 epochs one step (1 fold x 3 epochs x 3 phases), and the HEALTH_DIAG
     # snapshots in between as messages that do not advance it
     assert sum(advance for _, advance in bar) == 9
-    assert ("fold 0 epoch 2: train, step 3", 0) in bar  # the fold's gradient step and bar[-1] == ("fold 0 epoch 2 done", 1)
+    assert ("fold 0 epoch 2: train, step 3", 0) in bar  # the fold's step and bar[-1] == ("fold 0 epoch 2 done", 1)
     fold = json.loads((run_dir / "folds.json").read_text())["folds"][0]
     assert fold["select"] == [1, 3] and fold["val"] == [3, 4]
     assert any(ln.startswith("fold 0: train") and "(1 days), select" in ln and "(2 days)" in ln for ln in logged)

@@ -55,8 +55,9 @@ def health_line(fold, epoch, step, rng):
 
 def test_a_metrics_line_becomes_its_tags():
     tags = dict(epoch_scalars(metrics_line(1, 3, 0.75)))
-    assert tags == {"fold_01/val/sharpe_daily": 0.75, "fold_01/val/trades": 12.0, "fold_01/baselines/probe/sharpe_daily": 1.5,
-                    "fold_01/baselines/oracle_sharpe": 9.0, "fold_01/train/loss": 5.0, "fold_01/train/q_mean": -0.25}
+    assert tags == {"fold_01/val/sharpe_daily": 0.75, "fold_01/val/trades": 12.0,
+                    "fold_01/baselines/probe/sharpe_daily": 1.5, "fold_01/baselines/oracle_sharpe": 9.0,
+                    "fold_01/train/loss": 5.0, "fold_01/train/q_mean": -0.25}
 
 
 def test_events_hold_every_record_and_a_rebuild_only_the_kept_ones(tmp_path, rng):
