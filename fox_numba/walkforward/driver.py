@@ -56,7 +56,7 @@ from fox_numba.walkforward.probe import probe_baseline
 from fox_numba.walkforward.report import BASELINES, HEALTH_LOG, write_report
 from fox_numba.walkforward.reset_registry import FoldReset, ResetContext, StateResetRegistry, format_resets
 from fox_numba.walkforward.run_folder import TRAIN_LOG, BestEpoch, RunFolder, epoch_line
-from fox_numba.walkforward.tensorboard import EventLog
+from fox_numba.walkforward.tensorboard import EventLog, require_extra
 from fox_numba.walkforward.trainer_state import audit_trainer, register_trainer
 
 Log = Callable[[str], None]
@@ -352,6 +352,8 @@ def train_run(cfg: FoxConfig, selection: MarketSelection, *, resume: Path | None
     and with `verbose` the long ones too (RunLog); train.log in the run folder gets them all; `progress`
     (progress.progress_bar's callback) a step per epoch phase of folds x epochs x EPOCH_PHASES."""
     folds = make_folds(cfg.folds, selection.days)  # too few days stops here, before any work
+    if cfg.run.tensorboard:
+        require_extra()
     run = RunFolder.open(resume) if resume is not None else RunFolder.create(cfg, folds)
     with run:
         log = RunLog(run.path / TRAIN_LOG, log, verbose=verbose)

@@ -15,6 +15,7 @@ health_diag.log kept (both are cut back to the checkpoint), so the events never 
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import shutil
 from collections.abc import Iterator, Mapping
@@ -61,16 +62,20 @@ def health_scalars(record: Mapping[str, float | int]) -> list[tuple[str, float]]
             for tag, v in _numbers(f"{fold}/health/{name}", value)]
 
 
+def require_extra() -> None:
+    """A ConfigError unless tensorboardX (the optional extra) can be imported: `fox train` checks before any work."""
+    if importlib.util.find_spec("tensorboardX") is None:
+        raise ConfigError("run.tensorboard needs the optional extra: pip install -e \".[tensorboard]\" (tensorboardX)")
+
+
 class EventLog:
     """The run's event writer: `epoch(line)` after each metrics line, `health(line)` after each HEALTH_DIAG
     line, `close()` at the end."""
 
     def __init__(self, run: Path) -> None:
-        try:
-            from tensorboardX import SummaryWriter
-        except ImportError:
-            raise ConfigError("run.tensorboard needs the optional extra: pip install -e \".[tensorboard]\" "
-                              "(tensorboardX)") from None
+        require_extra()
+        from tensorboardX import SummaryWriter
+
         folder = run / EVENTS_DIR
         shutil.rmtree(folder, ignore_errors=True)  # a resumed run rebuilds it from the kept records
         self._writer = SummaryWriter(logdir=str(folder))

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from fox_numba.config import load_config
+from fox_numba.errors import ConfigError
 from fox_numba.diag.layout import SNAPSHOT_DTYPE, format_line
 from fox_numba.market.select import select_market
 from fox_numba.walkforward.driver import train_run
@@ -99,3 +100,15 @@ def test_a_run_writes_its_records_as_events(half_hour_store, tmp_path):
     for text in diag:
         record = dict(part.split("=") for part in text.split()[1:])
         assert got[("fold_00/health/loss", int(record["step"]))] == pytest.approx(float(record["loss"]), rel=1e-6)
+
+
+def test_without_the_extra_the_run_is_refused_before_any_work(half_hour_store, tmp_path, monkeypatch):
+    """run.tensorboard = true without tensorboardX: one ConfigError naming the extra, and no run folder made."""
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "tensorboardX" else real(name, *a))
+    cfg = load_config("smoke", overrides=[f"market.store={json.dumps(str(half_hour_store))}", "run.name=tb",
+                                          f"run.out_dir={json.dumps(str(tmp_path))}", "run.tensorboard=true"])
+    with pytest.raises(ConfigError, match=r'pip install -e "\.\[tensorboard\]"'):
+        train_run(cfg, select_market(cfg.market), log=lambda line: None)
+    assert not (tmp_path / "tb").exists()
