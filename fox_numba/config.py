@@ -53,6 +53,16 @@ class FeatureConfig:
     n_features: int = opt(32, "Width of the per-bar feature vector the network sees.")
     ofi_levels: int = opt(10, "Book levels summed into multi-level order-flow imbalance (1..10).")
     clip_sigma: float = opt(5.0, "Normalised features are clipped to +-clip_sigma standard deviations.")
+    forecast_horizons: list[int] = opt(  # noqa: RUF009 (opt gives a list default its default_factory)
+        [],
+        "Forecast columns appended to the observation's market part, one per horizon in bars (empty: none): "
+        "a ridge forecast of the forward mid change over that horizon from the bar's market row, fitted on the "
+        "fold's training rows only and standardised on them (features/forecast.py). The probe's own forecast "
+        "as an input: a run with them is not pure RL, and says so in its config.",
+    )
+    forecast_ridge: float = opt(
+        0.01, "Ridge penalty per training row of the forecast columns (as evaluation.probe_ridge is the probe's)."
+    )
 
 
 @dataclass
@@ -323,7 +333,7 @@ def _section_type(section: str) -> type:
 
 def coerce(key: str, value: Any, kind: Any) -> Any:
     """`value` checked against the field type `kind` (int, float, bool, str or list[float]); `key` names the
-    field in the error. Ints are accepted for floats; floats must be finite; a bool is not an int; a TOML
+    field in the error (list[int] too). Ints are accepted for floats; floats must be finite; a bool is not an int; a TOML
     date (`--set market.first_day=2024-07-15`, or an unquoted date in a file) is its YYYY-MM-DD string."""
     if kind is str and isinstance(value, datetime.date) and not isinstance(value, datetime.datetime):
         return value.isoformat()
@@ -331,6 +341,10 @@ def coerce(key: str, value: Any, kind: Any) -> Any:
         if not isinstance(value, list):
             raise ConfigError(f"{key}: expected a list of numbers, got {type(value).__name__} {value!r}")
         return [coerce(f"{key}[{i}]", v, float) for i, v in enumerate(value)]
+    if kind == list[int]:
+        if not isinstance(value, list):
+            raise ConfigError(f"{key}: expected a list of integers, got {type(value).__name__} {value!r}")
+        return [coerce(f"{key}[{i}]", v, int) for i, v in enumerate(value)]
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)
     if kind is float and isinstance(value, float) and not math.isfinite(value):

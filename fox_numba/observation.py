@@ -1,12 +1,15 @@
 """The observation layout: one source of truth for every column the network sees.
 
-An observation row is float32 [OBS_DIM] = [market part (N_MARKET columns) | portfolio part (N_PORTFOLIO)]:
+An observation row is float32 [obs_dim(features)] = [market part | portfolio part (N_PORTFOLIO)]; the market
+part is the N_MARKET feature columns, then one forecast column per features.forecast_horizons entry (none by
+default, when obs_dim is OBS_DIM):
 
 - Market part, precomputed on the host once per fold for every bar of the fold (`market_part`): the bar's
   fold-normalised features z (features/normalise.py, statistics from the fold's training rows only), then
   for each half-life h in EMA_HALF_LIVES the per-day EMA of z, restarting at each day's first bar:
       ema[first] = z[first];  ema[t] = ema[t - 1] + alpha_h * (z[t] - ema[t - 1]),  alpha_h = 1 - 0.5**(1/h)
-  Each column of a bar uses that bar and earlier bars of its day only: no look-ahead.
+  Each column of a bar uses that bar and earlier bars of its day only: no look-ahead. A forecast column is a
+  linear function of the bar's feature columns fitted on the fold's training rows (features/forecast.py).
 - Portfolio part, computed on the device from an environment's state every step (kernels/env.py).
 
 Kernels read the plain-int constants below (numba freezes module globals at compile time).
@@ -21,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from fox_numba.config import FeatureConfig
 from fox_numba.features.names import FEATURE_INDEX, FEATURE_NAMES, FEATURES
 from fox_numba.io import generated_doc_main
 
@@ -63,6 +67,7 @@ PORTFOLIO: tuple[tuple[str, str], ...] = (
 """(name, meaning) of the portfolio columns, in order."""
 N_PORTFOLIO = len(PORTFOLIO)
 OBS_DIM = N_MARKET + N_PORTFOLIO
+"""The observation's width without forecast columns (`obs_dim`)."""
 
 # Portfolio column indices within the portfolio part (kernels add N_MARKET for the observation row).
 PORT_POSITION, PORT_UPNL, PORT_BARS_IN_POS, PORT_ORDER_SIDE, PORT_ORDER_DIST, PORT_BARS_LEFT = range(N_PORTFOLIO)
@@ -71,6 +76,16 @@ Z_REALISED_VOL = FEATURE_INDEX["realised_vol_15"]
 """Market column of the bar's normalised realised_vol_15 (the regime penalty's volatility)."""
 
 OBSERVATION_DOC_PATH = Path(__file__).with_name("OBSERVATION.md")
+
+
+def market_columns(features: FeatureConfig) -> int:
+    """Columns of the market part: the feature blocks, then one per forecast horizon."""
+    return N_MARKET + len(features.forecast_horizons)
+
+
+def obs_dim(features: FeatureConfig) -> int:
+    """Columns of an observation row under `features`."""
+    return market_columns(features) + N_PORTFOLIO
 
 
 def ema_alpha(half_life: float) -> float:
@@ -83,10 +98,12 @@ def market_block_names() -> tuple[str, ...]:
     return ("z",) + tuple(f"ema{h}" for h in EMA_HALF_LIVES)
 
 
-def column_names() -> tuple[str, ...]:
-    """Every observation column's name, in order (`z.ofi_l1`, ..., `ema30.session_frac`, `port.position`...)."""
+def column_names(features: FeatureConfig | None = None) -> tuple[str, ...]:
+    """Every observation column's name, in order (`z.ofi_l1`, ..., `ema30.session_frac`, [`forecast.h15`...,]
+    `port.position`...); without `features`, the layout without forecast columns."""
     market = tuple(f"{block}.{name}" for block in market_block_names() for name in FEATURE_NAMES)
-    return market + tuple(f"port.{name}" for name, _ in PORTFOLIO)
+    horizons = features.forecast_horizons if features is not None else []
+    return market + tuple(f"forecast.h{h}" for h in horizons) + tuple(f"port.{name}" for name, _ in PORTFOLIO)
 
 
 def market_part(z: np.ndarray, day_start: np.ndarray) -> np.ndarray:
@@ -152,7 +169,23 @@ def observation_table_markdown() -> str:
     lines += ["", "## Features (j = column within a block)", "", "| j | feature | definition |", "| ---: | --- | --- |"]
     for j, name in enumerate(FEATURE_NAMES):
         lines.append(f"| {j} | `{name}` | {_cell(meanings[name])} |")
-    lines += ["", "## Portfolio part", "", "| column | name | meaning |", "| ---: | --- | --- |"]
+    lines += [
+        "",
+        "## Forecast columns (features.forecast_horizons)",
+        "",
+        (
+            f"With horizons h_1 .. h_k set, columns {N_MARKET} .. {N_MARKET} + k - 1 hold `forecast.h{{h}}`: the "
+            f"ridge forecast of the mid change over the next h bars from the bar's {N_MARKET} feature columns "
+            "(penalty features.forecast_ridge per row), fitted on the fold's training rows, standardised on them "
+            "and clipped to +-features.clip_sigma (features/forecast.py); the portfolio part then starts at "
+            f"column {N_MARKET} + k. None by default (the table below)."
+        ),
+        "",
+        "## Portfolio part",
+        "",
+        "| column | name | meaning |",
+        "| ---: | --- | --- |",
+    ]
     for j, (name, meaning) in enumerate(PORTFOLIO):
         lines.append(f"| {N_MARKET + j} | `port.{name}` | {_cell(meaning)} |")
     return "\n".join(lines) + "\n"

@@ -2,7 +2,7 @@
 
 One collect step is one StepGraph (captured on the GPU, eager under the simulator), kernels in order:
 
-    env.observe(obs)                                      obs [N, OBS_DIM] = market row + portfolio part
+    env.observe(obs)                                      obs [N, obs_dim] = market row + portfolio part
     net.forward(params, obs, logits)                      online network, logits [N, 13, Z]
     select_actions(logits, supports, explore=True)        Thompson direction, Boltzmann magnitude/order/urgency
     replay.put_obs(row, port, actions)                    the transition's s and a
@@ -32,7 +32,6 @@ from fox_numba.device.rng import xoroshiro_states
 from fox_numba.device.staging import Stager
 from fox_numba.kernels.action_select import select_actions
 from fox_numba.kernels.heads import broadcast_supports
-from fox_numba.observation import OBS_DIM
 
 
 class Collector:
@@ -47,7 +46,7 @@ class Collector:
         self.stream = stager.stream
         self.spread, self.tau_mult = spread, tau_mult
         self.net = Network(layout, n, stream=self.stream)
-        self.obs = device_empty((n, OBS_DIM), np.float32)
+        self.obs = device_empty((n, layout.obs_dim), np.float32)
         self.logits = device_empty((n, N_HEADS, z), np.float32)
         self.support_rows = device_empty((n, N_HEADS, 3), np.float32)
         self.actions = device_empty((n, N_BRANCHES), np.int32)

@@ -178,7 +178,7 @@ class VecEnv:
                   self.si, self.sf, self.dir_ema, self.port, stream=stream)  # fmt: skip
 
     def observe(self, obs: Any, *, stream: Any) -> None:
-        """obs float32 [N, OBS_DIM] = each environment's current observation."""
+        """obs float32 [N, obs_dim] = each environment's current observation."""
         gather_obs(self.market.market_obs, self.row, self.port, obs, stream=stream)
 
     def step(self, actions: Any, *, stream: Any) -> None:

@@ -42,7 +42,6 @@ from fox_numba.device.staging import Stager
 from fox_numba.kernels.action_select import select_actions
 from fox_numba.kernels.evaluation import record_eval_step
 from fox_numba.kernels.heads import broadcast_supports
-from fox_numba.observation import OBS_DIM
 
 
 EVAL_NETWORKS: dict[str, tuple[str, str]] = {
@@ -79,7 +78,7 @@ class Evaluator:
         self.params, self.supports, self.health = params, supports, health
         self.stager, self.stream = stager, stager.stream
         self.net = Network(layout, n, stream=self.stream)
-        self.obs = device_empty((n, OBS_DIM), np.float32)
+        self.obs = device_empty((n, layout.obs_dim), np.float32)
         self.logits = device_empty((n, N_HEADS, z), np.float32)
         self.support_rows = device_empty((n, N_HEADS, 3), np.float32)
         self.actions = device_empty((n, N_BRANCHES), np.int32)

@@ -7,8 +7,9 @@ Built once per fold:
 
 - normalisation fitted on the training rows less the purged tail only (`fit_normaliser`), applied to every
   bar of the fold (`apply_normaliser`), then the market part of the observation (z and its per-day EMAs,
-  `observation.market_part`): a bar's row depends on no later bar, and no statistic on any bar after the
-  training window's purge start;
+  `observation.market_part`, then a forecast column per features.forecast_horizons, fitted on the same
+  training rows: features/forecast.py): a bar's row depends on no later bar, and no statistic on any bar
+  after the training window's purge start;
 - the close book (10 levels x 2 sides, price float64 / size float32), the close mid, the per-bar trade
   summary for limit fills;
 - fold-local `day_start`, and `row_stop[r]`: the row after the last bar an episode through row r may use
@@ -42,6 +43,7 @@ from fox_numba.config import EnvConfig, FeatureConfig
 from fox_numba.device.staging import Stager
 from fox_numba.errors import ConfigError
 from fox_numba.features.feature_set import FeatureSet
+from fox_numba.features.forecast import ForecastColumn, forward_change
 from fox_numba.features.normalise import NormStats, apply_normaliser, fit_normaliser
 from fox_numba.observation import market_part
 
@@ -75,7 +77,7 @@ class FoldMarket:
     days: tuple[str, ...]
     """The fold's trading days, training then validation."""
     market_obs: np.ndarray
-    """float32 [n, N_MARKET]: the market part of every bar's observation."""
+    """float32 [n, observation.market_columns]: the market part of every bar's observation."""
     bid_px: np.ndarray
     """float64 [n, 10]: close-book bid prices, best first (NaN: empty level)."""
     ask_px: np.ndarray
@@ -109,6 +111,8 @@ class FoldMarket:
     val_start: int
     """Fold row of the first validation bar."""
     stats: NormStats
+    forecast: tuple[ForecastColumn, ...]
+    """The forecast columns' fits, one per features.forecast_horizons entry."""
     risk_unit: float
     """Dollars per reward unit."""
     tick_size: float
@@ -122,12 +126,13 @@ class FoldMarket:
     @classmethod
     def build(
         cls, fs: FeatureSet, fold: FoldWindows, features: FeatureConfig, env: EnvConfig, *,
-        stats: NormStats | None = None, risk_unit: float | None = None,
+        stats: NormStats | None = None, risk_unit: float | None = None, forecast: tuple[ForecastColumn, ...] = (),
     ) -> FoldMarket:
         """The fold's tensors from the run's FeatureSet (ConfigError when the fold cannot hold an episode).
 
-        `stats` and `risk_unit` given (a trained network's, from its checkpoint) are used instead of being
-        fitted on the training window, which may then be empty: `fox evaluate` backtests a checkpoint on
+        `stats` and `risk_unit` given (a trained network's, from its checkpoint, with its `forecast` columns
+        when features.forecast_horizons is set) are used instead of being fitted on the training window, which
+        may then be empty: `fox evaluate` backtests a checkpoint on
         any days this way, every selected day a validation day (the market then has no collect starts:
         `train_starts` holds the single row 0, which an evaluation environment never reads).
         """
@@ -163,6 +168,14 @@ class FoldMarket:
         z = apply_normaliser(fs.values[rows], stats, features.clip_sigma)
         day_start = (np.asarray(raw.day_start[fold.train_first : fold.val_stop + 1]) - g0).astype(np.int32)
         train_stop, val_start, n = g_train_stop - g0, g_val - g0, g_end - g0
+        mid = np.ascontiguousarray(raw.mid[rows], np.float64)
+        feature_obs = market_part(z, day_start)
+        if not given:
+            forecast = fit_forecast_columns(feature_obs, mid, day_start, train_stop, features, fold.index)
+        if len(forecast) != len(features.forecast_horizons):
+            raise ConfigError(f"fold {fold.index}: {len(forecast)} forecast columns given for "
+                              f"features.forecast_horizons = {features.forecast_horizons}")  # fmt: skip
+        market_obs = np.column_stack([feature_obs, *(c.apply(feature_obs, features.clip_sigma) for c in forecast)])
 
         day_of_row = np.repeat(np.arange(day_start.size - 1), np.diff(day_start))
         row_stop = day_start[1:][day_of_row].astype(np.int32)
@@ -190,7 +203,6 @@ class FoldMarket:
         val_windows = day_windows(fold.val_first - fold.train_first, fold.val_stop - fold.train_first, "validation")
         select_windows = day_windows(select_first - fold.train_first, fold.train_stop - fold.train_first, "selection")
 
-        mid = np.ascontiguousarray(raw.mid[rows], np.float64)
         if not given:
             same_day = day_of_row[1:train_stop] == day_of_row[: train_stop - 1]
             moves = np.diff(mid[:train_stop])[same_day]
@@ -210,7 +222,7 @@ class FoldMarket:
             fold_index=fold.index,
             row0=g0,
             days=tuple(fs.days[fold.train_first : fold.val_stop]),
-            market_obs=market_part(z, day_start),
+            market_obs=np.ascontiguousarray(market_obs, np.float32),
             bid_px=f64(raw.bid_px),
             ask_px=f64(raw.ask_px),
             bid_sz=f32(raw.bid_sz),
@@ -228,6 +240,7 @@ class FoldMarket:
             train_stop=train_stop,
             val_start=val_start,
             stats=stats,
+            forecast=tuple(forecast),
             risk_unit=float(risk_unit),
             tick_size=float(raw.tick_size),
             point_value=float(raw.point_value),
@@ -236,12 +249,17 @@ class FoldMarket:
 
     def checkpoint_arrays(self) -> dict[str, np.ndarray]:
         """What a checkpoint keeps of the fold's market so that its network can be evaluated on other days:
-        the normalisation statistics and the risk unit (CHECKPOINT_ARRAYS)."""
-        return {
+        the normalisation statistics and the risk unit (CHECKPOINT_ARRAYS), and the forecast columns' fits
+        (FORECAST_ARRAYS) where the run has them."""
+        out = {
             "market.norm_mean": np.asarray(self.stats.mean, np.float64),
             "market.norm_std": np.asarray(self.stats.std, np.float64),
             "market.risk_unit": np.asarray(self.risk_unit, np.float64),
         }
+        if self.forecast:
+            out["market.forecast_weights"] = np.stack([c.weights for c in self.forecast]).astype(np.float64)
+            out["market.forecast_offset"] = np.array([c.offset for c in self.forecast], np.float64)
+        return out
 
     def upload(self, stager: Stager) -> FoldMarketDevice:
         """Copy every tensor to the device (once per fold)."""
@@ -250,7 +268,31 @@ class FoldMarket:
 
 
 CHECKPOINT_ARRAYS: tuple[str, ...] = ("market.norm_mean", "market.norm_std", "market.risk_unit")
-"""The names `FoldMarket.checkpoint_arrays` writes."""
+"""The names `FoldMarket.checkpoint_arrays` always writes."""
+FORECAST_ARRAYS: tuple[str, ...] = ("market.forecast_weights", "market.forecast_offset")
+"""The names it adds for a run with forecast columns (weights [k, N_MARKET], offsets [k])."""
+
+
+def forecast_from_checkpoint(arrays: dict[str, np.ndarray]) -> tuple[ForecastColumn, ...]:
+    """The forecast columns a checkpoint's arrays keep (none where it has no FORECAST_ARRAYS)."""
+    if FORECAST_ARRAYS[0] not in arrays:
+        return ()
+    weights, offsets = (np.asarray(arrays[name], np.float64) for name in FORECAST_ARRAYS)
+    return tuple(ForecastColumn(w, float(b)) for w, b in zip(weights, offsets, strict=True))
+
+
+def fit_forecast_columns(feature_obs: np.ndarray, mid: np.ndarray, day_start: np.ndarray, train_stop: int,
+                         features: FeatureConfig, fold: int) -> tuple[ForecastColumn, ...]:
+    """One forecast column per features.forecast_horizons entry, fitted on rows 0 .. train_stop - 1."""
+    horizons = features.forecast_horizons
+    if any(h < 1 for h in horizons) or len(set(horizons)) != len(horizons) or features.forecast_ridge < 0:
+        raise ConfigError(f"features.forecast_horizons must be distinct bar counts >= 1 and features.forecast_ridge "
+                          f">= 0; got {horizons} and {features.forecast_ridge}")  # fmt: skip
+    try:
+        return tuple(ForecastColumn.fit(feature_obs, mid, day_start, train_stop, horizon=h,
+                                        ridge=features.forecast_ridge) for h in horizons)  # fmt: skip
+    except ValueError as e:
+        raise ConfigError(f"fold {fold}: features.forecast_horizons: {e}") from None
 
 DEVICE_TENSORS: tuple[str, ...] = (
     "market_obs",
@@ -302,17 +344,6 @@ class FoldMarketDevice:
             raise ConfigError(f"fold {self.host.fold_index} has no selection days (folds.select_days = 0)")
         host = dataclasses.replace(self.host, val_windows=self.host.select_windows)
         return dataclasses.replace(self, host=host, val_windows=stager.upload_new(host.val_windows))
-
-
-def forward_change(mid: np.ndarray, day_start: np.ndarray, horizon: int) -> np.ndarray:
-    """y_m = mid[m + horizon] - mid[m] where m + horizon is in m's day, NaN elsewhere (float64 [n])."""
-    mid = np.asarray(mid, dtype=np.float64)
-    y = np.full(mid.shape, np.nan)
-    for a, b in zip(day_start[:-1], day_start[1:], strict=True):
-        a, b = int(a), int(b)
-        if b - a > horizon:
-            y[a : b - horizon] = mid[a + horizon : b] - mid[a : b - horizon]
-    return y
 
 
 def aux_forecast_target(market: FoldMarket, horizon: int) -> np.ndarray:

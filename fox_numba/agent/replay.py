@@ -6,7 +6,7 @@ collect step or a training step that uses it can be captured as one StepGraph.
 
 A collect step, with env an agent.environment.VecEnv and `actions` its [N, 4] action buffer:
 
-    env.observe(obs, stream=s)                                     # obs [N, OBS_DIM]
+    env.observe(obs, stream=s)                                     # obs [N, obs_dim]
     ... network forward + action selection -> actions ...
     replay.put_obs(env.row, env.port, actions, stream=s)           # before the step
     env.step(actions, stream=s)
@@ -17,7 +17,7 @@ A training step (agent/learner.py) samples and gathers a batch of B transitions,
 observation gather and one network forward cover both, then rebuilds the 2B observations with gather_obs
 (kernels/env.py):
 
-    batch = ReplayBatch(B, stream=s)               # once, with obs [2B, OBS_DIM] beside it
+    batch = ReplayBatch(B, stream=s)               # once, with obs [2B, obs_dim] beside it
     replay.sample(states, batch.idx, stream=s)     # states: xoroshiro [>= B], one draw each
     replay.gather(batch, stride=N, n_step=n, gamma=g, stream=s)   # rows [2B], port [2B, P]: s, then s' (n steps on);
                                                                   # actions, n-step rewards and discounts

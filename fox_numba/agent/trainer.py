@@ -37,7 +37,7 @@ from fox_numba.device.memory import Mapped
 from fox_numba.device.runtime import new_stream
 from fox_numba.device.staging import Stager
 from fox_numba.kernels.drift import update_q_drift_rate
-from fox_numba.observation import OBS_DIM
+from fox_numba.observation import obs_dim
 
 # Seed streams of the run, each its own (seed, stream) pair so no two share draws.
 SEED_ENV, SEED_COLLECT, SEED_LEARNER = 1, 2, 3
@@ -65,7 +65,7 @@ class Trainer:
         self.stream = new_stream()
         self.stager = Stager(self.stream)
         self.bus = IsvBus(self.stager)
-        self.layout = ParamLayout.build(OBS_DIM, cfg.network)
+        self.layout = ParamLayout.build(obs_dim(cfg.features), cfg.network)
         self.replay = ReplayBuffer(cfg.learner.buffer_size, stream=self.stream)
         self.learner: Learner | None = None
         self.market: FoldMarketDevice | None = None

@@ -692,7 +692,10 @@ def env_step(
     [N_STATS, N]; acc float64 [N_ACC, N] accumulates."""
     n = check_env_state(si, sf, dir_ema, port)
     n_bars = market.mid.shape[0]
-    check_array("market_obs", market.market_obs, f"[n_bars, {N_MARKET}]", (n_bars, N_MARKET))
+    m = market.market_obs.shape[1]
+    if m < N_MARKET:  # the step reads the feature columns only (Z_REALISED_VOL); forecast columns may follow
+        raise ValueError(f"market_obs has {m} columns; the environment step needs at least {N_MARKET}")
+    check_array("market_obs", market.market_obs, f"[n_bars, {m}]", (n_bars, m))
     for name in ("bid_px", "ask_px"):
         check_array(name, getattr(market, name), f"[n_bars, {N_LEVELS}]", (n_bars, N_LEVELS), np.float64)
     for name in ("bid_sz", "ask_sz"):

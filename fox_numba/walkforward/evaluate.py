@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from fox_numba.agent.evaluator import Evaluator, eval_network
-from fox_numba.agent.fold_market import CHECKPOINT_ARRAYS, FoldMarket
+from fox_numba.agent.fold_market import CHECKPOINT_ARRAYS, FORECAST_ARRAYS, FoldMarket, forecast_from_checkpoint
 from fox_numba.agent.network import ParamLayout
 from fox_numba.checkpoint import load_checkpoint, require_checkpoint
 from fox_numba.config import FoxConfig, load_config, parse_override, set_value
@@ -29,7 +29,7 @@ from fox_numba.errors import InputError
 from fox_numba.features.normalise import NormStats
 from fox_numba.market.select import MarketSelection, select_market
 from fox_numba.market.store import MarketStore
-from fox_numba.observation import OBS_DIM
+from fox_numba.observation import obs_dim
 from fox_numba.walkforward.driver import day_baselines, load_features
 from fox_numba.walkforward.folds import make_folds
 from fox_numba.walkforward.metrics import OracleReference, compute_metrics, day_series
@@ -55,7 +55,7 @@ def evaluate_checkpoint(checkpoint: Path, *, store: str | None, overrides: list[
     require_checkpoint(checkpoint)  # before its run's config.toml, which a missing checkpoint lacks too
     run_dir = checkpoint.resolve().parent.parent
     cfg = load_config(path=run_dir / "config.toml")
-    layout = ParamLayout.build(OBS_DIM, cfg.network)
+    layout = ParamLayout.build(obs_dim(cfg.features), cfg.network)
     ck = load_checkpoint(checkpoint, expected_fingerprints={"params": layout.fingerprint})
     if store is None and not overrides:
         selection = select_market(cfg.market)
@@ -68,7 +68,8 @@ def evaluate_checkpoint(checkpoint: Path, *, store: str | None, overrides: list[
             set_value(cfg, *parse_override(text))
         selection = select_market(cfg.market)
     net = [f"learner.{name}" for name in eval_network(cfg.evaluation.network)]
-    missing = [n for n in (*CHECKPOINT_ARRAYS, *net, "isv") if n not in ck.arrays]
+    forecast = FORECAST_ARRAYS if cfg.features.forecast_horizons else ()
+    missing = [n for n in (*CHECKPOINT_ARRAYS, *forecast, *net, "isv") if n not in ck.arrays]
     if missing:
         raise InputError(checkpoint, f"not a training checkpoint of this build: it lacks {missing}")
     log(f"evaluating fold {int(ck.meta['fold'])} epoch {int(ck.meta['epoch'])} of {run_dir} on {len(selection.days)} "
@@ -76,7 +77,8 @@ def evaluate_checkpoint(checkpoint: Path, *, store: str | None, overrides: list[
     features = load_features(cfg, selection)
     stats = NormStats(ck.arrays["market.norm_mean"], ck.arrays["market.norm_std"], 0)
     market = FoldMarket.build(features, AllValidation(int(ck.meta["fold"]), features.n_days), cfg.features, cfg.env,
-                              stats=stats, risk_unit=float(ck.arrays["market.risk_unit"]))  # fmt: skip
+                              stats=stats, risk_unit=float(ck.arrays["market.risk_unit"]),
+                              forecast=forecast_from_checkpoint(ck.arrays))  # fmt: skip
     stager = Stager(new_stream())
     dev = market.upload(stager)
     params, supports = (stager.upload_new(ck.arrays[name]) for name in net)

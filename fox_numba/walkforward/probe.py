@@ -12,14 +12,12 @@ the observation (or the market). The probe works on plain numpy arrays, fold-loc
 - `train_rows`: the fold's training rows (a slice or indices; the purged tail already left out);
 - `val_days`: the validation day indices into `day_start`.
 
-Target: y_m = mid[m + h] - mid[m] (h = evaluation.probe_horizon_bars), only where m + h lies in the same
-day; rows without a target are not fitted, so no target crosses a day (nor the purge gap). Fit: with an
-intercept, on rows centred by their training means, w = (Xc'Xc + lambda * n I)^-1 Xc'yc, lambda =
-evaluation.probe_ridge (per row, so its strength does not change with the window's length). Trading: the
-forecast stands in for the oracle's expected return in `market.synthetic_oracle.oracle_positions` (enter
-when |forecast| beats the round-trip cost c_rt, hold while it agrees, flat at the close), one contract,
-PnL by `position_pnl` (half the close spread + commission per side), so the probe and the oracle differ
-only in their forecast.
+Target and fit: features/forecast.py (`forward_change`, `fit_probe`), h = evaluation.probe_horizon_bars,
+lambda = evaluation.probe_ridge; the probe reads the feature blocks of the market part only (N_MARKET
+columns), never a run's forecast columns, which are its own fit. Trading: the forecast stands in for the
+oracle's expected return in `market.synthetic_oracle.oracle_positions` (enter when |forecast| beats the
+round-trip cost c_rt, hold while it agrees, flat at the close), one contract, PnL by `position_pnl` (half
+the close spread + commission per side), so the probe and the oracle differ only in their forecast.
 """
 
 from __future__ import annotations
@@ -29,26 +27,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fox_numba.agent.fold_market import forward_change
+from fox_numba.features.forecast import Probe, fit_probe, forward_change
 from fox_numba.market.synthetic_oracle import oracle_positions, oracle_threshold
 from fox_numba.walkforward.metrics import DaySeries, Metrics, compute_metrics, positions_to_days
-
-
-@dataclass(frozen=True)
-class Probe:
-    """A fitted probe: forecast = (x - x_mean) @ weights + y_mean."""
-
-    weights: np.ndarray
-    x_mean: np.ndarray
-    y_mean: float
-    horizon: int
-    ridge: float
-    n_train: int
-    train_r2: float
-
-    def forecast(self, market_obs: np.ndarray) -> np.ndarray:
-        x = np.asarray(market_obs, dtype=np.float64)
-        return (x - self.x_mean) @ self.weights + self.y_mean
 
 
 @dataclass(frozen=True)
@@ -58,25 +39,6 @@ class ProbeResult:
     metrics: Metrics
     val_r2: float
     """R^2 of the forecast on the validation rows that have a target."""
-
-
-def fit_probe(market_obs: np.ndarray, y: np.ndarray, rows: slice | np.ndarray, *, ridge: float, horizon: int) -> Probe:
-    """Ridge fit of y on market_obs over `rows` (rows where y is NaN are skipped)."""
-    if ridge < 0:
-        raise ValueError(f"evaluation.probe_ridge must be >= 0, got {ridge}")
-    idx = np.arange(len(y))[rows]
-    idx = idx[np.isfinite(y[idx])]
-    if idx.size < 2:
-        raise ValueError("the probe has fewer than two training rows with a target")
-    x = np.asarray(market_obs[idx], dtype=np.float64)
-    t = y[idx]
-    x_mean, y_mean = x.mean(axis=0), float(t.mean())
-    xc, yc = x - x_mean, t - y_mean
-    gram = xc.T @ xc + ridge * idx.size * np.eye(x.shape[1])
-    w = np.linalg.lstsq(gram, xc.T @ yc, rcond=None)[0]
-    resid = yc - xc @ w
-    ss = float(yc @ yc)
-    return Probe(w, x_mean, y_mean, horizon, ridge, int(idx.size), 1.0 - float(resid @ resid) / ss if ss > 0 else 0.0)
 
 
 def probe_baseline(

@@ -9,10 +9,19 @@ import numpy as np
 import pytest
 from reference_env import Windows, random_feature_set
 
-from fox_numba.agent.fold_market import AUX_CLIP_SIGMA, DEVICE_TENSORS, FoldMarket, aux_forecast_target
+from fox_numba.agent.fold_market import (
+    AUX_CLIP_SIGMA,
+    CHECKPOINT_ARRAYS,
+    DEVICE_TENSORS,
+    FORECAST_ARRAYS,
+    FoldMarket,
+    aux_forecast_target,
+    forecast_from_checkpoint,
+)
 from fox_numba.config import EnvConfig, FeatureConfig, FoldConfig
 from fox_numba.errors import ConfigError
 from fox_numba.features.feature_set import FeatureSet
+from fox_numba.features.forecast import ForecastColumn
 from fox_numba.features.normalise import apply_normaliser, fit_normaliser
 from fox_numba.observation import N_MARKET, market_part
 from fox_numba.walkforward.folds import make_folds
@@ -179,3 +188,33 @@ def test_a_real_fold_purged_of_every_training_bar_is_refused(fs):
     fold = make_folds(FoldConfig(n_folds=1, train_days=1, val_days=1, purge_bars=12), fs.days)[0]
     with pytest.raises(ConfigError, match="purging 12 bars leaves no training bars"):
         FoldMarket.build(fs, fold, FEATURES, ENV)
+
+
+def test_forecast_columns_follow_the_feature_blocks_and_survive_a_checkpoint(fs):
+    """With features.forecast_horizons = [2, 3]: two columns after the N_MARKET feature columns, each the
+    ForecastColumn fitted on the fold's training rows (before the purge) applied to the feature columns; the
+    feature columns unchanged; the fits round-trip through checkpoint_arrays, and a market built from a
+    checkpoint's statistics and fits (fox evaluate's path) has the same rows."""
+    features = FeatureConfig(forecast_horizons=[2, 3], forecast_ridge=0.05)
+    plain = FoldMarket.build(fs, WINDOWS, FEATURES, ENV)
+    fm = FoldMarket.build(fs, WINDOWS, features, ENV)
+    assert fm.market_obs.shape == (plain.n_rows, N_MARKET + 2) and fm.market_obs.dtype == np.float32
+    np.testing.assert_array_equal(fm.market_obs[:, :N_MARKET], plain.market_obs)
+    for k, h in enumerate([2, 3]):
+        col = ForecastColumn.fit(plain.market_obs, plain.mid, plain.day_start, plain.train_stop, horizon=h,
+                                 ridge=0.05)
+        np.testing.assert_array_equal(fm.market_obs[:, N_MARKET + k], col.apply(plain.market_obs, FEATURES.clip_sigma))
+    arrays = fm.checkpoint_arrays()
+    assert set(arrays) == {*CHECKPOINT_ARRAYS, *FORECAST_ARRAYS} and arrays["market.forecast_weights"].shape == (2, N_MARKET)
+    assert set(plain.checkpoint_arrays()) == set(CHECKPOINT_ARRAYS)
+    given = forecast_from_checkpoint(arrays)
+    again = FoldMarket.build(fs, WINDOWS, features, ENV, stats=fm.stats, risk_unit=fm.risk_unit, forecast=given)
+    np.testing.assert_array_equal(again.market_obs, fm.market_obs)
+    with pytest.raises(ConfigError, match="2 forecast columns given"):
+        FoldMarket.build(fs, WINDOWS, FeatureConfig(forecast_horizons=[2]), ENV, stats=fm.stats,
+                         risk_unit=fm.risk_unit, forecast=given)
+    for bad in ([0], [2, 2]):
+        with pytest.raises(ConfigError, match="forecast_horizons must be distinct"):
+            FoldMarket.build(fs, WINDOWS, FeatureConfig(forecast_horizons=bad), ENV)
+    with pytest.raises(ConfigError, match="fold 0: features.forecast_horizons: .*fewer than two"):
+        FoldMarket.build(fs, WINDOWS, FeatureConfig(forecast_horizons=[12]), ENV)  # no training day holds 13 bars

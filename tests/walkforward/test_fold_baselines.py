@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 from reference_env import random_feature_set
 
-from fox_numba.agent.fold_market import FoldMarket, forward_change
+from fox_numba.agent.fold_market import FoldMarket
+from fox_numba.features.forecast import forward_change
 from fox_numba.config import EnvConfig, EvaluationConfig, FeatureConfig, FoldConfig, FoxConfig
 from fox_numba.walkforward.driver import fold_baselines
 from fox_numba.walkforward.folds import make_folds

@@ -4,17 +4,12 @@ oracle's rule on a hand-made market whose future is visible in one observation c
 import numpy as np
 import pytest
 
-from fox_numba.agent.fold_market import forward_change
+from fox_numba.features.forecast import forward_change
 from fox_numba.market.synthetic_oracle import oracle_positions, oracle_threshold, position_pnl
-from fox_numba.walkforward.probe import fit_probe, probe_baseline
+from fox_numba.features.forecast import fit_probe
+from fox_numba.walkforward.probe import probe_baseline
 
 COSTS = dict(tick_size=0.25, point_value=50.0, commission=2.25)
-
-
-def test_forward_change_stays_inside_each_day():
-    mid = np.array([10.0, 11.0, 13.0, 20.0, 21.0, 19.0, 18.0])
-    y = forward_change(mid, np.array([0, 3, 4, 7]), 2)
-    np.testing.assert_array_equal(y, [3.0, np.nan, np.nan, np.nan, -3.0, np.nan, np.nan])
 
 
 def ridge_reference(x, y, lam):
@@ -39,7 +34,7 @@ def test_fit_matches_the_closed_form_on_the_training_rows_only(rng, lam):
     y2, x2 = y.copy(), x.copy()
     y2[300:], x2[300:] = 1e6, -1e6  # what lies outside the training rows changes nothing
     np.testing.assert_array_equal(fit_probe(x2, y2, rows, ridge=lam, horizon=15).weights, probe.weights)
-    with pytest.raises(ValueError, match="probe_ridge"):
+    with pytest.raises(ValueError, match="ridge penalty"):
         fit_probe(x, y, rows, ridge=-1.0, horizon=15)
 
 
