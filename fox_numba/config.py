@@ -63,6 +63,13 @@ class FeatureConfig:
     forecast_ridge: float = opt(
         0.01, "Ridge penalty per training row of the forecast columns (as evaluation.probe_ridge is the probe's)."
     )
+    forecast_blocks: int = opt(
+        5,
+        "Cross-fitting of the forecast columns on the training rows: the training days are cut into this many "
+        "contiguous blocks and each block's rows read the fit on the other blocks, so the column is no better "
+        "where the agent trains than on unseen days (1: the in-sample fit, which on the default market made "
+        "the 60-bar column look ten times better than it is; tools/results/learner_ablation_h200.md section 13).",
+    )
 
 
 @dataclass

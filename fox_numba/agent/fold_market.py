@@ -8,8 +8,8 @@ Built once per fold:
 - normalisation fitted on the training rows less the purged tail only (`fit_normaliser`), applied to every
   bar of the fold (`apply_normaliser`), then the market part of the observation (z and its per-day EMAs,
   `observation.market_part`, then a forecast column per features.forecast_horizons, fitted on the same
-  training rows: features/forecast.py): a bar's row depends on no later bar, and no statistic on any bar
-  after the training window's purge start;
+  training rows and cross-fitted on them: features/forecast.py): a bar's row depends on no later bar, and
+  no statistic on any bar after the training window's purge start;
 - the close book (10 levels x 2 sides, price float64 / size float32), the close mid, the per-bar trade
   summary for limit fills;
 - fold-local `day_start`, and `row_stop[r]`: the row after the last bar an episode through row r may use
@@ -43,7 +43,7 @@ from fox_numba.config import EnvConfig, FeatureConfig
 from fox_numba.device.staging import Stager
 from fox_numba.errors import ConfigError
 from fox_numba.features.feature_set import FeatureSet
-from fox_numba.features.forecast import ForecastColumn, forward_change
+from fox_numba.features.forecast import ForecastColumn, cross_fitted_column, forward_change
 from fox_numba.features.normalise import NormStats, apply_normaliser, fit_normaliser
 from fox_numba.observation import market_part
 
@@ -170,12 +170,14 @@ class FoldMarket:
         train_stop, val_start, n = g_train_stop - g0, g_val - g0, g_end - g0
         mid = np.ascontiguousarray(raw.mid[rows], np.float64)
         feature_obs = market_part(z, day_start)
-        if not given:
-            forecast = fit_forecast_columns(feature_obs, mid, day_start, train_stop, features, fold.index)
-        if len(forecast) != len(features.forecast_horizons):
-            raise ConfigError(f"fold {fold.index}: {len(forecast)} forecast columns given for "
-                              f"features.forecast_horizons = {features.forecast_horizons}")  # fmt: skip
-        market_obs = np.column_stack([feature_obs, *(c.apply(feature_obs, features.clip_sigma) for c in forecast)])
+        if given:
+            if len(forecast) != len(features.forecast_horizons):
+                raise ConfigError(f"fold {fold.index}: {len(forecast)} forecast columns given for "
+                                  f"features.forecast_horizons = {features.forecast_horizons}")  # fmt: skip
+            columns = [c.apply(feature_obs, features.clip_sigma) for c in forecast]
+        else:
+            forecast, columns = fit_forecast_columns(feature_obs, mid, day_start, train_stop, features, fold.index)
+        market_obs = np.column_stack([feature_obs, *columns])
 
         day_of_row = np.repeat(np.arange(day_start.size - 1), np.diff(day_start))
         row_stop = day_start[1:][day_of_row].astype(np.int32)
@@ -282,17 +284,23 @@ def forecast_from_checkpoint(arrays: dict[str, np.ndarray]) -> tuple[ForecastCol
 
 
 def fit_forecast_columns(feature_obs: np.ndarray, mid: np.ndarray, day_start: np.ndarray, train_stop: int,
-                         features: FeatureConfig, fold: int) -> tuple[ForecastColumn, ...]:
-    """One forecast column per features.forecast_horizons entry, fitted on rows 0 .. train_stop - 1."""
+                         features: FeatureConfig, fold: int) -> tuple[tuple[ForecastColumn, ...], list[np.ndarray]]:
+    """Per features.forecast_horizons entry: the fit on rows 0 .. train_stop - 1 and the column of every row,
+    cross-fitted over features.forecast_blocks on the training rows (features/forecast.py)."""
     horizons = features.forecast_horizons
-    if any(h < 1 for h in horizons) or len(set(horizons)) != len(horizons) or features.forecast_ridge < 0:
-        raise ConfigError(f"features.forecast_horizons must be distinct bar counts >= 1 and features.forecast_ridge "
-                          f">= 0; got {horizons} and {features.forecast_ridge}")  # fmt: skip
+    if any(h < 1 for h in horizons) or len(set(horizons)) != len(horizons) or features.forecast_ridge < 0 or (
+        features.forecast_blocks < 1
+    ):
+        raise ConfigError(f"features.forecast_horizons must be distinct bar counts >= 1, features.forecast_ridge >= 0 "
+                          f"and features.forecast_blocks >= 1; got {horizons}, {features.forecast_ridge} and "
+                          f"{features.forecast_blocks}")  # fmt: skip
     try:
-        return tuple(ForecastColumn.fit(feature_obs, mid, day_start, train_stop, horizon=h,
-                                        ridge=features.forecast_ridge) for h in horizons)  # fmt: skip
+        fits = [cross_fitted_column(feature_obs, mid, day_start, train_stop, horizon=h, ridge=features.forecast_ridge,
+                                    blocks=features.forecast_blocks, clip=features.clip_sigma) for h in horizons]
     except ValueError as e:
-        raise ConfigError(f"fold {fold}: features.forecast_horizons: {e}") from None
+        raise ConfigError(f"fold {fold}: forecast columns (features.forecast_horizons, forecast_blocks): {e}") from None
+    return tuple(f for f, _ in fits), [c for _, c in fits]
+
 
 DEVICE_TENSORS: tuple[str, ...] = (
     "market_obs",

@@ -21,7 +21,7 @@ from fox_numba.agent.fold_market import (
 from fox_numba.config import EnvConfig, FeatureConfig, FoldConfig
 from fox_numba.errors import ConfigError
 from fox_numba.features.feature_set import FeatureSet
-from fox_numba.features.forecast import ForecastColumn
+from fox_numba.features.forecast import cross_fitted_column
 from fox_numba.features.normalise import apply_normaliser, fit_normaliser
 from fox_numba.observation import N_MARKET, market_part
 from fox_numba.walkforward.folds import make_folds
@@ -191,30 +191,35 @@ def test_a_real_fold_purged_of_every_training_bar_is_refused(fs):
 
 
 def test_forecast_columns_follow_the_feature_blocks_and_survive_a_checkpoint(fs):
-    """With features.forecast_horizons = [2, 3]: two columns after the N_MARKET feature columns, each the
-    ForecastColumn fitted on the fold's training rows (before the purge) applied to the feature columns; the
-    feature columns unchanged; the fits round-trip through checkpoint_arrays, and a market built from a
-    checkpoint's statistics and fits (fox evaluate's path) has the same rows."""
-    features = FeatureConfig(forecast_horizons=[2, 3], forecast_ridge=0.05)
+    """With features.forecast_horizons = [2, 3]: two columns after the N_MARKET feature columns, each
+    cross_fitted_column on the fold's training rows (before the purge) of the feature columns; the feature
+    columns unchanged; the full fits round-trip through checkpoint_arrays, and a market built from a
+    checkpoint's statistics and fits (fox evaluate's path) has the same rows after the training rows."""
+    features = FeatureConfig(forecast_horizons=[2, 3], forecast_ridge=0.05, forecast_blocks=2)
     plain = FoldMarket.build(fs, WINDOWS, FEATURES, ENV)
     fm = FoldMarket.build(fs, WINDOWS, features, ENV)
     assert fm.market_obs.shape == (plain.n_rows, N_MARKET + 2) and fm.market_obs.dtype == np.float32
     np.testing.assert_array_equal(fm.market_obs[:, :N_MARKET], plain.market_obs)
     for k, h in enumerate([2, 3]):
-        col = ForecastColumn.fit(plain.market_obs, plain.mid, plain.day_start, plain.train_stop, horizon=h,
-                                 ridge=0.05)
-        np.testing.assert_array_equal(fm.market_obs[:, N_MARKET + k], col.apply(plain.market_obs, FEATURES.clip_sigma))
+        fit, col = cross_fitted_column(plain.market_obs, plain.mid, plain.day_start, plain.train_stop, horizon=h,
+                                       ridge=0.05, blocks=2, clip=FEATURES.clip_sigma)
+        np.testing.assert_array_equal(fm.market_obs[:, N_MARKET + k], col)
+        np.testing.assert_array_equal(fm.forecast[k].weights, fit.weights)
     arrays = fm.checkpoint_arrays()
     assert set(arrays) == {*CHECKPOINT_ARRAYS, *FORECAST_ARRAYS} and arrays["market.forecast_weights"].shape == (2, N_MARKET)
     assert set(plain.checkpoint_arrays()) == set(CHECKPOINT_ARRAYS)
     given = forecast_from_checkpoint(arrays)
     again = FoldMarket.build(fs, WINDOWS, features, ENV, stats=fm.stats, risk_unit=fm.risk_unit, forecast=given)
-    np.testing.assert_array_equal(again.market_obs, fm.market_obs)
+    ts = fm.train_stop
+    np.testing.assert_array_equal(again.market_obs[ts:], fm.market_obs[ts:])
+    np.testing.assert_array_equal(again.market_obs[:ts, :N_MARKET], fm.market_obs[:ts, :N_MARKET])
     with pytest.raises(ConfigError, match="2 forecast columns given"):
         FoldMarket.build(fs, WINDOWS, FeatureConfig(forecast_horizons=[2]), ENV, stats=fm.stats,
                          risk_unit=fm.risk_unit, forecast=given)
     for bad in ([0], [2, 2]):
         with pytest.raises(ConfigError, match="forecast_horizons must be distinct"):
             FoldMarket.build(fs, WINDOWS, FeatureConfig(forecast_horizons=bad), ENV)
-    with pytest.raises(ConfigError, match="fold 0: features.forecast_horizons: .*fewer than two"):
-        FoldMarket.build(fs, WINDOWS, FeatureConfig(forecast_horizons=[12]), ENV)  # no training day holds 13 bars
+    with pytest.raises(ConfigError, match=r"fold 0: forecast columns \(.*\): .*fewer than two"):
+        FoldMarket.build(fs, WINDOWS, FeatureConfig(forecast_horizons=[12], forecast_blocks=1), ENV)  # no 13-bar day
+    with pytest.raises(ConfigError, match="5 cross-fitting blocks need as many training days; there are 4"):
+        FoldMarket.build(fs, WINDOWS, FeatureConfig(forecast_horizons=[2]), ENV)
