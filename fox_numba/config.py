@@ -58,7 +58,8 @@ class FeatureConfig:
         "Forecast columns appended to the observation's market part, one per horizon in bars (empty: none): "
         "a ridge forecast of the forward mid change over that horizon from the bar's market row, fitted on the "
         "fold's training rows only and standardised on them (features/forecast.py). The probe's own forecast "
-        "as an input: a run with them is not pure RL, and says so in its config.",
+        "as an input: a run with them is not pure RL, and says so in its config. [5, 15, 60] lost on the "
+        "market suite's seen markets (tools/results/learner_ablation_h200.md section 13).",
     )
     forecast_ridge: float = opt(
         0.01, "Ridge penalty per training row of the forecast columns (as evaluation.probe_ridge is the probe's)."
@@ -169,7 +170,8 @@ class LearnerConfig:
         "env.collect_steps of them (4096 x 256 = 2**20 by default), so by default each epoch's collect "
         "overwrites the whole buffer and the learner samples only that epoch's transitions, as on-policy "
         "as a replay gets; a larger buffer keeps earlier epochs of the fold (the buffer is emptied at every "
-        "fold boundary).",
+        "fold boundary). Four epochs (2**22) did no better on the suite's seen markets and worse on the volatile "
+        "held-out one (tools/results/learner_ablation_h200.md section 13).",
     )
     steps_per_epoch: int = opt(1000, "Gradient steps per epoch.")
     epochs: int = opt(5, "Epochs per fold.")
