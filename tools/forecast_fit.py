@@ -6,7 +6,9 @@
 For every fold of the plan and every horizon: the correlation of the column with its target (the forward mid
 change over the horizon, inside the day) on the training rows with the column fitted in sample, on the
 validation days (the full fit, what the agent is scored with), and on the training rows cross-fitted over
-features.forecast_blocks (what an agent with forecast columns trains on). A column much better in sample than on the
+features.forecast_blocks (what an agent with forecast columns trains on); and on the validation days the
+full fit's correlation with the --target-bar move (the oracle's horizon): how much of the tradeable move a
+fit to h-bar targets recovers. A one-step learner's direction values estimate the h = 1 fit. A column much better in sample than on the
 validation days teaches the agent to trust it more than it should (tools/results/learner_ablation_h200.md
 section 13). CPU only: no kernel runs.
 """
@@ -41,6 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--store", type=Path, help="market store (default: the embedded default market)")
     parser.add_argument("--horizons", type=int, nargs="+", default=[5, 15, 60])
+    parser.add_argument("--target", type=int, default=15, help="bars of the move the last column scores against")
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE", help="config override")
     parser.add_argument("--out", type=Path, help="also write the table to this markdown file")
     args = parser.parse_args(argv)
@@ -52,13 +55,14 @@ def main(argv: list[str] | None = None) -> int:
     blocks, ridge, clip = cfg.features.forecast_blocks, cfg.features.forecast_ridge, cfg.features.clip_sigma
     lines = [
         f"| fold | horizon | in sample, training rows | full fit, validation days | cross-fitted ({blocks} blocks), "
-        "training rows |",
-        "| ---: | ---: | ---: | ---: | ---: |",
+        f"training rows | full fit against the {args.target}-bar move, validation days |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for fold in make_folds(cfg.folds, selection.days):
         m = FoldMarket.build(features, fold, plain, cfg.env)
         x, rows = m.market_obs[:, :N_MARKET], np.arange(m.n_rows)
         train, val = rows < m.train_stop, rows >= m.val_start
+        tradeable = forward_change(m.mid, m.day_start, args.target)
         for h in args.horizons:
             target = forward_change(m.mid, m.day_start, h)
             full, _ = cross_fitted_column(x, m.mid, m.day_start, m.train_stop, horizon=h, ridge=ridge, blocks=1,
@@ -67,7 +71,8 @@ def main(argv: list[str] | None = None) -> int:
                                              blocks=blocks, clip=clip)  # fmt: skip
             column = full.apply(x, clip)
             lines.append(f"| {fold.index} | {h} | {correlation(column, target, train):+.3f} | "
-                         f"{correlation(column, target, val):+.3f} | {correlation(crossed, target, train):+.3f} |")
+                         f"{correlation(column, target, val):+.3f} | {correlation(crossed, target, train):+.3f} | "
+                         f"{correlation(column, tradeable, val):+.3f} |")
     table = "\n".join(lines) + "\n"
     print(table, end="")
     if args.out is not None:

@@ -9,6 +9,7 @@ reference cut back to the end of fold 0 (a resume across a fold boundary, wherev
 `fox evaluate` and `fox report` run on copies of the reference run (no extra training).
 """
 
+import importlib.util
 import json
 import math
 import os
@@ -18,6 +19,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import matplotlib
 import numpy as np
@@ -36,6 +38,7 @@ from fox_numba.walkforward.report import FIGURES, equity_figure, write_report
 
 EPOCHS, FOLDS = PRESETS["smoke"]["learner.epochs"], PRESETS["smoke"]["folds.n_folds"]
 STEPS, DIAG_EVERY = PRESETS["smoke"]["learner.steps_per_epoch"], PRESETS["smoke"]["run.diag_every"]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -239,3 +242,22 @@ def test_a_missing_best_validation_is_reported_not_silently_skipped(reference, t
     fig = equity_figure(run, [0, 1])
     assert [t.get_text() for t in fig.axes[1].texts] == ["no best_validation.npz"] and not fig.axes[0].texts
     plt.close(fig)
+
+
+def test_signal_probe_reads_each_folds_honest_checkpoint(reference):
+    """tools/signal_probe.py on the finished run: a row per fold at its checkpoint's epoch, the agent's figures
+    those the run recorded for that epoch, the probe's those of the run's own baseline (the same fit on the same
+    days), and the signal traded with a validation R^2 (its own fit; tests/agent/test_direction_signal.py checks
+    the signal itself against a float64 reference)."""
+    run, _ = reference
+    spec = importlib.util.spec_from_file_location("signal_probe", ROOT / "tools" / "signal_probe.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    folds = tool.run_folds(run)
+    assert [f["fold"] for f in folds] == list(range(FOLDS))
+    for f in folds:
+        line = best_line(run, f["fold"])
+        assert f["epoch"] == line["epoch"]
+        assert same(f["agent_bar"], line["val"]["sharpe_bar"]) and same(f["agent"], line["val"]["sharpe_daily"])
+        assert f["probe_bar"] == pytest.approx(line["baselines"]["probe"]["sharpe_bar"], rel=1e-12)
+        assert math.isfinite(f["signal_r2"]) and isinstance(f["signal_bar"], float)

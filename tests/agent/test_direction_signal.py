@@ -1,0 +1,33 @@
+"""The direction signal (agent/direction_signal.py) against a float64 reference: every bar's E[Q(long)] -
+E[Q(short)] with a flat portfolio, chunks of the fold's rows included (a short last chunk)."""
+
+import numpy as np
+import reference
+
+from fox_numba.actions import LONG, N_HEADS, SHORT
+from fox_numba.agent.direction_signal import DirectionSignal, flat_portfolio
+from fox_numba.agent.network import ParamLayout, init_params
+from fox_numba.config import NetworkConfig
+from fox_numba.observation import N_PORTFOLIO, PORT_BARS_LEFT
+
+MARKET = 5
+
+
+def test_every_bar_reads_the_reference_signal(stager, rng):
+    lay = ParamLayout.build(MARKET + N_PORTFOLIO, NetworkConfig(hidden=6, n_layers=1, n_atoms=7))
+    params = init_params(lay, 3) + rng.normal(0, 0.05, lay.size).astype(np.float32)  # logits that differ
+    supports = reference.random_support(rng, (N_HEADS,), lay.n_atoms)
+    market_obs = rng.standard_normal((10, MARKET)).astype(np.float32)
+    signal = DirectionSignal(lay, stager=stager, chunk=4).compute(
+        stager.upload_new(market_obs), stager.upload_new(params), stager.upload_new(supports))
+
+    port = np.zeros(N_PORTFOLIO)
+    port[PORT_BARS_LEFT] = 1.0
+    np.testing.assert_array_equal(flat_portfolio(), port)
+    obs = np.hstack([market_obs.astype(np.float64), np.tile(port, (10, 1))])
+    _, logits = reference.net_forward64(lay.unpack(params), 1, obs, lay.n_atoms)
+    q = reference.expected_q64(logits, np.broadcast_to(supports, (10, N_HEADS, 3)))
+    want = q[:, LONG] - q[:, SHORT]
+    assert signal.shape == (10,) and signal.dtype == np.float64
+    np.testing.assert_allclose(signal, want, rtol=1e-4, atol=1e-5 * np.abs(want).max())
+    assert np.ptp(want) > 0.1 * np.abs(want).max()  # the rows differ: the check is not of a constant
