@@ -209,6 +209,16 @@ def data_import(
         str | None,
         typer.Option(help=f"Exchange calendar of trading days: {', '.join(CALENDARS)} (default us: NYSE/CME holidays)."),
     ] = None,
+    use_ray: Annotated[
+        bool,
+        typer.Option("--ray", help="Stage Databento files as Ray tasks, one per file, on a local cluster of this "
+                     "machine's CPUs (or the one at --address); needs the ray extra."),
+    ] = False,
+    address: Annotated[
+        str | None,
+        typer.Option(help="Ray cluster to join (implies --ray): auto, HOST:PORT or ray://HOST:PORT; its nodes must "
+                     "reach the files and the store's folder under the same paths."),
+    ] = None,
 ) -> None:
     """Import Databento DBN (mbp-10, trades, ohlcv-1m) or LOBSTER files into a market store."""
     if fmt not in FORMATS:
@@ -226,7 +236,10 @@ def data_import(
     }
     overrides = {k: v for k, v in given.items() if v is not None}
     with progress_bar(f"importing into {out}") as progress:
-        result = import_market(paths, out, fmt=fmt, instrument=instrument, overrides=overrides, progress=progress)
+        result = import_market(
+            paths, out, fmt=fmt, instrument=instrument, overrides=overrides, progress=progress, ray=use_ray,
+            address=address,
+        )  # fmt: skip
     for line in result.lines():
         typer.echo(line)
 

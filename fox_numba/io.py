@@ -31,7 +31,7 @@ def remove_stale_temporaries(target: Path) -> list[Path]:
     prefix = f".{target.name}{TEMP_INFIX}"
     for path in target.parent.glob(f"{prefix}*"):
         pid = path.name[len(prefix) :]
-        if pid.isdigit() and int(pid) != os.getpid() and not _running(int(pid)):
+        if pid.isdigit() and int(pid) != os.getpid() and not running_process(int(pid)):
             with contextlib.suppress(OSError):
                 path.unlink()
                 removed.append(path)
@@ -76,7 +76,7 @@ def atomic_write_text(target: str | Path, text: str) -> Path:
     return Path(target)
 
 
-def _running(pid: int) -> bool:
+def running_process(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

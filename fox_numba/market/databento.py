@@ -1,8 +1,12 @@
 """Databento DBN importer: `mbp-10`, `trades` and `ohlcv-1m` files (DBN or DBN+zstd) to trading days.
 
-Files are decoded with `databento_dbn` in blocks (`_CHUNK` bytes of input) and each block's records viewed as a
-numpy structured array (DBN records are fixed-size C structs), so a day of MBP-10 converts without a Python
-loop per field; of each block only the chosen instrument's records and the fields the store needs are kept.
+Files are read in blocks (`_CHUNK` bytes of records; zstd decompressed as a stream with `zstandard`) and each
+block's bytes viewed as a numpy structured array (DBN records are fixed-size C structs): no Python object per
+record. Of each block only the chosen instrument's records and the fields the store needs are kept, the flags'
+decisions are taken (carrying across blocks what they need of the next record), and the rows are split into
+trading days, validated and appended to a staging file per input file (`stage_file`, `staging.PartWriter`), so
+memory holds a block and a chunk per day, never a day or a file. A Ray cluster can stage the files in parallel
+(`importer`); the days are then assembled, checked across files and schemas and written by one process.
 
 Decisions:
 - One instrument per import. `--instrument` names it by raw symbol (ESU4) or instrument_id (an id the
@@ -23,18 +27,21 @@ Decisions:
 - Trades: `side` is the aggressor's side (Databento: 'B' buyer-initiated, 'A' seller-initiated, 'N' none)
   and becomes +1 / -1 / 0.
 - Trading days: rows are split by `calendar.assign_days`; a day whose rows come from several files is
-  joined before it is validated, and it is complete once a later file starts after the day's end.
+  joined (and checked where its files meet) once it is complete: when a later file starts after the day's end.
   Days with trades but no `ohlcv-1m` file get bars built from the trades (`bars.bars_from_trades`).
 - Corrupt files: a zstd file that is cut short (an interrupted download) is refused: the decoder alone
   would return its first records as if the day had ended early; a damaged zstd frame fails its checksum.
   Plain `.dbn` files have neither, so their records are read here (fixed-size records, each declaring its
   length): a record whose declared length is wrong, or a file ending inside a record, is refused with its
-  record number and byte offset. Every decoder failure (including the Rust decoder's panics, which are
-  BaseExceptions) becomes a one-line InputError naming the file.
+  record number and byte offset (for zstd: the offset in the decompressed records). Every decoding failure
+  (including the Rust decoder's panics on a bad header, which are BaseExceptions) becomes a one-line InputError
+  naming the file; after any error in a zstd file its rest is decoded, and a decoding failure there is what is
+  reported (a damaged block may decode to values that fail a check first).
 - Against the metadata: a record whose index time (`ts_recv`; `ts_event` for ohlcv-1m) is at or past the
   metadata's `end` is an error; a last record more than `CUT_WARNING_MINUTES` of open market before the
   `end` is a warning in the import's notes (a plain file cut at a record boundary shows only this way).
-Rows in errors are 0-based record numbers of the file, counting every instrument's records.
+Rows in errors are 0-based record numbers of the file, counting every instrument's records. Where a file holds
+several faults, the first block holding one reports it.
 """
 
 from __future__ import annotations
@@ -44,29 +51,21 @@ import os
 import re
 import sys
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
 import databento_dbn as dbn
+import h5py
 import numpy as np
+import zstandard
 
 from fox_numba.errors import InputError
 from fox_numba.market.calendar import assign_days, day_bounds, format_ns, open_ns_between
-from fox_numba.market.schema import (
-    DTYPES,
-    N_LEVELS,
-    SIDE_BUY,
-    SIDE_NONE,
-    SIDE_SELL,
-    Bars,
-    Instrument,
-    MarketDay,
-    Mbp10,
-    Trades,
-)
-from fox_numba.market.sources import Sourced, bars_sourced, concat, unchanged_book_rows, validate_sourced
+from fox_numba.market.schema import DTYPES, N_LEVELS, SCHEMA_TYPES, SIDE_BUY, SIDE_NONE, SIDE_SELL, Instrument
+from fox_numba.market.sources import Sourced, concat
+from fox_numba.market.staging import Part, PartWriter, StagedDay
 from fox_numba.market.validate import BOOK_FIELDS
 
 DBN_SCHEMAS = {"mbp-10": "mbp10", "trades": "trades", "ohlcv-1m": "bars"}
@@ -79,9 +78,8 @@ CUT_WARNING_MINUTES = 60
 _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 _DBN_PREFIX = 8
 """b"DBN", the version byte and the metadata length (u32) precede the metadata."""
-_CHUNK = 1 << 20
-"""Bytes of input read at a time: a block of records. A compressed chunk decodes to a few times as many bytes, and
-databento_dbn makes a Python object of each of its records (~1.5 KB) before the block is packed into numpy."""
+_CHUNK = 1 << 22
+"""Bytes of records decoded at a time: a block (about 11,000 MBP-10 records)."""
 _HEADER = [("length", "u1"), ("rtype", "u1"), ("publisher_id", "<u2"), ("instrument_id", "<u4"), ("ts_event", "<u8")]
 _MBP = [
     ("price", "<i8"), ("size", "<u4"), ("action", "S1"), ("side", "S1"), ("flags", "u1"), ("depth", "u1"),
@@ -181,79 +179,27 @@ class DatabentoImport:
                 return match.group(1)
         return self.name
 
-    def days(self, instrument: Instrument, progress: Callable[[str], None] | None = None) -> Iterator[MarketDay]:
-        """Validated trading days, each complete across files, with bars built from trades if none came."""
-        pending: dict[str, dict[str, list[Sourced]]] = {}
+    def tasks(self, instrument: Instrument, staging: Path, *, compress: bool) -> list[FileTask]:
+        """One task per file, in reading order: what `stage_file` needs to stage it into `staging`."""
+        return [
+            FileTask(f, self.name, instrument, staging / f"{k:05d}.h5", compress) for k, f in enumerate(self.files)
+        ]
+
+    def days(self, results: Iterable[FileResult], instrument: Instrument) -> Iterator[StagedDay]:
+        """Trading days from the staged files (`results` of `tasks`, in their order), each once it is complete:
+        when a later file starts after the day's end (`staging.commit_day` checks and writes it)."""
+        pending: dict[str, dict[str, list[Part]]] = {}
+        results = iter(results)
         for f in self.files:
             yield from self._flush(pending, instrument, before=f.start)
-            if progress is not None:
-                progress(f"reading {f.path.name}")
-            for day, rows in self._file_days(f, instrument):
-                pending.setdefault(day, {}).setdefault(f.schema, []).append(rows)
+            result = next(results)  # staged (here) only once the days complete before it are written
+            result.raise_error()
+            self.counts.update(result.counts)
+            self.warnings.extend(result.warnings)
+            for day, rows in result.days.items():
+                part = Part(result.staged, f.path, day, f.schema, rows, len(result.days))
+                pending.setdefault(day, {}).setdefault(f.schema, []).append(part)
         yield from self._flush(pending, instrument, before=None)
-
-    def _file_days(self, f: DbnFile, instrument: Instrument) -> list[tuple[str, Sourced]]:
-        """The chosen instrument's rows of file `f`, converted and split into trading days.
-
-        The file is read block by block: each block keeps only the chosen instrument's records and the fields
-        `_convert` reads, so no copy of the whole file's records is ever held. The per-file decisions (snapshot
-        runs, unchanged books, order) are taken on the joined rows, as on a file read whole.
-        """
-        ids = [i for i, n in f.names.items() if n == self.name]
-        if not ids and self.name.isdigit():
-            ids = [int(self.name)]
-        index = "ts_event" if f.schema == "bars" else "ts_recv"
-        parts: dict[str, list[np.ndarray]] = {}
-        at: list[np.ndarray] = []
-        present: set[int] = set()
-        late: tuple[int, int] | None = None
-        last: int | None = None
-        offset = 0
-        for block in record_blocks(f):
-            mine = np.flatnonzero(np.isin(block["instrument_id"], ids))
-            for name, values in _columns(block, mine, f.schema).items():
-                parts.setdefault(name, []).append(values)
-            at.append(mine + offset)
-            present.update(np.unique(block["instrument_id"]).tolist())
-            if block.size and f.end is not None:
-                beyond = np.flatnonzero(block[index] >= np.uint64(f.end))
-                if beyond.size and late is None:
-                    late = (offset + int(beyond[0]), int(block[index][beyond[0]]))
-                last = max(int(block[index].max()), last or 0)
-            offset += block.size
-        selected = np.concatenate(at) if at else np.zeros(0, dtype=np.int64)
-        if selected.size == 0:
-            held = ", ".join(sorted({f.names.get(i, str(i)) for i in present})) or "none"
-            raise InputError(f.path, f"no records for instrument {self.name} (the file holds {held})")
-        cols = {name: np.concatenate(parts.pop(name)) for name in list(parts)}  # one column's blocks at a time
-        rows = self._convert(f, cols, selected)
-        self._check_end(f, index, late, last, instrument)
-        day_names, day_idx = assign_days(rows.data.ts_event, instrument)
-        ends = np.searchsorted(day_idx, np.arange(1, len(day_names) + 1))  # rows are in time order: days are runs
-        return [(day, rows.take(slice(a, b))) for day, a, b in zip(day_names, np.r_[0, ends[:-1]], ends, strict=True)]
-
-    def _check_end(
-        self, f: DbnFile, index: str, late: tuple[int, int] | None, last: int | None, instrument: Instrument
-    ) -> None:
-        """Refuse records at or past the metadata's end (`late`: the first one's record number and `index` time);
-        warn when the last `index` time is far before it."""
-        if f.end is None or last is None:
-            return
-        if late is not None:
-            message = (
-                f"{index} {format_ns(late[1], 'UTC')} UTC is at or past the end of the file's "
-                f"metadata ({format_ns(f.end, 'UTC')} UTC): the file is damaged or its records are not its own"
-            )
-            raise InputError(f.path, message, field=index, row=late[0])
-        last += 60 * 10**9 if f.schema == "bars" else 0
-        gap = open_ns_between(last, f.end, instrument) / 60e9
-        if gap > CUT_WARNING_MINUTES:
-            self.warnings.append(
-                f"{f.path.name}: its last record ({format_ns(last, instrument.timezone)[:19]}) is {gap:,.0f} "
-                "minutes of open market before the end its metadata gives "
-                f"({format_ns(f.end, instrument.timezone)[:19]} {instrument.timezone}): was the file cut short? "
-                "Compare it with the download"
-            )
 
     def summary(self) -> list[str]:
         """The instrument choice and what the flags made the import drop or keep."""
@@ -265,45 +211,275 @@ class DatabentoImport:
         }
         return self.notes + [f"{self.counts[k]:,} {w}" for k, w in words.items() if self.counts[k]]
 
-    def _flush(self, pending: dict, instrument: Instrument, before: int | None) -> Iterator[MarketDay]:
+    def _flush(self, pending: dict, instrument: Instrument, before: int | None) -> Iterator[StagedDay]:
+        labels = {s: f"{dbn_schema} {self.name}" for dbn_schema, s in DBN_SCHEMAS.items()}
         for day in sorted(pending):
             if before is not None and day_bounds(day, instrument)[1] > before:
                 continue
-            parts = {schema: concat(p) for schema, p in pending.pop(day).items()}
-            labels = {s: f"{dbn_schema} {self.name}" for dbn_schema, s in DBN_SCHEMAS.items()}
-            if "bars" not in parts and "trades" in parts:
-                parts["bars"] = bars_sourced(parts["trades"])
-                labels["bars"] = f"bars built from trades {self.name}"
-            yield validate_sourced(day, parts, instrument, labels, self.name)
+            yield StagedDay(day, self.name, pending.pop(day), labels)
 
-    def _convert(self, f: DbnFile, cols: dict[str, np.ndarray], selected: np.ndarray) -> Sourced:
-        """Rows of the chosen instrument's records (columns `cols` from `_columns`, filtered in place so that a
-        column and its filtered copy are the only two alive; record numbers `selected`) after the flags'
-        decisions."""
-        label = f"{f.dbn_schema} {self.name}"
+
+@dataclass(frozen=True)
+class FileTask:
+    """One DBN file to stage (plain data: a Ray task receives it pickled)."""
+
+    file: DbnFile
+    name: str
+    """The chosen instrument."""
+    instrument: Instrument
+    staged: Path
+    """The HDF5 file its days are staged in."""
+    compress: bool
+    """Compress the staged rows as the store does (`staging.PartWriter`)."""
+
+
+@dataclass
+class FileResult:
+    """What staging one file gave: rows per trading day, the flags' counts, warnings, or the error (its fields:
+    an exception with keyword arguments does not survive pickling, and a Ray task's result is pickled)."""
+
+    staged: Path
+    days: dict[str, int] = field(default_factory=dict)
+    counts: Counter = field(default_factory=Counter)
+    warnings: list[str] = field(default_factory=list)
+    error: tuple[str, str, str | None, str | None, int | None] | None = None
+
+    def raise_error(self) -> None:
+        if self.error is not None:
+            path, reason, group, field_, row = self.error
+            raise InputError(path, reason, group=group, field=field_, row=row)
+
+
+def stage_file(task: FileTask) -> FileResult:
+    """Read one DBN file block by block and stage the chosen instrument's rows, validated, per trading day.
+
+    Each block is decoded, filtered to the instrument, passed through the flags' decisions (`_FileRows`) and
+    split into trading days, and each day's rows are validated and appended to `task.staged`
+    (`staging.PartWriter`): memory holds a block and a chunk per day, never a day. A failure is returned in
+    the result; after one, the rest of a zstd file is still decoded so that a damaged stream is what is
+    reported (a corrupt block can decode to values that fail validation first).
+    """
+    f = task.file
+    result = FileResult(task.staged)
+    rows = _FileRows(f, task.name)
+    label = f"{f.dbn_schema} {task.name}"
+    blocks = record_blocks(f)
+    try:
+        with h5py.File(task.staged, "w") as h5:
+            writers: dict[str, PartWriter] = {}
+            for block in blocks:
+                _stage(rows.feed(block), writers, h5, task, label)
+            _stage(rows.finish(), writers, h5, task, label)
+            for day, writer in writers.items():
+                result.days[day] = writer.close()
+        if not rows.seen:
+            held = ", ".join(sorted({f.names.get(i, str(i)) for i in rows.present})) or "none"
+            raise InputError(f.path, f"no records for instrument {task.name} (the file holds {held})")
+        result.warnings = _cut_warnings(f, rows.last, task.instrument)
+    except InputError as e:
+        try:
+            if f.compressed:
+                for _ in blocks:
+                    pass
+        except InputError as decoding:
+            e = decoding
+        result.error = (e.path, e.reason, e.group, e.field, e.row)
+    result.counts = rows.counts
+    return result
+
+
+def _stage(rows: Sourced | None, writers: dict[str, PartWriter], h5: h5py.File, task: FileTask, label: str) -> None:
+    """Split `rows` (in time order) into trading days and append each day's run to its writer."""
+    if rows is None or rows.record.size == 0:
+        return
+    day_names, day_idx = assign_days(rows.data.ts_event, task.instrument)
+    ends = np.searchsorted(day_idx, np.arange(1, len(day_names) + 1))  # rows are in time order: days are runs
+    for day, a, b in zip(day_names, np.r_[0, ends[:-1]], ends, strict=True):
+        if day not in writers:
+            writers[day] = PartWriter(h5, day, task.file.schema, label, task.name, task.instrument, task.compress)
+        writers[day].append(rows.take(slice(a, b)))
+
+
+def _cut_warnings(f: DbnFile, last: int | None, instrument: Instrument) -> list[str]:
+    """A warning when the file's last index time (`last`) is far before its metadata's end."""
+    if f.end is None or last is None:
+        return []
+    last += 60 * 10**9 if f.schema == "bars" else 0
+    gap = open_ns_between(last, f.end, instrument) / 60e9
+    if gap <= CUT_WARNING_MINUTES:
+        return []
+    return [
+        f"{f.path.name}: its last record ({format_ns(last, instrument.timezone)[:19]}) is {gap:,.0f} "
+        "minutes of open market before the end its metadata gives "
+        f"({format_ns(f.end, instrument.timezone)[:19]} {instrument.timezone}): was the file cut short? "
+        "Compare it with the download"
+    ]
+
+
+class _FileRows:
+    """The flags' decisions on one file's records of the chosen instrument, taken block by block.
+
+    A decision that needs the next record (a snapshot run ends where the next record is not a snapshot) or the
+    file's end (a last unchanged book is kept when it is later) holds that record back until the next block or
+    `finish`; so the rows kept are those of the file read whole. Records are checked as they pass: an undefined
+    `ts_event`, an index time at or past the metadata's end, a decreasing `ts_event` among kept rows.
+    """
+
+    def __init__(self, f: DbnFile, name: str) -> None:
+        self.f = f
+        self.ids = [i for i, n in f.names.items() if n == name] or ([int(name)] if name.isdigit() else [])
+        self.index = "ts_event" if f.schema == "bars" else "ts_recv"
+        self.label = f"{f.dbn_schema} {name}"
+        self.counts: Counter = Counter()
+        self.present: set[int] = set()
+        self.seen = False
+        self.last: int | None = None
+        """The largest index time of the file (every instrument), for the cut-file warning."""
+        self.offset = 0
+        self.held: tuple[dict[str, np.ndarray], np.ndarray] | None = None
+        """MBP-10: the last record (columns, record number), awaiting the next record's snapshot flag."""
+        self.pending: tuple[dict[str, np.ndarray], np.ndarray, bool] | None = None
+        """MBP-10: the last record through the snapshot and bad-book filters, awaiting the next (or the file's
+        end), with whether its book equals the one before it."""
+        self.before_ts: np.ndarray | None = None
+        """MBP-10: ts_event of the last record through those filters whose book changed."""
+        self.last_kept: tuple[np.ndarray, np.ndarray] | None = None
+        """ts_event and record number of the last row kept, for the order check across blocks."""
+
+    def feed(self, block: np.ndarray) -> Sourced | None:
+        """The rows of `block` decided so far (None when none are)."""
+        f = self.f
+        self.present.update(np.unique(block["instrument_id"]).tolist())
+        late = None
+        if block.size and f.end is not None:
+            index = block[self.index]
+            beyond = np.flatnonzero(index >= np.uint64(f.end))
+            if beyond.size:
+                message = (
+                    f"{self.index} {format_ns(int(index[beyond[0]]), 'UTC')} UTC is at or past the end of the file's "
+                    f"metadata ({format_ns(f.end, 'UTC')} UTC): the file is damaged or its records are not its own"
+                )
+                late = InputError(f.path, message, field=self.index, row=self.offset + int(beyond[0]))
+            self.last = max(int(index.max()), self.last or 0)
+        mine = np.flatnonzero(np.isin(block["instrument_id"], self.ids))
+        cols, records = _columns(block, mine, f.schema), mine + self.offset
+        self.offset += block.size
+        self.seen |= bool(mine.size)
         ts = cols["ts_event"]
         # 0 and UNDEF_TIMESTAMP mark an undefined time; past int64 (year 2262) no trading day can hold it.
         undefined = (ts == 0) | (ts > np.uint64(np.iinfo(np.int64).max))
         if undefined.any():
-            row = int(selected[np.argmax(undefined)])
-            raise InputError(f.path, "undefined ts_event", group=label, field="ts_event", row=row)
+            row = int(records[np.argmax(undefined)])
+            raise InputError(f.path, "undefined ts_event", group=self.label, field="ts_event", row=row)
         if f.schema == "bars":
-            return Sourced.one_file(Bars(**{c: cols[c] for c in DTYPES["bars"]}), f.path, selected)
+            rows = self._rows(cols, records)
+        else:
+            flags = cols.pop("flags")
+            self.counts["bad_ts_recv"] += int(np.count_nonzero(flags & dbn.F_BAD_TS_RECV))
+            if f.schema == "trades":
+                snap = (flags & dbn.F_SNAPSHOT) != 0
+                self.counts["snapshot"] += int(np.count_nonzero(snap))
+                rows = self._rows(cols, records, np.flatnonzero(~snap))
+            else:
+                rows = self._book(cols | {"flags": flags}, records, final=False)
+        if late is not None:  # after the checks above: an undefined or decreasing time is the first fault
+            raise late
+        return rows
+
+    def finish(self) -> Sourced | None:
+        """The rows held back for the file's end."""
+        if self.held is None:
+            return None
+        cols, records = self.held
+        self.held = None
+        return self._book(cols, records, final=True)
+
+    def _book(self, cols: dict[str, np.ndarray], records: np.ndarray, *, final: bool) -> Sourced | None:
+        """MBP-10 records through the snapshot and bad-book filters, then the unchanged-book rule."""
+        if self.held is not None:
+            cols = {c: np.concatenate([self.held[0][c], v]) for c, v in cols.items()}
+            records = np.concatenate([self.held[1], records])
+        if records.size == 0:
+            return None
         flags = cols.pop("flags")
-        self.counts["bad_ts_recv"] += int(np.count_nonzero(flags & dbn.F_BAD_TS_RECV))
-        keep = np.flatnonzero(
-            _mbp10_keep(cols, flags, self.counts) if f.schema == "mbp10" else _trades_keep(flags, self.counts)
-        )
-        del ts  # the unfiltered column: each is replaced by its filtered copy below
-        for name in cols:
-            cols[name] = cols[name][keep]
-        selected = selected[keep]
-        _check_order(cols["ts_event"], selected, f.path, label)
-        if f.schema == "trades":
+        snap = (flags & dbn.F_SNAPSHOT) != 0
+        keep = ~snap | ~np.r_[snap[1:], False]
+        if not final:  # the last record waits for the next one's snapshot flag
+            self.held = ({c: v[-1:] for c, v in cols.items()} | {"flags": flags[-1:]}, records[-1:])
+            keep[-1] = False
+            snap[-1] = False  # not counted yet
+        self.counts["snapshot"] += int(np.count_nonzero(~keep & snap))
+        bad = (flags & dbn.F_MAYBE_BAD_BOOK) != 0
+        self.counts["bad_book"] += int(np.count_nonzero(bad & keep))
+        through = np.flatnonzero(keep & ~bad)
+        out = self._unchanged({c: v[through] for c, v in cols.items()}, records[through])
+        return out if not final else _join(out, self._end_book())
+
+    def _unchanged(self, cols: dict[str, np.ndarray], records: np.ndarray) -> Sourced | None:
+        """Rows whose book differs from the row before (the last one waits in `pending`)."""
+        if records.size == 0:
+            return None
+        prev = self.pending[0] if self.pending is not None else None
+        same = _same_book(cols, prev)
+        changed = np.flatnonzero(~same)
+        if changed.size:
+            self.before_ts = cols["ts_event"][changed[-1] : changed[-1] + 1]
+        if self.pending is not None:  # decided now: a record follows it
+            cols = {c: np.concatenate([self.pending[0][c], v]) for c, v in cols.items()}
+            records = np.concatenate([self.pending[1], records])
+            same = np.r_[self.pending[2], same]
+        self.pending = ({c: v[-1:] for c, v in cols.items()}, records[-1:], bool(same[-1]))
+        decided = np.flatnonzero(~same[:-1])
+        self.counts["unchanged"] += int(np.count_nonzero(same[:-1]))
+        return self._rows({c: v[decided] for c, v in cols.items()}, records[decided])
+
+    def _end_book(self) -> Sourced | None:
+        """The last record through the filters: kept if its book changed or it is later than the last change."""
+        if self.pending is None:
+            return None
+        cols, records, same = self.pending
+        self.pending = None
+        if same and cols["ts_event"][0] == self.before_ts[0]:
+            self.counts["unchanged"] += 1
+            return None
+        return self._rows(cols, records)
+
+    def _rows(self, cols: dict[str, np.ndarray], records: np.ndarray, keep: np.ndarray | None = None) -> Sourced:
+        """Kept rows as a schema record, after checking that ts_event does not decrease (across blocks too)."""
+        if keep is not None:
+            cols, records = {c: v[keep] for c, v in cols.items()}, records[keep]
+        ts = cols["ts_event"]
+        if self.last_kept is not None:
+            ts, records_checked = np.r_[self.last_kept[0], ts], np.r_[self.last_kept[1], records]
+        else:
+            records_checked = records
+        _check_order(ts, records_checked, self.f.path, self.label)
+        if records.size:
+            self.last_kept = (cols["ts_event"][-1:], records[-1:])
+        schema = self.f.schema
+        if schema == "trades":
             side = cols.pop("side")
             cols["side"] = np.select([side == b"B", side == b"A"], [SIDE_BUY, SIDE_SELL], SIDE_NONE).astype(np.int8)
-            return Sourced.one_file(Trades(**cols), f.path, selected)
-        return Sourced.one_file(Mbp10(**cols), f.path, selected)
+        data = SCHEMA_TYPES[schema](**{c: cols[c] for c in DTYPES[schema]})
+        return Sourced.one_file(data, self.f.path, records)
+
+
+def _join(a: Sourced | None, b: Sourced | None) -> Sourced | None:
+    return a if b is None else b if a is None else concat([a, b])
+
+
+def _same_book(cols: dict[str, np.ndarray], prev: dict[str, np.ndarray] | None) -> np.ndarray:
+    """Whether each row's 10-level book equals the row before it (the first row's: `prev`'s last row, False
+    without one). Each row of a field is compared as one opaque value: no [n, 10] mask is built."""
+    n = cols["ts_event"].shape[0]
+    same = np.ones(n, dtype=bool)
+    for name in BOOK_FIELDS:
+        col = cols[name] if prev is None else np.concatenate([prev[name][-1:], cols[name]])
+        flat = np.ascontiguousarray(col).view(f"V{col.itemsize * N_LEVELS}").ravel()
+        same[1 if prev is None else 0 :] &= flat[1:] == flat[:-1]
+    if prev is None:
+        same[0] = False
+    return same
 
 
 def read_header(path: Path) -> DbnFile:
@@ -334,77 +510,95 @@ def read_header(path: Path) -> DbnFile:
 
 
 def record_blocks(f: DbnFile) -> Iterator[np.ndarray]:
-    """The data records of the file in blocks (structured arrays over about `_CHUNK` bytes of input, in file
-    order, every instrument). A damaged file is refused as if it had been read whole: a decoding failure
-    first, then a cut record, a wrong record length, a wrong record type."""
+    """The data records of the file in blocks (structured arrays over about `_CHUNK` bytes of records, in file
+    order, every instrument), read straight from the file's bytes (zstd: decompressed as a stream), with no
+    Python object per record. A record that declares another length than the schema's, or another record type,
+    is refused with its record number; in a zstd file only after the rest decodes (a damaged stream is what is
+    reported)."""
     dtype = np.dtype(RECORD_FIELDS[f.schema] + ([("ts_out", "<u8")] if f.ts_out else []))
-    other: tuple[int, int] | None = None
-    offset = 0
+    n = 0
     with _open(f.path) as fh:
-        for data in (_zstd_blocks if f.compressed else _plain_blocks)(fh, f, dtype.itemsize):
+        raw = _zstd_blocks(fh, f, dtype.itemsize) if f.compressed else _plain_blocks(fh, f, dtype.itemsize)
+        for data in raw:
             block = np.frombuffer(data, dtype=dtype)
-            wrong = np.flatnonzero(block["rtype"] != RTYPES[f.schema])
-            if wrong.size and other is None:
-                other = (offset + int(wrong[0]), int(block["rtype"][wrong[0]]))
-            offset += block.size
+            declared = block["length"].astype(np.int64) * 4
+            bad = np.flatnonzero((declared != dtype.itemsize) | (block["rtype"] != RTYPES[f.schema]))
+            if bad.size:
+                if f.compressed:
+                    for _ in raw:
+                        pass
+                raise _record_fault(f, n + int(bad[0]), int(declared[bad[0]]), int(block["rtype"][bad[0]]), dtype)
+            n += block.size
             yield block
-    if other is not None:
-        raise InputError(f.path, f"record type {other[1]:#x} in a {f.dbn_schema} file", field="rtype", row=other[0])
 
 
-def _zstd_blocks(fh: BinaryIO, f: DbnFile, itemsize: int) -> Iterator[bytes]:
-    """The record bytes of a DBN+zstd file, one block per `_CHUNK` of input, decoded with databento_dbn (after
-    checking the frames are whole). After a record of the wrong length nothing more is yielded; the rest is
-    decoded to report a decoding failure first, as for a file read whole."""
+def _record_fault(f: DbnFile, k: int, declared: int, rtype: int, dtype: np.dtype) -> InputError:
+    """The error for record `k`, which declares `declared` bytes and record type `rtype`."""
+    if declared != dtype.itemsize:
+        where = f"byte {k * dtype.itemsize:,} of the decompressed records" if f.compressed else (
+            f"byte {f.records_at + k * dtype.itemsize:,}"
+        )
+        message = (
+            f"record at {where} declares a length of {declared} bytes, expected {dtype.itemsize} for "
+            f"{f.dbn_schema}: the file is damaged"
+        )
+        return InputError(f.path, message, field="length", row=k)
+    return InputError(f.path, f"record type {rtype:#x} in a {f.dbn_schema} file", field="rtype", row=k)
+
+
+def _block_bytes(itemsize: int) -> int:
+    """Bytes of whole records read at a time: `_CHUNK`, at least one record."""
+    return max(1, _CHUNK // itemsize) * itemsize
+
+
+def _zstd_blocks(fh: BinaryIO, f: DbnFile, itemsize: int) -> Iterator[memoryview]:
+    """The record bytes of a DBN+zstd file in blocks of whole records, decompressed as a stream (`zstandard`;
+    each frame's checksum is verified as its end is read), after checking that the frames are whole."""
     if not _zstd_complete(fh):
         raise InputError(f.path, "the zstd stream is cut short (an interrupted download?)")
     fh.seek(0)
-    decoder = _decoder(fh.read(4))
-    n = 0
-    wrong: tuple[int, int] | None = None
-    while chunk := fh.read(_CHUNK):
-        out = _decode(decoder, chunk, f.path, f"DBN decoding failed after record {n}")
-        if out and isinstance(out[0], dbn.Metadata):
-            out = out[1:]
-        blobs = [bytes(r) for r in out]
-        sizes = np.fromiter(map(len, blobs), dtype=np.int64, count=len(blobs))
-        bad = np.flatnonzero(sizes != itemsize)
-        if bad.size and wrong is None:
-            wrong = (n + int(bad[0]), int(sizes[bad[0]]))
-        n += len(blobs)
-        if wrong is None:
-            yield b"".join(blobs)
-    if decoder.buffer():
+    reader = zstandard.ZstdDecompressor().stream_reader(fh, read_across_frames=True, closefd=False)
+    head = _zstd_read(reader, _DBN_PREFIX, f.path, 0)
+    _zstd_read(reader, int.from_bytes(head[4:8], "little"), f.path, 0)  # the metadata, read by `read_header`
+    n, rest = 0, b""
+    while data := _zstd_read(reader, _block_bytes(itemsize) - len(rest), f.path, n):
+        data = rest + data
+        whole = len(data) // itemsize * itemsize
+        rest = data[whole:]
+        n += whole // itemsize
+        if whole:
+            yield memoryview(data)[:whole]
+    if rest:
         raise InputError(f.path, f"the file ends inside a record (after record {n - 1})")
-    if wrong is not None:
-        message = f"record of {wrong[1]} bytes, expected {itemsize} for {f.dbn_schema}"
-        raise InputError(f.path, message, row=wrong[0])
 
 
-def _plain_blocks(fh: BinaryIO, f: DbnFile, itemsize: int) -> Iterator[bytes]:
-    """The record bytes of a plain DBN file in blocks of whole records. Every record declares the schema's
-    length (in 4-byte words) and the file ends on a record boundary; otherwise name the first bad record and
-    its byte offset."""
+def _zstd_read(reader: zstandard.ZstdDecompressionReader, size: int, path: Path, n: int) -> bytes:
+    """Up to `size` decompressed bytes (fewer only at the end); a zstd failure names the records before it."""
+    out = []
+    try:
+        while size > 0 and (data := reader.read(size)):
+            out.append(data)
+            size -= len(data)
+    except zstandard.ZstdError as e:
+        raise InputError(path, f"DBN decoding failed after record {n} ({_first_line(e)})") from None
+    return b"".join(out)
+
+
+def _plain_blocks(fh: BinaryIO, f: DbnFile, itemsize: int) -> Iterator[memoryview]:
+    """The record bytes of a plain DBN file in blocks of whole records; a file that does not end on a record
+    boundary is refused, naming the record it ends inside."""
     fh.seek(f.records_at)
     n = 0
-    while data := fh.read(_CHUNK // itemsize * itemsize):
+    while data := fh.read(_block_bytes(itemsize)):
         whole = len(data) // itemsize
-        declared = np.frombuffer(data, dtype=np.uint8, count=whole * itemsize)[::itemsize].astype(np.int64) * 4
-        wrong = np.flatnonzero(declared != itemsize)
-        if wrong.size:
-            k = n + int(wrong[0])
-            message = (
-                f"record at byte {f.records_at + k * itemsize:,} declares a length of {declared[wrong[0]]} bytes, "
-                f"expected {itemsize} for {f.dbn_schema}: the file is damaged"
-            )
-            raise InputError(f.path, message, field="length", row=k)
+        if whole:
+            yield memoryview(data)[: whole * itemsize]
         n += whole
         if len(data) % itemsize:
             raise InputError(
                 f.path,
                 f"the file ends inside a record (after record {n - 1}, {len(data) % itemsize} bytes of record {n})",
             )
-        yield data
 
 
 def _columns(block: np.ndarray, rows: np.ndarray, schema: str) -> dict[str, np.ndarray]:
@@ -422,26 +616,6 @@ def _columns(block: np.ndarray, rows: np.ndarray, schema: str) -> dict[str, np.n
 def find_files(folder: Path) -> list[Path]:
     """The DBN files of a folder (not recursive), sorted by name."""
     return sorted(p for p in folder.iterdir() if p.is_file() and p.name.endswith(SUFFIXES))
-
-
-def _mbp10_keep(cols: dict[str, np.ndarray], flags: np.ndarray, counts: Counter) -> np.ndarray:
-    snap = (flags & dbn.F_SNAPSHOT) != 0
-    keep = ~snap | ~np.r_[snap[1:], False]
-    counts["snapshot"] += int(np.count_nonzero(~keep))
-    bad = (flags & dbn.F_MAYBE_BAD_BOOK) != 0
-    counts["bad_book"] += int(np.count_nonzero(bad & keep))
-    keep &= ~bad
-    kept = np.flatnonzero(keep)
-    same = unchanged_book_rows((cols[c][kept] for c in BOOK_FIELDS), cols["ts_event"][kept])
-    counts["unchanged"] += int(np.count_nonzero(same))
-    keep[kept[same]] = False
-    return keep
-
-
-def _trades_keep(flags: np.ndarray, counts: Counter) -> np.ndarray:
-    snap = (flags & dbn.F_SNAPSHOT) != 0
-    counts["snapshot"] += int(np.count_nonzero(snap))
-    return ~snap
 
 
 def _check_order(ts: np.ndarray, records: np.ndarray, path: Path, label: str) -> None:
@@ -521,14 +695,6 @@ def _open(path: Path) -> BinaryIO:
         return path.open("rb")
     except OSError as e:
         raise InputError(path, f"cannot read the file ({e.strerror})") from None
-
-
-def _decoder(magic: bytes) -> dbn.DBNDecoder:
-    """A decoder for plain or zstd-compressed DBN, told apart by the first bytes."""
-    compression = dbn.Compression.ZSTD if magic == _ZSTD_MAGIC else dbn.Compression.NONE
-    decoder = dbn.DBNDecoder(compression=compression)
-    decoder.write(magic)
-    return decoder
 
 
 def _decode(decoder: dbn.DBNDecoder, chunk: bytes, path: Path, what: str) -> list:

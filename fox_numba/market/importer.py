@@ -7,22 +7,37 @@ instrument is the starting point, the symbol comes from the data (contract root 
 import replaces that schema of that day in the store; bars come from the import's `ohlcv-1m` files,
 else they are built from the day's trades. The store is rewritten atomically,
 so a rejected import leaves it as it was.
+
+Databento files are staged one by one (`databento.stage_file`: each file's days validated and written block by
+block to a staging file beside the store), here or, with `ray`, as Ray tasks in parallel (one per file; `address`
+joins a cluster, whose nodes must reach the input files and the store's folder under the same paths: a shared
+file system); then this process takes the days in order, checks them across files and against the store, and
+writes them (`staging.commit_day`). The same files give the same store either way.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import os
+import signal
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
-from fox_numba.errors import InputError, OutputError
-from fox_numba.market.databento import SUFFIXES, DatabentoImport, find_files
+import h5py
+
+from fox_numba.errors import INTERRUPTS, FoxError, InputError, Interrupted, OutputError
+from fox_numba.market.databento import SUFFIXES, DatabentoImport, FileResult, FileTask, find_files, stage_file
 from fox_numba.market.lobster import NAME, LobsterPair, equity_instrument, find_pairs, read_pair
 from fox_numba.market.schema import Instrument, MarketDay, n_rows
-from fox_numba.market.store import MarketStore, write_store
+from fox_numba.market.staging import StagedDay, check_stored_day, commit_day, staging_folder
+from fox_numba.market.store import MarketStore, StoreWriter, write_store
 
 FORMATS = ("auto", "databento", "lobster")
+RAY_MISSING = 'fox data import --ray needs Ray: pip install -e ".[ray]"'
 
 
 @dataclass
@@ -53,28 +68,36 @@ def import_market(
     instrument: str | None = None,
     overrides: Mapping[str, object] | None = None,
     progress: Callable[[str], None] | None = None,
+    ray: bool = False,
+    address: str | None = None,
 ) -> ImportResult:
-    """Import `paths` into the store `out` (created or extended); `overrides` set Instrument fields."""
+    """Import `paths` into the store `out` (created or extended); `overrides` set Instrument fields. With `ray`
+    Databento files are staged as Ray tasks, on the cluster at `address` or on a local one."""
     if out.is_dir():
         raise OutputError(f"{out}: is a folder; --out names the store file to write or extend, e.g. {out / 'es.h5'}")
     fmt = detect_format(paths) if fmt == "auto" else fmt
     if fmt not in FORMATS[1:]:
         raise ValueError(f"format {fmt!r} is not one of {FORMATS}")
+    ray = ray or address is not None
+    if ray and fmt != "databento":
+        raise InputError(paths[0], "--ray stages Databento files; LOBSTER files are imported in this process")
     existing = _existing_instrument(out)
-    source = None
-    if fmt == "databento":
-        source = DatabentoImport.open(_expand(paths, find_files, "DBN files (.dbn, .dbn.zst)"), instrument)
-        inst = _instrument(existing or Instrument(), source.symbol, overrides)
-        days = source.days(inst, progress)
-    else:
+    if fmt == "lobster":
         if instrument is not None:
             raise InputError(paths[0], "--instrument selects a Databento instrument; LOBSTER files hold one stock each")
         pairs = _lobster_pairs(paths)
         inst = _instrument(existing or equity_instrument(pairs[0].ticker), pairs[0].ticker, overrides)
-        days = _lobster_days(pairs, inst, progress)
-    result = ImportResult(out, inst)
-    write_store(out, inst, _counted(days, result), extend=True, progress=progress)
-    if source is not None:
+        result = ImportResult(out, inst)
+        write_store(out, inst, _counted(_lobster_days(pairs, inst, progress), result), extend=True, progress=progress)
+    else:
+        found = _expand(paths, find_files, "DBN files (.dbn, .dbn.zst)")
+        source = DatabentoImport.open([p.resolve() for p in found] if ray else found, instrument)
+        inst = _instrument(existing or Instrument(), source.symbol, overrides)
+        result = ImportResult(out, inst)
+        with staging_folder(out) as folder:
+            tasks = source.tasks(inst, folder.resolve(), compress=ray)  # see staging.PartWriter
+            with _staged(tasks, ray, address, progress) as staged:
+                _commit(out, inst, source.days(staged, inst), result, progress)
         result.notes = source.summary()
         result.warnings = source.warnings
     with MarketStore(out) as store:
@@ -161,3 +184,94 @@ def _counted(days: Iterable[MarketDay], result: ImportResult) -> Iterator[Market
         result.rows[day.day] = {s: n_rows(getattr(day, s)) for s in day.present()}
         yield day
         del day  # released before `days` makes the next one
+
+
+@contextlib.contextmanager
+def _staged(
+    tasks: list[FileTask], ray: bool, address: str | None, progress: Callable[[str], None] | None
+) -> Iterator[Iterator[FileResult]]:
+    """The tasks' results in their order: staged here one by one as they are asked for, or by Ray tasks
+    submitted at once (a local cluster sized to this machine, or the one at `address`)."""
+    if not ray:
+        yield (_local(task, progress) for task in tasks)
+        return
+    from fox_numba.sweep.runner import OBJECT_STORE_BYTES  # here: the sweep package imports the training stack
+
+    ray_module = _import_ray()
+    if address:
+        ray_module.init(address=address, log_to_driver=False, logging_level="ERROR")
+    else:
+        ray_module.init(num_cpus=len(os.sched_getaffinity(0)), num_gpus=0, object_store_memory=OBJECT_STORE_BYTES,
+                        include_dashboard=False, log_to_driver=False, logging_level="ERROR")  # fmt: skip
+    # A signal handler that raises inside Ray's wait would surface as a SystemError: note the signal and raise
+    # Interrupted between waits (as `sweep.runner` does).
+    caught: list[int] = []
+    previous = {sig: signal.signal(sig, lambda signum, frame: caught.append(signum)) for sig in INTERRUPTS}
+    try:
+        remote = ray_module.remote(stage_file).options(num_cpus=1, max_retries=0)
+        yield _gathered(ray_module, tasks, [remote.remote(task) for task in tasks], caught, progress)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        ray_module.shutdown()
+
+
+def _local(task: FileTask, progress: Callable[[str], None] | None) -> FileResult:
+    if progress is not None:
+        progress(f"reading {task.file.path.name}")
+    return stage_file(task)
+
+
+def _gathered(
+    ray: Any, tasks: list[FileTask], refs: list, caught: list[int], progress: Callable[[str], None] | None
+) -> Iterator[FileResult]:
+    """Each task's result in order, waking every `WAIT_S` to stop on a signal."""
+    from fox_numba.sweep.runner import WAIT_S
+
+    for task, ref in zip(tasks, refs, strict=True):
+        while not ray.wait([ref], timeout=WAIT_S)[0]:
+            if caught:
+                raise Interrupted(caught[0])
+        if caught:
+            raise Interrupted(caught[0])
+        try:
+            result = ray.get(ref)
+        except Exception as e:  # the task itself failed (its worker died, a lost node)
+            reason = str(e).strip().splitlines()[0]
+            raise FoxError(f"{task.file.path}: the Ray task staging it failed ({reason})") from None
+        if progress is not None:
+            progress(f"staged {task.file.path.name}")
+        yield result
+
+
+def _import_ray() -> Any:
+    from fox_numba.sweep.runner import RayMissing
+
+    try:
+        import ray
+    except ImportError:
+        raise RayMissing(RAY_MISSING) from None
+    return ray
+
+
+def _commit(
+    out: Path, inst: Instrument, days: Iterable[StagedDay], result: ImportResult, progress: Callable[[str], None] | None
+) -> None:
+    """Write the staged days, in order, into the store `out` (extended if it exists); a staging file is removed
+    once all its days are written."""
+    opened: dict[Path, h5py.File] = {}
+    committed: Counter = Counter()
+    with StoreWriter.open(out, inst, extend=True, check_day=check_stored_day) as writer:
+        try:
+            for day in days:
+                result.rows[day.day] = commit_day(writer, day, inst, opened)
+                for part in (p for parts in day.parts.values() for p in parts):
+                    committed[part.staged] += 1
+                    if committed[part.staged] == part.siblings:
+                        opened.pop(part.staged).close()
+                        part.staged.unlink()
+                if progress is not None:
+                    progress(f"wrote {day.day}: " + ", ".join(f"{s} {n:,}" for s, n in result.rows[day.day].items()))
+        finally:
+            for h5 in opened.values():
+                h5.close()

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import h5py
@@ -45,6 +45,8 @@ LAYOUT_VERSION = 2
 CHUNK_ROWS = 1 << 14
 """Rows per chunk (an MBP-10 price chunk is 16384 x 10 x 8 B = 1.3 MB before compression)."""
 
+COMPRESSION = {"compression": "lzf", "shuffle": True}
+"""How every chunked column is compressed."""
 PRICE_FIELDS = frozenset({"open", "high", "low", "close", "price", "bid_px", "ask_px"})
 INSTRUMENT_ATTRS = tuple(f.name for f in fields(Instrument))
 RESERVED_ATTRS = frozenset({"layout_version", "price_scale", *INSTRUMENT_ATTRS})
@@ -77,39 +79,95 @@ def write_store(
     Each day group records its contract (`MarketDay.contract`, else the instrument's symbol). `attrs` go
     on the root group; their names must not clash with the layout's own.
     """
-    path = Path(path)
-    clash = RESERVED_ATTRS & set(attrs or {})
-    if clash:
-        raise ValueError(f"attrs {sorted(clash)} are reserved by the store layout")
-    validate_instrument(instrument, path)
-    with contextlib.ExitStack() as stack:
-        old = stack.enter_context(_store_to_extend(path, instrument)) if extend and path.exists() else None
-        tmp = stack.enter_context(atomic_path(path))
-        with h5py.File(tmp, "w") as f:
-            _write_instrument(f, instrument)
-            if old is not None:
-                for key, value in old.file.attrs.items():
-                    if key not in RESERVED_ATTRS:
-                        f.attrs[key] = value
-            for key, value in (attrs or {}).items():
-                f.attrs[key] = value
-            written: set[tuple[str, str]] = set()
-            for day in days:
-                contract = day.contract or instrument.symbol
-                merged = _merge(f, old, day, contract, written, path)
-                checked = validate_day(merged, instrument, path)
-                for schema in day.present():
-                    _write_schema(f, schema, day.day, getattr(checked, schema), contract)
-                    written.add((schema, day.day))
-                if progress is not None:
-                    rows = ", ".join(f"{s} {n_rows(getattr(checked, s)):,}" for s in day.present())
-                    progress(f"wrote {day.day}: {rows}")
-                del day, merged, checked  # released before `days` makes the next one: one day in memory at a time
-            if old is not None:
-                for schema, day_name in _groups(old.file):
-                    if (schema, day_name) not in written:
-                        f.copy(old.file[f"{schema}/{day_name}"], f.require_group(schema), name=day_name)
-    return path
+    with StoreWriter.open(path, instrument, attrs=attrs, extend=extend) as writer:
+        for day in days:
+            contract = day.contract or instrument.symbol
+            merged = _merge(writer.file, writer.old, day, contract, writer.written, writer.path)
+            checked = validate_day(merged, instrument, writer.path)
+            for schema in day.present():
+                writer.write_schema(schema, day.day, getattr(checked, schema), contract)
+            if progress is not None:
+                rows = ", ".join(f"{s} {n_rows(getattr(checked, s)):,}" for s in day.present())
+                progress(f"wrote {day.day}: {rows}")
+            del day, merged, checked  # released before `days` makes the next one: one day in memory at a time
+    return Path(path)
+
+
+@dataclass
+class StoreWriter:
+    """A store being written afresh (`open`): the new file, the store it extends (or None), and the
+    (schema, day) groups written so far; groups of the old store not written are copied over at the end."""
+
+    path: Path
+    file: h5py.File
+    old: MarketStore | None
+    written: set[tuple[str, str]] = field(default_factory=set)
+
+    @classmethod
+    @contextlib.contextmanager
+    def open(
+        cls,
+        path: str | Path,
+        instrument: Instrument,
+        *,
+        attrs: Mapping[str, str | int | float] | None = None,
+        extend: bool = False,
+        check_day: Callable[[MarketStore, str], object] = lambda store, day: store.read_day(day),
+    ) -> Iterator[StoreWriter]:
+        """Write the store at `path` under a temporary name, renamed over it when the block ends without error;
+        with `extend` the existing store is validated first (each day by `check_day`, which raises `InputError`)
+        and its root attrs and unwritten groups kept."""
+        path = Path(path)
+        clash = RESERVED_ATTRS & set(attrs or {})
+        if clash:
+            raise ValueError(f"attrs {sorted(clash)} are reserved by the store layout")
+        validate_instrument(instrument, path)
+        with contextlib.ExitStack() as stack:
+            extending = extend and path.exists()
+            old = stack.enter_context(_store_to_extend(path, instrument, check_day)) if extending else None
+            tmp = stack.enter_context(atomic_path(path))
+            with h5py.File(tmp, "w") as f:
+                _write_instrument(f, instrument)
+                if old is not None:
+                    for key, value in old.file.attrs.items():
+                        if key not in RESERVED_ATTRS:
+                            f.attrs[key] = value
+                for key, value in (attrs or {}).items():
+                    f.attrs[key] = value
+                writer = cls(path, f, old)
+                yield writer
+                if old is not None:
+                    for schema, day_name in _groups(old.file):
+                        if (schema, day_name) not in writer.written:
+                            f.copy(old.file[f"{schema}/{day_name}"], f.require_group(schema), name=day_name)
+
+    def day_group(self, schema: str, day: str, contract: str) -> h5py.Group:
+        """The (new, empty) group of `schema` on `day`, recording its contract."""
+        name = f"{schema}/{day}"
+        if name in self.file:
+            del self.file[name]
+        group = self.file.require_group(name)
+        group.attrs["contract"] = contract
+        self.written.add((schema, day))
+        return group
+
+    def write_schema(self, schema: str, day: str, record: object, contract: str) -> None:
+        group = self.day_group(schema, day, contract)
+        for col, values in columns(record).items():
+            create_column(group, col, values.shape, values.dtype, data=values)
+
+
+def create_column(
+    group: h5py.Group, name: str, shape: tuple[int, ...], dtype: np.dtype, *, data: np.ndarray | None = None
+) -> h5py.Dataset:
+    """A day's column as the layout stores it: chunks of `CHUNK_ROWS` rows (fewer for a shorter column), shuffled
+    and LZF-compressed, prices with their `price_scale` attr."""
+    n = shape[0]
+    opts = {"chunks": (min(n, CHUNK_ROWS), *shape[1:]), **COMPRESSION} if n else {}
+    ds = group.create_dataset(name, shape=shape, dtype=dtype, data=data, **opts)
+    if name in PRICE_FIELDS:
+        ds.attrs["price_scale"] = PRICE_SCALE
+    return ds
 
 
 class MarketStore:
@@ -216,13 +274,15 @@ def require_schemas(
 
 
 @contextlib.contextmanager
-def _store_to_extend(path: Path, instrument: Instrument) -> Iterator[MarketStore]:
+def _store_to_extend(
+    path: Path, instrument: Instrument, check_day: Callable[[MarketStore, str], object]
+) -> Iterator[MarketStore]:
     """The existing store, open, after checking its instrument and validating every day it holds."""
     with MarketStore(path) as old:
         _check_same_instrument(path, old.instrument, instrument)
         for day in old.days():
             try:
-                old.read_day(day)
+                check_day(old, day)
             except InputError as e:
                 reason = f"{e.reason} (the store fails validation on {day}, so it is not extended; re-import that day)"
                 raise InputError(e.path, reason, group=e.group, field=e.field, row=e.row) from None
@@ -277,20 +337,6 @@ def _contract_of(f: h5py.File, schema: str, day: str, path: Path) -> str:
     if value is None:
         raise InputError(path, "missing attribute", group=f"/{schema}/{day}", field="contract")
     return str(_plain(value))
-
-
-def _write_schema(f: h5py.File, schema: str, day: str, record: object, contract: str) -> None:
-    name = f"{schema}/{day}"
-    if name in f:
-        del f[name]
-    group = f.require_group(name)
-    group.attrs["contract"] = contract
-    for col, values in columns(record).items():
-        n = values.shape[0]
-        opts = {"chunks": (min(n, CHUNK_ROWS), *values.shape[1:]), "compression": "lzf", "shuffle": True} if n else {}
-        ds = group.create_dataset(col, data=values, **opts)
-        if col in PRICE_FIELDS:
-            ds.attrs["price_scale"] = PRICE_SCALE
 
 
 def _read_schema(f: h5py.File, schema: str, day: str, path: Path) -> object:

@@ -76,7 +76,7 @@ CHECK_ORDER = ("mbp10", "trades", "bars")
 BOOK_FIELDS = ("bid_px", "ask_px", "bid_sz", "ask_sz", "bid_ct", "ask_ct")
 
 
-class _Where:
+class RowWhere:
     """Raises `InputError` for one schema of one day of one file."""
 
     def __init__(self, path: str | Path, schema: str, day: str, timezone: str) -> None:
@@ -105,17 +105,17 @@ def validate_day(day: MarketDay, instrument: Instrument, path: str | Path) -> Ma
     for schema in CHECK_ORDER:
         if getattr(day, schema) is None:
             continue
-        where = _Where(path, schema, day.day, instrument.timezone)
+        where = RowWhere(path, schema, day.day, instrument.timezone)
         record = _cast(getattr(day, schema), schema, where)
         _check_timestamps(record.ts_event, day.day, instrument, where, strict=schema == "bars")
         if schema == "mbp10":
             _check_book(record, day.day, instrument, where)
         elif schema == "trades":
-            _check_trades(record, out.mbp10, where)
+            check_trades(record, out.mbp10, where)
         else:
             _check_bars(record, where)
             if out.trades is not None:
-                _check_bars_match_trades(record, out.trades, where)
+                check_bars_match_trades(record, out.trades, where)
         setattr(out, schema, record)
     return out
 
@@ -168,7 +168,7 @@ def _check_day_name(day: str, instrument: Instrument, path: str | Path) -> None:
         )
 
 
-def _cast(record: Bars | Mbp10 | Trades, schema: str, where: _Where) -> Bars | Mbp10 | Trades:
+def _cast(record: Bars | Mbp10 | Trades, schema: str, where: RowWhere) -> Bars | Mbp10 | Trades:
     if not isinstance(record, SCHEMA_TYPES[schema]):
         where.fail(None, None, f"expected {SCHEMA_TYPES[schema].__name__}, got {type(record).__name__}")
     cols = columns(record)
@@ -185,7 +185,7 @@ def _cast(record: Bars | Mbp10 | Trades, schema: str, where: _Where) -> Bars | M
     return SCHEMA_TYPES[schema](**out)
 
 
-def _cast_column(values: np.ndarray, dtype: np.dtype, name: str, where: _Where) -> np.ndarray:
+def _cast_column(values: np.ndarray, dtype: np.dtype, name: str, where: RowWhere) -> np.ndarray:
     if values.dtype == dtype:
         return values
     if values.dtype.kind not in "biuf":
@@ -199,7 +199,7 @@ def _cast_column(values: np.ndarray, dtype: np.dtype, name: str, where: _Where) 
     return values.astype(dtype)
 
 
-def _check_timestamps(ts: np.ndarray, day: str, instrument: Instrument, where: _Where, *, strict: bool) -> None:
+def _check_timestamps(ts: np.ndarray, day: str, instrument: Instrument, where: RowWhere, *, strict: bool) -> None:
     where.check((ts == 0) | (ts == UNDEF_TIMESTAMP), "ts_event", "undefined timestamp")
     start, end = day_bounds(day, instrument)
     outside = (ts < np.uint64(start)) | (ts >= np.uint64(end))
@@ -220,7 +220,7 @@ def _check_timestamps(ts: np.ndarray, day: str, instrument: Instrument, where: _
             where.check(np.r_[False, step == 0], "ts_event", "duplicate minute")
 
 
-def _check_closed_sessions(ts: np.ndarray, day: str, instrument: Instrument, where: _Where) -> None:
+def _check_closed_sessions(ts: np.ndarray, day: str, instrument: Instrument, where: RowWhere) -> None:
     """Refuse rows in the regular hours of a closed date that the day spans (Good Friday before Monday's
     day): that session would be folded into `day`, which would then hold two sessions and the gap between."""
     for closed, reason in closed_dates(day, instrument):
@@ -238,13 +238,13 @@ def _check_closed_sessions(ts: np.ndarray, day: str, instrument: Instrument, whe
             )
 
 
-def _check_prices(px: np.ndarray, name: str, where: _Where, *, allow_undef: bool) -> None:
+def _check_prices(px: np.ndarray, name: str, where: RowWhere, *, allow_undef: bool) -> None:
     if not allow_undef:
         where.check(px == UNDEF_PRICE, name, "undefined price (UNDEF_PRICE)")
     where.check(px <= 0, name, "non-positive price")
 
 
-def _check_bars(bars: Bars, where: _Where) -> None:
+def _check_bars(bars: Bars, where: RowWhere) -> None:
     where.check(bars.ts_event % np.uint64(NS_PER_MINUTE) != 0, "ts_event", "not the start of a minute")
     for name in ("open", "high", "low", "close"):
         _check_prices(getattr(bars, name), name, where, allow_undef=False)
@@ -252,7 +252,7 @@ def _check_bars(bars: Bars, where: _Where) -> None:
     where.check(bars.low > np.minimum(bars.open, bars.close), "low", "low above open or close")
 
 
-def _check_book(book: Mbp10, day: str, instrument: Instrument, where: _Where) -> None:
+def _check_book(book: Mbp10, day: str, instrument: Instrument, where: RowWhere) -> None:
     for side in ("bid", "ask"):
         px, sz, ct = (getattr(book, f"{side}_{k}") for k in ("px", "sz", "ct"))
         empty = px == UNDEF_PRICE
@@ -278,7 +278,7 @@ def _check_book(book: Mbp10, day: str, instrument: Instrument, where: _Where) ->
         where.check(np.r_[False, same], "ts_event", "duplicate row (same ts_event and book as the row before)")
 
 
-def _check_cross(book: Mbp10, day: str, instrument: Instrument, where: _Where) -> None:
+def _check_cross(book: Mbp10, day: str, instrument: Instrument, where: RowWhere) -> None:
     bid, ask = book.bid_px[:, 0], book.ask_px[:, 0]
     session_open, session_close = session_bounds(day, instrument)
     crossed = (book.ts_event >= np.uint64(session_open)) & (bid != UNDEF_PRICE) & (ask != UNDEF_PRICE) & (bid >= ask)
@@ -302,7 +302,7 @@ def _check_cross(book: Mbp10, day: str, instrument: Instrument, where: _Where) -
         )
 
 
-def _check_trades(trades: Trades, book: Mbp10 | None, where: _Where) -> None:
+def check_trades(trades: Trades, book: Mbp10 | None, where: RowWhere) -> None:
     _check_prices(trades.price, "price", where, allow_undef=False)
     where.check(trades.size == 0, "size", "zero size")
     where.check((trades.side < -1) | (trades.side > 1), "side", "side must be -1, 0 or +1")
@@ -322,7 +322,7 @@ def _check_trades(trades: Trades, book: Mbp10 | None, where: _Where) -> None:
         )
 
 
-def _check_bars_match_trades(bars: Bars, trades: Trades, where: _Where) -> None:
+def check_bars_match_trades(bars: Bars, trades: Trades, where: RowWhere) -> None:
     if trades.ts_event.size == 0:
         return
     lo = minute_of(trades.ts_event[:1])[0] + np.uint64(NS_PER_MINUTE)

@@ -97,12 +97,12 @@ from pathlib import Path
 from fox_numba import cli
 from fox_numba.market import store
 
-ready, write_schema = Path(sys.argv[1]), store._write_schema
+ready, write_schema = Path(sys.argv[1]), store.StoreWriter.write_schema
 def paused(*args):  # write the first schema of the first day, then wait to be stopped
     write_schema(*args)
     ready.touch()
     time.sleep(120)
-store._write_schema = paused
+store.StoreWriter.write_schema = paused
 sys.argv = ["fox", *sys.argv[2:]]
 cli.main()
 """

@@ -1,0 +1,411 @@
+"""Staging: an import's trading days written part by part to HDF5 files, then checked whole and committed.
+
+An importer stages each input file on its own (in this process or as a Ray task): its rows of each trading day
+are validated block by block and appended to `/{day}/{schema}/` of the file's staging file (`PartWriter`), one
+dataset per store column plus `record` (each row's record number in the input file), and for trades `built/`:
+the bars built from them. Memory holds a block and less than a chunk per day, never a day.
+
+One process then takes the days in order (`StagedDay`, its parts in file order) and commits each into the store
+being written (`commit_day`): the checks that need more than one part are made there from a few rows of each
+part (where two files meet: the row pairs; trades inside the book's time range; imported bars against the bars
+built from the trades), then the parts are copied into the store's layout a chunk at a time. A fault in a staged
+row names its input file and record; a fault in a row the store already holds names the store, its group and
+row (as `store.write_store` does).
+
+The staging files are plain data on a file system every task can reach (the store's folder); the driver
+removes them at the end (`staging_folder`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import h5py
+import numpy as np
+
+from fox_numba.errors import InputError
+from fox_numba.io import running_process, temporary_path
+from fox_numba.market.schema import DTYPES, SCHEMA_TYPES, Bars, Instrument, MarketDay, Mbp10, Trades, columns
+from fox_numba.market.sources import Sourced, bars_sourced, concat, validate_sourced
+from fox_numba.market.store import CHUNK_ROWS, COMPRESSION, MarketStore, StoreWriter, create_column
+from fox_numba.market.validate import CHECK_ORDER, check_bars_match_trades, check_trades, RowWhere, validate_day
+
+RECORD = "record"
+"""Each staged row's record number in its input file."""
+BUILT = "built"
+"""Bars built from a part's trades (with `record`: the first trade of each minute)."""
+STAGING_SUFFIX = ".staging"
+
+
+@contextlib.contextmanager
+def staging_folder(store: Path) -> Iterator[Path]:
+    """A folder beside `store` for the staging files of one import (`.{name}.tmp-{pid}.staging`), removed at the
+    end; those left by processes that no longer run are removed first."""
+    folder = temporary_path(store).with_name(temporary_path(store).name + STAGING_SUFFIX)
+    prefix = temporary_path(store, 0).name[:-1]
+    for old in store.parent.glob(f"{prefix}*{STAGING_SUFFIX}"):
+        pid = old.name[len(prefix) : -len(STAGING_SUFFIX)]
+        if pid.isdigit() and not running_process(int(pid)):
+            shutil.rmtree(old, ignore_errors=True)
+    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+class PartWriter:
+    """One schema of one trading day from one input file: rows validated as they come (each block with the row
+    before it, so pairs across blocks are checked) and appended to the staging file in whole chunks of the store's
+    size, compressed as the store compresses them (`compress`: the store then takes them as they are, see `_copy`)
+    or not (faster where one process both stages and writes)."""
+
+    def __init__(
+        self, h5: h5py.File, day: str, schema: str, label: str, contract: str, instrument: Instrument, compress: bool
+    ) -> None:
+        self.group = h5.require_group(f"{day}/{schema}")
+        self.compress = compress
+        self.day, self.schema, self.contract, self.instrument = day, schema, contract, instrument
+        self.labels = {schema: label}
+        self.buffer: list[Sourced] = []
+        self.buffered = 0
+        self.rows = 0
+        self.last: Sourced | None = None
+        self.built: Sourced | None = None
+
+    def append(self, rows: Sourced) -> None:
+        """Validate `rows` (after the rows appended before) and stage them."""
+        if self.last is not None:
+            self._validate(concat([self.last, rows.take(np.arange(1))]))
+        self._validate(rows)
+        n = len(rows.record)
+        self.last = rows.take(np.arange(n - 1, n))
+        if self.schema == "trades":
+            self.built = merge_bars(self.built, bars_sourced(rows))
+        self.buffer.append(rows)
+        self.buffered += n
+        if self.buffered >= CHUNK_ROWS:
+            self._flush(self.buffered // CHUNK_ROWS * CHUNK_ROWS)
+
+    def close(self) -> int:
+        """Write what is buffered (and the built bars); return the rows staged."""
+        self._flush(self.buffered)
+        if self.built is not None:
+            built = self.group.create_group(BUILT)
+            for name, values in columns(self.built.data).items():
+                built.create_dataset(name, data=values)
+            built.create_dataset(RECORD, data=self.built.record)
+        return self.rows
+
+    def _validate(self, rows: Sourced) -> None:
+        validate_sourced(self.day, {self.schema: rows}, self.instrument, self.labels, self.contract)
+
+    def _flush(self, n: int) -> None:
+        """Append the first `n` buffered rows; keep the rest (a copy, so the blocks they came from are freed)."""
+        if n == 0:
+            return
+        rows = joined(self.buffer)
+        head, tail = rows.take(slice(0, n)), rows.take(np.arange(n, len(rows.record)))
+        for name, values in (*columns(head.data).items(), (RECORD, head.record)):
+            if name not in self.group:
+                tail_shape = values.shape[1:]
+                self.group.create_dataset(
+                    name, shape=(0, *tail_shape), maxshape=(None, *tail_shape), dtype=values.dtype,
+                    chunks=(CHUNK_ROWS, *tail_shape), **(COMPRESSION if self.compress else {}),
+                )  # fmt: skip
+            ds = self.group[name]
+            ds.resize(self.rows + n, axis=0)
+            ds[self.rows :] = values
+        self.rows += n
+        self.buffer, self.buffered = ([tail] if len(tail.record) else []), len(tail.record)
+
+
+def merge_bars(a: Sourced | None, b: Sourced) -> Sourced:
+    """Bars built from consecutive runs of trades joined: a minute split between them becomes one bar (open and
+    origin of the first run, close of the second), as `bars_from_trades` on the joined trades gives."""
+    if a is None or len(a.record) == 0 or len(b.record) == 0 or a.data.ts_event[-1] != b.data.ts_event[0]:
+        return b if a is None or len(a.record) == 0 else joined([a, b]) if len(b.record) else a
+    x, y = a.data, b.data
+    minute = Bars(
+        ts_event=x.ts_event[-1:], open=x.open[-1:], high=np.maximum(x.high[-1:], y.high[:1]),
+        low=np.minimum(x.low[-1:], y.low[:1]), close=y.close[:1], volume=x.volume[-1:] + y.volume[:1],
+    )  # fmt: skip
+    split = Sourced(minute, a.files, a.file_idx[-1:], a.record[-1:])
+    return joined([a.take(slice(0, len(a.record) - 1)), split, b.take(slice(1, len(b.record)))])
+
+
+def joined(parts: list[Sourced]) -> Sourced:
+    """`sources.concat` with each input file listed once: joined again and again (a part's blocks, its bars),
+    the list of files would otherwise grow with every join."""
+    out = concat(parts)
+    files = list(dict.fromkeys(out.files))
+    remap = np.array([files.index(f) for f in out.files], dtype=np.int32)
+    return Sourced(out.data, files, remap[out.file_idx], out.record)
+
+
+@dataclass(frozen=True)
+class Part:
+    """Rows of one schema of one trading day from one input file, staged in `staged`."""
+
+    staged: Path
+    source: Path
+    day: str
+    schema: str
+    rows: int
+    siblings: int
+    """Parts staged in `staged` (one per day of the file): once that many are committed, it can go."""
+
+
+@dataclass
+class StagedDay:
+    """A complete trading day: its staged parts per schema, in file order, and the contract they are from."""
+
+    day: str
+    contract: str
+    parts: dict[str, list[Part]]
+    labels: dict[str, str]
+    """Each schema as the input calls it (`mbp-10 ESU4`): the group of errors in its rows."""
+
+
+class _Rows:
+    """One schema of one day as stored segments, read a few rows or a chunk at a time: the staged parts of an
+    import (rows named by input file and record) or the group the store being extended holds (by day row)."""
+
+    def __init__(self, schema: str, day: str, groups: list[h5py.Group], origin: list[Path]) -> None:
+        self.schema, self.day, self.groups, self.origin = schema, day, groups, origin
+        self.sizes = [g["ts_event"].shape[0] for g in groups]
+        self.starts = np.r_[0, np.cumsum(self.sizes)].astype(np.int64)
+        self.staged = RECORD in groups[0] if groups else False
+
+    @property
+    def n(self) -> int:
+        return int(self.starts[-1])
+
+    def take(self, k: int, count: int = 1) -> Sourced:
+        """Rows k..k+count-1 (inside one segment) with their origin."""
+        seg = int(np.searchsorted(self.starts, k, side="right")) - 1
+        g, at = self.groups[seg], k - int(self.starts[seg])
+        cols = {c: g[c][at : at + count] for c in DTYPES[self.schema]}
+        records = g[RECORD][at : at + count] if self.staged else np.arange(k, k + count, dtype=np.int64)
+        return Sourced.one_file(SCHEMA_TYPES[self.schema](**cols), self.origin[seg], records)
+
+    def chunks(self) -> Iterator[Sourced]:
+        """Every row, `CHUNK_ROWS` at a time, in order (no rows: the first segment's empty columns, once)."""
+        if self.n == 0:
+            g = self.groups[0]
+            data = SCHEMA_TYPES[self.schema](**{c: g[c][()] for c in DTYPES[self.schema]})
+            yield Sourced.one_file(data, self.origin[0], np.zeros(0, dtype=np.int64))
+        for seg, size in enumerate(self.sizes):
+            for at in range(0, size, CHUNK_ROWS):
+                yield self.take(int(self.starts[seg]) + at, min(CHUNK_ROWS, size - at))
+
+    def ts(self, k: int) -> int:
+        return int(self.take(k).data.ts_event[0])
+
+    def first_after(self, ts: int) -> int:
+        """The first row later than `ts` (`n` if none)."""
+        for seg, size in enumerate(self.sizes):
+            column = self.groups[seg]["ts_event"]
+            for at in range(0, size, CHUNK_ROWS):
+                later = np.flatnonzero(column[at : at + CHUNK_ROWS] > np.uint64(ts))
+                if later.size:
+                    return int(self.starts[seg]) + at + int(later[0])
+        return self.n
+
+    def built(self) -> Sourced | None:
+        """Bars built from these trades (staged: from each part's `built`; stored: a chunk at a time); None
+        without trades."""
+        out = None
+        if self.staged:
+            for seg, g in enumerate(self.groups):
+                cols = {c: g[BUILT][c][()] for c in DTYPES["bars"]}
+                out = merge_bars(out, Sourced.one_file(Bars(**cols), self.origin[seg], g[BUILT][RECORD][()]))
+        else:
+            for rows in self.chunks():
+                out = merge_bars(out, bars_sourced(rows))
+        return out
+
+    def error(self, e: InputError, rows: Sourced, label: str | None) -> InputError:
+        """`e`, raised at row `e.row` of `rows` (read from here), naming the input file and record of a staged
+        row, else the store's group and day row."""
+        path, record = rows.locate(e.row)
+        group = f"{label} {self.day}" if self.staged else f"/{self.schema}/{self.day}"
+        return InputError(path, e.reason, group=group, field=e.field, row=record)
+
+
+def commit_day(writer: StoreWriter, day: StagedDay, instrument: Instrument, staged: dict[Path, h5py.File]) -> dict:
+    """Check `day` across its parts and against what the store being extended keeps of it, then write it;
+    return its rows per schema. `staged` holds the staging files opened so far (read-only)."""
+    for part in (p for parts in day.parts.values() for p in parts):
+        if part.staged not in staged:
+            staged[part.staged] = h5py.File(part.staged, "r")
+    incoming = {
+        schema: _Rows(schema, day.day, [staged[p.staged][f"{p.day}/{schema}"] for p in ps], [p.source for p in ps])
+        for schema, ps in day.parts.items()
+    }
+    for schema in CHECK_ORDER:
+        if schema in incoming:
+            _check_junctions(incoming[schema], day, instrument)
+    labels = dict(day.labels)
+    if "bars" in incoming:
+        bars = concat(list(incoming["bars"].chunks()))
+    elif "trades" in incoming:
+        bars = incoming["trades"].built()
+        labels["bars"] = f"bars built from trades {day.contract}"
+        validate_sourced(day.day, {"bars": bars}, instrument, labels, day.contract)
+    else:
+        bars = None
+    kept = _kept(writer, day, incoming)
+    book, trades = incoming.get("mbp10", kept.get("mbp10")), incoming.get("trades", kept.get("trades"))
+    if book is not None and trades is not None and trades.n:
+        _check_inside_book(trades, book, instrument, day.day, labels)
+    if "bars" in incoming and trades is not None:
+        _check_bars_against(bars, trades, incoming["bars"], instrument, day.day, labels)
+    out = {}
+    for schema in ("bars", "mbp10", "trades"):
+        if schema == "bars" and bars is not None:
+            writer.write_schema("bars", day.day, bars.data, day.contract)
+            out["bars"] = len(bars.record)
+        elif schema in incoming and schema != "bars":
+            _copy(incoming[schema], writer.day_group(schema, day.day, day.contract))
+            out[schema] = incoming[schema].n
+    return out
+
+
+def check_stored_day(store: MarketStore, day: str) -> None:
+    """Validate a day the store holds a chunk at a time, as `MarketStore.read_day` validates it whole: each
+    schema's chunks with the row before each (`validate.validate_day`), then trades inside the book's time range
+    and the bars against the trades. Errors name the store, the day's group and row."""
+    contract = store.contract(day)
+    rows = {}
+    for schema in CHECK_ORDER:
+        if day not in store.file.get(schema, {}):
+            continue
+        group = store.file[f"{schema}/{day}"]
+        missing = [c for c in DTYPES[schema] if c not in group]
+        if missing:
+            raise InputError(store.path, "missing dataset", group=f"/{schema}/{day}", field=missing[0])
+        rows[schema] = _Rows(schema, day, [group], [store.path])
+        before = None
+        for chunk in rows[schema].chunks():
+            for block in ([] if before is None else [concat([before, chunk.take(np.arange(1))])]) + [chunk]:
+                try:
+                    market_day = MarketDay(day, contract=contract, **{schema: block.data})
+                    validate_day(market_day, store.instrument, store.path)
+                except InputError as e:
+                    row = block.locate(e.row)[1]
+                    raise InputError(e.path, e.reason, group=e.group, field=e.field, row=row) from None
+            before = chunk.take(np.arange(len(chunk.record) - 1, len(chunk.record)))
+            del chunk, block  # before the next chunk is read
+    if "trades" in rows and "mbp10" in rows and rows["trades"].n:
+        _check_inside_book(rows["trades"], rows["mbp10"], store.instrument, day, {})
+    if "bars" in rows and "trades" in rows:
+        bars = concat(list(rows["bars"].chunks()))
+        _check_bars_against(bars, rows["trades"], rows["bars"], store.instrument, day, {})
+
+
+def _check_junctions(rows: _Rows, day: StagedDay, instrument: Instrument) -> None:
+    """Where one part ends and the next begins, the pair checks (time order, duplicate rows or minutes)."""
+    for seg in range(1, len(rows.sizes)):
+        k = int(rows.starts[seg])
+        pair = concat([rows.take(k - 1), rows.take(k)])
+        validate_sourced(day.day, {rows.schema: pair}, instrument, day.labels, day.contract)
+
+
+def _kept(writer: StoreWriter, day: StagedDay, incoming: dict[str, _Rows]) -> dict[str, _Rows]:
+    """The schemas of `day` that the store being extended holds and this import does not replace; each must be
+    of the day's contract."""
+    old = writer.old
+    kept = {}
+    for schema in ("bars", "mbp10", "trades"):
+        if old is None or schema in incoming or day.day not in old.file.get(schema, {}):
+            continue
+        group = old.file[f"{schema}/{day.day}"]
+        have = str(group.attrs.get("contract", ""))
+        have = have.decode() if isinstance(have, bytes) else have
+        if have != day.contract:
+            raise InputError(
+                old.path,
+                f"the store's {schema} of {day.day} is from {have}, the data being added from {day.contract}: one "
+                f"contract per day (add every schema of the day from {day.contract})",
+                group=f"/{schema}/{day.day}",
+                field="contract",
+            )
+        kept[schema] = _Rows(schema, day.day, [group], [old.path])
+    return kept
+
+
+def _check_inside_book(trades: _Rows, book: _Rows, instrument: Instrument, day: str, labels: dict) -> None:
+    """Every trade inside the book's time range (`validate.check_trades`, on the first trade outside it)."""
+    first, last = (book.ts(0), book.ts(book.n - 1)) if book.n else (None, None)
+    k = 0 if first is None or trades.ts(0) < first else trades.first_after(last)
+    if k == trades.n:
+        return
+    ends = np.array([first, last] if first is not None else [], dtype=np.uint64)
+    stand_in = Mbp10(ends, *([None] * (len(DTYPES["mbp10"]) - 1)))
+    row = trades.take(k)
+    try:
+        check_trades(row.data, stand_in, RowWhere("", "trades", day, instrument.timezone))
+    except InputError as e:
+        raise trades.error(e, row, labels.get("trades")) from None
+
+
+def _check_bars_against(bars: Sourced, trades: _Rows, rows: _Rows, instrument: Instrument, day: str,
+                        labels: dict) -> None:  # fmt: skip
+    """Imported bars against the bars built from the day's trades (`validate.check_bars_match_trades`, given
+    trades standing in for the day's: the open, high, low and close of each built minute, at its start, the
+    volume on the first, which `bars_from_trades` turns back into the same bars)."""
+    built = trades.built()
+    if built is None:
+        return
+    built = built.data
+    n = len(built.ts_event)
+    stand_in = Trades(
+        ts_event=np.repeat(built.ts_event, 4),
+        price=np.stack([built.open, built.high, built.low, built.close], axis=1).ravel(),
+        size=np.stack([built.volume] + [np.zeros(n, dtype=np.uint64)] * 3, axis=1).ravel(),
+        side=np.zeros(4 * n, dtype=np.int8),
+    )
+    try:
+        check_bars_match_trades(bars.data, stand_in, RowWhere("", "bars", day, instrument.timezone))
+    except InputError as e:
+        raise rows.error(e, bars, labels.get("bars")) from None
+
+
+def _copy(rows: _Rows, group: h5py.Group) -> None:
+    """Write the staged parts as the store's columns (`store.create_column`), a chunk at a time: a chunk that is
+    one compressed chunk of a staged part (the part starts on a chunk boundary of the day) is copied as it is
+    stored, without decompressing it; the others are read and written."""
+    if rows.n < CHUNK_ROWS:  # one chunk, or fewer rows: chunked as the store chunks a short column
+        data = concat([rows.take(int(rows.starts[s]), size) for s, size in enumerate(rows.sizes)]).data
+        for name, values in columns(data).items():
+            create_column(group, name, values.shape, values.dtype, data=values)
+        return
+    out = {
+        name: create_column(group, name, (rows.n, *rows.groups[0][name].shape[1:]), dtype)
+        for name, dtype in DTYPES[rows.schema].items()
+    }
+    for at in range(0, rows.n, CHUNK_ROWS):
+        count = min(CHUNK_ROWS, rows.n - at)
+        seg = int(np.searchsorted(rows.starts, at, side="right")) - 1
+        local = at - int(rows.starts[seg])
+        whole = local % CHUNK_ROWS == 0 and local + count <= rows.sizes[seg]  # the store's chunk is the part's
+        if whole and rows.groups[seg]["ts_event"].compression == COMPRESSION["compression"]:
+            for name, ds in out.items():
+                source = rows.groups[seg][name]
+                mask, raw = source.id.read_direct_chunk((local, *(0,) * (source.ndim - 1)))
+                ds.id.write_direct_chunk((at, *(0,) * (ds.ndim - 1)), raw, mask)
+            continue
+        pieces = []
+        k = at
+        while k < at + count:
+            seg = int(np.searchsorted(rows.starts, k, side="right")) - 1
+            take = min(at + count, int(rows.starts[seg + 1])) - k
+            pieces.append(rows.take(k, take))
+            k += take
+        for name, values in columns(concat(pieces).data).items():
+            out[name][at : at + count] = values
