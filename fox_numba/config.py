@@ -46,6 +46,12 @@ class MarketConfig:
         "York) or 'full' (the whole trading day, ES: the Globex day 18:00-17:00 New York). A day without a bar "
         "in the session is skipped with a note.",
     )
+    cache: str = opt(
+        "auto",
+        "Folder of the per-day cache keyed by each day's content digest (days already validated, per-day "
+        "features): 'auto' beside the store (STORE.cache/), 'off' for none (every stage reads and validates "
+        "every day), or a folder. A damaged or mismatched entry is ignored and rebuilt.",
+    )
 
 
 @dataclass
@@ -138,6 +144,16 @@ class EnvConfig:
     )
     w_stable: float = opt(
         0.0, "Weight of the stability shaping (seed D.4c): -|position change| / max_position per step (0: off)."
+    )
+    curriculum_epochs: int = opt(
+        0,
+        "Curriculum episode starts (0: off, every start drawn uniformly): a fold's training starts are ranked "
+        "easiest first by the realised volatility of their episode's bars (agent/fold_market.py), and a collect "
+        "draw is uniform over the easiest share of them, widening linearly from env.curriculum_reach at the "
+        "fold's first epoch to all of them (the uniform draw) at this epoch of the fold.",
+    )
+    curriculum_reach: float = opt(
+        0.25, "Curriculum: the share of the easiest training starts drawn from at a fold's first epoch, in (0, 1]."
     )
 
 
@@ -241,6 +257,18 @@ class LearnerConfig:
         "a spike cannot inflate the clip base or the slow baseline; 'seed' is the original system's rule (EMAs "
         "of the raw norm), kept for comparison.",
     )
+    priority_alpha: float = opt(
+        0.0,
+        "Prioritised replay's exponent (0: off, uniform replay): slot i is drawn with probability p_i / sum p, "
+        "p_i = (loss_i + priority_eps)**priority_alpha, loss_i the C51 cross-entropy of its direction branch at its "
+        "last draw; new transitions get the largest priority so far (kernels/priority.py). Rainbow used 0.5.",
+    )
+    priority_beta0: float = opt(
+        0.4,
+        "Prioritised replay: the importance-weight exponent at a fold's first step, annealed linearly to 1 at its "
+        "last; each sample's loss and gradient are weighted by (p_min / p_i)**beta (Rainbow's 0.4).",
+    )
+    priority_eps: float = opt(1e-6, "Prioritised replay: added to every loss before the exponent (> 0).")
 
 
 @dataclass
@@ -341,8 +369,8 @@ def _section_type(section: str) -> type:
 
 
 def coerce(key: str, value: Any, kind: Any) -> Any:
-    """`value` checked against the field type `kind` (int, float, bool, str or list[float]); `key` names the
-    field in the error (list[int] too). Ints are accepted for floats; floats must be finite; a bool is not an int; a TOML
+    """`value` checked against the field type `kind` (int, float, bool, str, list[float] or list[int]); `key`
+    names the field in the error. Ints are accepted for floats; floats must be finite; a bool is not an int; a TOML
     date (`--set market.first_day=2024-07-15`, or an unquoted date in a file) is its YYYY-MM-DD string."""
     if kind is str and isinstance(value, datetime.date) and not isinstance(value, datetime.datetime):
         return value.isoformat()

@@ -196,10 +196,11 @@ N_ACC_REF = 20  # kernels/env.py N_ACC, in its ACC_* order (checked by the tests
 class ReferenceEnv:
     """N environments stepped one by one in plain Python (float64), with the kernels' rules."""
 
-    def __init__(self, market, params: Params, mode: str, states: np.ndarray) -> None:
+    def __init__(self, market, params: Params, mode: str, states: np.ndarray, reach: float = 1.0) -> None:
         self.m = market  # a FoldMarket (host tensors)
         self.p = params
         self.mode = mode
+        self.reach = reach  # the curriculum's share of train_starts a draw reaches (kernels/env.py _draw_start)
         self.envs = [EnvRef(rng=[int(s["s0"]), int(s["s1"])]) for s in states]
         self.acc = np.zeros((N_ACC_REF, len(self.envs)))
 
@@ -226,7 +227,7 @@ class ReferenceEnv:
 
     def draw_start(self, e: EnvRef) -> tuple[int, int]:
         starts = self.m.train_starts
-        k = min(int(uniform64(e.rng) * len(starts)), len(starts) - 1)
+        k = min(int(uniform64(e.rng) * (len(starts) * self.reach)), len(starts) - 1)
         s = int(starts[k])
         return s, min(s + self.p.episode_bars, int(self.m.row_stop[s])) - 1
 
@@ -503,11 +504,13 @@ def hand_market(
         day_start=np.array(day_start, np.int32),
         row_stop=np.array(day_start[1:], np.int32)[day_of],
         train_starts=np.array(starts or [0], np.int32),
+        start_difficulty=np.zeros(len(starts or [0])),
         val_windows=np.array(windows, np.int32),
         select_windows=np.zeros((0, 2), np.int32),
         train_stop=n,
         val_start=0,
         stats=NormStats(np.zeros(N_FEATURES), np.ones(N_FEATURES), n),
+        forecast=(),
         risk_unit=risk_unit,
         tick_size=TICK,
         point_value=POINT_VALUE,
@@ -528,7 +531,10 @@ class Run:
     """A VecEnv and the reference on the same market, stepped together; `step` compares everything."""
 
     def __init__(self, stager, market: FoldMarket, env: EnvConfig, *, mode: str, n_envs: int | None = None,
-                 seed: int = 7, q_dir_abs_ref: float = 0.05, features: FeatureConfig | None = None) -> None:  # fmt: skip
+                 seed: int = 7, q_dir_abs_ref: float = 0.05, features: FeatureConfig | None = None,
+                 reach: float | None = None) -> None:  # fmt: skip
+        """`reach`: the curriculum's reach written into the VecEnv after its construction, then both reset again
+        (the constructor's reset at reach 1 mirrored first)."""
         self.stager = stager
         self.stream = stager.stream
         self.features = features or FeatureConfig()
@@ -544,6 +550,11 @@ class Run:
         self.ref = ReferenceEnv(market, Params.of(market, env, self.features), mode,
                                 xoroshiro_states_host(self.env.n, seed))  # fmt: skip
         self.ref.reset()
+        if reach is not None:
+            stager.upload(np.array([reach], np.float64), self.env.reach)
+            self.env.reset(stream=self.stream)
+            self.ref.reach = reach
+            self.ref.reset()
         self.actions = stager.upload_new(np.zeros((self.env.n, 4), np.int32))
         self.check_state("after reset")
 

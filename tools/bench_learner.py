@@ -2,11 +2,13 @@
 
     python3 tools/bench_learner.py --out tools/results/bench_learner_h200 [--batch 8192 1024 256] [--obs-dim 134]
     python3 tools/bench_learner.py --out /tmp/bench_learner_sim --tiny     # exercises the script anywhere
+    python3 tools/bench_learner.py --out tools/results/bench_learner_per_h200 --priority-alpha 0.5  # prioritised
 
 One gradient step of the default network (obs_dim -> 256 -> 256 -> 13 dueling C51 heads x 51 atoms,
 network.* of the default config), at each batch of --batch (default 8192, then smaller ones where the
 host's per-step work matters more), on a synthetic replay (uniform random transitions over a
-random market_obs of --bars rows), measured as:
+random market_obs of --bars rows; with --priority-alpha > 0 prioritised replay, every slot starting at the
+priority the collector gives a new transition), measured as:
 - eager: every kernel launched from Python each step (RunConfig.graphs = false);
 - graph, queued: the step captured once and replayed back to back with no host sync (the learner's
   train_epoch: per-step values live on the device, nothing is written from the host per step);
@@ -54,6 +56,7 @@ from fox_numba.device.runtime import SIMULATOR, new_stream, sync_event
 from fox_numba.device.staging import Stager
 from fox_numba.device.timing import Timings
 from fox_numba.io import atomic_write_text
+from fox_numba.kernels.priority import PRIORITY_START
 
 N_PORT = 6
 
@@ -75,6 +78,7 @@ def make_learner(args: argparse.Namespace, stager: Stager, stream: Any, graphs: 
     cfg.learner.batch_size = args.batch
     cfg.learner.steps_per_epoch = args.steps
     cfg.learner.n_step = args.n_step
+    cfg.learner.priority_alpha = args.priority_alpha
     cfg.env.n_envs = min(cfg.env.n_envs, args.capacity)
     cfg.run.graphs = graphs
     rng = np.random.default_rng(0)
@@ -98,7 +102,10 @@ def make_learner(args: argparse.Namespace, stager: Stager, stream: Any, graphs: 
     isv = stager.upload_new(bootstrap_values())
     layout = ParamLayout.build(args.obs_dim, cfg.network)
     aux_target = stager.upload_new(rng.standard_normal(bars).astype(np.float32))
-    return Learner(cfg, layout, replay, market, aux_target, isv=isv, stager=stager, stream=stream, seed=0), isv
+    learner = Learner(cfg, layout, replay, market, aux_target, isv=isv, stager=stager, stream=stream, seed=0)
+    if replay.priorities is not None:  # as collected: every slot at the running max priority
+        replay.priorities.upload(np.full(cap, PRIORITY_START), float(PRIORITY_START), stager)
+    return learner, isv
 
 
 def timed_window(run: Callable[[], None], stream: Any, count: int) -> float:
@@ -206,7 +213,8 @@ def markdown_batch(modes: dict[str, Any], kernels: dict[str, Any], args: argpars
     shape = "tiny network (--tiny)" if args.tiny else "default network"
     intro = (
         f"One gradient step, batch {args.batch}, obs_dim {args.obs_dim}, {shape}: {modes['param_count']} "
-        f"parameters; dense layers: {modes['gemm_path']} kernels; learner.n_step {args.n_step}. Replay of "
+        f"parameters; dense layers: {modes['gemm_path']} kernels; learner.n_step {args.n_step}, learner.priority_alpha "
+        f"{args.priority_alpha} ({'prioritised' if args.priority_alpha > 0 else 'uniform'} replay). Replay of "
         f"{args.capacity} random transitions "
         f"over {args.bars} market rows. Best of {args.windows} windows of {args.steps} steps after "
         f"{args.warmup} warm-up steps."
@@ -280,6 +288,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--spin", type=int, default=5_000_000, help="iterations of the spin kernel (~10 ms on an H200)")
     parser.add_argument("--tiny", action="store_true", help="a tiny size that runs under the simulator")
     parser.add_argument("--n-step", type=int, default=1, help="learner.n_step of the measured step")
+    parser.add_argument("--priority-alpha", type=float, default=0.0,
+                        help="learner.priority_alpha of the measured step (0: uniform replay)")
     args = parser.parse_args(argv)
     command = "python3 tools/bench_learner.py " + " ".join(argv if argv is not None else sys.argv[1:])
     if args.tiny:

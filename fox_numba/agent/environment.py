@@ -4,6 +4,11 @@ Collect mode: `n_envs` environments, each running episodes of env.episode_bars b
 drawn with its own xoroshiro stream, reset at once when an episode ends (auto-reset). Evaluation mode: one
 environment per validation window (a validation day), run from its first bar and then frozen.
 
+Curriculum (env.curriculum_epochs > 0): the draws reach only the easiest share `reach` float64 [1] of the
+fold's starts (ranked by FoldMarket); `follow_curriculum` sets it once per epoch on the device from the
+learner's per-fold step counter, so it restarts with that counter at a fold boundary and resumes with it
+from a checkpoint. Off, reach stays 1 (the uniform draw).
+
 Everything is allocated in the constructor; every method that runs per step only launches graph-safe
 kernels on the given stream, so a collect step (observe -> network + action selection -> replay put_obs
 -> step -> replay put_result -> rollout_stats) can be captured as one StepGraph (agent/replay.py shows the
@@ -61,6 +66,7 @@ from fox_numba.kernels.env import (
     PRM_W_STABLE,
     PRM_W_TIMING,
     SI_ROW,
+    curriculum_reach,
     env_reset,
     env_step,
     gather_obs,
@@ -139,7 +145,11 @@ class VecEnv:
             n = env.n_envs if n_envs is None else n_envs
             if n < 1:
                 raise ConfigError(f"env.n_envs must be at least 1, got {n}")
+        if env.curriculum_epochs < 0 or not 0.0 < env.curriculum_reach <= 1.0:
+            raise ConfigError(f"env.curriculum_epochs must be >= 0 and env.curriculum_reach in (0, 1], got "
+                              f"{env.curriculum_epochs} and {env.curriculum_reach}")  # fmt: skip
         stream = stager.stream
+        self.curriculum = env.curriculum_epochs, env.curriculum_reach
         self.mode = mode
         self._mode = MODES[mode]
         self.n = n
@@ -148,6 +158,8 @@ class VecEnv:
         self._stager = stager
         self.params = stager.upload_new(env_params(host, env, features))
         self.states = xoroshiro_states(n, seed, stager)
+        self.reach = stager.upload_new(np.ones(1, np.float64))
+        """float64 [1]: the share of the (ranked) starts the collect draws reach (module docstring)."""
         self.si = device_zeros((N_SI, n), np.int32, stream=stream)
         self.sf = device_zeros((N_SF, n), np.float64, stream=stream)
         self.dir_ema = device_zeros((4, n), np.float32, stream=stream)
@@ -174,8 +186,16 @@ class VecEnv:
         abandons the running episodes (their last transitions stay in the replay without a terminal);
         called once per fold, episodes run on across epochs."""
         m = self.market
-        env_reset(self._mode, m.train_starts, m.val_windows, m.row_stop, m.mid, self.params, self.states,
+        env_reset(self._mode, m.train_starts, self.reach, m.val_windows, m.row_stop, m.mid, self.params, self.states,
                   self.si, self.sf, self.dir_ema, self.port, stream=stream)  # fmt: skip
+
+    def follow_curriculum(self, optim_state: Any, steps_per_epoch: int, *, stream: Any) -> None:
+        """With the curriculum on, set `reach` from the learner's per-fold step counter (OPTIM_STATE_DTYPE [1]):
+        env.curriculum_reach at the fold's first epoch, 1 from epoch env.curriculum_epochs on (kernels/env.py
+        curriculum_reach); off, nothing (reach stays 1). Once per epoch, before `reset`."""
+        epochs, reach0 = self.curriculum
+        if epochs > 0:
+            curriculum_reach(optim_state, reach0, epochs * steps_per_epoch, self.reach, stream=stream)
 
     def observe(self, obs: Any, *, stream: Any) -> None:
         """obs float32 [N, obs_dim] = each environment's current observation."""
@@ -183,7 +203,7 @@ class VecEnv:
 
     def step(self, actions: Any, *, stream: Any) -> None:
         """Apply actions int32 [N, 4] and advance every environment one bar (outputs in the attributes)."""
-        env_step(self._mode, self.market, self.params, self.isv, self.states, actions, self.si, self.sf,
+        env_step(self._mode, self.market, self.reach, self.params, self.isv, self.states, actions, self.si, self.sf,
                  self.dir_ema, self.port, self.reward, self.done, self.next_row, self.next_port, self.comps,
                  self.stats, self.acc, stream=stream)  # fmt: skip
 

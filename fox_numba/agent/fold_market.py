@@ -16,7 +16,10 @@ Built once per fold:
   (the end of r's day; on the last training day the purge start, so no episode enters the purged tail);
 - `train_starts`: every training row s from which an episode of env.episode_bars bars stays inside its
   day and out of the purged tail (s + episode_bars <= row_stop[s]); a training day with fewer usable bars
-  than an episode (but at least 2) contributes its first row only, and its episodes run to its end;
+  than an episode (but at least 2) contributes its first row only, and its episodes run to its end; in
+  row order, or with env.curriculum_epochs > 0 easiest first: by `start_difficulty` (ties in row order),
+  the order the collect draw's curriculum ranks by (kernels/env.py);
+- `start_difficulty`: per start, the realised volatility of its episode (`episode_volatility`);
 - `val_windows`: one (start, stop) row pair per validation day (days of fewer than 2 bars hold no step
   and are left out); `select_windows` the same for the selection days (none without them);
 - `risk_unit` (dollars) = env.max_position * point_value * std of the one-bar mid change over consecutive
@@ -101,7 +104,9 @@ class FoldMarket:
     row_stop: np.ndarray
     """int32 [n]: the row after the last bar an episode through this row may use."""
     train_starts: np.ndarray
-    """int32 [n_starts]: episode starts of the training window."""
+    """int32 [n_starts]: episode starts of the training window (easiest first with the curriculum on)."""
+    start_difficulty: np.ndarray
+    """float64 [n_starts]: the curriculum's difficulty of each start (`episode_volatility`), host only."""
     val_windows: np.ndarray
     """int32 [n_windows, 2]: (start, stop) rows of each validation day."""
     select_windows: np.ndarray
@@ -194,6 +199,11 @@ class FoldMarket:
         if not starts and not given:
             raise ConfigError(f"fold {fold.index}: no training day holds an episode of {MIN_EPISODE_BARS}+ bars")
         train_starts = np.concatenate(starts).astype(np.int32) if starts else np.zeros(1, np.int32)
+        difficulty = (episode_volatility(mid, train_starts, row_stop, env.episode_bars) if starts
+                      else np.zeros(1, np.float64))  # fmt: skip
+        if env.curriculum_epochs > 0:
+            order = np.argsort(difficulty, kind="stable")
+            train_starts, difficulty = train_starts[order], difficulty[order]
 
         def day_windows(first: int, stop: int, what: str) -> np.ndarray:
             windows = [(int(day_start[d]), int(day_start[d + 1])) for d in range(first, stop)]
@@ -237,6 +247,7 @@ class FoldMarket:
             day_start=day_start,
             row_stop=row_stop,
             train_starts=train_starts,
+            start_difficulty=difficulty,
             val_windows=val_windows,
             select_windows=select_windows,
             train_stop=train_stop,
@@ -352,6 +363,27 @@ class FoldMarketDevice:
             raise ConfigError(f"fold {self.host.fold_index} has no selection days (folds.select_days = 0)")
         host = dataclasses.replace(self.host, val_windows=self.host.select_windows)
         return dataclasses.replace(self, host=host, val_windows=stager.upload_new(host.val_windows))
+
+
+def episode_volatility(mid: np.ndarray, starts: np.ndarray, row_stop: np.ndarray, episode_bars: int) -> np.ndarray:
+    """float64 [n_starts]: the curriculum's difficulty of each episode start s, the realised volatility of its
+    episode: the root mean square of the one-bar close-mid changes over rows s .. last, last = min(s +
+    episode_bars, row_stop[s]) - 1, the bars the episode is marked at (summed in bar order).
+
+    Why volatility: a step's reward is the mark-to-market change of the position, so the bars' volatility
+    sets the reward noise around what an action is worth; on calm windows the costs of trading (spread,
+    commission) stand out and the C51 targets are least noisy, volatile windows bury them. It reads only the
+    episode's own bars: a training start's episode ends before the purge start (row_stop), so no bar at or
+    after it, nor of the validation days, enters the ranking.
+    """
+    starts = starts.astype(np.int64)
+    moves = np.minimum(starts + episode_bars, row_stop[starts]) - 1 - starts  # >= 1 (episodes of 2+ bars)
+    top = int((starts + moves).max()) + 1
+    sq = np.concatenate([np.diff(mid[:top]) ** 2, np.zeros(int(moves.max()))])  # zeros: past a short episode
+    total = np.zeros(starts.size)
+    for j in range(int(moves.max())):
+        total += np.where(j < moves, sq[starts + j], 0.0)
+    return np.sqrt(total / moves)
 
 
 def aux_forecast_target(market: FoldMarket, horizon: int) -> np.ndarray:

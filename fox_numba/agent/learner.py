@@ -41,7 +41,15 @@ the training window (tools/results/learner_ablation_h200.md section 7).
 Nothing in a step is written from the host: the schedule constants go into a ControlBlock once per epoch
 (`train_epoch`), so the K replays queue back to back. The replay buffer and market_obs are bound at
 construction; `set_market` binds another fold's market_obs (the step is captured again, once).
-Uniform replay only (prioritised replay is not implemented).
+
+Prioritised replay (learner.priority_alpha > 0; kernels/priority.py): the learner gives its replay buffer
+priorities at construction (ReplayBuffer.prioritise). The step then samples in proportion to priority
+(the sum tree rebuilt from its leaves first) instead of uniformly, multiplies each sample's four branch-row
+weights by its importance weight right after the double DQN rows (so the loss, its gradient and the loss
+signals are weighted), and after the C51 loss sets the drawn slots' priorities from their direction-branch
+cross-entropy. Off (0), the step launches exactly the uniform step's kernels. The priorities are replay
+state: the replay's fold reset clears them, and a checkpoint holds them with the learner's arrays
+(priority_tree, priority_max), as it holds the replay's contents.
 """
 
 from __future__ import annotations
@@ -113,6 +121,7 @@ class Learner:
         "online", "target_net", "graph", "batch", "obs", "obs_next", "rows", "logits", "logits_tgt", "q", "entropy",
         "util", "dlogits", "grads", "aux_target", "norm_partials", "adam_partials", "polyak_partials", "loss_partials",
         "q_partials", "hidden_partials", "support_rows", "decay_mask", "branch_weights", "schedule", "epoch",
+        "is_weights",
     )
 
     def __init__(
@@ -132,6 +141,10 @@ class Learner:
             raise ValueError(f"evaluation.average_start must be >= 0, got {cfg.evaluation.average_start}")
         if lc.n_step < 1:
             raise ValueError(f"learner.n_step must be >= 1, got {lc.n_step}")
+        if not (lc.priority_alpha >= 0 and 0.0 <= lc.priority_beta0 <= 1.0 and lc.priority_eps > 0):
+            raise ValueError("prioritised replay out of range: need learner.priority_alpha >= 0, priority_beta0 in "
+                             f"[0, 1] and priority_eps > 0; got {lc.priority_alpha}, {lc.priority_beta0}, "
+                             f"{lc.priority_eps}")
         if lc.bootstrap not in BOOTSTRAP_RULES:
             raise ValueError(f"learner.bootstrap must be one of {BOOTSTRAP_RULES}, got {lc.bootstrap!r}")
         if cfg.run.diag_every < 1:
@@ -176,6 +189,10 @@ class Learner:
 
         # the step's buffers
         self.batch = ReplayBatch(b, stream=stream, n_port=n_port)
+        self.is_weights: Any = None  # the batch's importance weights [B] (prioritised replay only)
+        if lc.priority_alpha > 0:
+            replay.prioritise(stream=stream)
+            self.is_weights = device_empty(b, np.float32)
         self.obs = device_empty((2 * b, layout.obs_dim), np.float32)  # s rows, then s' rows
         self.obs_next = self.obs[b:]
         drop = Dropout(lc.dropout, self.optim_state, self.seed) if lc.dropout > 0 else None
@@ -211,7 +228,11 @@ class Learner:
     def _step(self, s: Any) -> None:
         lc, bt, rows, n = self.cfg.learner, self.batch, self.rows, self.layout.size
         schedule_step(self.schedule.device, self.optim_state, self.isv, stream=s)
-        self.replay.sample(self.rng_states, bt.idx, stream=s)
+        prio = self.replay.priorities if lc.priority_alpha > 0 else None
+        if prio is not None:
+            prio.sample(self.rng_states, bt.idx, stream=s)
+        else:
+            self.replay.sample(self.rng_states, bt.idx, stream=s)
         self.replay.gather(bt, stride=self.cfg.env.n_envs, n_step=lc.n_step, gamma=lc.gamma, stream=s)
         gather_obs(self.market_obs, bt.rows, bt.port, self.obs, stream=s)
         if lc.obs_noise > 0:
@@ -221,8 +242,13 @@ class Learner:
         expected_q(self.logits, self.support_rows, self.q, self.entropy, utilisation=self.util, stream=s)
         select_rows(self.logits, self.q, self.logits_tgt, self.support_online, self.support_target, bt.actions,
                     bt.rewards, bt.discounts, self.branch_weights, rows, stream=s, bootstrap=lc.bootstrap)
+        if prio is not None:
+            prio.weights(bt.idx, self.schedule.device, self.optim_state, lc.priority_beta0, rows.weights,
+                         self.is_weights, stream=s)
         c51_project(rows.p_next, rows.rewards, rows.discounts, rows.sup_next, rows.sup_proj, rows.target, stream=s)
         c51_loss(rows.taken, rows.target, rows.weights, rows.loss, rows.dl, stream=s)
+        if prio is not None:
+            prio.update(bt.idx, rows.loss, alpha=lc.priority_alpha, eps=lc.priority_eps, stream=s)
         produce_loss_signals(rows.loss, rows.weights, rows.stats, self.loss_partials, self.isv, self.epoch, stream=s)
         produce_q_signals(self.q, self.entropy, self.util, self.q_partials, self.isv, self.epoch, n_rows=self.batch_size,
                           n_atoms=self.layout.n_atoms, stream=s)
@@ -357,8 +383,9 @@ class Learner:
     # ---- state ----------------------------------------------------------------------------------------------
 
     def state_arrays(self) -> dict[str, Any]:
-        """Every device array a checkpoint needs to resume training bit for bit, by name."""
-        return {
+        """Every device array a checkpoint needs to resume training bit for bit, by name (prioritised, the replay's
+        priorities too: the checkpoint holds the replay's contents)."""
+        arrays = {
             "params": self.params,
             "target_params": self.target,
             "adam_m": self.adam_m,
@@ -370,6 +397,10 @@ class Learner:
             "average_params": self.average,
             "support_average": self.support_average,
         }
+        prio = self.replay.priorities
+        if self.cfg.learner.priority_alpha > 0 and prio is not None:
+            arrays |= {"priority_tree": prio.tree, "priority_max": prio.max_priority}
+        return arrays
 
     def load_state(self, arrays: dict[str, np.ndarray]) -> None:
         """Upload host arrays (a checkpoint's) into the arrays of `state_arrays` (names and shapes must match)."""

@@ -22,6 +22,10 @@ observation gather and one network forward cover both, then rebuilds the 2B obse
     replay.gather(batch, stride=N, n_step=n, gamma=g, stream=s)   # rows [2B], port [2B, P]: s, then s' (n steps on);
                                                                   # actions, n-step rewards and discounts
     gather_obs(market.market_obs, batch.rows, batch.port, obs, stream=s)    # obs[:B] = s, obs[B:] = s'
+
+Prioritised replay (learner.priority_alpha > 0): the learner calls `prioritise` once at construction, before
+any collect step is captured; from then on put_obs also gives the new slots the running max priority and
+clear also clears the priorities, and the learner samples with `priorities.sample` (kernels/priority.py).
 """
 
 from __future__ import annotations
@@ -35,6 +39,14 @@ from fox_numba.device.elementwise import fill_u32
 from fox_numba.device.launch import i32, launch
 from fox_numba.device.memory import device_zeros, words
 from fox_numba.device.staging import Stager
+from fox_numba.kernels.priority import (
+    importance_weights,
+    priority_clear,
+    priority_put,
+    priority_sample,
+    priority_update,
+    tree_leaves,
+)
 from fox_numba.kernels.replay import (
     META_CURSOR,
     META_SIZE,
@@ -66,6 +78,51 @@ class ReplayBatch:
         self.discounts = device_zeros(batch, np.float32, stream=stream)
 
 
+class Priorities:
+    """The proportional priorities of a ring's `capacity` slots: a float64 sum tree [2L] whose leaf L + s is slot
+    s's priority, and the running max priority float64 [1] (kernels/priority.py). Cleared at construction."""
+
+    def __init__(self, capacity: int, *, stream: Any) -> None:
+        self.capacity, self.n_leaves = capacity, tree_leaves(capacity)
+        self.tree = device_zeros(2 * self.n_leaves, np.float64, stream=stream)
+        self.max_priority = device_zeros(1, np.float64, stream=stream)
+        self.clear(stream=stream)
+
+    def clear(self, *, stream: Any) -> None:
+        """Every priority 0 (nothing sampleable) and the running max back to PRIORITY_START."""
+        priority_clear(self.tree, self.max_priority, stream=stream)
+
+    def put(self, meta: Any, n: int, *, stream: Any) -> None:
+        """The n slots a collect step writes from the ring's cursor get the running max priority."""
+        priority_put(meta, n, self.capacity, self.tree, self.max_priority, stream=stream)
+
+    def sample(self, states: Any, idx: Any, *, stream: Any) -> None:
+        """idx int32 [B] = stratified draws proportional to priority, -1 while every priority is 0 (the tree is
+        rebuilt from its leaves first; states: xoroshiro [>= B], one draw each)."""
+        priority_sample(self.tree, states, idx, stream=stream)
+
+    def weights(self, idx: Any, sched: Any, state: Any, beta0: float, row_w: Any, is_w: Any, *, stream: Any) -> None:
+        """is_w [B] = the importance weights of the slots idx (beta annealed from beta0 on the schedule's clock),
+        and the learner's branch-row weights row_w [4B] multiplied by them."""
+        importance_weights(self.tree, idx, sched, state, beta0, row_w, is_w, stream=stream)
+
+    def update(self, idx: Any, loss: Any, *, alpha: float, eps: float, stream: Any) -> None:
+        """The drawn slots' priorities = (direction-row loss + eps)**alpha (loss [4B], the learner's rows)."""
+        priority_update(idx, loss, alpha, eps, self.tree, self.max_priority, stream=stream)
+
+    def upload(self, leaves: np.ndarray, max_priority: float, stager: Stager) -> None:
+        """Set every slot's priority (float64 [capacity]) and the running max (tests, benchmarks)."""
+        tree = np.zeros(2 * self.n_leaves, np.float64)
+        tree[self.n_leaves : self.n_leaves + self.capacity] = leaves
+        stager.upload(tree, self.tree)
+        stager.upload(np.array([max_priority], np.float64), self.max_priority)
+
+    def download(self, stager: Stager) -> tuple[np.ndarray, float]:
+        """(the slots' priorities float64 [capacity], the running max) on the host (synchronises)."""
+        tree = stager.download(self.tree)
+        return tree[self.n_leaves : self.n_leaves + self.capacity].copy(), float(stager.download(self.max_priority)[0])
+
+
 class ReplayBuffer:
     """A ring of `capacity` transitions on the device (struct of arrays, zeroed) with meta = (cursor, size).
 
@@ -90,20 +147,33 @@ class ReplayBuffer:
         self.next_row = device_zeros(capacity, np.int32, stream=stream)
         self.next_port = device_zeros((capacity, n_port), np.float32, stream=stream)
         self.meta = device_zeros(2, np.int32, stream=stream)
+        self.priorities: Priorities | None = None  # prioritised replay only (`prioritise`)
+
+    def prioritise(self, *, stream: Any) -> Priorities:
+        """The ring's priorities, allocated (and cleared) at the first call: from then on put_obs and clear keep
+        them (call before any collect step is captured, so its graph holds the priority writes)."""
+        if self.priorities is None:
+            self.priorities = Priorities(self.capacity, stream=stream)
+        return self.priorities
 
     def arrays(self) -> tuple[Any, ...]:
         """(row, port, action, reward, done, next_row, next_port)."""
         return tuple(getattr(self, f) for f in FIELDS)
 
     def clear(self, *, stream: Any) -> None:
-        """Empty the ring (cursor = size = 0); the slots keep their bytes but are never sampled."""
+        """Empty the ring (cursor = size = 0) and clear its priorities; the slots keep their bytes but are never
+        sampled."""
         w = words(self.meta)
         launch(fill_u32, w.size, w, np.uint32(0), i32(w.size), stream=stream)
+        if self.priorities is not None:
+            self.priorities.clear(stream=stream)
 
     def put_obs(self, row: Any, port: Any, actions: Any, *, stream: Any) -> None:
         """The observed half of N transitions (before the environment step): rows int32 [N], portfolio
-        features [N, N_PORTFOLIO], actions int32 [N, 4]."""
+        features [N, N_PORTFOLIO], actions int32 [N, 4]; prioritised, their slots get the running max priority."""
         replay_put_obs(self.meta, row, port, actions, self.row, self.port, self.action, stream=stream)
+        if self.priorities is not None:
+            self.priorities.put(self.meta, int(row.shape[0]), stream=stream)
 
     def put_result(self, reward: Any, done: Any, next_row: Any, next_port: Any, *, stream: Any) -> None:
         """The result half of the same N transitions (after the step); advances the cursor by N."""

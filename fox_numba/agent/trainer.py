@@ -112,10 +112,12 @@ class Trainer:
         return self.learner, self.env, self.collector, self.evaluator
 
     def collect(self) -> dict[str, float]:
-        """The epoch's collect phase: supports refreshed from the ISV, environments started at fresh draws,
-        env.collect_steps steps into the replay; the rollout metrics."""
+        """The epoch's collect phase: supports refreshed from the ISV, the curriculum's reach from the fold's
+        step counter (env.curriculum_epochs), environments started at fresh draws, env.collect_steps steps into
+        the replay; the rollout metrics."""
         learner, env, collector, _ = self._bound()
         learner.refresh_supports()
+        env.follow_curriculum(learner.optim_state, self.cfg.learner.steps_per_epoch, stream=self.stream)
         env.reset(stream=self.stream)
         return collector.collect(self.cfg.env.collect_steps)
 

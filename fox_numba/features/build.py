@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -30,6 +30,15 @@ from fox_numba.market.schema import (
 )
 
 
+DayFeatures = tuple[np.ndarray, dict[str, np.ndarray]]
+"""One day's features (float64 [n_bars, n_features]) and raw-market columns (`RawMarket` less the day index,
+day starts and instrument scalars), as `day_features` builds them and `features/cache.py` keeps them."""
+FEATURE_LAYOUT_VERSION = 1
+"""Raise it whenever `day_features` computes anything differently: cached days built before are then rebuilt."""
+DAY_CONFIG_FIELDS = ("ofi_levels",)
+"""The `FeatureConfig` fields `day_features` reads (part of the feature cache's key)."""
+
+
 def build_features(
     days: Iterable[MarketDay],
     instrument: Instrument,
@@ -44,32 +53,49 @@ def build_features(
     restart at the day's first such bar. A day without one is left out, with a note in `FeatureSet.notes`.
     Every day needs bars, MBP-10 and trades (MissingDataError otherwise); `source` names the data in
     error messages (e.g. the store's path). Bad rows raise InputError naming the day, schema and row.
-    `days` may be a generator (walkforward/driver.py `load_features` reads one store day at a time): each day
-    is reduced to its per-bar features and raw-market rows and then let go, so memory holds one day's book
-    rows at a time and the bars of all of them.
+    `days` may be a generator: each day is reduced to its per-bar features and raw-market rows and then let
+    go, so memory holds one day's book rows at a time and the bars of all of them.
     """
+
+    def parts() -> Iterator[tuple[str, DayFeatures | None]]:
+        for day in days:
+            name, part = day.day, day_features(day, instrument, config, source, session)
+            del day  # let the day's book go before the next one is read
+            yield name, part
+
+    return assemble_features(parts(), instrument, config, source, session)
+
+
+def assemble_features(
+    parts: Iterable[tuple[str, DayFeatures | None]],
+    instrument: Instrument,
+    config: FeatureConfig,
+    source: str = "market data",
+    session: str = "regular",
+) -> FeatureSet:
+    """The `FeatureSet` of per-day parts (trading day, `day_features` of it) in time order, built or cached
+    (walkforward/driver.py `load_features`); a None part is a day without a bar in `session`, left out with a
+    note. The config and session are checked before the first part is asked for."""
     check_feature_config(config)
     if session not in SESSIONS:
         raise ConfigError(f"market.session is {session!r}; it must be one of {', '.join(SESSIONS)}")
-    parts, kept, notes, seen = [], [], [], 0
-    for day in days:
+    kept_parts, kept, notes, seen = [], [], [], 0
+    for day, part in parts:
         seen += 1
-        part = _day_features(day, instrument, config, source, session)
         if part is None:
-            notes.append(f"{day.day} skipped: no bar in its {session} session")
+            notes.append(f"{day} skipped: no bar in its {session} session")
         else:
-            parts.append(part)
-            kept.append(day.day)
-        del day  # let the day's book go before the next one is read
+            kept_parts.append(part)
+            kept.append(day)
     if not seen:
         raise MissingDataError(f"{source}: no trading days to build features from")
-    if not parts:
+    if not kept_parts:
         raise MissingDataError(f"{source}: none of the {seen} trading days has a bar in the {session} session")
-    _check_day_order(kept, [p[1]["ts"] for p in parts], source)
-    n_per_day = np.array([p[0].shape[0] for p in parts], dtype=np.int64)
-    raw = {key: np.concatenate([p[1][key] for p in parts]) for key in parts[0][1]}
+    _check_day_order(kept, [p[1]["ts"] for p in kept_parts], source)
+    n_per_day = np.array([p[0].shape[0] for p in kept_parts], dtype=np.int64)
+    raw = {key: np.concatenate([p[1][key] for p in kept_parts]) for key in kept_parts[0][1]}
     return FeatureSet(
-        values=np.concatenate([p[0] for p in parts]),
+        values=np.concatenate([p[0] for p in kept_parts]),
         names=FEATURE_NAMES,
         days=tuple(kept),
         raw=RawMarket(
@@ -144,9 +170,9 @@ def _check_close_books(close: np.ndarray, book: Mbp10, bars: Bars, source: str, 
             raise InputError(source, "undefined bar price", group=f"day {day} bars", field=field, row=row)
 
 
-def _day_features(
+def day_features(
     day: MarketDay, instrument: Instrument, config: FeatureConfig, source: str, session: str
-) -> tuple[np.ndarray, dict[str, np.ndarray]] | None:
+) -> DayFeatures | None:
     """One day's feature matrix [n_bars, n_features] and its raw-market columns, over the session's bars
     (None without one)."""
     bars, book, trades = _require(day, source)

@@ -54,13 +54,18 @@ Position terms use the position marked at b + 1 before any forced close ("held")
   novelty (B.2)  w * (1 - dir_ema[chosen direction]) (the EMA before this step's update);
   stable  (D.4c) -w * |held - position before| / max_position.
 After an episode's last step: in collect mode (mode 1) the environment is reset at once to a start drawn
-uniformly from `starts` with its xoroshiro state (one float64 draw per reset); the outputs (reward, done,
-next_row, next_port) stay those of the terminal transition. In evaluation mode (mode 0) it stays frozen:
-later steps write reward 0, done 1 and leave state and accumulators alone.
+with its xoroshiro state (one float64 draw u per reset): starts[floor(u x reach[0] x n_starts)], uniform
+over the first reach[0] share of `starts` (reach float64 [1] in device memory; 1: all of them, the plain
+uniform draw). With the curriculum on (env.curriculum_epochs), `starts` is ordered easiest first
+(agent/fold_market.py start_difficulty) and curriculum_reach widens reach[0] once per epoch from the
+learner's per-fold step counter; off, reach[0] stays 1 and the draw is the uniform one. The outputs
+(reward, done, next_row, next_port) stay those of the terminal transition. In evaluation mode (mode 0)
+it stays frozen: later steps write reward 0, done 1 and leave state and accumulators alone.
 
-Launch shapes: env_step / env_reset / random_actions: 1-D, one thread per environment, ENV_BLOCK threads
-per block (`thread_block`: fewer for a small N); a short serial chain per thread: at most two 10-level
-book walks, no local arrays, no spills (sm_90 PTX has no .local), ~2.7 KB of kernel parameters.
+Launch shapes: curriculum_reach: one thread. env_step / env_reset / random_actions: 1-D, one thread per
+environment, ENV_BLOCK threads per block (`thread_block`: fewer for a small N); a short serial chain per
+thread: at most two 10-level book walks, no local arrays, no spills (sm_90 PTX has no .local), ~2.7 KB of
+kernel parameters.
 gather_obs: 2-D, a block of (lanes, rows) threads, lane x copies columns x, x + lanes, ... of one row, so
 a warp of 32 lanes reads and writes one observation row in coalesced 128-byte pieces; the simulator runs
 it with one lane per row (the same kernel, fewer Python threads). Widths come from the arrays (market_obs
@@ -77,15 +82,17 @@ import math
 from typing import Any
 
 import numpy as np
-from numba import cuda, float32, float64, int32
+from numba import cuda, float32, float64, from_dtype, int32, int64
 from numba.cuda.random import xoroshiro128p_type
 
 from fox_numba.actions import FLAT, HOLD, N_BRANCHES, N_DIRECTIONS, OrderType
 from fox_numba.device.isv import ISV_TOTAL_DIM, Isv
-from fox_numba.device.launch import check_array, launch, launch_2d
+from fox_numba.device.launch import check_array, launch, launch_2d, launch_rows
 from fox_numba.device.registry import register
 from fox_numba.device.rng import XOROSHIRO_DTYPE, xoroshiro128p_uniform_float32, xoroshiro128p_uniform_float64
 from fox_numba.device.runtime import SIMULATOR
+from fox_numba.kernels.optim import OPTIM_STATE_DTYPE
+from fox_numba.kernels.optim import check_state as check_optim_state
 from fox_numba.market.schema import N_LEVELS
 from fox_numba.observation import (
     N_MARKET,
@@ -183,6 +190,7 @@ F32_1D, F32_2D = float32[::1], float32[:, ::1]
 F64_1D, F64_2D = float64[::1], float64[:, ::1]
 I32_1D, I32_2D = int32[::1], int32[:, ::1]
 STATES = xoroshiro128p_type[::1]
+OPTIM_STATE = from_dtype(OPTIM_STATE_DTYPE)[::1]
 
 
 # --- device functions -------------------------------------------------------------------------------------
@@ -274,10 +282,11 @@ def _start_episode(i, start, last, si, sf, port, mid, params):
 
 
 @cuda.jit(device=True)
-def _draw_start(states, i, starts, row_stop, params):
-    """(start, last bar) of a new training episode: a start drawn uniformly from `starts`."""
+def _draw_start(states, i, starts, reach, row_stop, params):
+    """(start, last bar) of a new training episode: a start drawn uniformly from the first reach[0] share
+    of `starts` (all of them at reach 1, where n x 1.0 == n keeps the draw the plain uniform one)."""
     n = starts.shape[0]
-    k = int32(xoroshiro128p_uniform_float64(states, i) * n)
+    k = int32(xoroshiro128p_uniform_float64(states, i) * (n * reach[0]))
     if k >= n:
         k = n - 1
     start = starts[k]
@@ -310,9 +319,23 @@ def gather_obs_kernel(market_obs, rows, port, obs):
         j += lanes
 
 
-@register((int32, I32_1D, I32_2D, I32_1D, F64_1D, F64_1D, STATES, I32_2D, F64_2D, F32_2D, F32_2D))
+@register((OPTIM_STATE, float64, int64, F64_1D))
 @cuda.jit
-def env_reset_kernel(mode, starts, windows, row_stop, mid, params, states, si, sf, dir_ema, port):
+def curriculum_reach_kernel(optim_state, reach0, horizon, reach):
+    """reach[0] = reach0 + (1 - reach0) x min(step / horizon, 1), step = the learner's per-fold gradient
+    step counter (optim_state[0].step; epoch e of a fold collects at step e x steps_per_epoch); 1 when
+    horizon is 0."""
+    if cuda.grid(1) != 0:
+        return
+    progress = 1.0
+    if horizon > 0:
+        progress = min(float64(optim_state[0].step) / float64(horizon), 1.0)
+    reach[0] = reach0 + (1.0 - reach0) * progress
+
+
+@register((int32, I32_1D, F64_1D, I32_2D, I32_1D, F64_1D, F64_1D, STATES, I32_2D, F64_2D, F32_2D, F32_2D))
+@cuda.jit
+def env_reset_kernel(mode, starts, reach, windows, row_stop, mid, params, states, si, sf, dir_ema, port):
     """Start every environment flat: collect mode at a drawn start, eval mode at validation window i.
 
     Collect mode staggers the first episodes: after the start, a second float64 draw u cuts the first
@@ -323,7 +346,7 @@ def env_reset_kernel(mode, starts, windows, row_stop, mid, params, states, si, s
     if i >= si.shape[1]:
         return
     if mode == MODE_COLLECT:
-        start, last = _draw_start(states, i, starts, row_stop, params)
+        start, last = _draw_start(states, i, starts, reach, row_stop, params)
         # stagger: the first episode after a reset runs 2 .. its full length bars (one more draw)
         bars = 2 + int32(xoroshiro128p_uniform_float64(states, i) * (last - start))
         last = start + min(bars, last - start + 1) - 1
@@ -339,7 +362,7 @@ def env_reset_kernel(mode, starts, windows, row_stop, mid, params, states, si, s
     (
         int32,  # mode
         F32_2D, F64_2D, F64_2D, F32_2D, F32_2D, F64_1D, F64_1D, F64_1D, F32_1D, F32_1D, I32_1D, I32_1D,  # market
-        F64_1D, F32_1D, STATES,  # params, isv, rng
+        F64_1D, F64_1D, F32_1D, STATES,  # reach, params, isv, rng
         I32_2D,  # actions
         I32_2D, F64_2D, F32_2D, F32_2D,  # state
         F32_1D, F32_1D, I32_1D, F32_2D, F32_2D, F32_2D,  # outputs
@@ -350,7 +373,7 @@ def env_reset_kernel(mode, starts, windows, row_stop, mid, params, states, si, s
 def env_step_kernel(
     mode,
     market_obs, bid_px, ask_px, bid_sz, ask_sz, mid, trade_lo, trade_hi, vol_lo, vol_hi, row_stop, starts,
-    params, isv, states,
+    reach, params, isv, states,
     actions,
     si, sf, dir_ema, port,
     reward, done, next_row, next_port, comps, stats,
@@ -572,7 +595,7 @@ def env_step_kernel(
 
     # 6. the new state: the next bar, a fresh episode (collect) or frozen (eval)
     if end and mode == MODE_COLLECT:
-        start, new_last = _draw_start(states, i, starts, row_stop, params)
+        start, new_last = _draw_start(states, i, starts, reach, row_stop, params)
         _start_episode(i, start, new_last, si, sf, port, mid, params)
         return
     si[SI_ROW, i] = nb
@@ -655,15 +678,32 @@ def check_env_state(si: Any, sf: Any, dir_ema: Any, port: Any) -> int:
     return n
 
 
+def _check_reach(reach: Any) -> None:
+    check_array("reach", reach, "[1]", (1,), np.float64)
+
+
+def curriculum_reach(optim_state: Any, reach0: float, horizon: int, reach: Any, *, stream: Any) -> None:
+    """reach float64 [1] = the share of the (easiest-first) starts a collect draw reaches at the learner's
+    per-fold step optim_state[0].step: reach0 at step 0, widening linearly to 1 at step `horizon` (1 when
+    horizon is 0). Graph-safe; launched once per epoch before the collect phase."""
+    check_optim_state(optim_state)
+    _check_reach(reach)
+    if not 0.0 < reach0 <= 1.0 or horizon < 0:
+        raise ValueError(f"reach0 must be in (0, 1] and horizon >= 0, got {reach0} and {horizon}")
+    launch_rows(curriculum_reach_kernel, 1, 1, optim_state, np.float64(reach0), np.int64(horizon), reach,
+                stream=stream)  # fmt: skip
+
+
 def env_reset(
-    mode: int, starts: Any, windows: Any, row_stop: Any, mid: Any, params: Any, states: Any,
+    mode: int, starts: Any, reach: Any, windows: Any, row_stop: Any, mid: Any, params: Any, states: Any,
     si: Any, sf: Any, dir_ema: Any, port: Any, *, stream: Any,
 ) -> None:  # fmt: skip
-    """Start N environments flat: mode MODE_COLLECT at starts drawn with states[i] (two float64 draws each:
-    the start, then the staggered length of the first episode), MODE_EVAL at windows[i] = (first row, stop
-    row) (needs N <= n_windows). Resets dir_ema to uniform."""
+    """Start N environments flat: mode MODE_COLLECT at starts drawn with states[i] from the first reach[0]
+    share of `starts` (two float64 draws each: the start, then the staggered length of the first episode),
+    MODE_EVAL at windows[i] = (first row, stop row) (needs N <= n_windows). Resets dir_ema to uniform."""
     n = check_env_state(si, sf, dir_ema, port)
     check_array("starts", starts, "[n_starts]", (starts.shape[0],), np.int32)
+    _check_reach(reach)
     check_array("windows", windows, "[n_windows, 2]", (windows.shape[0], 2), np.int32)
     check_array("row_stop", row_stop, "[n_bars]", (row_stop.shape[0],), np.int32)
     check_array("mid", mid, "[n_bars]", (row_stop.shape[0],), np.float64)
@@ -676,18 +716,20 @@ def env_reset(
     if mode == MODE_COLLECT and starts.shape[0] < 1:
         raise ValueError("collect mode needs at least one episode start")
     launch(
-        env_reset_kernel, n, np.int32(mode), starts, windows, row_stop, mid, params, states, si, sf, dir_ema, port,
+        env_reset_kernel, n, np.int32(mode), starts, reach, windows, row_stop, mid, params, states, si, sf, dir_ema,
+        port,
         stream=stream, block=thread_block(n),
     )  # fmt: skip
 
 
 def env_step(
-    mode: int, market: Any, params: Any, isv: Any, states: Any, actions: Any,
+    mode: int, market: Any, reach: Any, params: Any, isv: Any, states: Any, actions: Any,
     si: Any, sf: Any, dir_ema: Any, port: Any,
     reward: Any, done: Any, next_row: Any, next_port: Any, comps: Any, stats: Any, acc: Any, *, stream: Any,
 ) -> None:  # fmt: skip
     """Step N environments one bar with actions [N, 4] (rules in the module header). `market` carries the
-    fold's device tensors by name (agent.fold_market.FoldMarketDevice). Outputs: reward / done float32 [N],
+    fold's device tensors by name (agent.fold_market.FoldMarketDevice); an auto-reset draws from the first
+    reach[0] share of its train_starts. Outputs: reward / done float32 [N],
     next_row int32 [N], next_port float32 [N, N_PORTFOLIO], comps float32 [N_COMPS, N], stats float32
     [N_STATS, N]; acc float64 [N_ACC, N] accumulates."""
     n = check_env_state(si, sf, dir_ema, port)
@@ -706,6 +748,7 @@ def env_step(
         check_array(name, getattr(market, name), "[n_bars]", (n_bars,), np.float32)
     check_array("row_stop", market.row_stop, "[n_bars]", (n_bars,), np.int32)
     check_array("train_starts", market.train_starts, "[n_starts]", (market.train_starts.shape[0],), np.int32)
+    _check_reach(reach)
     check_array("params", params, f"[{N_PARAMS}]", (N_PARAMS,), np.float64)
     check_array("isv", isv, f"[{ISV_TOTAL_DIM}]", (ISV_TOTAL_DIM,))
     _check_states(states, n)
@@ -723,7 +766,7 @@ def env_step(
         env_step_kernel, n, np.int32(mode),
         market.market_obs, market.bid_px, market.ask_px, market.bid_sz, market.ask_sz, market.mid,
         market.trade_lo, market.trade_hi, market.vol_lo, market.vol_hi, market.row_stop, market.train_starts,
-        params, isv, states, actions, si, sf, dir_ema, port,
+        reach, params, isv, states, actions, si, sf, dir_ema, port,
         reward, done, next_row, next_port, comps, stats, acc,
         stream=stream, block=thread_block(n),
     )  # fmt: skip

@@ -111,16 +111,23 @@ BOOTSTRAP_RULES = ("direction", "branch")  # learner.bootstrap (header)
 ROWS_BLOCK = 64  # double_dqn_rows: a long serial loop per thread, so small blocks spread it over more SMs
 
 
+@cuda.jit(device=True)
+def schedule_progress(sched, step):
+    """min((step - 1) / horizon, 1), 0 when the horizon is 0: the schedule's clock at step `step` (also the
+    importance-weight exponent's, kernels/priority.py)."""
+    horizon = sched[0].horizon
+    if horizon > 0:
+        return min(float32(step - 1) / float32(horizon), float32(1.0))
+    return float32(0.0)
+
+
 @register((_SCHED[::1], _STATE[::1], _F1))
 @cuda.jit
 def step_schedule(sched, state, isv):
     """state.step += 1, then state.lr and state.tau of this step (formulas in the module header)."""
     step = state[0].step + 1
     state[0].step = step
-    horizon = sched[0].horizon
-    progress = float32(0.0)
-    if horizon > 0:
-        progress = min(float32(step - 1) / float32(horizon), float32(1.0))
+    progress = schedule_progress(sched, step)
     cosine = float32(0.5) * (float32(1.0) + math.cos(_PI * progress))
     lr_min = sched[0].lr_min_frac
     tau_min = sched[0].tau_min_frac

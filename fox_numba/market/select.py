@@ -3,21 +3,34 @@
 Every stage command starts here, so a bad store, a day range outside it, a store without the mandatory
 MBP-10 and trades, or a selected day that fails validation stops the command before any work, with a
 message saying what to do. Every selected day is read and validated here, as `fox data inspect` does,
-so a stage refuses a store that inspect refuses, with the same message.
+so a stage refuses a store that inspect refuses, with the same message: once per store version, as each
+validated day leaves a record keyed by its content digest (`MarketStore.day_digest`) and the instrument in the
+cache folder (`market.cache`), and a day with its record is not read again (only its bars, for the session).
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
+import json
+import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from fox_numba.config import MarketConfig
-from fox_numba.errors import ConfigError, InputError
+from fox_numba.errors import ConfigError, InputError, OutputError
+from fox_numba.io import atomic_write_text
 from fox_numba.market.calendar import SESSIONS, bars_in_session
 from fox_numba.market.default import ensure_default_store
+from fox_numba.market.schema import Bars, Instrument
 from fox_numba.market.store import MarketStore, require_schemas
+
+CACHE_SUFFIX = ".cache"
+"""`market.cache = "auto"`: the cache folder is the store's path with this appended."""
+VALIDATED_SUFFIX = ".valid"
+VALIDATION_VERSION = 1
+"""Part of every validated-day record's key: raise it when `validate.py` checks more, so every day is checked again."""
 
 
 @dataclass(frozen=True)
@@ -31,6 +44,26 @@ class MarketSelection:
     """`market.session`: the bars features and episodes use (`calendar.SESSIONS`)."""
     notes: tuple[str, ...] = ()
     """Selected days left out and why (no bar in the session)."""
+    digests: tuple[str, ...] = ()
+    """`MarketStore.day_digest` of each of `days` (empty: not asked for, as `market.cache` is 'off', or not known)."""
+
+
+def cache_folder(cfg: MarketConfig, store: Path) -> Path | None:
+    """The per-day cache folder of `store` (`market.cache`: 'auto' beside it, 'off' None, else that folder)."""
+    if cfg.cache == "off":
+        return None
+    return store.with_name(store.name + CACHE_SUFFIX) if cfg.cache == "auto" else Path(cfg.cache)
+
+
+def instrument_key(instrument: Instrument) -> str:
+    """sha256 (hex) of every instrument field: validation and features depend on them."""
+    return hashlib.sha256(json.dumps(asdict(instrument), sort_keys=True).encode()).hexdigest()
+
+
+def validated_record(folder: Path, day: str, digest: str, instrument: Instrument) -> Path:
+    """The file whose presence says `day` with content `digest` passed validation for `instrument`."""
+    key = hashlib.sha256(f"{digest}|{instrument_key(instrument)}|{VALIDATION_VERSION}".encode()).hexdigest()
+    return folder / f"{day}.{key[:32]}{VALIDATED_SUFFIX}"
 
 
 def _day(key: str, text: str) -> str:
@@ -44,8 +77,9 @@ def select_market(cfg: MarketConfig, progress: Callable[[str], None] | None = No
     """Resolve `cfg.store` ('default': the embedded market, built or reused), pick the days between
     `first_day` and `last_day` (inclusive; empty: the store's first / last), check that each selected
     day holds MBP-10 and trades (MissingDataError, saying how to import them, otherwise), and validate
-    each selected day (InputError naming the group, field and row, as `fox data inspect` reports it).
-    Days without a bar in `cfg.session` are left out with a note; none left is a ConfigError."""
+    each selected day (InputError naming the group, field and row, as `fox data inspect` reports it) unless
+    the cache folder holds its validated record (module docstring), and keep each day's digest. Days
+    without a bar in `cfg.session` are left out with a note; none left is a ConfigError."""
     path = ensure_default_store(progress) if cfg.store == "default" else Path(cfg.store)
     if not path.is_file():
         raise InputError(path, "market store not found (build one with `fox data synth` or `fox data import`)")
@@ -62,16 +96,40 @@ def select_market(cfg: MarketConfig, progress: Callable[[str], None] | None = No
         span = f"{available[0]} to {available[-1]}" if available else "no days"
         raise ConfigError(f"{path}: no trading day between {first or 'the start'} and {last or 'the end'} ({span})")
     require_schemas(path, days=days)
-    kept, notes = [], []
+    kept, digests, notes = [], [], []
+    folder = cache_folder(cfg, path)
     with MarketStore(path) as store:
         for k, day in enumerate(days):
             if progress is not None:
                 progress(f"checking {day} ({k + 1} of {len(days)})")
-            bars = store.read_day(day).bars
+            bars, digest = _checked_bars(store, day, folder)
             if bars is None or bars_in_session(bars.ts_event, day, store.instrument, cfg.session).size == 0:
                 notes.append(f"{day} skipped: no bar in its {cfg.session} session (market.session)")
             else:
                 kept.append(day)
+                digests.append(digest)
     if not kept:
         raise ConfigError(f"{path}: none of the {len(days)} selected trading days has a bar in the {cfg.session} session")
-    return MarketSelection(path, tuple(kept), cfg.session, tuple(notes))
+    return MarketSelection(path, tuple(kept), cfg.session, tuple(notes), () if folder is None else tuple(digests))
+
+
+def _checked_bars(store: MarketStore, day: str, folder: Path | None) -> tuple[Bars | None, str]:
+    """`day`'s bars, the day validated unless `folder` holds its validated record (then only the bars are read),
+    and its digest ('' without a cache folder: not asked for)."""
+    if folder is None:
+        return store.read_day(day).bars, ""
+    digest = store.day_digest(day)
+    record = validated_record(folder, day, digest, store.instrument)
+    if record.is_file():
+        return store.read_day(day, ("bars",)).bars, digest
+    bars = store.read_day(day).bars
+    _write_record(record, f"{day} {digest}\n")
+    return bars, digest
+
+
+def _write_record(record: Path, text: str) -> None:
+    """Write a validated-day record; a cache folder that cannot be written costs only the next check (logged)."""
+    try:
+        atomic_write_text(record, text)
+    except OutputError as e:
+        logging.getLogger(__name__).warning("validated-day record not written (market.cache): %s", e)

@@ -272,6 +272,7 @@ def commit_day(writer: StoreWriter, day: StagedDay, instrument: Instrument, stag
             out["bars"] = len(bars.record)
         elif schema in incoming and schema != "bars":
             _copy(incoming[schema], writer.day_group(schema, day.day, day.contract))
+            writer.seal(schema, day.day)
             out[schema] = incoming[schema].n
     return out
 

@@ -8,17 +8,25 @@ Layout (version 2):
                             roll shows where the contract changes); one dataset per column, dtypes from
                             `schema.DTYPES`; MBP-10 book columns are [n, 10] (`bid_px[:, k]` is
                             Databento's `bid_px_0k`); price datasets carry a `price_scale` attr.
-                            Chunked, byte-shuffled and LZF-compressed (h5py only).
+                            Chunked, byte-shuffled and LZF-compressed (h5py only). Attr `digest`
+                            (`group_digest`): sha256 of the group's content, set when it is written.
 
 Every day is validated (`validate.validate_day`) before it is written and again when it is read. Writes
 go to a temporary file that is renamed over the target at the end, so an interrupted or rejected write
 leaves the previous store untouched; the file is written afresh each time, so it does not grow with
 re-imports of the same days.
+
+A day's digest (`MarketStore.day_digest`) names its content: the per-day caches (the validated days of
+`market/select.py`, the features of `features/cache.py`) are keyed by it, so a rewritten day misses them.
+Stores written before digests existed have groups without the attr: their digest is computed from the stored
+rows each time it is asked for (one read of the day, without validation), and a rewrite
+(`fox data import --extend`) adds the attr to the groups it copies.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -47,6 +55,8 @@ CHUNK_ROWS = 1 << 14
 
 COMPRESSION = {"compression": "lzf", "shuffle": True}
 """How every chunked column is compressed."""
+DIGEST_ATTR = "digest"
+"""Attr of a (schema, day) group: `group_digest` of it, written with it."""
 PRICE_FIELDS = frozenset({"open", "high", "low", "close", "price", "bid_px", "ask_px"})
 INSTRUMENT_ATTRS = tuple(f.name for f in fields(Instrument))
 RESERVED_ATTRS = frozenset({"layout_version", "price_scale", *INSTRUMENT_ATTRS})
@@ -140,6 +150,9 @@ class StoreWriter:
                     for schema, day_name in _groups(old.file):
                         if (schema, day_name) not in writer.written:
                             f.copy(old.file[f"{schema}/{day_name}"], f.require_group(schema), name=day_name)
+                            copied = f[f"{schema}/{day_name}"]
+                            if DIGEST_ATTR not in copied.attrs:  # a group written before digests
+                                copied.attrs[DIGEST_ATTR] = group_digest(copied)
 
     def day_group(self, schema: str, day: str, contract: str) -> h5py.Group:
         """The (new, empty) group of `schema` on `day`, recording its contract."""
@@ -155,6 +168,25 @@ class StoreWriter:
         group = self.day_group(schema, day, contract)
         for col, values in columns(record).items():
             create_column(group, col, values.shape, values.dtype, data=values)
+        self.seal(schema, day)
+
+    def seal(self, schema: str, day: str) -> None:
+        """Record the digest of the (schema, day) group once all its columns are written."""
+        group = self.file[f"{schema}/{day}"]
+        group.attrs[DIGEST_ATTR] = group_digest(group)
+
+
+def group_digest(group: h5py.Group) -> str:
+    """sha256 (hex) of a (schema, day) group's content: its contract, then each dataset (by name) with its dtype,
+    shape and values (C order), read `CHUNK_ROWS` rows at a time. The same rows give the same digest however they
+    were chunked or compressed (LZF's output is not repeatable), and any change of a row changes it."""
+    h = hashlib.sha256(f"contract={_plain(group.attrs.get('contract'))}".encode())
+    for name in sorted(group):
+        ds = group[name]
+        h.update(f"|{name}|{ds.dtype.str}|{ds.shape}|".encode())
+        for at in range(0, ds.shape[0], CHUNK_ROWS):
+            h.update(np.ascontiguousarray(ds[at : at + CHUNK_ROWS]).tobytes())
+    return h.hexdigest()
 
 
 def create_column(
@@ -234,6 +266,16 @@ class MarketStore:
             group = f"/{list(named)[-1]}/{day}"
             raise InputError(self.path, f"the day's schemas come from different contracts ({which})", group=group)
         return next(iter(named.values()))
+
+    def day_digest(self, day: str) -> str:
+        """sha256 (hex) naming `day`'s content: of each of its schema groups' digests (the `digest` attr; for a
+        group written before digests, `group_digest` computed here: one read of its rows)."""
+        h = hashlib.sha256()
+        for schema in self._schemas_of(day):
+            group = self._file[f"{schema}/{day}"]
+            digest = group.attrs.get(DIGEST_ATTR)
+            h.update(f"{schema}={group_digest(group) if digest is None else _plain(digest)};".encode())
+        return h.hexdigest()
 
     def contracts(self) -> dict[str, str]:
         """The contract of every trading day, in day order."""

@@ -35,10 +35,11 @@ from fox_numba.agent.trainer import Trainer
 from fox_numba.config import FoxConfig
 from fox_numba.diag.layout import PREFIX, parse_line
 from fox_numba.errors import ConfigError
-from fox_numba.features.build import build_features
+from fox_numba.features.build import assemble_features
+from fox_numba.features.cache import FeatureCache
 from fox_numba.features.feature_set import FeatureSet
 from fox_numba.io import atomic_path, atomic_write_text
-from fox_numba.market.select import MarketSelection
+from fox_numba.market.select import MarketSelection, cache_folder
 from fox_numba.market.store import MarketStore
 from fox_numba.observation import N_MARKET
 from fox_numba.walkforward.folds import Fold, make_folds
@@ -92,11 +93,14 @@ class RunLog:
 
 
 def load_features(cfg: FoxConfig, selection: MarketSelection) -> FeatureSet:
-    """Features and raw market of the selected days of the store."""
+    """Features and raw market of the selected days of the store: each day's from the feature cache
+    (`market.cache`, features/cache.py) when it holds them for the day's content digest, else read from the
+    store (one day's book in memory at a time), built and cached."""
     with MarketStore(selection.path) as store:
-        days = (store.read_day(day) for day in selection.days)  # one day's book in memory at a time
-        return build_features(days, store.instrument, cfg.features, source=str(selection.path),
-                              session=selection.session)
+        cache = FeatureCache(cache_folder(cfg.market, selection.path), store.instrument, cfg.features,
+                             selection.session)
+        return assemble_features(cache.parts(store, selection.days, selection.digests), store.instrument,
+                                 cfg.features, source=str(selection.path), session=selection.session)
 
 
 @dataclass(frozen=True)

@@ -5,12 +5,14 @@ The registry is the one place a fold boundary's resets are written (DESIGN.md): 
 
     learner.adam_moments   Adam m *= 0.1, v *= 0.01 (direction kept, magnitude history damped; seed K)
     learner.adam_step      Adam's t and the schedule's per-fold step restart at 0 (bias correction, cosine,
-    learner.fold_step        and the warm-up gates start again); one kernel resets both counters
+    learner.fold_step        the warm-up gates and the curriculum of episode starts start again); one kernel
+                             resets both counters
     learner.params         theta = 0.8 theta + 0.2 theta_fresh, theta_fresh seeded per (run seed, fold)
     learner.target         target (and its supports) re-synced to the perturbed online network
     learner.average        the epoch-end weight average (evaluation.network = 'average') restarts there too
     learner.adaptive_tau   tau_eff's damping reads ISV[Q_DRIFT_RATE], reset with the ISV slots below
-    collector.replay       the replay buffer emptied: the new fold's market rows mean other bars
+    collector.replay       the replay buffer emptied: the new fold's market rows mean other bars (and its
+                           priorities cleared, with prioritised replay)
     isv.<SLOT>             every ISV slot whose table entry has a fold-reset value (one launch)
     kill.*                 the Q-drift window, the collapse and non-finite counters
     run.best.*             the fold's best epoch
@@ -19,7 +21,8 @@ Carried over (PerRun): the online supports, the learner's sampling stream, the I
 gradient-norm EMA, the Q and reward scale references the support rule reads, ...). Built fresh at every fold by
 `Trainer.bind_fold`, so nothing in them crosses a boundary: the fold's market tensors, the collect environments and
 their collector, the evaluator. Their within-fold state (the environments' and the collector's random streams) is in
-every checkpoint as named arrays.
+every checkpoint as named arrays; the environments' curriculum reach is recomputed from learner.fold_step every epoch
+and holds no state of its own.
 
 `audit_trainer` lists every attribute of the run-wide components that is neither an entry nor declared
 wiring (each class's NOT_STATE); the driver refuses to start and a test asserts it is empty, so a field added
@@ -48,7 +51,7 @@ def register_trainer(registry: StateResetRegistry, trainer: Trainer, kills: Kill
     counters = ("learner", "counters")
     r.action("adam_step", FoldReset, "Adam t = 0 (bias correction restarts)", fields=("optim_state",),
              action=lambda ctx: lrn.reset_step_counter(), batch=counters)
-    r.action("fold_step", FoldReset, "per-fold step counter = 0 (cosine schedule and warm-up gates restart)",
+    r.action("fold_step", FoldReset, "per-fold step counter = 0 (cosine, warm-up gates and curriculum restart)",
              fields=("optim_state",), action=lambda ctx: lrn.reset_step_counter(), batch=counters)
     r.action("params", FoldReset, "theta = 0.8 theta + 0.2 theta_fresh (seeded per fold)", fields=("params", "fresh"),
              action=lambda ctx: lrn.shrink_perturb(ctx.seed_for("learner.params")))
@@ -61,7 +64,8 @@ def register_trainer(registry: StateResetRegistry, trainer: Trainer, kills: Kill
     r.carried("support_online", "the online supports follow the Q scale across folds", fields=("support_online",))
     r.carried("rng_states", "the learner's minibatch sampling stream", fields=("rng_states",))
     registry.owner(replay, "collector").action(
-        "replay", FoldReset, "replay buffer emptied (cursor = size = 0)", fields=(*REPLAY_FIELDS, "meta"),
+        "replay", FoldReset, "replay buffer emptied (cursor = size = 0), its priorities cleared",
+        fields=(*REPLAY_FIELDS, "meta", "priorities"),
         action=lambda ctx: replay.clear(stream=s))
     register_isv(registry, bus)
     kills.register_state(registry)

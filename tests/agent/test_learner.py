@@ -92,11 +92,13 @@ def host_state(learner):
 # ---- one whole step against float64 ---------------------------------------------------------------------
 
 
-def step_reference64(cfg, layout, st, replay, market, isv0):
+def step_reference64(cfg, layout, st, replay, market, isv0, sample=None):
     """The learner's step in float64 from the host state `st` (state_arrays names) and the ISV before the step
     `isv0`; the warm-up factor and CLIP_EFF come from the float64 adaptive-clip producer (reference.py, the
-    formulas of device/isv.py's slots) on isv0 and this step's norm. Returns (new state dict, expected ISV slots
-    dict); the new state also holds the step's aux loss."""
+    formulas of device/isv.py's slots) on isv0 and this step's norm. `sample(rng_states, step)` -> (slots, importance
+    weights [B]) replaces the uniform draw with weights 1 (prioritised replay, tests/agent/test_priority_learner.py).
+    Returns (new state dict, expected ISV slots dict); the new state also holds the step's aux loss, its slots and
+    its per-row losses."""
     lc, z, n_layers = cfg.learner, layout.n_atoms, layout.n_layers
     b = lc.batch_size
     st = {k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in st.items()}
@@ -113,7 +115,10 @@ def step_reference64(cfg, layout, st, replay, market, isv0):
     drift = min(max(float(isv0[Isv.Q_DRIFT_RATE]), 0.0), 4.0)
     tau = f32(lc.tau) * (f32(lc.tau_min_frac) + (1 - f32(lc.tau_min_frac)) * cosine) / (1 + drift)
     # sample and gather
-    idx = reference.sample_indices64(st["rng_states"], int(replay["meta"][1]))
+    if sample is None:
+        idx, is_w = reference.sample_indices64(st["rng_states"], int(replay["meta"][1])), np.ones(b)
+    else:
+        idx, is_w = sample(st["rng_states"], step)
     batch = reference.replay_gather64(replay, idx, stride=cfg.env.n_envs, n_step=lc.n_step, gamma=f32(lc.gamma))
     rows, port = batch["rows"], batch["port"]
     obs = np.concatenate([market[rows], port], axis=1).astype(np.float64)
@@ -129,6 +134,7 @@ def step_reference64(cfg, layout, st, replay, market, isv0):
     q = reference.expected_q64(logits, np.broadcast_to(sup_on, (2 * b, N_HEADS, 3)))
     rws = reference.double_dqn64(logits, q, logits_t, sup_on, sup_tg, actions, rewards, discounts,
                                  np.asarray(lc.branch_weights, np.float64))
+    rws["w"] = rws["w"] * np.repeat(is_w, 4)
     m_proj = reference.project64(rws["p_next"], rws["rew"], rws["disc"], rws["sup_next"], rws["sup_proj"])
     loss = reference.loss64(rws["taken"], m_proj)
     dl_rows = rws["w"][:, None] * (m_proj.sum(1, keepdims=True) * reference.softmax64(rws["taken"]) - m_proj)
@@ -163,7 +169,7 @@ def step_reference64(cfg, layout, st, replay, market, isv0):
     target += tau * (params - target)
     new = {"params": params, "adam_m": m, "adam_v": v, "target_params": target,
            "support_target": sup_tg + tau * (sup_on - sup_tg), "step": step, "adam_t": t, "lr": lr, "tau": tau,
-           "loss_aux": float(np.mean(d_aux[labelled] ** 2) / 2)}
+           "loss_aux": float(np.mean(d_aux[labelled] ** 2) / 2), "idx": idx, "row_loss": loss}
     # ISV producers
     def ema(slot, x, alpha):
         return float(isv0[slot]) + alpha * (x - float(isv0[slot]))

@@ -1,0 +1,162 @@
+"""The per-day feature cache (features/cache.py): features from a cold cache, a warm one and none are the same bit
+for bit as `build_features` on the days read from the store; a warm cache reads no book row; a damaged,
+mismatched or altered file, a changed day and a changed setting are rebuilt; a store without digests works."""
+
+import dataclasses
+import logging
+import shutil
+
+import h5py
+import numpy as np
+import pytest
+
+from fox_numba.config import FoxConfig
+from fox_numba.features.build import build_features
+from fox_numba.features.cache import SUFFIX
+from fox_numba.market.schema import SCHEMAS
+from fox_numba.market.select import CACHE_SUFFIX, MarketSelection, select_market
+from fox_numba.market.store import DIGEST_ATTR, MarketStore, write_store
+from fox_numba.walkforward.driver import load_features
+
+
+@pytest.fixture
+def store(four_day_market, tmp_path):
+    m = four_day_market
+    return write_store(tmp_path / "es.h5", m.instrument, m.days[:2])
+
+
+def config(store, cache="auto", ofi_levels=10) -> FoxConfig:
+    cfg = FoxConfig()
+    cfg.market = dataclasses.replace(cfg.market, store=str(store), cache=cache)
+    cfg.features = dataclasses.replace(cfg.features, ofi_levels=ofi_levels)
+    return cfg
+
+
+def expected(store, cfg):
+    """The features built straight from the days read from the store (no selection, no cache)."""
+    with MarketStore(store) as s:
+        return build_features([s.read_day(d) for d in s.days()], s.instrument, cfg.features, session=cfg.market.session)
+
+
+def load(cfg):
+    return load_features(cfg, select_market(cfg.market))
+
+
+def assert_identical(a, b):
+    assert a.days == b.days and a.names == b.names and a.session == b.session and a.notes == b.notes
+    pairs = [("values", a.values, b.values)]
+    pairs += [(f.name, getattr(a.raw, f.name), getattr(b.raw, f.name)) for f in dataclasses.fields(a.raw)]
+    for name, x, y in pairs:
+        x, y = np.asarray(x), np.asarray(y)
+        assert (x.dtype, x.shape, x.tobytes()) == (y.dtype, y.shape, y.tobytes()), name
+
+
+@pytest.fixture
+def book_reads(monkeypatch):
+    """The days `MarketStore.read_day` reads the book of."""
+    reads = []
+    original = MarketStore.read_day
+
+    def read_day(self, day, schemas=SCHEMAS):
+        if "mbp10" in schemas:
+            reads.append(day)
+        return original(self, day, schemas)
+
+    monkeypatch.setattr(MarketStore, "read_day", read_day)
+    return reads
+
+
+def test_cold_warm_and_no_cache_give_the_same_features_and_warm_reads_no_book(store, book_reads):
+    cfg = config(store)
+    want = expected(store, cfg)
+    book_reads.clear()
+    assert_identical(load(cfg), want)  # cold: validated and built, both recorded beside the store
+    folder = store.with_name(store.name + CACHE_SUFFIX)
+    assert len(list(folder.glob(f"*{SUFFIX}"))) == 2 and book_reads == [*want.days, *want.days]
+    book_reads.clear()
+    assert_identical(load(cfg), want)  # warm
+    bare = MarketSelection(store, want.days, want.session)  # as `fox evaluate` makes one: digests asked of the store
+    assert_identical(load_features(cfg, bare), want)
+    assert book_reads == []
+    off = config(store, cache="off")
+    shutil.rmtree(folder)
+    assert_identical(load(off), want)
+    assert not folder.exists()
+
+
+def test_a_damaged_mismatched_or_altered_file_is_rebuilt_and_logged(store, tmp_path, caplog, book_reads):
+    cfg = config(store, cache=str(tmp_path / "cache"))
+    want = expected(store, cfg)
+    load(cfg)
+    first, second = sorted((tmp_path / "cache").glob(f"*{SUFFIX}"))
+    data = bytearray(first.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # damaged
+    first.write_bytes(bytes(data))
+    with np.load(second) as npz:
+        arrays = {k: npz[k] for k in npz.files}
+    arrays["values"][3, 2] += 1e-9  # altered, its recorded checksum kept
+    with open(second, "wb") as fh:
+        np.savez(fh, **arrays)
+    book_reads.clear()
+    with caplog.at_level(logging.WARNING, logger="fox_numba.features.cache"):
+        assert_identical(load(cfg), want)
+    assert book_reads == list(want.days)
+    logged = [r.getMessage() for r in caplog.records]
+    assert len(logged) == 2 and str(first) in logged[0] and "does not load" in logged[0]
+    assert str(second) in logged[1] and "checksum" in logged[1]
+    shutil.copy(second, first)  # another day's file under this day's name
+    caplog.clear()
+    book_reads.clear()
+    with caplog.at_level(logging.WARNING, logger="fox_numba.features.cache"):
+        assert_identical(load(cfg), want)
+    assert book_reads == [want.days[0]] and "another day digest" in caplog.records[0].getMessage()
+    caplog.clear()
+    assert_identical(load(cfg), want)  # all rebuilt: nothing logged
+    assert caplog.records == []
+
+
+def test_a_changed_setting_or_day_misses_the_cache(four_day_market, store, tmp_path, book_reads):
+    cfg = config(store, cache=str(tmp_path / "cache"))
+    load(cfg)
+    three = config(store, cache=str(tmp_path / "cache"), ofi_levels=3)
+    want = expected(store, three)
+    assert not np.array_equal(want.values, expected(store, cfg).values)
+    book_reads.clear()
+    assert_identical(load(three), want)
+    assert book_reads == list(want.days)  # validated already (same store version): read once, to build
+    assert len(list((tmp_path / "cache").glob(f"*{SUFFIX}"))) == 4
+    m = four_day_market
+    sizes = m.days[1].mbp10.bid_sz.copy()
+    sizes[len(sizes) // 2, 1] += 7
+    write_store(store, m.instrument, [m.days[0], dataclasses.replace(m.days[1], mbp10=dataclasses.replace(
+        m.days[1].mbp10, bid_sz=sizes))])  # fmt: skip
+    want = expected(store, cfg)
+    book_reads.clear()
+    assert_identical(load(cfg), want)
+    assert book_reads == [want.days[1], want.days[1]]  # a new version of day 2: validated and built
+
+
+def test_a_store_without_digests_uses_and_fills_the_cache(store, tmp_path, book_reads):
+    cfg = config(store, cache=str(tmp_path / "cache"))
+    want = expected(store, cfg)
+    load(cfg)
+    with h5py.File(store, "r+") as f:
+        for schema in SCHEMAS:
+            for day in f[schema]:
+                del f[f"{schema}/{day}"].attrs[DIGEST_ATTR]
+    book_reads.clear()
+    assert_identical(load(cfg), want)  # the digests computed from the rows are those recorded
+    assert book_reads == []
+    shutil.rmtree(tmp_path / "cache")
+    assert_identical(load(cfg), want)
+    assert_identical(load(cfg), want)
+
+
+def test_a_cache_folder_that_cannot_be_written_is_logged_and_costs_only_the_reads(store, tmp_path, caplog):
+    cfg = config(store, cache=str(tmp_path / "a_file"))
+    (tmp_path / "a_file").write_text("not a folder")
+    with caplog.at_level(logging.WARNING):
+        assert_identical(load(cfg), expected(store, cfg))
+    logged = [r.getMessage() for r in caplog.records]
+    assert sum("validated-day record not written" in m for m in logged) == 2
+    assert sum("feature cache file not written" in m for m in logged) == 2
