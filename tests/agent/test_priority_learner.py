@@ -14,21 +14,23 @@ from pathlib import Path
 import numpy as np
 import pytest
 import reference
-from test_learner import M, build, host_state, perturbed_start, random_replay, step_reference64, steady_isv, tiny_config
+from real_trainer import SMALL, real_trainer
+from test_learner import (
+    M,
+    build,
+    host_state,
+    perturbed_start,
+    random_replay,
+    step_reference64,
+    steady_isv,
+    tiny_config,
+)
 
-from fox_numba.agent.fold_market import FoldMarket
 from fox_numba.agent.replay import ReplayBuffer
-from fox_numba.agent.trainer import Trainer
-from fox_numba.config import load_config
 from fox_numba.device.isv import Isv
 from fox_numba.kernels.priority import PRIORITY_START
-from fox_numba.market.select import select_market
-from fox_numba.walkforward.driver import load_features
-from fox_numba.walkforward.folds import make_folds
-from fox_numba.walkforward.kill import KillCriteria
-from fox_numba.walkforward.reset_registry import FoldReset, ResetContext, StateResetRegistry
-from fox_numba.walkforward.run_folder import BestEpoch
-from fox_numba.walkforward.trainer_state import audit_trainer, register_trainer
+from fox_numba.walkforward.reset_registry import FoldReset, ResetContext
+from fox_numba.walkforward.trainer_state import audit_trainer
 
 ALPHA, BETA0, EPS = 0.6, 0.3, 0.01
 TOOL = Path(__file__).resolve().parents[2] / "tools" / "bench_learner.py"
@@ -215,16 +217,8 @@ def test_a_prioritised_trainer_collects_trains_and_resets(half_hour_store):
     """The real trainer with priority_alpha > 0: the collect gives every new slot the running max, a training
     epoch moves the drawn slots' priorities and the max, every attribute is a registry entry or wiring, a
     checkpoint's arrays hold the priorities, and the fold boundary clears them with the ring."""
-    cfg = load_config("smoke", overrides=[f'market.store="{half_hour_store}"', "env.n_envs=4", "env.collect_steps=6",
-                                          "learner.batch_size=4", "learner.buffer_size=64", "learner.steps_per_epoch=3",
-                                          "learner.priority_alpha=0.5"])
-    selection = select_market(cfg.market)
-    folds = make_folds(cfg.folds, selection.days)
-    features = load_features(cfg, selection)
-    trainer, kills, best = Trainer(cfg), KillCriteria(), BestEpoch()
-    trainer.bind_fold(FoldMarket.build(features, folds[0], cfg.features, cfg.env), 0)
-    registry = StateResetRegistry()
-    register_trainer(registry, trainer, kills, best)
+    rt = real_trainer(half_hour_store, [*SMALL, "learner.priority_alpha=0.5"])
+    cfg, trainer, kills, best, registry = rt.cfg, rt.trainer, rt.kills, rt.best, rt.registry
     assert audit_trainer(registry, trainer, kills, best) == []
     registry.reset(FoldReset, ResetContext(fold=0, seed=cfg.run.seed, stream=trainer.stream))
     prio = trainer.replay.priorities

@@ -10,21 +10,13 @@ state before and after. Half-hour days, 4 environments and a small batch keep it
 
 import numpy as np
 import pytest
+from real_trainer import SMALL, real_trainer
 
 from fox_numba.agent.fold_market import FoldMarket
-from fox_numba.agent.trainer import Trainer
-from fox_numba.config import load_config
 from fox_numba.device.isv import SLOTS, Isv
-from fox_numba.market.select import select_market
-from fox_numba.walkforward.driver import load_features
-from fox_numba.walkforward.folds import make_folds
-from fox_numba.walkforward.kill import KillCriteria
 from fox_numba.walkforward.reset_registry import FoldReset, ResetContext, StateResetRegistry
-from fox_numba.walkforward.run_folder import BestEpoch
 from fox_numba.walkforward.trainer_state import audit_trainer, register_trainer
 
-SMALL = ["env.n_envs=4", "env.collect_steps=6", "learner.batch_size=4", "learner.buffer_size=64",
-         "learner.steps_per_epoch=3"]
 # ISV values of a trained run (the smoke epoch is too short to move the references off the base support):
 # the rule wants a half-width of 3 * 1.5 + 2 * 0.3 / sqrt(1 - 0.95**2) = 6.42 for the direction heads (4.92 for
 # the others), between the base's 1 and the cap of 10, where a reset of any reference the rule reads moves it.
@@ -37,14 +29,9 @@ def download(trainer, name):
 
 @pytest.fixture(scope="module")
 def boundary(half_hour_store):
-    cfg = load_config("smoke", overrides=[f'market.store="{half_hour_store}"', *SMALL])
-    selection = select_market(cfg.market)
-    folds = make_folds(cfg.folds, selection.days)
-    features = load_features(cfg, selection)
-    trainer, kills, best = Trainer(cfg), KillCriteria(), BestEpoch()
-    trainer.bind_fold(FoldMarket.build(features, folds[0], cfg.features, cfg.env), 0)
-    registry = StateResetRegistry()
-    register_trainer(registry, trainer, kills, best)
+    rt = real_trainer(half_hour_store, SMALL)
+    cfg, trainer, kills, best, registry, folds, features = (rt.cfg, rt.trainer, rt.kills, rt.best, rt.registry,
+                                                            rt.folds, rt.features)
     registry.reset(FoldReset, ResetContext(fold=0, seed=cfg.run.seed, stream=trainer.stream))
     trainer.collect()
     trainer.train(lambda: None)
