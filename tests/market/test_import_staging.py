@@ -3,6 +3,7 @@ across zstd frames), memory that does not grow with the day, errors that survive
 from a local Ray cluster."""
 
 import importlib.util
+import os
 import pickle
 import tracemalloc
 from datetime import date
@@ -238,7 +239,8 @@ def test_a_staged_file_error_survives_the_trip_back_from_a_task(tmp_path):
     assert e.reason == "priced level with zero size"
 
 
-@pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="ray is not installed (pip install -e '.[ray]')")
+@pytest.mark.skipif(importlib.util.find_spec("ray") is None and not os.environ.get("CI"),
+                    reason="ray is not installed (pip install -e '.[ray]'); under CI, which installs it, the test runs")
 def test_ray_stages_the_files_and_the_store_is_the_same_bit_for_bit(tmp_path):
     """`fox data import --ray` on a local cluster: one task per file (the staged chunks copied as they are, where a
     part starts on a chunk boundary), the same datasets and attributes as the import in one process."""
