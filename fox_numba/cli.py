@@ -33,6 +33,7 @@ from fox_numba.market.default import default_definition_path, default_store_path
 from fox_numba.market.importer import FORMATS, import_market
 from fox_numba.market.inspect import summarize, summary_table
 from fox_numba.market.select import MarketSelection, select_market
+from fox_numba.market.store import store_bytes
 from fox_numba.market.synthetic import STEPS_PER_DAY, build_store, sidecar_paths
 from fox_numba.market.synthetic_definition import load_definition
 from fox_numba.progress import progress_bar
@@ -149,7 +150,7 @@ def data_synth(
     rows = sum(day.mbp10.ts_event.size for day in market.days)
     trades = sum(day.trades.ts_event.size for day in market.days)
     bars = sum(day.bars.ts_event.size for day in market.days)
-    size_mb = target.stat().st_size / 1e6
+    size_mb = store_bytes(target) / 1e6
     for line in (
         f"store      {target} ({size_mb:.1f} MB, {time.perf_counter() - start:.1f} s)",
         f"days       {len(market.days)} ({market.days[0].day} to {market.days[-1].day}), seed {spec.market.seed}",

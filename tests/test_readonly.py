@@ -144,4 +144,4 @@ def test_a_read_only_output_folder_is_named_not_the_temporary_file():
         out_dir.chmod(0o755)
         shutil.rmtree(base)
     assert status == 1
-    assert stderr.splitlines() == [f"fox: error: {out}: cannot write here (Permission denied)"]
+    assert stderr.splitlines() == [f"fox: error: {out}: cannot write its day folder {out}.days (Permission denied)"]

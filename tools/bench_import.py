@@ -33,6 +33,7 @@ import numpy as np
 import zstandard
 
 from fox_numba.market.databento import find_files
+from fox_numba.market.store import store_bytes
 
 CHUNK = 1 << 22
 
@@ -88,7 +89,7 @@ def main() -> None:
         paths = find_files(folder)
         with tempfile.TemporaryDirectory(dir=folder.parent) as tmp:
             wall, rss = run_import(folder, Path(tmp) / "store.h5")
-            size = (Path(tmp) / "store.h5").stat().st_size / 1e6
+            size = store_bytes(Path(tmp) / "store.h5") / 1e6
             ray = run_import(folder, Path(tmp) / "ray.h5", "--ray") if args.ray else None
         per_file, t_all = decoder_rate(paths)
         n_all, mbp = sum(per_file.values()), [n for p, n in per_file.items() if ".mbp-10." in p.name]

@@ -3,8 +3,10 @@
 The definition is `data/default_market.toml` in the repository (the package is installed editable, so
 the repository root is the parent of the package folder). The build goes to
 `data/cache/default_market.h5` (git-ignored), or to `$FOX_DATA_DIR/default_market.h5` when the
-variable is set. A build is reused when its store records the definition's hash (`definition_hash`
-attr) and both sidecars exist; any change of a parameter (or of `GENERATOR_VERSION`) rebuilds it.
+variable is set; its day files go beside it, in `default_market.h5.days/`. A build is reused when its store records
+the definition's hash (`definition_hash` attr), both sidecars exist and every group of the store carries its
+digest; any change of a parameter (or of `GENERATOR_VERSION`) rebuilds it, and so does a build made before day
+digests existed (its days would be read whole for their digests on every run).
 """
 
 from __future__ import annotations
@@ -43,13 +45,13 @@ def default_store_path() -> Path:
 
 def built_hash(store: Path) -> str | None:
     """The definition hash a complete, readable build at `store` was made from, or None (absent, partial,
-    written with another store layout, or not a synthetic store)."""
+    written with another store layout or before day digests, or not a synthetic store). Reads attrs only."""
     oracle_json, latent_npz = sidecar_paths(store)
     if not (store.is_file() and oracle_json.is_file() and latent_npz.is_file()):
         return None
     try:
         with MarketStore(store) as opened:
-            stored = opened.attrs.get("definition_hash")
+            stored = opened.attrs.get("definition_hash") if not opened.undigested() else None
         sidecar = json.loads(oracle_json.read_text()).get("definition_hash")
     except (InputError, ValueError):
         return None

@@ -5,8 +5,9 @@ unless given. Folders are scanned (not recursively) for daily files. An existing
 instrument is the starting point, the symbol comes from the data (contract root or ticker) unless
 --symbol is given, and a store of another instrument is refused. Each schema of a trading day in the
 import replaces that schema of that day in the store; bars come from the import's `ohlcv-1m` files,
-else they are built from the day's trades. The store is rewritten atomically,
-so a rejected import leaves it as it was.
+else they are built from the day's trades. Only the imported days are written (`store.StoreWriter`: one
+day file per schema and day, the store file renamed over the old one at the end), so a rejected import leaves
+the store as it was.
 
 Databento files are staged one by one (`databento.stage_file`: each file's days validated and written block by
 block to a staging file beside the store), here or, with `ray`, as Ray tasks in parallel (one per file; `address`

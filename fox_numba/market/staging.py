@@ -280,7 +280,8 @@ def commit_day(writer: StoreWriter, day: StagedDay, instrument: Instrument, stag
 def check_stored_day(store: MarketStore, day: str) -> None:
     """Validate a day the store holds a chunk at a time, as `MarketStore.read_day` validates it whole: each
     schema's chunks with the row before each (`validate.validate_day`), then trades inside the book's time range
-    and the bars against the trades. Errors name the store, the day's group and row."""
+    and the bars against the trades. Errors name the store, the day's group and row. (Asked by the import of a day
+    without a digest, in a single-file store written before digests: `store.StoreWriter.open`.)"""
     contract = store.contract(day)
     rows = {}
     for schema in CHECK_ORDER:

@@ -1,32 +1,57 @@
-"""The HDF5 market store: one file per market, one group per schema and trading day.
+"""The HDF5 market store: a small root file per market, one day file per schema and trading day beside it.
 
-Layout (version 2):
-    /                       attrs: layout_version, symbol, tick_size, point_value, price_scale, timezone,
-                                   session_open, session_close, day_roll, day_open, calendar, and the writer's own attrs
-    /{schema}/{YYYY-MM-DD}/ attr `contract` (the contract the day's rows are from: ESU4, a LOBSTER
-                            ticker, the synthetic symbol; one per day, so a continuous series across a
-                            roll shows where the contract changes); one dataset per column, dtypes from
-                            `schema.DTYPES`; MBP-10 book columns are [n, 10] (`bid_px[:, k]` is
-                            Databento's `bid_px_0k`); price datasets carry a `price_scale` attr.
-                            Chunked, byte-shuffled and LZF-compressed (h5py only). Attr `digest`
-                            (`group_digest`): sha256 of the group's content, set when it is written.
+Layout (version 3):
+    <store>                 the root file: attrs layout_version, symbol, tick_size, point_value, price_scale,
+                            timezone, session_open, session_close, day_roll, day_open, calendar, and the
+                            writer's own attrs; `/{schema}/{YYYY-MM-DD}` is an HDF5 external link to the
+                            group of the same path in that (schema, day)'s day file, by a path relative to
+                            the root file's folder, so HDF5 (and h5py, and every reader here) goes through
+                            it as if the group were in the root file.
+    <store>.days/{schema}/{YYYY-MM-DD}-{digest[:16]}.h5
+                            a day file, named by its content (the group's digest): one group
+                            `/{schema}/{YYYY-MM-DD}` with attr `contract` (the contract the day's rows are
+                            from: ESU4, a LOBSTER ticker, the synthetic symbol; one per day, so a continuous
+                            series across a roll shows where the contract changes); one dataset per column,
+                            dtypes from `schema.DTYPES`; MBP-10 book columns are [n, 10] (`bid_px[:, k]` is
+                            Databento's `bid_px_0k`); price datasets carry a `price_scale` attr. Chunked,
+                            byte-shuffled and LZF-compressed (h5py only). Attr `digest` (`group_digest`):
+                            sha256 of the group's content, set when it is written, after it was validated.
 
-Every day is validated (`validate.validate_day`) before it is written and again when it is read. Writes
-go to a temporary file that is renamed over the target at the end, so an interrupted or rejected write
-leaves the previous store untouched; the file is written afresh each time, so it does not grow with
-re-imports of the same days.
+The store file and its `.days` folder are one unit: copy or move them together, into any folder, keeping both
+names (the links name the folder relative to the store's own folder). A day file that is missing is an
+`InputError` naming it. Layout 2, the single-file layout (the same groups held inside the store file itself),
+is read as it is; extending it copies its groups out to day files once, and the store becomes layout 3.
+
+Why day files: HDF5 does not reclaim the space of a deleted dataset, and a write into an HDF5 file in place is
+not safe against a crash, so a store in one file had to be rewritten whole for every extension. Every day is
+validated (`validate.validate_day`) before it is written and again when it is read. A write (`write_store`,
+`StoreWriter`) puts each (schema, day) group it writes into a new day file (under a temporary name, then renamed
+to its content-addressed one), then writes the root file under a temporary name and renames it over the store:
+that rename is the commit, so a write that is rejected, interrupted or killed before it leaves the previous store
+as it was (a killed one leaves at most unlinked day files, which the next write deletes). Extending a store
+writes only the groups it adds or replaces, never the others; after the commit, the day files the new root no
+longer links (a replaced group, a killed write's leftovers) are deleted, so a store does not grow with
+re-imports of the same days, and a reader that opened the store before the commit and reaches a replaced group
+only then fails, naming its day file. One process writes a store at a time (it holds `.days/.lock` locked): a
+second writer is refused.
+
+Days the store already holds are not validated again when it is extended: a group's digest attr is the record
+that it was validated when written, so extending checks only that each linked day file exists and carries one.
+A group without it in a single-file store was written before digests existed: its day is validated first (a day
+that fails is refused, naming it) and its digest added as it is copied out.
 
 A day's digest (`MarketStore.day_digest`) names its content: the per-day caches (the validated days of
 `market/select.py`, the features of `features/cache.py`) are keyed by it, so a rewritten day misses them.
-Stores written before digests existed have groups without the attr: their digest is computed from the stored
-rows each time it is asked for (one read of the day, without validation), and a rewrite
-(`fox data import --extend`) adds the attr to the groups it copies.
+For a group without the attr, it is computed from the stored rows each time it is asked for (one read of the
+day, without validation).
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
+import os
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -34,8 +59,8 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from fox_numba.errors import InputError, MissingDataError
-from fox_numba.io import atomic_path
+from fox_numba.errors import InputError, MissingDataError, OutputError
+from fox_numba.io import TEMP_INFIX, atomic_path
 from fox_numba.market.schema import (
     DTYPES,
     MANDATORY_SCHEMAS,
@@ -49,7 +74,14 @@ from fox_numba.market.schema import (
 )
 from fox_numba.market.validate import validate_day, validate_instrument
 
-LAYOUT_VERSION = 2
+LAYOUT_VERSION = 3
+"""The layout written: a root file of links to per-(schema, day) day files."""
+SINGLE_FILE_LAYOUT = 2
+"""The layout written before day files: every group inside the store file. Read, and extended into layout 3."""
+DAYS_SUFFIX = ".days"
+"""The folder of a store's day files is the store's path with this appended."""
+LOCK_NAME = ".lock"
+"""The file in the day folder that a writer holds locked (`fcntl.flock`) while it writes."""
 CHUNK_ROWS = 1 << 14
 """Rows per chunk (an MBP-10 price chunk is 16384 x 10 x 8 B = 1.3 MB before compression)."""
 
@@ -68,6 +100,12 @@ IMPORT_HINT = {
 }
 
 
+def day_folder(store: str | Path) -> Path:
+    """The folder of `store`'s day files (`<store>.days`)."""
+    store = Path(store)
+    return store.with_name(store.name + DAYS_SUFFIX)
+
+
 def write_store(
     path: str | Path,
     instrument: Instrument,
@@ -79,39 +117,40 @@ def write_store(
 ) -> Path:
     """Validate and write `days` to the store at `path`; return the path.
 
-    The file is always written afresh: HDF5 does not reclaim the space of a replaced dataset in place,
-    so a store rewritten in place grew with every re-import of the same days. With `extend`, every day
-    the existing store holds is validated first (a store that fails is refused, naming the day: extending
-    it would keep the fault), then its root attrs and the groups this write does not replace are copied
-    over unchanged, and each incoming schema of a day replaces that schema of that day (the day's other
-    schemas are kept, checked against the new data, and must come from the same contract). Pieces of the
-    same schema and day arriving in one call (a day split over two files) are joined in arrival order.
-    Each day group records its contract (`MarketDay.contract`, else the instrument's symbol). `attrs` go
-    on the root group; their names must not clash with the layout's own.
+    Without `extend` the store holds `days` only. With `extend` it keeps what it holds (its root attrs and the
+    groups this write does not replace, neither rewritten nor validated again: module docstring), and each incoming
+    schema of a day replaces that schema of that day (the day's other schemas are kept, checked against the new
+    data, and must come from the same contract). Pieces of the same schema and day arriving in one call (a day
+    split over two files) are joined in arrival order. Each day group records its contract (`MarketDay.contract`,
+    else the instrument's symbol). `attrs` go on the root group; their names must not clash with the layout's own.
+    The whole call is one commit: a day that fails validation leaves the store as it was before the call.
     """
     with StoreWriter.open(path, instrument, attrs=attrs, extend=extend) as writer:
         for day in days:
             contract = day.contract or instrument.symbol
-            merged = _merge(writer.file, writer.old, day, contract, writer.written, writer.path)
-            checked = validate_day(merged, instrument, writer.path)
+            checked = validate_day(_merge(writer, day, contract), instrument, writer.path)
             for schema in day.present():
                 writer.write_schema(schema, day.day, getattr(checked, schema), contract)
             if progress is not None:
                 rows = ", ".join(f"{s} {n_rows(getattr(checked, s)):,}" for s in day.present())
                 progress(f"wrote {day.day}: {rows}")
-            del day, merged, checked  # released before `days` makes the next one: one day in memory at a time
+            del day, checked  # released before `days` makes the next one: one day in memory at a time
     return Path(path)
 
 
 @dataclass
 class StoreWriter:
-    """A store being written afresh (`open`): the new file, the store it extends (or None), and the
-    (schema, day) groups written so far; groups of the old store not written are copied over at the end."""
+    """A store being written (`open`): its new root file (attrs now, links when the write ends), the store it
+    extends (or None), and the (schema, day) groups written so far, each sealed in its own day file."""
 
     path: Path
-    file: h5py.File
+    root: h5py.File
     old: MarketStore | None
-    written: set[tuple[str, str]] = field(default_factory=set)
+    written: dict[tuple[str, str], Path] = field(default_factory=dict)
+    """The day file of each (schema, day) group written (the last, where a group was written twice)."""
+    _open: dict[tuple[str, str], tuple[h5py.File, Path]] = field(default_factory=dict)
+    _created: set[Path] = field(default_factory=set)
+    """Files this write made (temporary and day files): deleted if it fails."""
 
     @classmethod
     @contextlib.contextmanager
@@ -124,44 +163,51 @@ class StoreWriter:
         extend: bool = False,
         check_day: Callable[[MarketStore, str], object] = lambda store, day: store.read_day(day),
     ) -> Iterator[StoreWriter]:
-        """Write the store at `path` under a temporary name, renamed over it when the block ends without error;
-        with `extend` the existing store is validated first (each day by `check_day`, which raises `InputError`)
-        and its root attrs and unwritten groups kept."""
+        """Write the store at `path`: day files as groups are written, then the root renamed over the store when the
+        block ends without error, then the day files it does not link deleted. With `extend` the existing store's
+        day files are checked first (and the days of a single-file store without digests validated by `check_day`,
+        which raises `InputError`), and its root attrs and unwritten groups kept."""
         path = Path(path)
         clash = RESERVED_ATTRS & set(attrs or {})
         if clash:
             raise ValueError(f"attrs {sorted(clash)} are reserved by the store layout")
         validate_instrument(instrument, path)
-        with contextlib.ExitStack() as stack:
-            extending = extend and path.exists()
-            old = stack.enter_context(_store_to_extend(path, instrument, check_day)) if extending else None
-            tmp = stack.enter_context(atomic_path(path))
-            with h5py.File(tmp, "w") as f:
-                _write_instrument(f, instrument)
-                if old is not None:
-                    for key, value in old.file.attrs.items():
-                        if key not in RESERVED_ATTRS:
-                            f.attrs[key] = value
-                for key, value in (attrs or {}).items():
-                    f.attrs[key] = value
-                writer = cls(path, f, old)
-                yield writer
-                if old is not None:
-                    for schema, day_name in _groups(old.file):
-                        if (schema, day_name) not in writer.written:
-                            f.copy(old.file[f"{schema}/{day_name}"], f.require_group(schema), name=day_name)
-                            copied = f[f"{schema}/{day_name}"]
-                            if DIGEST_ATTR not in copied.attrs:  # a group written before digests
-                                copied.attrs[DIGEST_ATTR] = group_digest(copied)
+        if path.is_dir():
+            raise OutputError(f"{path}: is a folder; name a file to write")
+        folder = day_folder(path)
+        with _locked(folder, path), contextlib.ExitStack() as stack:
+            writer = None
+            try:
+                extending = extend and path.exists()
+                old = stack.enter_context(_store_to_extend(path, instrument, check_day)) if extending else None
+                with atomic_path(path) as tmp, h5py.File(tmp, "w") as root:
+                    _write_instrument(root, instrument)
+                    kept = {} if old is None else {k: v for k, v in old.file.attrs.items() if k not in RESERVED_ATTRS}
+                    for key, value in {**kept, **(attrs or {})}.items():
+                        root.attrs[key] = value
+                    writer = cls(path, root, old)
+                    yield writer
+                    linked = writer.link_groups()
+            except BaseException:
+                if writer is not None:
+                    writer.discard()
+                _remove_if_empty(folder)
+                raise
+            _sweep(folder, linked)
+
+    @property
+    def folder(self) -> Path:
+        return day_folder(self.path)
 
     def day_group(self, schema: str, day: str, contract: str) -> h5py.Group:
-        """The (new, empty) group of `schema` on `day`, recording its contract."""
-        name = f"{schema}/{day}"
-        if name in self.file:
-            del self.file[name]
-        group = self.file.require_group(name)
+        """The (new, empty) group of `schema` on `day`, recording its contract, in a new day file (`seal` ends it)."""
+        if (schema, day) in self._open:
+            self._open.pop((schema, day))[0].close()
+        tmp = self._temporary(schema, day)
+        h5 = h5py.File(tmp, "w")
+        self._open[(schema, day)] = (h5, tmp)
+        group = h5.create_group(f"{schema}/{day}")
         group.attrs["contract"] = contract
-        self.written.add((schema, day))
         return group
 
     def write_schema(self, schema: str, day: str, record: object, contract: str) -> None:
@@ -171,9 +217,79 @@ class StoreWriter:
         self.seal(schema, day)
 
     def seal(self, schema: str, day: str) -> None:
-        """Record the digest of the (schema, day) group once all its columns are written."""
-        group = self.file[f"{schema}/{day}"]
-        group.attrs[DIGEST_ATTR] = group_digest(group)
+        """Record the digest of the (schema, day) group once all its columns are written, and give its day file its
+        content-addressed name."""
+        h5, tmp = self._open.pop((schema, day))
+        try:
+            group = h5[f"{schema}/{day}"]
+            digest = group_digest(group)
+            group.attrs[DIGEST_ATTR] = digest
+        finally:
+            h5.close()
+        self.written[(schema, day)] = self._place(tmp, schema, day, digest)
+
+    def held(self, schema: str, day: str) -> tuple[Path, str, object] | None:
+        """(the store path errors name, contract, rows) of `schema` on `day` as this write (an earlier piece of the
+        day) or else the store it extends holds it; None where neither does."""
+        if (schema, day) in self.written:
+            with h5py.File(self.written[(schema, day)], "r") as f:
+                return self.path, _contract_of(f, schema, day, self.path), _read_schema(f, schema, day, self.path)
+        if self.old is not None and day in self.old.file.get(schema, {}):
+            f, where = self.old.file, self.old.path
+            return where, _contract_of(f, schema, day, where), _read_schema(f, schema, day, where)
+        return None
+
+    def link_groups(self) -> set[Path]:
+        """Link every group of the new store from its root: those written, and those of the store being extended
+        that were not (where one is inside a single-file store, copied out to a day file first); return the day
+        files linked."""
+        files = dict(self.written)
+        if self.old is not None:
+            for schema, day in _groups(self.old.file):
+                if (schema, day) not in files:
+                    files[(schema, day)] = self.old.day_file(schema, day) or self._copy_out(schema, day)
+        for (schema, day), file in sorted(files.items()):
+            target = os.path.relpath(file, self.path.parent)
+            self.root.require_group(schema)[day] = h5py.ExternalLink(target, f"/{schema}/{day}")
+        return {file.resolve() for file in files.values()}
+
+    def discard(self) -> None:
+        """Close and delete what this write made (it failed: the store keeps its previous root and day files)."""
+        for h5, _ in self._open.values():
+            h5.close()
+        self._open.clear()
+        for path in self._created:
+            with contextlib.suppress(OSError):
+                path.unlink()
+
+    def _copy_out(self, schema: str, day: str) -> Path:
+        """A day file holding the single-file store's group as it is (its digest added where it lacks one: its day
+        was validated when the store was opened to be extended)."""
+        tmp = self._temporary(schema, day)
+        with h5py.File(tmp, "w") as h5:
+            h5.copy(self.old.file[f"{schema}/{day}"], h5.require_group(schema), name=day)
+            group = h5[f"{schema}/{day}"]
+            if DIGEST_ATTR not in group.attrs:
+                group.attrs[DIGEST_ATTR] = group_digest(group)
+            digest = str(_plain(group.attrs[DIGEST_ATTR]))
+        return self._place(tmp, schema, day, digest)
+
+    def _temporary(self, schema: str, day: str) -> Path:
+        """Where this process writes the day file of (schema, day) before it is named."""
+        (self.folder / schema).mkdir(parents=True, exist_ok=True)
+        tmp = self.folder / schema / f".{day}{TEMP_INFIX}{os.getpid()}.h5"
+        self._created.add(tmp)
+        return tmp
+
+    def _place(self, tmp: Path, schema: str, day: str, digest: str) -> Path:
+        """Rename the finished day file `tmp` to its name: the day and its content's digest, so a replaced group is a
+        new file and the same content the same name."""
+        final = self.folder / schema / f"{day}-{digest[:16]}.h5"
+        if not final.exists():
+            self._created.add(final)
+        os.replace(tmp, final)
+        self._created.discard(tmp)
+        return final
 
 
 def group_digest(group: h5py.Group) -> str:
@@ -217,9 +333,11 @@ class MarketStore:
             raise InputError(self.path, "not an HDF5 file") from None
         try:
             version = self._file.attrs.get("layout_version")
-            if version != LAYOUT_VERSION:
+            if version not in (LAYOUT_VERSION, SINGLE_FILE_LAYOUT):
                 raise InputError(
-                    self.path, f"store layout version {version} is not {LAYOUT_VERSION} (re-import or regenerate it)"
+                    self.path,
+                    f"store layout version {version} is not {LAYOUT_VERSION} (day files) or {SINGLE_FILE_LAYOUT} "
+                    "(one file) (re-import or regenerate it)",
                 )
             self.instrument = _read_instrument(self._file, self.path)
         except InputError:
@@ -272,10 +390,25 @@ class MarketStore:
         group written before digests, `group_digest` computed here: one read of its rows)."""
         h = hashlib.sha256()
         for schema in self._schemas_of(day):
-            group = self._file[f"{schema}/{day}"]
+            group = self.group(schema, day)
             digest = group.attrs.get(DIGEST_ATTR)
             h.update(f"{schema}={group_digest(group) if digest is None else _plain(digest)};".encode())
         return h.hexdigest()
+
+    def undigested(self) -> list[str]:
+        """The groups (`/{schema}/{day}`) without a digest attr: a single-file store written before digests existed
+        (the attrs of each group are read, never its rows)."""
+        return [f"/{s}/{d}" for s, d in _groups(self._file) if DIGEST_ATTR not in self.group(s, d).attrs]
+
+    def group(self, schema: str, day: str) -> h5py.Group:
+        """The (schema, day) group, through its link; a day file missing or not holding it is an `InputError`
+        naming that file."""
+        return _open_group(self._file, schema, day, self.path)
+
+    def day_file(self, schema: str, day: str) -> Path | None:
+        """The day file the (schema, day) group's link names, or None for a group inside the store file (layout 2)."""
+        link = self._file[schema].get(day, getlink=True)
+        return self.path.parent / link.filename if isinstance(link, h5py.ExternalLink) else None
 
     def contracts(self) -> dict[str, str]:
         """The contract of every trading day, in day order."""
@@ -283,7 +416,7 @@ class MarketStore:
 
     @property
     def file(self) -> h5py.File:
-        """The open HDF5 file (read-only), for copying groups unchanged into a rewritten store."""
+        """The open root file (read-only): each group is reached through it, in a day file or (layout 2) in it."""
         return self._file
 
     def close(self) -> None:
@@ -291,6 +424,13 @@ class MarketStore:
 
     def _schemas_of(self, day: str) -> list[str]:
         return [schema for schema in SCHEMAS if day in self._file.get(schema, {})]
+
+
+def store_bytes(path: str | Path) -> int:
+    """Bytes on disk of the store at `path`: its root file and the day files it links (what a copy of it takes)."""
+    with MarketStore(path) as store:
+        files = {store.day_file(schema, day) for schema, day in _groups(store.file)} - {None}
+    return Path(path).stat().st_size + sum(file.stat().st_size for file in files)
 
 
 def require_schemas(
@@ -316,13 +456,69 @@ def require_schemas(
 
 
 @contextlib.contextmanager
+def _locked(folder: Path, store: Path) -> Iterator[None]:
+    """Hold the lock file of `store`'s day folder (made if need be) for this writer: a second writer is refused, as
+    the day files it writes before its commit are not linked, and this one's sweep would delete them."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd = os.open(folder / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+        raise OutputError(f"{store}: cannot write its day folder {folder} ({e.strerror or e})") from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise OutputError(f"{store}: another process is writing this store; run again when it ends") from None
+        yield
+    finally:
+        os.close(fd)
+
+
+def _remove_if_empty(folder: Path) -> None:
+    """Remove the day folder of a failed write if it holds no day file (a new store, or a single-file one)."""
+    for schema in SCHEMAS:
+        with contextlib.suppress(OSError):
+            (folder / schema).rmdir()
+    with contextlib.suppress(OSError):
+        if [p.name for p in folder.iterdir()] == [LOCK_NAME]:
+            (folder / LOCK_NAME).unlink()
+            folder.rmdir()
+
+
+def _sweep(folder: Path, linked: set[Path]) -> None:
+    """Delete the files of the day folder that the store's root does not link (replaced groups, the leftovers of a
+    killed write); one that cannot be deleted only costs its space."""
+    for schema in SCHEMAS:
+        if (folder / schema).is_dir():
+            for file in (folder / schema).iterdir():
+                if file.resolve() not in linked:
+                    with contextlib.suppress(OSError):
+                        file.unlink()
+
+
+@contextlib.contextmanager
 def _store_to_extend(
     path: Path, instrument: Instrument, check_day: Callable[[MarketStore, str], object]
 ) -> Iterator[MarketStore]:
-    """The existing store, open, after checking its instrument and validating every day it holds."""
+    """The existing store, open, after checking its instrument and that each group carries its digest (the record
+    that it was validated when written; a day of a single-file store without one is validated now)."""
     with MarketStore(path) as old:
         _check_same_instrument(path, old.instrument, instrument)
-        for day in old.days():
+        unrecorded = set()
+        for schema, day in _groups(old.file):
+            if DIGEST_ATTR in old.group(schema, day).attrs:
+                continue
+            file = old.day_file(schema, day)
+            if file is not None:
+                raise InputError(
+                    file,
+                    "the day file has no digest attr (each is written with one), so the store is not extended; "
+                    "restore the file, or write the store afresh",
+                    group=f"/{schema}/{day}",
+                    field=DIGEST_ATTR,
+                )
+            unrecorded.add(day)
+        for day in sorted(unrecorded):
             try:
                 check_day(old, day)
             except InputError as e:
@@ -331,42 +527,31 @@ def _store_to_extend(
         yield old
 
 
-def _merge(
-    f: h5py.File, old: MarketStore | None, day: MarketDay, contract: str, written: set[tuple[str, str]], path: Path
-) -> MarketDay:
-    """The incoming day joined with what this write (`f`) or the store being extended (`old`) holds for it;
-    kept schemas must be of the incoming day's contract."""
+def _merge(writer: StoreWriter, day: MarketDay, contract: str) -> MarketDay:
+    """The incoming day joined with what this write (an earlier piece of the day) or the store being extended holds
+    for it; kept schemas must be of the incoming day's contract."""
     merged = MarketDay(day.day, contract=contract)
     for schema in SCHEMAS:
         incoming = getattr(day, schema)
-        if (schema, day.day) in written:
-            source, where = f, path
-        elif old is not None and day.day in old.file.get(schema, {}):
-            source, where = old.file, old.path
-        else:
-            source = where = None
-        if source is not None and (incoming is None or (schema, day.day) in written):
-            have = _contract_of(source, schema, day.day, where)
-            if have != contract:
-                raise InputError(
-                    where,
-                    f"the store's {schema} of {day.day} is from {have}, the data being added from {contract}: one "
-                    f"contract per day (add every schema of the day from {contract})",
-                    group=f"/{schema}/{day.day}",
-                    field="contract",
-                )
-        if incoming is None:
-            if source is not None:
-                setattr(merged, schema, _read_schema(source, schema, day.day, where))
-        elif (schema, day.day) in written:
-            before = columns(_read_schema(f, schema, day.day, path))
-            joined = {
-                k: np.concatenate([before[k], np.asarray(v, dtype=before[k].dtype)])
-                for k, v in columns(incoming).items()
-            }
-            setattr(merged, schema, SCHEMA_TYPES[schema](**joined))
-        else:
+        replaced = incoming is not None and (schema, day.day) not in writer.written
+        held = None if replaced else writer.held(schema, day.day)
+        if held is None:
             setattr(merged, schema, incoming)
+            continue
+        where, have, before = held
+        if have != contract:
+            raise InputError(
+                where,
+                f"the store's {schema} of {day.day} is from {have}, the data being added from {contract}: one "
+                f"contract per day (add every schema of the day from {contract})",
+                group=f"/{schema}/{day.day}",
+                field="contract",
+            )
+        if incoming is not None:  # a later piece of the day: appended
+            added = columns(incoming)
+            joined = {k: np.concatenate([v, np.asarray(added[k], dtype=v.dtype)]) for k, v in columns(before).items()}
+            before = SCHEMA_TYPES[schema](**joined)
+        setattr(merged, schema, before)
     return merged
 
 
@@ -374,15 +559,32 @@ def _groups(f: h5py.File) -> list[tuple[str, str]]:
     return [(schema, day) for schema in SCHEMAS for day in f.get(schema, {})]
 
 
+def _open_group(f: h5py.File, schema: str, day: str, path: Path) -> h5py.Group:
+    """The (schema, day) group of the store `f` (at `path`), through its link to a day file: one missing, or not
+    holding the group, is an `InputError` naming it."""
+    name = f"/{schema}/{day}"
+    try:
+        return f[name]
+    except KeyError:
+        link = f.get(name, getlink=True)
+        if not isinstance(link, h5py.ExternalLink):
+            raise
+    file = path.parent / link.filename
+    if file.exists():
+        raise InputError(file, f"the store's day file does not hold {link.path}", group=name)
+    folder = day_folder(path).name
+    raise InputError(file, f"the store's day file is missing (the {folder} folder travels with the store)", group=name)
+
+
 def _contract_of(f: h5py.File, schema: str, day: str, path: Path) -> str:
-    value = f[f"{schema}/{day}"].attrs.get("contract")
+    value = _open_group(f, schema, day, path).attrs.get("contract")
     if value is None:
         raise InputError(path, "missing attribute", group=f"/{schema}/{day}", field="contract")
     return str(_plain(value))
 
 
 def _read_schema(f: h5py.File, schema: str, day: str, path: Path) -> object:
-    group = f[f"{schema}/{day}"]
+    group = _open_group(f, schema, day, path)
     cols = {}
     for col in DTYPES[schema]:
         if col not in group:

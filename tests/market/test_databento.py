@@ -28,6 +28,7 @@ from fox_numba.market.importer import import_market
 from fox_numba.market.inspect import summarize
 from fox_numba.market.schema import UNDEF_PRICE, Instrument
 from fox_numba.market.store import MarketStore, require_schemas
+from test_store import single_file
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
 STUBS = FIXTURES / "databento_stubs"
@@ -624,8 +625,7 @@ def test_every_bad_input_ends_in_one_line_and_keeps_the_store(tmp_path, capfd):
     store = tmp_path / "es.h5"
     good = trades_file(tmp_path, "good.trades.dbn.zst", 600, compress=True)
     import_market([good], store)
-    corrupt = tmp_path / "corrupt.h5"
-    corrupt.write_bytes(store.read_bytes())
+    corrupt = single_file(import_market([good], tmp_path / "corrupt.h5").path, digests=False)  # validated again
     with h5py.File(corrupt, "r+") as f:
         f["trades/2024-07-02/price"][7] = 0
     aapl = tmp_path / "aapl.h5"

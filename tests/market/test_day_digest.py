@@ -1,6 +1,7 @@
 """A day's content digest: written with every (schema, day) group, the same for the same rows however they were
 written, changed by any row, computed from the stored bytes for a store written before digests, and added to the
-groups a rewrite copies; and the validated-day records that let `select_market` skip a day it has checked."""
+groups of such a store when it is extended; and the validated-day records that let `select_market` skip a day it
+has checked."""
 
 import dataclasses
 import hashlib
@@ -14,14 +15,7 @@ from fox_numba.market.schema import SCHEMAS, columns
 from fox_numba.market.select import select_market, validated_record
 from fox_numba.market.store import DIGEST_ATTR, MarketStore, group_digest, write_store
 from test_import_staging import DAY, day_files
-
-
-def _drop_digests(path):
-    """The store as written before digests: no `digest` attr on any group."""
-    with h5py.File(path, "r+") as f:
-        for schema in SCHEMAS:
-            for day in f.get(schema, {}):
-                del f[f"{schema}/{day}"].attrs[DIGEST_ATTR]
+from test_store import single_file
 
 
 def _independent_digest(contract: str, record: object) -> str:
@@ -69,7 +63,7 @@ def test_a_store_without_digests_gets_the_same_digest_from_its_rows_and_a_rewrit
     path = write_store(tmp_path / "a.h5", m.instrument, m.days[:2])
     with MarketStore(path) as store:
         before = {d: store.day_digest(d) for d in store.days()}
-    _drop_digests(path)
+    single_file(path, digests=False)  # the store as written before digests: no `digest` attr on any group
     with MarketStore(path) as store:
         assert {d: store.day_digest(d) for d in store.days()} == before
     write_store(path, m.instrument, [m.days[2]], extend=True)  # copies the two old days' groups

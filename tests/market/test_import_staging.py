@@ -25,6 +25,7 @@ from fox_numba.market.databento import RECORD_FIELDS, RTYPES, DatabentoImport, r
 from fox_numba.market.importer import import_market
 from fox_numba.market.schema import N_LEVELS, Instrument, Trades
 from fox_numba.market.store import CHUNK_ROWS, MarketStore
+from test_store import single_file
 
 ES = Instrument()
 TICK = ES.tick_fixed
@@ -146,14 +147,14 @@ def test_a_fault_across_two_files_of_a_day_names_the_second_file(tmp_path):
 
 
 def test_memory_does_not_grow_with_the_day(tmp_path, monkeypatch):
-    """Peak Python-heap memory of importing a day of 60,000 MBP-10 rows into a store that holds it (the stored day
-    is validated, then the new one staged and written) is that of a day of 20,000 (a block, the store's chunk and
-    what is staged before a chunk is whole), not three times it."""
+    """Peak Python-heap memory of importing a day of 60,000 MBP-10 rows into a store that holds it without a digest
+    (the stored day is validated, then the new one staged and written) is that of a day of 20,000 (a block, the
+    store's chunk and what is staged before a chunk is whole), not three times it."""
     monkeypatch.setattr(databento, "_CHUNK", 1 << 16)
     peaks = []
     for n in (20_000, 60_000):
         path = write_records(tmp_path / f"{n}.mbp-10.dbn.zst", dbn.Schema.MBP_10, book_records(n), frames=1)
-        import_market([path], tmp_path / f"{n}.h5")
+        single_file(import_market([path], tmp_path / f"{n}.h5").path, digests=False)
         tracemalloc.start()
         try:  # the second import stages and writes the day as the first did, after validating the stored one
             assert import_market([path], tmp_path / f"{n}.h5").rows == {DAY: {"mbp10": n}}
@@ -165,11 +166,11 @@ def test_memory_does_not_grow_with_the_day(tmp_path, monkeypatch):
 
 
 def test_a_stored_day_is_validated_a_chunk_at_a_time_before_it_is_extended(tmp_path):
-    """Faults in a day the store holds, inside its second chunk and where two chunks meet, name the store, the
-    day's group and row (the day row, as when the day was read whole)."""
+    """Faults in a day the store holds without a digest (a single-file store written before digests), inside its
+    second chunk and where two chunks meet, name the store, the day's group and row (the day row, as when the day
+    was read whole)."""
     files, book, _ = day_files(tmp_path, 2 * CHUNK_ROWS + 5000, 20_001)
-    store = tmp_path / "es.h5"
-    import_market(files, store)
+    store = single_file(import_market(files, tmp_path / "es.h5").path, digests=False)  # days without digests
     other = write_records(tmp_path / "later.trades.dbn", dbn.Schema.TRADES, trade_records(10))
     good = store.read_bytes()
     faults = [
@@ -251,8 +252,7 @@ def test_ray_stages_the_files_and_the_store_is_the_same_bit_for_bit(tmp_path):
     assert run.stdout.splitlines() == [line.replace("local.h5", "ray.h5") for line in local.lines()]
     with h5py.File(tmp_path / "local.h5") as a, h5py.File(tmp_path / "ray.h5") as b:
         assert dict(a.attrs) == dict(b.attrs)
-        names: list[str] = []
-        a.visit(names.append)
+        names = _names(a)
         assert names == _names(b) and len(names) == 23  # 3 schemas, 3 day groups, 17 columns
         for name in names:
             assert dict(a[name].attrs) == dict(b[name].attrs), name
@@ -263,8 +263,13 @@ def test_ray_stages_the_files_and_the_store_is_the_same_bit_for_bit(tmp_path):
 
 
 def _names(f: h5py.File) -> list[str]:
+    """Every group and dataset of the store, through the links to its day files (which `visit` does not follow)."""
     names: list[str] = []
-    f.visit(names.append)
+    for schema in f:
+        names.append(schema)
+        for day in f[schema]:
+            names.append(f"{schema}/{day}")
+            f[f"{schema}/{day}"].visit(lambda name, at=f"{schema}/{day}": names.append(f"{at}/{name}"))
     return names
 
 

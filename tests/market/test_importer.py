@@ -11,9 +11,9 @@ from typer.testing import CliRunner
 
 from fox_numba.cli import app
 from fox_numba.errors import InputError, MissingDataError
-from fox_numba.io import temporary_path
+from fox_numba.io import TEMP_INFIX, temporary_path
 from fox_numba.market.importer import detect_format, import_market
-from fox_numba.market.store import MarketStore, require_schemas
+from fox_numba.market.store import MarketStore, day_folder, require_schemas
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
 AAPL = FIXTURES / "lobster_aapl_head"
@@ -134,7 +134,8 @@ def test_an_interrupted_import_says_so_and_keeps_the_store(tmp_path, sig):
     assert status == 128 + sig
     assert stderr.strip() == f"fox: interrupted; {out} unchanged"
     assert out.read_bytes() == before
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["ready", "s.h5"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ready", "s.h5", "s.h5.days"]
+    assert sorted(p.name for p in day_folder(out).rglob(f"*{TEMP_INFIX}*")) == []  # no temporary day file either
 
 
 def test_a_killed_import_leaves_a_temporary_file_that_the_next_write_removes(tmp_path):
@@ -146,7 +147,8 @@ def test_a_killed_import_leaves_a_temporary_file_that_the_next_write_removes(tmp
     left = temporary_path(out, pid)
     assert left.exists() and left.stat().st_size > 0 and out.read_bytes() == before
     import_market([AAPL], out)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["ready", "s.h5"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ready", "s.h5", "s.h5.days"]
+    assert sorted(p.name for p in day_folder(out).rglob(f"*{TEMP_INFIX}*")) == []  # the killed write's day file too
 
 
 def test_out_naming_a_folder_is_refused_plainly(tmp_path):

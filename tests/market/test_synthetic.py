@@ -32,6 +32,7 @@ from fox_numba.market.synthetic import (
     sidecar_paths,
 )
 from fox_numba.market.synthetic_definition import SynthDefinition, load_definition
+from test_store import single_file
 
 DEFINITION = Path(default.__file__).resolve().parents[2] / "data" / "default_market.toml"
 BARS_PER_DAY = 390
@@ -356,6 +357,26 @@ def test_default_store_is_built_once_and_rebuilt_when_the_definition_changes(tmp
     default.ensure_default_store()
     with MarketStore(store) as s:
         assert s.attrs["seed"] == 5
+
+
+def test_a_default_store_written_before_day_digests_is_rebuilt(tmp_path, monkeypatch):
+    """A build whose groups lack their digest (made before day digests existed) is rebuilt; one of the single-file
+    layout with its digests is reused as it is."""
+    spec = write_definition(tmp_path / "market.toml", **{"days = 120": "days = 1"})
+    monkeypatch.setattr(default, "DEFINITION_PATH", spec)
+    monkeypatch.setenv(default.DATA_DIR_ENV, str(tmp_path / "cache"))
+    store = default.ensure_default_store()
+    digest = load_definition(spec).digest()
+    single_file(store)
+    first = store.stat().st_mtime_ns
+    assert default.built_hash(store) == digest
+    assert default.ensure_default_store() == store and store.stat().st_mtime_ns == first
+    single_file(store, digests=False)
+    assert default.built_hash(store) is None
+    default.ensure_default_store()
+    with MarketStore(store) as s:
+        assert s.undigested() == [] and s.day_file("mbp10", s.days()[0]) is not None
+    assert default.built_hash(store) == digest
 
 
 def test_default_paths(monkeypatch, tmp_path):
