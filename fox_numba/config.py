@@ -175,6 +175,13 @@ class NetworkConfig:
         "refreshed per epoch from the Q and reward scales in the ISV (rule in kernels/heads.py); 1 keeps the "
         "base support.",
     )
+    noisy_sigma0: float = opt(
+        0.0,
+        "NoisyNet heads (0: off): factorised Gaussian noise on the head's weights, the input noise drawn per "
+        "branch (Fortunato et al. 2018; kernels/noisy.py); sigma starts at noisy_sigma0 / sqrt(fan_in) and is "
+        "learned with mu. The learner draws new noise for the online and the target network every step, the "
+        "collect every collect step; evaluation uses mu alone. The paper used 0.5. Not yet measured here.",
+    )
 
 
 @dataclass

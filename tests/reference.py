@@ -307,3 +307,31 @@ def replay_gather64(host, idx, *, stride=1, n_step=1, gamma=0.9):
         out["rewards"][j] = sum(gamma**i * float(host["reward"][t]) for i, t in enumerate(chain))
         out["discounts"][j] = gamma ** len(chain) * (1.0 - float(host["done"][last]))
     return out
+
+
+def noisy_columns64(n_atoms):
+    """The branch of every head column (kernels/noisy.py), -1 for the auxiliary ones, from the action table."""
+    from fox_numba.actions import BRANCHES, N_BRANCHES
+    from fox_numba.kernels.heads import N_STREAMS, head_width
+
+    out = []
+    for s in range(N_STREAMS):
+        head = s - N_BRANCHES
+        b = s if s < N_BRANCHES else next(k for k, br in enumerate(BRANCHES) if br.offset <= head < br.offset + br.size)
+        out += [b] * n_atoms
+    return np.array(out + [-1] * (head_width(n_atoms) - N_STREAMS * n_atoms))
+
+
+def noisy_factors64(f_eps, n_in, n_atoms):
+    """(f_in [n_in, q]: each column's branch input noise, f_out [q]) of a draw f_eps, zero on auxiliary columns."""
+    from fox_numba.actions import N_BRANCHES
+
+    branch = noisy_columns64(n_atoms)
+    f_out = np.asarray(f_eps[N_BRANCHES * n_in :], np.float64).copy()
+    f_in = np.zeros((n_in, len(branch)))
+    for o, b in enumerate(branch):
+        if b >= 0:
+            f_in[:, o] = f_eps[b * n_in : (b + 1) * n_in]
+        else:
+            f_out[o] = 0.0
+    return f_in, f_out

@@ -10,6 +10,11 @@ then the probe's input: a one-column ridge-free fit of the probe's target on the
 validation days by the oracle's rule (walkforward/probe.py), scored on the agent's days. Beside it the agent's
 own figure of that checkpoint (metrics.jsonl) and the probe's. Signal near the probe, agent below it: the
 loss is in how the agent trades. Signal below the probe: in what it learned.
+
+The validation R^2 of the two forecasts is the measure of what each knows. The Sharpe of the traded signal
+can mislead: the rule trades only when the forecast beats the round-trip cost, so a weak signal (small R^2,
+hence a forecast far inside the cost) trades a handful of tail bars a day, and a few costly trades with
+little variance give a large negative daily Sharpe on a small loss; its $/day and round trips say so.
 """
 
 from __future__ import annotations
@@ -74,7 +79,10 @@ def run_folds(run: Path) -> list[dict[str, Any]]:
         out.append({"fold": fold.index, "epoch": epoch, "agent": nan_for_none(agent["sharpe_daily"]),
                     "agent_bar": nan_for_none(agent["sharpe_bar"]), "signal": traded.metrics.sharpe_daily,
                     "signal_bar": traded.metrics.sharpe_bar, "signal_r2": traded.val_r2,
-                    "probe": probe.metrics.sharpe_daily, "probe_bar": probe.metrics.sharpe_bar})
+                    "signal_trips": traded.metrics.round_trips / traded.metrics.n_days,
+                    "signal_pnl": traded.metrics.mean_daily_pnl, "probe": probe.metrics.sharpe_daily,
+                    "probe_bar": probe.metrics.sharpe_bar, "probe_r2": probe.val_r2,
+                    "probe_trips": probe.metrics.round_trips / probe.metrics.n_days})
     return out
 
 
@@ -83,12 +91,12 @@ def nan_for_none(value: float | None) -> float:
     return float("nan") if value is None else float(value)
 
 
-def mean_se(values: list[float]) -> str:
+def mean_se(values: list[float], digits: int = 2) -> str:
     ok = [v for v in values if v is not None and math.isfinite(v)]
     if not ok:
         return "n/a"
     se = statistics.stdev(ok) / math.sqrt(len(ok)) if len(ok) > 1 else float("nan")
-    return f"{statistics.mean(ok):+.2f} ({se:.2f})"
+    return f"{statistics.mean(ok):+.{digits}f} ({se:.{digits}f})"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -96,19 +104,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("runs", type=Path, nargs="+", help="finished run folders")
     parser.add_argument("--out", type=Path, help="also write the tables to this markdown file")
     args = parser.parse_args(argv)
-    rows = [f"| run | fold | epoch | agent | signal, oracle rule | signal val R^2 | probe |",
-            "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    not_runs = [str(r) for r in args.runs if not (r / "config.toml").is_file()]
+    if not_runs:
+        parser.error(f"not run folders (no config.toml): {', '.join(not_runs)}")
+    rows = ["| run | fold | epoch | agent | signal, oracle rule | signal $/day | signal trips/day | signal val R^2 | "
+            "probe | probe trips/day | probe val R^2 |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | "
+            "---: | ---: | ---: |"]
     groups: dict[str, dict[str, list[float]]] = {}
     for run in args.runs:
         folds = run_folds(run)
         for f in folds:
             rows.append(f"| {run} | {f['fold']} | {f['epoch']} | {f['agent']:+.2f} | {f['signal']:+.2f} | "
-                        f"{f['signal_r2']:+.4f} | {f['probe']:+.2f} |")
-        group = groups.setdefault(run.parent.name, {"agent": [], "signal": [], "probe": []})
+                        f"{f['signal_pnl']:+.0f} | {f['signal_trips']:.1f} | {f['signal_r2']:+.4f} | "
+                        f"{f['probe']:+.2f} | {f['probe_trips']:.1f} | {f['probe_r2']:+.4f} |")
+        group = groups.setdefault(run.parent.name, {k: [] for k in ("agent", "signal", "probe", "signal_r2",
+                                                                      "probe_r2")})
         for key in group:  # a run's figure is the mean over its folds, as the suite's honest figure is
             group[key].append(statistics.mean(f[key] for f in folds))
-    summary = ["| group (parent folder) | runs | agent | signal, oracle rule | probe |", "| --- | ---: | ---: | ---: | ---: |"]
-    summary += [f"| {name} | {len(g['agent'])} | {mean_se(g['agent'])} | {mean_se(g['signal'])} | {mean_se(g['probe'])} |"
+    summary = ["| group (parent folder) | runs | agent | signal, oracle rule | probe | signal val R^2 | "
+               "probe val R^2 |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    summary += [f"| {name} | {len(g['agent'])} | {mean_se(g['agent'])} | {mean_se(g['signal'])} | "
+                f"{mean_se(g['probe'])} | {mean_se(g['signal_r2'], 4)} | {mean_se(g['probe_r2'], 4)} |"
                 for name, g in groups.items()]
     text = "\n".join(summary) + "\n\n" + "\n".join(rows) + "\n"
     print(text, end="")

@@ -4,7 +4,8 @@
     health.collect_step(actions, reward, stream=s)       after a collect phase: train histogram, magnitude stats
     health.eval_step(actions, counts, stream=s)          inside the evaluation graph: per-environment tallies
     health.eval_done(counts, stream=s)                   after a validation pass: the eval histogram
-    health.snapshot(isv, optim_state, env_metrics, ...)  a captured graph: ISV mirror + finalise
+    health.snapshot(isv, optim_state, env_metrics, ...)  a captured graph: ISV mirror + finalise (+ the noisy
+                                                         head's mean |sigma| per branch, from the parameters)
     line = health.line(fold=k, epoch=e, kill=...)        one synchronisation, then `format_line`
 
 No per-sample buffer is copied to the host: the kernels reduce them into the mapped record and the host
@@ -21,6 +22,8 @@ from typing import Any
 import numpy as np
 
 from fox_numba.actions import N_HEADS
+from fox_numba.agent.network import ParamLayout
+from fox_numba.agent.noisy import BIAS_SIGMA, WEIGHT_SIGMA
 from fox_numba.device.elementwise import fill_u32
 from fox_numba.device.graphs import StepGraph
 from fox_numba.device.launch import i32, launch
@@ -33,6 +36,7 @@ from fox_numba.kernels.health_diag import (
     histogram_counts,
     mirror_isv,
     reduce_magnitude_stats,
+    reduce_noisy_sigma,
     tally,
 )
 
@@ -70,15 +74,23 @@ class HealthDiag:
         w = words(counts)
         launch(fill_u32, w.size, w, np.uint32(0), i32(w.size), stream=stream)
 
-    def snapshot(self, isv: Any, optim_state: Any, env_metrics: Any, *, use_graph: bool) -> None:
-        """The ISV mirror and the finalise kernel, as one captured graph per set of source arrays."""
-        key = tuple(id(a) for a in (isv, optim_state, env_metrics))
+    def snapshot(
+        self, isv: Any, optim_state: Any, env_metrics: Any, *, use_graph: bool,
+        noisy: tuple[ParamLayout, Any] | None = None,
+    ) -> None:
+        """The ISV mirror and the finalise kernel, as one captured graph per set of source arrays; with
+        `noisy` = (a noisy layout, its flat parameters) also the per-branch mean |sigma| (0 in the record without)."""
+        key = tuple(id(a) for a in (isv, optim_state, env_metrics, *(noisy or ())))
         graph = self._graphs.get(key)
         if graph is None:
+            views = None if noisy is None else noisy[0].views(noisy[1])
+            sigma = None if views is None else (views[WEIGHT_SIGMA], views[BIAS_SIGMA])
 
             def body(s: Any) -> None:
                 mirror_isv(isv, self.slots, self.words, self.snap_f, stream=s)
                 finalise_snapshot(isv, optim_state, env_metrics, self.snap_f, self.snap_u, stream=s)
+                if sigma is not None:
+                    reduce_noisy_sigma(*sigma, self.snap_f, stream=s)
 
             graph = self._graphs[key] = StepGraph("health_diag.snapshot", body, self.stream, use_graph=use_graph)
         graph.replay()

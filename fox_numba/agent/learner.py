@@ -50,6 +50,13 @@ signals are weighted), and after the C51 loss sets the drawn slots' priorities f
 cross-entropy. Off (0), the step launches exactly the uniform step's kernels. The priorities are replay
 state: the replay's fold reset clears them, and a checkpoint holds them with the learner's arrays
 (priority_tree, priority_max), as it holds the replay's contents.
+
+NoisyNet heads (network.noisy_sigma0 > 0; agent/noisy.py, kernels/noisy.py): right after the schedule the step
+ticks the learner's noise counter (`noise_step`), and the online forward (s and s', one draw) and the target
+forward each draw their own factorised noise from it (independent streams) before their head GEMM; the
+backward adds the sigma gradients, which Adam, the clip and Polyak treat as any parameter's (sigma does not
+decay). The counter is carried across folds (a registry entry) and held by checkpoints; off, the step launches
+exactly the noiseless step's kernels.
 """
 
 from __future__ import annotations
@@ -60,6 +67,7 @@ import numpy as np
 
 from fox_numba.actions import N_BRANCHES, N_HEADS
 from fox_numba.agent.network import Dropout, Network, ParamLayout, init_params
+from fox_numba.agent.noisy import STREAM_ONLINE, STREAM_TARGET, NoiseKey
 from fox_numba.agent.replay import ReplayBatch, ReplayBuffer
 from fox_numba.config import FoxConfig
 from fox_numba.device.control import ControlBlock
@@ -72,6 +80,7 @@ from fox_numba.device.staging import Stager
 from fox_numba.kernels.distributional import c51_loss, c51_project, expected_q
 from fox_numba.kernels.env import gather_obs
 from fox_numba.kernels.heads import base_support, broadcast_supports, refresh_supports
+from fox_numba.kernels.noisy import tick_noise
 from fox_numba.kernels.learner import (
     BOOTSTRAP_RULES,
     SCHEDULE_DTYPE,
@@ -196,8 +205,14 @@ class Learner:
         self.obs = device_empty((2 * b, layout.obs_dim), np.float32)  # s rows, then s' rows
         self.obs_next = self.obs[b:]
         drop = Dropout(lc.dropout, self.optim_state, self.seed) if lc.dropout > 0 else None
-        self.online = Network(layout, 2 * b, stream=stream, grad_rows=b, dense=dense, dropout=drop)
-        self.target_net = Network(layout, b, stream=stream, dense=dense)
+        # NoisyNet heads: the draw counter of both networks, ticked once per step (agent/noisy.py)
+        self.noise_step = device_zeros(1, np.int64, stream=stream) if layout.noisy else None
+        noise_on, noise_tgt = (
+            (NoiseKey(self.noise_step, self.seed, STREAM_ONLINE), NoiseKey(self.noise_step, self.seed, STREAM_TARGET))
+            if self.noise_step is not None else (None, None)
+        )
+        self.online = Network(layout, 2 * b, stream=stream, grad_rows=b, dense=dense, dropout=drop, noise=noise_on)
+        self.target_net = Network(layout, b, stream=stream, dense=dense, noise=noise_tgt)
         self.logits = device_empty((2 * b, N_HEADS, z), np.float32)
         self.logits_tgt = device_empty((b, N_HEADS, z), np.float32)
         self.q = device_empty((2 * b, N_HEADS), np.float32)
@@ -228,6 +243,8 @@ class Learner:
     def _step(self, s: Any) -> None:
         lc, bt, rows, n = self.cfg.learner, self.batch, self.rows, self.layout.size
         schedule_step(self.schedule.device, self.optim_state, self.isv, stream=s)
+        if self.noise_step is not None:
+            tick_noise(self.noise_step, stream=s)
         prio = self.replay.priorities if lc.priority_alpha > 0 else None
         if prio is not None:
             prio.sample(self.rng_states, bt.idx, stream=s)
@@ -384,7 +401,7 @@ class Learner:
 
     def state_arrays(self) -> dict[str, Any]:
         """Every device array a checkpoint needs to resume training bit for bit, by name (prioritised, the replay's
-        priorities too: the checkpoint holds the replay's contents)."""
+        priorities too: the checkpoint holds the replay's contents; noisy, the noise counter)."""
         arrays = {
             "params": self.params,
             "target_params": self.target,
@@ -400,6 +417,8 @@ class Learner:
         prio = self.replay.priorities
         if self.cfg.learner.priority_alpha > 0 and prio is not None:
             arrays |= {"priority_tree": prio.tree, "priority_max": prio.max_priority}
+        if self.noise_step is not None:
+            arrays["noise_step"] = self.noise_step
         return arrays
 
     def load_state(self, arrays: dict[str, np.ndarray]) -> None:

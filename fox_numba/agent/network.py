@@ -35,9 +35,12 @@ online network, learner.dropout > 0) the forward drops each hidden unit with pro
 the kept ones by 1 / (1 - rate) (kernels/dropout.py), and the backward scales each hidden layer's input
 gradient by the same factor (the dropped units are already masked by their zero output). Dense layers run
 on the register-tiled GEMMs (`kernels.nn`) on the GPU and on the grid-stride kernels (`kernels.dense_strided`,
-same arithmetic per element) under the simulator, or as `dense=` says. Every buffer is allocated in the constructor, so forward and backward run inside a
-captured StepGraph. `grads` must be zero in the layout's gaps (allocate it with device_zeros); backward
-writes every entry.
+same arithmetic per element) under the simulator, or as `dense=` says. With `noise=NoiseKey(...)` (a layout built
+with network.noisy_sigma0 > 0: entries head.weight_sigma, head.bias_sigma after head.bias, no decay) the head
+GEMM reads mu + sigma * factorised noise drawn on the device (agent/noisy.py, kernels/noisy.py) and the backward
+adds sigma's gradients; without it the head reads mu (head.weight, head.bias) alone. Every buffer is allocated
+in the constructor, so forward and backward run inside a captured StepGraph. `grads` must be zero in the
+layout's gaps (allocate it with device_zeros); backward writes every entry.
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ from typing import Any
 import numpy as np
 
 from fox_numba.actions import N_BRANCHES, N_HEADS
+from fox_numba.agent.noisy import NoiseKey, NoisyHead, init_sigma, sigma_entries
 from fox_numba.config import NetworkConfig
 from fox_numba.device.elementwise import scale_f32
 from fox_numba.device.launch import check_array, i32, launch
@@ -96,14 +100,15 @@ class ParamLayout:
     n_atoms: int
     entries: tuple[ParamEntry, ...]
     size: int
+    noisy_sigma0: float = 0.0  # > 0: the head is a NoisyNet layer (agent/noisy.py); sets sigma's initial value
 
     @classmethod
     def build(cls, obs_dim: int, cfg: NetworkConfig) -> ParamLayout:
         """The layout of a network over observations of `obs_dim` columns, sized by `cfg`."""
-        if obs_dim < 1 or cfg.hidden < 1 or cfg.n_layers < 0 or cfg.n_atoms < 2:
+        if obs_dim < 1 or cfg.hidden < 1 or cfg.n_layers < 0 or cfg.n_atoms < 2 or not cfg.noisy_sigma0 >= 0:
             raise ValueError(
-                f"network needs obs_dim >= 1, hidden >= 1, n_layers >= 0, n_atoms >= 2; got {obs_dim}, "
-                f"{cfg.hidden}, {cfg.n_layers}, {cfg.n_atoms}"
+                f"network needs obs_dim >= 1, hidden >= 1, n_layers >= 0, n_atoms >= 2, noisy_sigma0 >= 0; got "
+                f"{obs_dim}, {cfg.hidden}, {cfg.n_layers}, {cfg.n_atoms}, {cfg.noisy_sigma0}"
             )
         shapes: list[tuple[str, tuple[int, ...], bool]] = []
         width = obs_dim
@@ -112,11 +117,18 @@ class ParamLayout:
             width = cfg.hidden
         head_out = head_width(cfg.n_atoms)
         shapes += [("head.weight", (width, head_out), True), ("head.bias", (head_out,), False)]
+        if cfg.noisy_sigma0 > 0:
+            shapes += sigma_entries(width, head_out)
         entries, offset = [], 0
         for name, shape, decay in shapes:
             entries.append(ParamEntry(name, offset, shape, decay))
             offset += -(-math.prod(shape) // ALIGN) * ALIGN
-        return cls(obs_dim, cfg.hidden, cfg.n_layers, cfg.n_atoms, tuple(entries), offset)
+        return cls(obs_dim, cfg.hidden, cfg.n_layers, cfg.n_atoms, tuple(entries), offset, float(cfg.noisy_sigma0))
+
+    @property
+    def noisy(self) -> bool:
+        """The head is a NoisyNet layer: the layout has its sigma entries."""
+        return self.noisy_sigma0 > 0
 
     @property
     def fingerprint(self) -> str:
@@ -167,11 +179,13 @@ def init_params(layout: ParamLayout, seed: int) -> np.ndarray:
     flat = np.zeros(layout.size, np.float32)
     for index, e in enumerate(layout.entries):
         if not e.decay:
-            continue  # biases start at 0
+            continue  # biases start at 0, sigma below
         rng = np.random.default_rng([seed % 2**63, index])
         fan_in, fan_out = e.shape
         bound = math.sqrt(6.0 / (fan_in + fan_out)) if e.name.startswith("head.") else math.sqrt(6.0 / fan_in)
         flat[e.offset : e.stop] = rng.uniform(-bound, bound, e.size).astype(np.float32)
+    if layout.noisy:
+        init_sigma(flat, layout)
     return flat
 
 
@@ -190,7 +204,7 @@ class Network:
 
     def __init__(
         self, layout: ParamLayout, batch: int, *, stream: Any, grad_rows: int | None = None, dense: str = "auto",
-        dropout: Dropout | None = None,
+        dropout: Dropout | None = None, noise: NoiseKey | None = None,
     ) -> None:
         grad_rows = batch if grad_rows is None else grad_rows
         if not 1 <= grad_rows <= batch:
@@ -202,6 +216,9 @@ class Network:
         self.layout, self.batch, self.grad_rows, self.dense = layout, batch, grad_rows, dense
         self.dropout = dropout if dropout is not None and dropout.rate > 0 else None
         self._keep = keep_scale(self.dropout.rate) if self.dropout is not None else np.float32(1.0)
+        if noise is not None and not layout.noisy:
+            raise ValueError("Network: noise= needs a noisy layout (network.noisy_sigma0 > 0)")
+        self.noisy = NoisyHead(layout, noise) if noise is not None else None
         n_layers, hidden, z = layout.n_layers, layout.hidden, layout.n_atoms
         # Trunk outputs [layer, row, unit] in one buffer (the hidden-signal producers read it whole).
         self.activations: Any = device_empty((n_layers, batch, hidden), np.float32) if n_layers else None
@@ -250,7 +267,8 @@ class Network:
                 d = self.dropout
                 dropout(self.activations[layer], d.state, d.seed, layer, d.rate, stream=stream)
         w, b = lay.layer(lay.n_layers)
-        self._linear(self._input(lay.n_layers, self.batch), p[w.name], p[b.name], self.head_out, False, stream)
+        hw, hb = self.noisy.forward(p, stream=stream) if self.noisy is not None else (p[w.name], p[b.name])
+        self._linear(self._input(lay.n_layers, self.batch), hw, hb, self.head_out, False, stream)
         dueling_combine_forward(self.head_out, logits, stream=stream)
 
     def _weight_grad(self, layer: int, x: Any, dy: Any, dw: Any, db: Any, stream: Any) -> None:
@@ -271,6 +289,8 @@ class Network:
         lay, rows = self.layout, self.grad_rows
         if self._obs is None:
             raise RuntimeError("Network.backward needs a forward first (it reads the kept activations)")
+        if lay.noisy and self.noisy is None:
+            raise RuntimeError("Network.backward of a noisy layout needs noise= (sigma's gradient is the noise's)")
         check_array("dlogits", dlogits, "[grad_rows, N_HEADS, Z]", (rows, N_HEADS, lay.n_atoms))
         p, g = self._params(params), self._params(grads)
         dueling_combine_backward(dlogits, self.dhead, stream=stream)
@@ -279,9 +299,13 @@ class Network:
             w, b = lay.layer(layer)
             x = self._input(layer, rows)
             self._weight_grad(layer, x, dy, g[w.name], g[b.name], stream)
+            head_noise = self.noisy if layer == lay.n_layers else None
+            if head_noise is not None:
+                head_noise.backward(g, stream=stream)
             if layer > 0:
                 dx = self._dh[layer % len(self._dh)]
-                self._backward_input(dy, p[w.name], dx, x, stream)  # x = the previous ReLU's output: mask
+                w_used = head_noise.weight if head_noise is not None else p[w.name]  # the weights the forward read
+                self._backward_input(dy, w_used, dx, x, stream)  # x = the previous ReLU's output: mask
                 if self.dropout is not None:  # the kept units' 1 / (1 - rate)
                     flat = dx.reshape(dx.size)
                     launch(scale_f32, dx.size, flat, self._keep, i32(dx.size), stream=stream)

@@ -42,7 +42,7 @@ from fox_numba.observation import obs_dim
 # Seed streams of the run, each its own (seed, stream) pair so no two share draws.
 SEED_ENV, SEED_COLLECT, SEED_LEARNER = 1, 2, 3
 
-PER_FOLD_STATE = ("env.states", "collector.rng_states")
+PER_FOLD_STATE = ("env.states", "collector.rng_states", "collector.noise_step")
 """`device_state` entries that bind_fold seeds afresh for each fold: a checkpoint that ended its fold does not
 carry them into the next one."""
 
@@ -131,7 +131,9 @@ class Trainer:
             steps = min(every, total - done)
             learner.train_epoch(steps)
             done += steps
-            self.health.snapshot(self.bus.values, learner.optim_state, env.metrics.device, use_graph=self.cfg.run.graphs)
+            noisy = (self.layout, learner.params) if self.layout.noisy else None
+            self.health.snapshot(self.bus.values, learner.optim_state, env.metrics.device,
+                                 use_graph=self.cfg.run.graphs, noisy=noisy)
             diag()
         return learner.epoch_stats()
 
@@ -163,6 +165,8 @@ class Trainer:
         arrays["isv"] = self.bus.values
         arrays["env.states"] = env.states
         arrays["collector.rng_states"] = collector.rng_states
+        if collector.noise_step is not None:  # NoisyNet heads
+            arrays["collector.noise_step"] = collector.noise_step
         return arrays
 
     def download_state(self) -> dict[str, np.ndarray]:

@@ -53,6 +53,7 @@ _HIST = "action histogram kernel"
 _MAG = "per-magnitude reduce kernel"
 _FIN = "finalise kernel"
 _HOST = "host (kill criteria state lives on the host)"
+_SIGMA = "noisy sigma kernel (from the online parameters)"
 
 _REWARD = ("pnl", "novelty", "persist", "regime", "stable", "timing")
 _REWARD_SLOTS = ("REWARD_PNL_EMA", "REWARD_NOVELTY_EMA", "REWARD_PERSIST_EMA", "REWARD_REGIME_EMA",
@@ -101,6 +102,8 @@ FIELDS: tuple[Field, ...] = (
     _mirror("hidden_rms_l1", "HIDDEN_RMS_L1_EMA", "EMA of the RMS activation of trunk layer 1 (0 if absent)."),
     _mirror("dead_frac", "DEAD_UNIT_FRAC_EMA",
             "EMA of the fraction of trunk ReLU units zero over a batch (0 without a trunk)."),
+    *(Field(f"noisy_sigma_{b.name[:3]}", "f32", f"Mean |sigma| of the {b.name} branch's noisy head weights and "
+            f"biases (network.noisy_sigma0 > 0; 0 when off).", _SIGMA) for b in BRANCHES),
     _mirror("nonfinite_steps", "NONFINITE_STEPS", "Steps of this fold skipped for a non-finite loss or gradient."),
     _mirror("act_short", "ACT_SHORT_FRAC_EMA", "EMA of the rollout share of Short."),
     _mirror("act_hold", "ACT_HOLD_FRAC_EMA", "EMA of the rollout share of Hold."),
@@ -136,6 +139,7 @@ W_TRAIN_HIST = FIELD_INDEX[f"train_{_BINS[0]}"]
 W_EVAL_HIST = FIELD_INDEX[f"eval_{_BINS[0]}"]
 W_MAG_WIN = FIELD_INDEX[f"mag_win_{_MAGS[0]}"]
 W_MAG_VAR = FIELD_INDEX[f"mag_pnl_var_{_MAGS[0]}"]
+W_NOISY_SIGMA = FIELD_INDEX[f"noisy_sigma_{BRANCHES[0].name[:3]}"]
 
 
 def _check_layout() -> None:

@@ -34,7 +34,7 @@ GOLDEN, MIX_STEP, MIX_LAYER = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB
 
 @modular
 @cuda.jit(device=True)
-def _draw(seed, step, layer, i):  # type: ignore[no-untyped-def]
+def hash_uniform(seed, step, layer, i):  # type: ignore[no-untyped-def]
     """The element's u in [0, 1): splitmix64 of the key seed * GOLDEN + step * MIX_STEP + layer * MIX_LAYER + i,
     all modulo 2**64 (the hash wraps by design)."""
     z = seed * uint64(GOLDEN) + uint64(step) * uint64(MIX_STEP) + uint64(layer) * uint64(MIX_LAYER) + uint64(i)
@@ -51,7 +51,7 @@ def dropout_kernel(act, state, seed, layer, rate, keep_scale):
     hidden = act.shape[1]
     if i >= act.shape[0] * hidden:
         return
-    u = _draw(seed, state[0].step, layer, i)
+    u = hash_uniform(seed, state[0].step, layer, i)
     r, c = i // hidden, i % hidden
     if u < rate:
         act[r, c] = float32(0.0)

@@ -13,6 +13,9 @@ Launch shapes:
   optimiser state and the ISV, the limit fill rate from the collect environments' metrics record.
 - tally_actions: one thread per row (per evaluation environment, every evaluation step), count_histogram
   one block once per validation pass: the eval histogram without a block reduction per step.
+- noisy_sigma_means (network.noisy_sigma0 > 0, with each snapshot): one block of DIAG_BLOCK threads per
+  branch; mean |sigma| over the noisy head's weights and biases of the branch's columns (its value stream and
+  its heads' advantage streams, kernels/noisy.py), float64 per thread (strided, in order), then the tree.
 - magnitude_stats: one block of DIAG_BLOCK threads; per magnitude bin, over the rows whose direction is
   Long or Short: count, wins (reward > 0), sum and sum of squares of the reward, in float64 per thread
   (strided rows, in order), then a fixed shared-memory tree: the same bits on every run.
@@ -40,12 +43,15 @@ from fox_numba.diag.layout import (
     W_LR_EFF,
     W_MAG_VAR,
     W_MAG_WIN,
+    W_NOISY_SIGMA,
     W_STEP,
     W_TAU_EFF,
     W_TRAIN_HIST,
 )
 from fox_numba.kernels.env import thread_block
 from fox_numba.kernels.env_stats import METRIC_NAMES, N_METRICS
+from fox_numba.kernels.heads import branch_span
+from fox_numba.kernels.noisy import n_atoms_of
 from fox_numba.kernels.optim import LR_FLOOR, OPTIM_STATE_DTYPE
 
 # Threads of the single-block reductions; a power of two (the trees halve it). Under the simulator, which
@@ -177,6 +183,41 @@ def magnitude_stats(actions, reward, snap_f):
         snap_f[W_MAG_VAR + tid] = float32(var)
 
 
+@register((float32[:, ::1], float32[::1], float32[::1], int32))
+@cuda.jit
+def noisy_sigma_means(sig_w, sig_b, snap_f, n_atoms):
+    """snap_f[W_NOISY_SIGMA + b] = mean |sigma| over rows 0..p (p weight rows, then the bias) of the columns
+    of branch b = blockIdx.x: its value stream, then its heads' advantage streams."""
+    b = cuda.blockIdx.x
+    tid = cuda.threadIdx.x
+    acc = cuda.shared.array((DIAG_BLOCK, 1), float64)
+    acc[tid, 0] = float64(0.0)
+    off, size = branch_span(b)
+    cols = (1 + size) * n_atoms
+    n_in = sig_w.shape[0]
+    j = tid
+    while j < (n_in + 1) * cols:
+        row = j // cols
+        c = j - row * cols
+        k = c // n_atoms
+        stream = b if k == 0 else N_BRANCHES + off + k - 1
+        o = stream * n_atoms + c - k * n_atoms
+        if row < n_in:
+            acc[tid, 0] += float64(abs(sig_w[row, o]))
+        else:
+            acc[tid, 0] += float64(abs(sig_b[o]))
+        j += DIAG_BLOCK
+    cuda.syncthreads()
+    s = DIAG_BLOCK // 2
+    while s > 0:
+        if tid < s:
+            acc[tid, 0] += acc[tid + s, 0]
+        cuda.syncthreads()
+        s //= 2
+    if tid == 0:
+        snap_f[W_NOISY_SIGMA + b] = float32(acc[0, 0] / float64((n_in + 1) * cols))
+
+
 def _check_snapshot(snap_f: Any, snap_u: Any | None = None) -> None:
     check_array("snap_f", snap_f, "[N_WORDS]", (N_WORDS,))
     if snap_u is not None:
@@ -224,6 +265,15 @@ def reduce_magnitude_stats(actions: Any, reward: Any, snap_f: Any, *, stream: An
     check_array("reward", reward, "[N]", (n,))
     _check_snapshot(snap_f)
     launch_rows(magnitude_stats, 1, DIAG_BLOCK, actions, reward, snap_f, stream=stream)
+
+
+def reduce_noisy_sigma(sig_w: Any, sig_b: Any, snap_f: Any, *, stream: Any) -> None:
+    """The mean |sigma| per branch of the noisy head's sigma_W [p, head_width(Z)] and sigma_b [head_width(Z)]."""
+    n_in, q = (int(d) for d in sig_w.shape)
+    check_array("sig_w", sig_w, "[p, q]", (n_in, q))
+    check_array("sig_b", sig_b, "[q]", (q,))
+    _check_snapshot(snap_f)
+    launch_rows(noisy_sigma_means, N_BRANCHES, DIAG_BLOCK, sig_w, sig_b, snap_f, i32(n_atoms_of(q)), stream=stream)
 
 
 _STATE = from_dtype(OPTIM_STATE_DTYPE)

@@ -17,12 +17,13 @@ The registry is the one place a fold boundary's resets are written (DESIGN.md): 
     kill.*                 the Q-drift window, the collapse and non-finite counters
     run.best.*             the fold's best epoch
 
-Carried over (PerRun): the online supports, the learner's sampling stream, the ISV slots without a fold reset (the slow
+Carried over (PerRun): the online supports, the learner's sampling stream (and, with NoisyNet heads, its noise
+counter learner.noise_step: a fold starts on new noise), the ISV slots without a fold reset (the slow
 gradient-norm EMA, the Q and reward scale references the support rule reads, ...). Built fresh at every fold by
 `Trainer.bind_fold`, so nothing in them crosses a boundary: the fold's market tensors, the collect environments and
-their collector, the evaluator. Their within-fold state (the environments' and the collector's random streams) is in
-every checkpoint as named arrays; the environments' curriculum reach is recomputed from learner.fold_step every epoch
-and holds no state of its own.
+their collector, the evaluator. Their within-fold state (the environments' and the collector's random streams, and
+the collector's NoisyNet counter) is in every checkpoint as named arrays; the environments' curriculum reach is
+recomputed from learner.fold_step every epoch and holds no state of its own.
 
 `audit_trainer` lists every attribute of the run-wide components that is neither an entry nor declared
 wiring (each class's NOT_STATE); the driver refuses to start and a test asserts it is empty, so a field added
@@ -45,7 +46,8 @@ def register_trainer(registry: StateResetRegistry, trainer: Trainer, kills: Kill
     lrn, replay, bus, s = trainer.learner, trainer.replay, trainer.bus, trainer.stream
     if lrn is None:
         raise RuntimeError("register_trainer: bind the trainer's first fold before registering its state")
-    r = registry.owner(lrn, "learner")
+    noisy = lrn.noise_step is not None
+    r = registry.owner(lrn, "learner", not_state=() if noisy else ("noise_step",))  # None without NoisyNet heads
     r.action("adam_moments", FoldReset, "Adam m *= 0.1, v *= 0.01", fields=("adam_m", "adam_v"),
              action=lambda ctx: lrn.shrink_adam())
     counters = ("learner", "counters")
@@ -63,6 +65,9 @@ def register_trainer(registry: StateResetRegistry, trainer: Trainer, kills: Kill
              fields=(), action=lambda ctx: bus.fold_reset(ctx.stream), batch=("isv", id(bus)))
     r.carried("support_online", "the online supports follow the Q scale across folds", fields=("support_online",))
     r.carried("rng_states", "the learner's minibatch sampling stream", fields=("rng_states",))
+    if noisy:
+        r.carried("noise_step", "the NoisyNet draw counter of the online and target networks (each fold new noise)",
+                  fields=("noise_step",))
     registry.owner(replay, "collector").action(
         "replay", FoldReset, "replay buffer emptied (cursor = size = 0), its priorities cleared",
         fields=(*REPLAY_FIELDS, "meta", "priorities"),

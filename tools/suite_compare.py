@@ -1,0 +1,79 @@
+"""Configs against a baseline on the market suite, paired by seed: one markdown table from tools/suite.py JSONs.
+
+    python3 tools/suite_compare.py tools/results/suite_default_h200.json NAME=tools/results/suite_X.json [...]
+
+Per market (and pooled over the seen and over the held-out markets, a seed's pooled figure being its mean over
+the group's markets): the baseline's honest mean, then for each config its mean and its difference from the
+baseline paired by seed, with the standard error of that difference. Pairing by seed removes what the seed
+does to both runs alike (the same collect streams and initial weights), so the paired standard error is the
+one that says whether a config differs; a difference inside two of them is noise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def per_seed(suite: dict[str, Any]) -> dict[str, dict[int, float]]:
+    """{market: {seed: honest}} of the runs that finished with a figure, and the pooled rows of each role."""
+    table: dict[str, dict[int, float]] = {}
+    for market, entry in suite["markets"].items():
+        table[market] = {int(s): r["honest"] for s, r in entry["runs"].items()
+                         if r.get("honest") is not None and math.isfinite(r["honest"])}  # fmt: skip
+    for role, pooled in suite["pooled"].items():
+        markets = pooled["markets"]
+        seeds = set.intersection(*(set(table[m]) for m in markets))
+        table[f"{role.replace('_', ' ')}, pooled"] = {s: statistics.mean(table[m][s] for m in markets)
+                                                      for s in sorted(seeds)}  # fmt: skip
+    return table
+
+
+def paired(base: dict[int, float], other: dict[int, float]) -> str:
+    seeds = sorted(set(base) & set(other))
+    if len(seeds) < 2:
+        return "n/a"
+    diff = [other[s] - base[s] for s in seeds]
+    return f"{statistics.mean(diff):+.2f} ({statistics.stdev(diff) / math.sqrt(len(diff)):.2f})"
+
+
+def mean(values: dict[int, float]) -> str:
+    return f"{statistics.mean(values.values()):+.2f}" if values else "n/a"
+
+
+def compare(base: dict[str, Any], others: list[tuple[str, dict[str, Any]]]) -> str:
+    """The markdown table (module docstring)."""
+    b = per_seed(base)
+    tables = [(name, per_seed(s)) for name, s in others]
+    roles = {m: e.get("role", "") for m, e in base["markets"].items()}
+    head = "| market | role | baseline | " + " | ".join(f"{n} | paired" for n, _ in tables) + " |"
+    rows = [head, "| --- | --- | ---: | " + " | ".join("---: | ---:" for _ in tables) + " |"]
+    for market in b:
+        cells = [f"{mean(t.get(market, {}))} | {paired(b[market], t.get(market, {}))}" for _, t in tables]
+        rows.append(f"| {market} | {roles.get(market, '').replace('_', ' ')} | {mean(b[market])} | "
+                    + " | ".join(cells) + " |")
+    return "\n".join(rows) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("baseline", type=Path, help="the baseline's tools/suite.py JSON")
+    parser.add_argument("configs", nargs="+", help="NAME=PATH of each config's tools/suite.py JSON")
+    args = parser.parse_args(argv)
+    others = []
+    for item in args.configs:
+        name, sep, path = item.partition("=")
+        if not sep:
+            parser.error(f"expected NAME=PATH, got {item!r}")
+        others.append((name, json.loads(Path(path).read_text())))
+    print(compare(json.loads(args.baseline.read_text()), others), end="")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
