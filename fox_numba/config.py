@@ -155,6 +155,17 @@ class EnvConfig:
     curriculum_reach: float = opt(
         0.25, "Curriculum: the share of the easiest training starts drawn from at a fold's first epoch, in (0, 1]."
     )
+    hindsight_fraction: float = opt(
+        0.0,
+        "Hindsight relabelling, in [0, 1] (0: off): at every collect step the direction of the first "
+        "round(this x env.n_envs) environments (halves up; a fixed subset) is replaced by the one best in "
+        "hindsight on their training bar: the oracle's rule (market/synthetic_oracle.py) with the realised mid "
+        "change over evaluation.probe_horizon_bars bars for the expected return, Hold or Flat by the "
+        "environment's position inside the cost band; bars without that many later bars in their day before "
+        "the purge keep the policy's direction. The relabelled action is the one stepped, so its reward and "
+        "next state are real (kernels/hindsight.py). The seed does not say its rule; this one is ours. Not yet "
+        "measured here.",
+    )
 
 
 @dataclass
@@ -297,7 +308,8 @@ class EvaluationConfig:
         252, "Trading days per year: daily Sharpe x sqrt(this); per-bar Sharpe x sqrt(this x bars per day)."
     )
     probe_horizon_bars: int = opt(
-        15, "Probe baseline: bars ahead of the mid change its ridge regression forecasts (the oracle's horizon)."
+        15, "Probe baseline: bars ahead of the mid change its ridge regression forecasts (the oracle's horizon; "
+        "also the realised move env.hindsight_fraction relabels by)."
     )
     probe_ridge: float = opt(
         0.01,

@@ -335,3 +335,46 @@ def noisy_factors64(f_eps, n_in, n_atoms):
         else:
             f_out[o] = 0.0
     return f_in, f_out
+
+
+HINDSIGHT_NONE, HINDSIGHT_KEEP_LONG, HINDSIGHT_KEEP_SHORT = -1, 4, 5
+"""Hindsight label codes beside the directions Short 0, Long 2, Flat 3 (kernels/hindsight.py)."""
+
+
+def hindsight_labels64(mid, day_start, train_stop, horizon, threshold):
+    """Hindsight labels of every row: the forward mid change fwd over `horizon` bars within the row's day (NaN
+    where it would read a row at or after `train_stop` or past the day), classified by the oracle's rule (enter
+    beyond +-threshold, else keep by the sign of fwd, Flat at fwd = 0), one row at a time in float64."""
+    n = len(mid)
+    labels = np.full(n, HINDSIGHT_NONE, np.int64)
+    for a, b in zip(day_start[:-1], day_start[1:], strict=True):
+        for r in range(int(a), int(b)):
+            t = r + horizon
+            if t >= int(b) or t >= train_stop:
+                continue
+            fwd = float(mid[t]) - float(mid[r])
+            if abs(fwd) > threshold:
+                labels[r] = 2 if fwd > 0 else 0
+            elif fwd != 0.0:
+                labels[r] = HINDSIGHT_KEEP_LONG if fwd > 0 else HINDSIGHT_KEEP_SHORT
+            elif fwd == 0.0:
+                labels[r] = 3
+    return labels
+
+
+def hindsight_relabel64(labels, rows, positions, actions, n_relabel):
+    """actions [N, 4] after relabelling environments 0 .. n_relabel - 1 from labels[rows[i]] and the sign of
+    positions[i]: Hold (1) where a keep label agrees with the position, Flat (3) where it does not; Hold and
+    Flat take magnitude 0; unlabelled rows and the other environments keep their actions."""
+    out = np.array(actions, copy=True)
+    for i in range(n_relabel):
+        label = int(labels[rows[i]])
+        if label == HINDSIGHT_NONE:
+            continue
+        if label in (HINDSIGHT_KEEP_LONG, HINDSIGHT_KEEP_SHORT):
+            side = 1.0 if label == HINDSIGHT_KEEP_LONG else -1.0
+            label = 1 if side * float(positions[i]) > 0 else 3
+        out[i, 0] = label
+        if label in (1, 3):
+            out[i, 1] = 0
+    return out

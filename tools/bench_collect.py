@@ -2,12 +2,14 @@
 replay writes -> rollout ISV, in environment steps per second, eager vs captured graph.
 
     python3 tools/bench_collect.py --out tools/results/bench_collect_h200 [--envs 16384 4096] [--steps 200]
+        [--hindsight-fraction 0.25]
 
 The fold is fold 0 of the embedded default market (built on first use), the network the default preset's
 (obs 134 -> 256 -> 256 -> 13 heads x 51 atoms), freshly initialised. For each N: --warmup steps, then
 --windows windows of --steps collect steps between CUDA events, graph replays (use_graph) or eager launches;
 throughput = N x steps / seconds of the best window. One eager step is also timed per kernel (CUDA events
-around each launch, so the eager figures include no host wait). Writes OUT.md and OUT.json.
+around each launch, so the eager figures include no host wait). --hindsight-fraction sets env.hindsight_fraction
+(the relabel kernel joins the step; kernels/hindsight.py). Writes OUT.md and OUT.json.
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ def time_steps(graph: StepGraph, stream: Any, args: argparse.Namespace) -> float
 
 
 def bench_n(n: int, args: argparse.Namespace) -> dict[str, Any]:
-    cfg = load_config("default", overrides=[f"env.n_envs={n}"])
+    cfg = load_config("default", overrides=[f"env.n_envs={n}", f"env.hindsight_fraction={args.hindsight_fraction}"])
     selection = select_market(cfg.market)
     features = load_features(cfg, selection)
     fold = make_folds(cfg.folds, selection.days)[0]
@@ -66,7 +68,8 @@ def bench_n(n: int, args: argparse.Namespace) -> dict[str, Any]:
     trainer.learner.refresh_supports()
     trainer.env.reset(stream=stream)
     collector.refresh()
-    out: dict[str, Any] = {"n_envs": n}
+    out: dict[str, Any] = {"n_envs": n, "hindsight_fraction": args.hindsight_fraction,
+                           "relabelled_envs": collector.n_relabel}
     for mode, use_graph in (("eager", False), ("graph", True)):
         graph = StepGraph(f"collect.{mode}", collector._step, stream, use_graph=use_graph)
         seconds = time_steps(graph, stream, args)
@@ -89,11 +92,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--windows", type=int, default=3)
     parser.add_argument("--kernel-steps", type=int, default=20)
+    parser.add_argument("--hindsight-fraction", type=float, default=0.0,
+                        help="env.hindsight_fraction of the collect step (default 0: relabelling off)")
     args = parser.parse_args(argv)
     info = {"date_utc": datetime.now(UTC).strftime("%Y-%m-%d %H:%M"), **machine()}
     results = [bench_n(n, args) for n in args.envs]
     command = "python3 tools/bench_collect.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    lines = results_header("Collect step: forward + action selection + env step + replay + rollout ISV", command, info)
+    relabel = f" + hindsight relabel of {args.hindsight_fraction:g} of the envs" if args.hindsight_fraction else ""
+    title = f"Collect step: forward + action selection{relabel} + env step + replay + rollout ISV"
+    lines = results_header(title, command, info)
     lines += ["", "| N envs | eager us/step | eager env steps/s | graph us/step | graph env steps/s | graph nodes |",
               "| ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in results:

@@ -6,6 +6,8 @@ One collect step is one StepGraph (captured on the GPU, eager under the simulato
     (tick_noise(noise_step)                               network.noisy_sigma0 > 0 only: this step's noise)
     net.forward(params, obs, logits)                      online network, logits [N, 13, Z]
     select_actions(logits, supports, explore=True)        Thompson direction, Boltzmann magnitude/order/urgency
+    (relabel_directions(labels, row, port, actions)       env.hindsight_fraction > 0 only: the first
+                                                          n_relabel environments take the hindsight direction)
     replay.put_obs(row, port, actions)                    the transition's s and a
     env.step(actions)                                     fills, marks, reward, done, auto-reset
     replay.put_result(reward, done, next_row, next_port)  the transition's r, done and s'; cursor advance
@@ -16,10 +18,16 @@ broadcasts them to the per-sample layout action selection reads, outside the gra
 array's address, not its values). Metrics are reduced on the device and read once per epoch.
 With NoisyNet heads the network draws one factorised noise per collect step, shared by every environment,
 from the collector's counter `noise_step` (per fold, zero at construction; agent/noisy.py).
+With hindsight relabelling the fold's per-row labels are built once, at construction, on the device from the
+fold's mid and row_stop (kernels/hindsight.py: the seed is silent on its rule; ours is the oracle's with the
+realised move); the relabel step reads them and the environments' rows and positions, so nothing is written
+from the host per step. The labels are a function of the fold's market and the config: no state to reset or
+to checkpoint.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -34,9 +42,19 @@ from fox_numba.device.graphs import StepGraph
 from fox_numba.device.memory import device_empty, device_zeros
 from fox_numba.device.rng import xoroshiro_states
 from fox_numba.device.staging import Stager
+from fox_numba.errors import ConfigError
 from fox_numba.kernels.action_select import select_actions
 from fox_numba.kernels.heads import broadcast_supports
+from fox_numba.kernels.hindsight import hindsight_labels, relabel_directions
 from fox_numba.kernels.noisy import tick_noise
+from fox_numba.market.synthetic_oracle import oracle_threshold
+
+
+def relabel_count(fraction: float, n_envs: int) -> int:
+    """Environments relabelled per step: round(fraction x n_envs), halves up (ConfigError outside [0, 1])."""
+    if not 0.0 <= fraction <= 1.0:
+        raise ConfigError(f"env.hindsight_fraction is {fraction}; it must be in [0, 1]")
+    return math.floor(fraction * n_envs + 0.5)
 
 
 class Collector:
@@ -45,7 +63,10 @@ class Collector:
     def __init__(
         self, env: VecEnv, replay: ReplayBuffer, layout: ParamLayout, params: Any, supports: Any, *,
         stager: Stager, seed: int, use_graph: bool, health: HealthDiag, spread: float = 1.0, tau_mult: float = 1.0,
+        hindsight_fraction: float = 0.0, hindsight_horizon: int = 15, commission: float = 0.0,
     ) -> None:
+        """`hindsight_fraction`, `hindsight_horizon` (bars) and `commission` (dollars per contract per side) set
+        the relabelling (env.hindsight_fraction, evaluation.probe_horizon_bars, env.commission)."""
         n, z = env.n, layout.n_atoms
         self.env, self.replay, self.params, self.supports, self.health = env, replay, params, supports, health
         self.stream = stager.stream
@@ -59,6 +80,9 @@ class Collector:
         self.actions = device_empty((n, N_BRANCHES), np.int32)
         self.conviction = device_empty(n, np.float32)
         self.rng_states = xoroshiro_states(n, seed, stager)
+        self.n_relabel = relabel_count(hindsight_fraction, n)
+        self.labels = self._hindsight_labels(hindsight_horizon, commission) if self.n_relabel > 0 else None
+        """int32 [fold rows]: the hindsight label of every row (kernels/hindsight.py), None when off."""
         self.graph = StepGraph("collect.step", self._step, self.stream, use_graph=use_graph)
 
     def _step(self, s: Any) -> None:
@@ -69,10 +93,24 @@ class Collector:
         self.net.forward(self.params, self.obs, self.logits, stream=s)
         select_actions(self.logits, self.support_rows, self.rng_states, self.actions, self.conviction,
                        explore=True, stream=s, spread=self.spread, tau_mult=self.tau_mult)  # fmt: skip
+        if self.labels is not None:
+            relabel_directions(self.labels, env.row, env.port, self.actions, self.n_relabel, stream=s)
         replay.put_obs(env.row, env.port, self.actions, stream=s)
         env.step(self.actions, stream=s)
         replay.put_result(env.reward, env.done, env.next_row, env.next_port, stream=s)
         env.rollout_stats(self.actions, stream=s)
+
+    def _hindsight_labels(self, horizon: int, commission: float) -> Any:
+        """The fold's labels, built on the device from its uploaded mid and row_stop (once per fold)."""
+        market = self.env.market
+        host = market.host
+        if horizon < 1 or commission < 0:
+            raise ConfigError(f"hindsight relabelling needs evaluation.probe_horizon_bars >= 1 and env.commission "
+                              f">= 0, got {horizon} and {commission}")  # fmt: skip
+        labels = device_empty(host.n_rows, np.int32)
+        threshold = oracle_threshold(host.tick_size, host.point_value, commission)
+        hindsight_labels(market.mid, market.row_stop, host.train_stop, horizon, threshold, labels, stream=self.stream)
+        return labels
 
     def refresh(self) -> None:
         """Broadcast the current per-head supports to every environment's row (once per epoch)."""

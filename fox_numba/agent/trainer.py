@@ -97,7 +97,9 @@ class Trainer:
         self.collector = Collector(self.env, self.replay, self.layout, lrn.params, lrn.support_online,
                                    stager=self.stager, seed=stream_seed(seed, SEED_COLLECT, fold),
                                    use_graph=cfg.run.graphs, health=self.health, spread=cfg.env.explore_spread,
-                                   tau_mult=cfg.env.explore_tau)  # fmt: skip
+                                   tau_mult=cfg.env.explore_tau, hindsight_fraction=cfg.env.hindsight_fraction,
+                                   hindsight_horizon=cfg.evaluation.probe_horizon_bars,
+                                   commission=cfg.env.commission)  # fmt: skip
         state = lrn.state_arrays()
         params, supports = (state[name] for name in eval_network(cfg.evaluation.network))
         self.evaluator = Evaluator(dev, cfg, self.layout, params, supports, isv=self.bus.values,
