@@ -16,7 +16,7 @@ from fox_numba.walkforward.run_folder import BestEpoch
 from fox_numba.walkforward.trainer_state import register_trainer
 
 SMALL = ["env.n_envs=4", "env.collect_steps=6", "learner.batch_size=4", "learner.buffer_size=64",
-         "learner.steps_per_epoch=3"]
+         "learner.steps_per_epoch=3", "network.hidden=8", "network.n_atoms=5"]
 """Overrides that keep a smoke trainer's epoch to seconds on the simulator."""
 
 

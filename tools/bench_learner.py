@@ -75,7 +75,7 @@ def spin(x, n):  # type: ignore[no-untyped-def]
 def make_learner(args: argparse.Namespace, stager: Stager, stream: Any, graphs: bool) -> tuple[Learner, Any]:
     cfg = FoxConfig()
     if args.tiny:
-        cfg.network.hidden, cfg.network.n_layers, cfg.network.n_atoms = 8, 2, 11
+        cfg.network.hidden, cfg.network.n_layers, cfg.network.n_atoms = 4, 2, 5
     cfg.learner.batch_size = args.batch
     cfg.learner.steps_per_epoch = args.steps
     cfg.learner.n_step = args.n_step
@@ -298,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     command = "python3 tools/bench_learner.py " + " ".join(argv if argv is not None else sys.argv[1:])
     if args.tiny:
-        args.batch = [min(b, 8) for b in args.batch]
+        args.batch = [min(b, 4) for b in args.batch]
         args.obs_dim, args.capacity, args.bars = min(args.obs_dim, 10), 64, 16
         args.steps, args.windows, args.warmup = 1, 1, 1
         args.epoch_steps, args.kernel_steps = 1, 1

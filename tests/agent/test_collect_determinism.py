@@ -1,8 +1,7 @@
-"""40 collect steps of the real collect step (observe -> network forward -> Thompson action selection -> env
+"""20 collect steps of the real collect step (observe -> network forward -> Thompson action selection -> env
 step -> replay writes -> rollout ISV), twice with the same seed: bit-identical replay buffers and ISV. On the
-GPU (NUMBA_ENABLE_CUDASIM=0) the steps replay a captured graph; under the simulator they run eagerly, with the
-smoke preset's 32-bar episodes (every environment auto-resets) and a 128-slot replay that the 160 transitions
-wrap."""
+GPU (NUMBA_ENABLE_CUDASIM=0) the steps replay a captured graph; under the simulator they run eagerly, with
+16-bar episodes (every environment auto-resets) and a 64-slot replay that the 80 transitions wrap."""
 
 import numpy as np
 import pytest
@@ -16,14 +15,15 @@ from fox_numba.market.select import select_market
 from fox_numba.walkforward.driver import load_features
 from fox_numba.walkforward.folds import make_folds
 
-STEPS = 40
+STEPS = 20
 
 
 @pytest.fixture(scope="module")
 def fold_market(four_day_store):
     store = four_day_store
     # 4 environments and a small network under the simulator (it pays per thread); the default sizes on a GPU
-    small = ["env.n_envs=4", "network.hidden=8", "learner.batch_size=4", "learner.buffer_size=128"] if SIMULATOR else []
+    small = ["env.n_envs=4", "env.episode_bars=16", "network.hidden=8", "network.n_atoms=5", "learner.batch_size=4",
+             "learner.buffer_size=64"] if SIMULATOR else []
     cfg = load_config("smoke" if SIMULATOR else "default",
                       overrides=[f'market.store="{store}"', "run.graphs=true", *small,
                                  "folds.n_folds=1", "folds.train_days=2", "folds.val_days=1"])

@@ -56,6 +56,24 @@ def test_noisy_steps_draw_anew_per_step_and_network_and_follow_the_seed(stream, 
     assert not {"noise_tick", "noise_draw", "noisy_weights_kernel", "noisy_grads_kernel"} & set(names[2])
 
 
+def test_a_saved_noisy_learner_resumes_bit_for_bit(stream, stager, rng):
+    """Saved mid-run (noise_step with mu and sigma) and loaded into a fresh learner of the run's seed (the noise
+    key is the seed and the counter), the next steps draw the same noise and give the same bits as the
+    uninterrupted learner; a counter restarting at 0 would redraw the first steps' noise and differ."""
+    cfg = noisy_config()
+    replay, market, isv0 = random_replay(rng), rng.standard_normal((12, M)).astype(np.float32), steady_isv(rng)
+    a, isv_a = build(stager, stream, cfg, replay, market, isv0, seed=2)
+    a.train_epoch(2)
+    saved, saved_isv = host_state(a), stager.download(isv_a)
+    a.train_epoch(2)
+    b, _ = build(stager, stream, cfg, replay, market, saved_isv, seed=2)
+    b.load_state(saved)
+    b.train_epoch(2)
+    assert saved["noise_step"][0] == 2 and host_state(a)["noise_step"][0] == 4
+    for name, arr in host_state(a).items():
+        np.testing.assert_array_equal(arr.view(np.uint8), host_state(b)[name].view(np.uint8), name)
+
+
 def test_a_noisy_trainer_collects_trains_diagnoses_and_evaluates_without_noise(half_hour_store):
     rt = real_trainer(half_hour_store, [*SMALL, "env.collect_steps=2", "learner.steps_per_epoch=2",
                                         f"network.noisy_sigma0={SIGMA0}"])

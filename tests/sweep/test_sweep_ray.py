@@ -5,7 +5,8 @@ tested without Ray (tests/sweep/test_spec.py, test_aggregate.py).
 
 Every trial is `fox train` (the smoke preset) on a four-day synthetic store whose regular session is half
 an hour (30 bars a day), with one fold of 2 training and 2 validation days, 2 epochs of one gradient step
-and a tiny network (TRIAL_SETS): a trial takes about 30 s of one core, 10 of them setting up.
+and a tiny network and replay (TRIAL_SETS): a trial takes under 30 s of one core, about 10 of them setting
+up (the whole reference sweep, Ray's start included, about 40 s on two cores).
 
 The interrupted sweep runs both trials again: one is killed once its first checkpoint exists while the
 other finishes; the rerun skips the finished trial, resumes the killed one, and every figure of the
@@ -25,8 +26,8 @@ import pytest
 
 
 TRIAL_SETS = ("folds.n_folds=1", "folds.train_days=2", "folds.val_days=2", "folds.purge_bars=5", "learner.epochs=2",
-              "learner.steps_per_epoch=1", "learner.batch_size=16", "env.n_envs=8", "env.collect_steps=8",
-              "env.episode_bars=16", "network.hidden=8")
+              "learner.steps_per_epoch=1", "learner.batch_size=8", "learner.buffer_size=64", "env.n_envs=8",
+              "env.collect_steps=8", "env.episode_bars=16", "network.hidden=8", "network.n_atoms=5")
 SPEC = '[sweep]\nseeds = [0, 1]\n[grid]\n"learner.lr" = [3e-4]\n'
 TRIALS = ("c00-seed0", "c00-seed1")
 KILLED, RERUN = "c00-seed1", "c00-seed0"  # the trial killed mid-way, and the one that runs beside it

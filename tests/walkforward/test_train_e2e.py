@@ -2,10 +2,13 @@
 that read a finished run (`fox evaluate`, `fox report`).
 
 The store is four synthetic days of half-hour sessions (the smoke preset's 2 folds of 2 training + 1
-validation days). One uninterrupted run is the reference. A second run is SIGKILLed early (where depends on
-the machine's speed: fold 0's second epoch under the simulator), resumed with `fox train --resume`, and
-must end with the same metrics lines, HEALTH_DIAG lines and final parameters; so must a copy of the
-reference cut back to the end of fold 0 (a resume across a fold boundary, wherever the kill landed).
+validation days). Every run is the smoke preset with SETS: half its environments and network width, fewer
+atoms and a smaller replay, which leave every stage of the run as it is and shrink only the arrays the
+simulator pays for, thread by thread. One uninterrupted run is the reference. A second run is SIGKILLed
+early (where depends on the machine's speed: fold 0's second epoch under the simulator), resumed with
+`fox train --resume`, and must end with the same metrics lines, HEALTH_DIAG lines and final parameters; so
+must a copy of the reference cut back to the end of fold 0 (a resume across a fold boundary, wherever the
+kill landed).
 `fox evaluate` and `fox report` run on copies of the reference run (no extra training).
 """
 
@@ -39,6 +42,9 @@ from fox_numba.walkforward.report import FIGURES, equity_figure, write_report
 EPOCHS, FOLDS = PRESETS["smoke"]["learner.epochs"], PRESETS["smoke"]["folds.n_folds"]
 STEPS, DIAG_EVERY = PRESETS["smoke"]["learner.steps_per_epoch"], PRESETS["smoke"]["run.diag_every"]
 ROOT = Path(__file__).resolve().parents[2]
+N_ENVS = 8
+SETS = (f"env.n_envs={N_ENVS}", "network.hidden=8", "network.n_atoms=5", "learner.batch_size=8",
+        "learner.buffer_size=64")  # the replay holds a fold's 2 epochs x 4 collect steps x 8 environments
 
 
 @pytest.fixture(scope="module")
@@ -50,6 +56,7 @@ def fox_train(*args, out_dir, name):
     cmd = [sys.executable, "-m", "fox_numba", "train", *args]
     if "--resume" not in args:
         cmd += ["--preset", "smoke", "--set", f"run.out_dir={json.dumps(str(out_dir))}", "--set", f"run.name={json.dumps(name)}"]
+        cmd += [a for s in SETS for a in ("--set", s)]
     return cmd
 
 
@@ -111,7 +118,7 @@ def test_smoke_runs_every_fold_end_to_end(reference):
     assert len(diag) == FOLDS * EPOCHS * STEPS // DIAG_EVERY  # a snapshot every DIAG_EVERY steps
     per_fold = EPOCHS * STEPS // DIAG_EVERY  # the fold's step counter runs on across its epochs, then restarts
     assert [d["step"] for d in diag] == [DIAG_EVERY * (k % per_fold + 1) for k in range(len(diag))]
-    assert sum(diag[0][f"train_dir_{d}"] for d in ("short", "hold", "long", "flat")) == 16  # one collect step
+    assert sum(diag[0][f"train_dir_{d}"] for d in ("short", "hold", "long", "flat")) == N_ENVS  # one collect step
     assert "HEALTH_DIAG " not in proc.stdout and not re.search(r"^fold \d+ reset \(", proc.stdout, re.M)  # quiet
     assert max(len(ln) for ln in proc.stdout.splitlines()) < 400
 

@@ -5,7 +5,8 @@ fold-reset slots, and leaves the supports where they were once the fold's first 
 (the refresh reads ISV slots that the reset must not zero: the supports halved at every fold start once).
 
 One module fixture trains fold 0 for one short epoch, binds fold 1 and runs its boundary; the tests read the
-state before and after. Half-hour days, 4 environments and a small batch keep it to seconds on the simulator.
+state before and after. Half-hour days, 4 environments, a small batch and a small network keep it to seconds
+on the simulator.
 """
 
 import numpy as np
