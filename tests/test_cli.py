@@ -148,12 +148,15 @@ def test_stages_refuse_a_store_without_trades(command, stores):
 
 
 @pytest.mark.no_gpu_only("without --preset a GPU takes the default preset, too large for this 4-day store")
-def test_collect_prints_the_rollout_metrics(stores):
-    """One smoke epoch of collection on fold 0 (env.n_envs x env.collect_steps of the preset)."""
-    proc = run_fox("collect", "--store", str(stores[0]), "--json")
+def test_collect_prints_the_rollout_metrics(half_hour_store):
+    """One smoke epoch of collection on fold 0 (env.n_envs x env.collect_steps steps), on half-hour days with
+    half the smoke preset's environments and network width and fewer atoms (--set on top of the preset the
+    machine gets): the metrics and their checks do not depend on the sizes, the simulator's time does."""
+    small = ["env.n_envs=8", "network.hidden=8", "network.n_atoms=5"]
+    proc = run_fox("collect", "--store", str(half_hour_store), "--json", *(a for s in small for a in ("--set", s)))
     assert proc.returncode == 0, proc.stderr
     metrics = json.loads(proc.stdout)
-    assert metrics["steps"] == PRESETS["smoke"]["env.n_envs"] * PRESETS["smoke"]["env.collect_steps"]
+    assert metrics["steps"] == 8 * PRESETS["smoke"]["env.collect_steps"]
     assert 0.0 <= metrics["active_frac"] <= 1.0
     shares = metrics["short_frac"] + metrics["hold_frac"] + metrics["long_frac"] + metrics["flat_frac"]
     assert abs(shares - 1.0) < 1e-9

@@ -1,6 +1,6 @@
 """A whole collect loop driven through a StepGraph with a fixed action source (actions drawn by a kernel
 from a seeded stream): observe -> actions -> replay put_obs -> env step -> replay put_result -> rollout ISV.
-200 steps twice with the same seeds give identical replay buffers, ISV and metrics; the buffer's
+120 steps twice with the same seeds give identical replay buffers, ISV and metrics; the buffer's
 transitions chain (each non-terminal transition's next observation is the environment's next observed
 one); this is the loop the integrator wires the network into (replacing `random_actions`)."""
 
@@ -22,7 +22,7 @@ from fox_numba.kernels.env import random_actions
 from fox_numba.observation import N_MARKET, OBS_DIM
 
 pytestmark = pytest.mark.usefixtures("long_switch_interval")
-N_ENVS, CAPACITY, STEPS = 4, 64, 200
+N_ENVS, CAPACITY, STEPS = 4, 64, 120
 
 
 def collect(stager, seed: int, steps: int = STEPS):

@@ -21,9 +21,11 @@ from fox_numba.walkforward.folds import make_folds
 @pytest.fixture(scope="module")
 def trained(half_hour_store):
     """A smoke trainer after one collect phase and 4 gradient steps (a snapshot every 2), on four synthetic days
-    of half an hour (a validation pass of 29 steps, not 389)."""
+    of half an hour (a validation pass of 29 steps, not 389); the smoke preset's 16 environments, with a smaller
+    network, atom count and batch (the fields reduce the same buffers at any width)."""
     cfg = load_config("smoke", overrides=[f'market.store="{half_hour_store}"', "env.collect_steps=4",
-                                        "learner.steps_per_epoch=4"])
+                                        "learner.steps_per_epoch=4", "network.hidden=8", "network.n_atoms=5",
+                                        "learner.batch_size=8"])
     selection = select_market(cfg.market)
     fold = make_folds(cfg.folds, selection.days)[0]
     trainer = Trainer(cfg)

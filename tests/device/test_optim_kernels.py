@@ -170,8 +170,9 @@ def test_nonfinite_gradient_is_counted_and_skips_adam(stream, stager, rng, bad):
 def test_adaptive_clip_producer_bootstrap_then_fold_damping(stream, stager, rng, rule):
     """220 steps from a fresh bus (a NaN norm at step 50), a fold reset, then 30 steps: factor 1 until
     200 observations (bootstrap), then 0 right after the reset, climbing with the fast EMA; floors kept.
-    The kernel runs steps 0-59 (the fresh bus, the NaN) and 190-249 (the end of the bootstrap, the reset);
-    between them only the reference steps, and its state is uploaded before step 190."""
+    The kernel runs the steps where the state changes regime: 0-9 (the fresh bus), 48-53 (around the NaN),
+    196-205 (the end of the bootstrap), 218-235 (the reset and the climb) and 246-249 (the end); between
+    them only the reference steps, and its state is uploaded before each of the kernel's stretches."""
     bus = IsvBus(stager)
     ref = bootstrap_values().astype(np.float64)
     reset_index, reset_values = fold_reset_entries()
@@ -179,7 +180,7 @@ def test_adaptive_clip_producer_bootstrap_then_fold_damping(stream, stager, rng,
     norms[50] = np.nan
     raw = Mapped(1, np.float32)
     raw_index = stager.upload_new(np.array([RAW], np.int32))
-    on_kernel = set(range(60)) | set(range(190, 250))
+    on_kernel = set(range(10)) | set(range(48, 54)) | set(range(196, 206)) | set(range(218, 236)) | set(range(246, 250))
     factors, clips, engaged = {}, {}, {}
     for step, value in enumerate(norms):
         if step in on_kernel and step - 1 not in on_kernel:
