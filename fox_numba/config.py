@@ -163,8 +163,10 @@ class EnvConfig:
         "change over evaluation.probe_horizon_bars bars for the expected return, Hold or Flat by the "
         "environment's position inside the cost band; bars without that many later bars in their day before "
         "the purge keep the policy's direction. The relabelled action is the one stepped, so its reward and "
-        "next state are real (kernels/hindsight.py). The seed does not say its rule; this one is ours. Not yet "
-        "measured here.",
+        "next state are real (kernels/hindsight.py). The seed does not say its rule; this one is ours. At 0.25 on "
+        "the market suite it lost on six of seven markets and the agent traded two to four times as often: an "
+        "action chosen by the move that follows inflates every trading action's value (hindsight bias; "
+        "tools/results/learner_ablation_h200.md section 16).",
     )
 
 
@@ -191,8 +193,22 @@ class NetworkConfig:
         "NoisyNet heads (0: off): factorised Gaussian noise on the head's weights, the input noise drawn per "
         "branch (Fortunato et al. 2018; kernels/noisy.py); sigma starts at noisy_sigma0 / sqrt(fan_in) and is "
         "learned with mu. The learner draws new noise for the online and the target network every step, the "
-        "collect every collect step; evaluation uses mu alone. The paper used 0.5. Not yet measured here.",
+        "collect every collect step; evaluation uses mu alone. The paper used 0.5; at 0.5 the market suite saw "
+        "noise (pooled -0.04 (0.41) on the seen markets; tools/results/learner_ablation_h200.md section 15).",
     )
+    iqn_quantiles: int = opt(
+        0,
+        "Implicit-quantile (IQN) head beside the C51 heads (0: off): the quantile samples tau per transition in its "
+        "loss, N = N' (Dabney et al. 2018 used 64 and 64). The head reads the C51 heads' input x and the cosine "
+        "embedding phi(tau) = ReLU(cos(pi i tau) @ W_e + b_e), i < iqn_embed, and gives one quantile per action: "
+        "Z(x, tau) = (x * phi(tau)) @ W_q + b_q. It is trained beside C51 (quantile Huber loss, kappa 1, towards r + "
+        "discount Z_target(s', a*, tau') with C51's double-DQN a*; weight learner.iqn_weight), and its gradient "
+        "reaches a trunk through the shared input (agent/iqn.py, kernels/iqn.py). The direction branch acts on the "
+        "joint values (the seed's Plan C): collect's Thompson draw is the mean of the C51 draw and one IQN quantile "
+        "at a level drawn per direction, evaluation the argmax of (E_C51 + E_IQN) / 2, E_IQN the mean over N "
+        "midpoint levels; the conviction reads that joint E[Q] (kernels/action_select.py). Not yet measured here.",
+    )
+    iqn_embed: int = opt(64, "Cosine features of the IQN head's tau embedding (Dabney et al. 2018: 64).")
 
 
 @dataclass
@@ -214,7 +230,11 @@ class LearnerConfig:
         "Adam base learning rate (before the cosine schedule and warm-up damping). 1e-3 is for the linear network "
         "(at 1e-4 it lost money, at 3e-3 it was unstable); the 2 x 256 trunk did best at 1e-4.",
     )
-    lr_min_frac: float = opt(0.1, "Cosine schedule ends at lr * lr_min_frac.")
+    lr_min_frac: float = opt(
+        0.1,
+        "Cosine schedule ends at lr * lr_min_frac. 0.01 was noise on the market suite and left the direction "
+        "values' validation R^2 unchanged (tools/results/learner_ablation_h200.md section 16).",
+    )
     gamma: float = opt(
         0.95,
         "Discount factor per bar. 0.95 is a horizon of about 20 bars, the scale of the default market's 15-minute "
@@ -287,6 +307,10 @@ class LearnerConfig:
         "last; each sample's loss and gradient are weighted by (p_min / p_i)**beta (Rainbow's 0.4).",
     )
     priority_eps: float = opt(1e-6, "Prioritised replay: added to every loss before the exponent (> 0).")
+    iqn_weight: float = opt(
+        1.0,
+        "Weight of the IQN head's quantile Huber loss beside the C51 cross-entropy (network.iqn_quantiles > 0).",
+    )
 
 
 @dataclass

@@ -191,9 +191,10 @@ def net_forward64(p, n_layers, obs, n_atoms, keep=None):
     return acts, dueling64(head, n_atoms)
 
 
-def net_backward64(p, n_layers, obs, acts, dlogits, daux=None, keep=None):
+def net_backward64(p, n_layers, obs, acts, dlogits, daux=None, keep=None, dinput=None):
     """{name: d(sum dlogits * logits + sum daux * aux) / d param} in float64, from `net_forward64`'s
-    activations (daux [B], the auxiliary forecast's gradient, 0 when None; `keep` as net_head64's)."""
+    activations (daux [B], the auxiliary forecast's gradient, 0 when None; `keep` as net_head64's; dinput [B, H],
+    another head's gradient at the trunk's last layer, already masked by its ReLU, added to the C51 head's)."""
     grads = {}
     inputs = [np.asarray(obs, np.float64)] + acts
     daux = np.zeros(dlogits.shape[0]) if daux is None else np.asarray(daux, np.float64)
@@ -205,6 +206,8 @@ def net_backward64(p, n_layers, obs, acts, dlogits, daux=None, keep=None):
         grads[f"{name}.bias"] = dy.sum(axis=0)
         if layer > 0:
             dy = (dy @ p[f"{name}.weight"].astype(np.float64).T) * (x > 0)
+            if layer == n_layers and dinput is not None:
+                dy = dy + dinput
             if keep is not None:
                 dy = dy * keep[layer - 1]
     return grads
@@ -378,3 +381,51 @@ def hindsight_relabel64(labels, rows, positions, actions, n_relabel):
         if label in (1, 3):
             out[i, 1] = 0
     return out
+
+
+def iqn_forward64(p, x, taus):
+    """The IQN head in float64 (kernels/iqn.py): x [B, W], taus [B, N] -> (cos, phi, h [B * N, .], z [B * N, 13]),
+    row i * N + k for sample i and level k."""
+    n_taus = taus.shape[1]
+    tau = np.asarray(taus, np.float64).reshape(-1)
+    n_embed = p["iqn.embed.weight"].shape[0]
+    cos = np.cos(np.pi * np.arange(n_embed)[None, :] * tau[:, None])
+    phi = np.maximum(cos @ p["iqn.embed.weight"].astype(np.float64) + p["iqn.embed.bias"], 0.0)
+    h = np.repeat(np.asarray(x, np.float64), n_taus, axis=0) * phi
+    return cos, phi, h, h @ p["iqn.head.weight"].astype(np.float64) + p["iqn.head.bias"]
+
+
+def iqn_loss64(z, z_tgt, taus, q, actions, rewards, discounts, weights, weight, shared=True):
+    """(loss [4B], dz [B * N, 13]) of the quantile Huber loss at kappa 1 (kernels/iqn.py's header), written from
+    the definition: per branch row, rho_tau(u) = |tau - 1{u < 0}| L(u) over every (online k, target j) pair."""
+    b, n = taus.shape
+    spans = branch_spans()
+    loss = np.zeros(4 * b)
+    dz = np.zeros((b * n, z.shape[1]))
+    for i in range(b):
+        for br, (off, size) in enumerate(spans):
+            r = i * 4 + br
+            a_t = off + actions[i, br]
+            n_off, n_size = spans[0] if shared else (off, size)
+            a_n = n_off + int(np.argmax(q[b + i, n_off : n_off + n_size]))
+            target = rewards[r] + discounts[r] * z_tgt[i * n : (i + 1) * n, a_n].astype(np.float64)
+            for k in range(n):
+                u = target - float(z[i * n + k, a_t])
+                level = np.abs(float(taus[i, k]) - (u < 0))
+                huber = np.where(np.abs(u) <= 1, 0.5 * u * u, np.abs(u) - 0.5)
+                loss[r] += (level * huber).sum() / n
+                dz[i * n + k, a_t] = -weight * weights[r] / n * (level * np.clip(u, -1, 1)).sum()
+    return loss, dz
+
+
+def iqn_backward64(p, x, cos, phi, h, dz, mask):
+    """({IQN entry: gradient}, dx [B, W]) of sum dz * z in float64 (`iqn_forward64`'s intermediates); `mask`: x
+    is a ReLU's output (dx 0 where x <= 0)."""
+    x = np.asarray(x, np.float64)
+    n_taus = h.shape[0] // x.shape[0]
+    grads = {"iqn.head.weight": h.T @ dz, "iqn.head.bias": dz.sum(0)}
+    dh = dz @ p["iqn.head.weight"].astype(np.float64).T
+    dphi = dh * np.repeat(x, n_taus, axis=0) * (phi > 0)
+    grads["iqn.embed.weight"], grads["iqn.embed.bias"] = cos.T @ dphi, dphi.sum(0)
+    dx = (dh * phi).reshape(x.shape[0], n_taus, -1).sum(1)
+    return grads, dx * (x > 0) if mask else dx

@@ -4,12 +4,14 @@
     python3 tools/bench_learner.py --out /tmp/bench_learner_sim --tiny     # exercises the script anywhere
     python3 tools/bench_learner.py --out tools/results/bench_learner_per_h200 --priority-alpha 0.5  # prioritised
     python3 tools/bench_learner.py --out tools/results/bench_learner_noisy_h200 --noisy-sigma0 0.5  # NoisyNet heads
+    python3 tools/bench_learner.py --out tools/results/bench_learner_iqn_h200 --iqn-quantiles 32  # IQN beside C51
 
 One gradient step of the default network (obs_dim -> 256 -> 256 -> 13 dueling C51 heads x 51 atoms,
 network.* of the default config), at each batch of --batch (default 8192, then smaller ones where the
 host's per-step work matters more), on a synthetic replay (uniform random transitions over a
 random market_obs of --bars rows; with --priority-alpha > 0 prioritised replay, every slot starting at the
-priority the collector gives a new transition; with --noisy-sigma0 > 0 NoisyNet heads), measured as:
+priority the collector gives a new transition; with --noisy-sigma0 > 0 NoisyNet heads; with --iqn-quantiles > 0
+the IQN head beside C51, network.iqn_embed cosine features), measured as:
 - eager: every kernel launched from Python each step (RunConfig.graphs = false);
 - graph, queued: the step captured once and replayed back to back with no host sync (the learner's
   train_epoch: per-step values live on the device, nothing is written from the host per step);
@@ -81,6 +83,7 @@ def make_learner(args: argparse.Namespace, stager: Stager, stream: Any, graphs: 
     cfg.learner.n_step = args.n_step
     cfg.learner.priority_alpha = args.priority_alpha
     cfg.network.noisy_sigma0 = args.noisy_sigma0
+    cfg.network.iqn_quantiles = args.iqn_quantiles
     cfg.env.n_envs = min(cfg.env.n_envs, args.capacity)
     cfg.run.graphs = graphs
     rng = np.random.default_rng(0)
@@ -217,7 +220,9 @@ def markdown_batch(modes: dict[str, Any], kernels: dict[str, Any], args: argpars
         f"One gradient step, batch {args.batch}, obs_dim {args.obs_dim}, {shape}: {modes['param_count']} "
         f"parameters; dense layers: {modes['gemm_path']} kernels; learner.n_step {args.n_step}, learner.priority_alpha "
         f"{args.priority_alpha} ({'prioritised' if args.priority_alpha > 0 else 'uniform'} replay), "
-        f"network.noisy_sigma0 {args.noisy_sigma0} ({'NoisyNet' if args.noisy_sigma0 > 0 else 'plain'} heads). "
+        f"network.noisy_sigma0 {args.noisy_sigma0} ({'NoisyNet' if args.noisy_sigma0 > 0 else 'plain'} heads), "
+        f"network.iqn_quantiles {args.iqn_quantiles} "
+        f"({'an IQN head beside C51' if args.iqn_quantiles > 0 else 'no IQN head'}). "
         f"Replay of {args.capacity} random transitions "
         f"over {args.bars} market rows. Best of {args.windows} windows of {args.steps} steps after "
         f"{args.warmup} warm-up steps."
@@ -295,6 +300,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="learner.priority_alpha of the measured step (0: uniform replay)")
     parser.add_argument("--noisy-sigma0", type=float, default=0.0,
                         help="network.noisy_sigma0 of the measured step (0: no NoisyNet heads)")
+    parser.add_argument("--iqn-quantiles", type=int, default=0,
+                        help="network.iqn_quantiles of the measured step (0: no IQN head)")
     args = parser.parse_args(argv)
     command = "python3 tools/bench_learner.py " + " ".join(argv if argv is not None else sys.argv[1:])
     if args.tiny:

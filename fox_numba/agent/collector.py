@@ -5,7 +5,10 @@ One collect step is one StepGraph (captured on the GPU, eager under the simulato
     env.observe(obs)                                      obs [N, obs_dim] = market row + portfolio part
     (tick_noise(noise_step)                               network.noisy_sigma0 > 0 only: this step's noise)
     net.forward(params, obs, logits)                      online network, logits [N, 13, Z]
-    select_actions(logits, supports, explore=True)        Thompson direction, Boltzmann magnitude/order/urgency
+    (iqn.run(head input, rng_states)                      network.iqn_quantiles > 0 only: E_IQN and one drawn
+                                                          quantile per direction, agent/iqn.py IqnActor)
+    select_actions(logits, supports, explore=True)        Thompson direction (joint with IQN when on), Boltzmann
+                                                          magnitude/order/urgency
     (relabel_directions(labels, row, port, actions)       env.hindsight_fraction > 0 only: the first
                                                           n_relabel environments take the hindsight direction)
     replay.put_obs(row, port, actions)                    the transition's s and a
@@ -35,6 +38,7 @@ import numpy as np
 from fox_numba.actions import N_BRANCHES, N_HEADS
 from fox_numba.agent.environment import VecEnv
 from fox_numba.agent.health import HealthDiag
+from fox_numba.agent.iqn import IqnActor
 from fox_numba.agent.network import Network, ParamLayout
 from fox_numba.agent.noisy import STREAM_COLLECT, NoiseKey
 from fox_numba.agent.replay import ReplayBuffer
@@ -63,10 +67,11 @@ class Collector:
     def __init__(
         self, env: VecEnv, replay: ReplayBuffer, layout: ParamLayout, params: Any, supports: Any, *,
         stager: Stager, seed: int, use_graph: bool, health: HealthDiag, spread: float = 1.0, tau_mult: float = 1.0,
-        hindsight_fraction: float = 0.0, hindsight_horizon: int = 15, commission: float = 0.0,
+        hindsight_fraction: float = 0.0, hindsight_horizon: int = 15, commission: float = 0.0, iqn_quantiles: int = 0,
     ) -> None:
         """`hindsight_fraction`, `hindsight_horizon` (bars) and `commission` (dollars per contract per side) set
-        the relabelling (env.hindsight_fraction, evaluation.probe_horizon_bars, env.commission)."""
+        the relabelling (env.hindsight_fraction, evaluation.probe_horizon_bars, env.commission); `iqn_quantiles`
+        (network.iqn_quantiles) the midpoint levels of E_IQN when the layout has an IQN head."""
         n, z = env.n, layout.n_atoms
         self.env, self.replay, self.params, self.supports, self.health = env, replay, params, supports, health
         self.stream = stager.stream
@@ -80,6 +85,7 @@ class Collector:
         self.actions = device_empty((n, N_BRANCHES), np.int32)
         self.conviction = device_empty(n, np.float32)
         self.rng_states = xoroshiro_states(n, seed, stager)
+        self.iqn = IqnActor(layout, n, iqn_quantiles, explore=True, dense=self.net.dense) if layout.iqn else None
         self.n_relabel = relabel_count(hindsight_fraction, n)
         self.labels = self._hindsight_labels(hindsight_horizon, commission) if self.n_relabel > 0 else None
         """int32 [fold rows]: the hindsight label of every row (kernels/hindsight.py), None when off."""
@@ -91,8 +97,11 @@ class Collector:
         if self.noise_step is not None:
             tick_noise(self.noise_step, stream=s)
         self.net.forward(self.params, self.obs, self.logits, stream=s)
+        if self.iqn is not None:
+            self.iqn.run(self.params, self.net.head_input(env.n), self.rng_states, stream=s)
         select_actions(self.logits, self.support_rows, self.rng_states, self.actions, self.conviction,
-                       explore=True, stream=s, spread=self.spread, tau_mult=self.tau_mult)  # fmt: skip
+                       explore=True, stream=s, spread=self.spread, tau_mult=self.tau_mult,
+                       iqn=None if self.iqn is None else self.iqn.values)  # fmt: skip
         if self.labels is not None:
             relabel_directions(self.labels, env.row, env.port, self.actions, self.n_relabel, stream=s)
         replay.put_obs(env.row, env.port, self.actions, stream=s)

@@ -11,7 +11,12 @@ On the device, `chunk` rows at a time (so any fold fits one allocation):
     gather_obs(market_obs, rows, flat_port, obs)      the market row of each bar beside a flat portfolio
     net.forward(params, obs, logits)                  the network the backtests trade with
     expected_q(logits, supports, q)                   E[Q] of every head
+    (iqn.run(params, head input)                      network.iqn_quantiles > 0 only: E_IQN of the directions
+                                                      over the midpoint levels, agent/iqn.py IqnActor)
     signal = q[:, LONG] - q[:, SHORT]                 downloaded once per chunk, float64 on the host
+
+With the IQN head the signal is the difference of the joint values evaluation acts on, e_d = (E_C51[d] +
+E_IQN[d]) / 2 (kernels/action_select.py): e_long - e_short.
 """
 
 from __future__ import annotations
@@ -20,10 +25,13 @@ from typing import Any
 
 import numpy as np
 
-from fox_numba.actions import LONG, N_HEADS, SHORT
+from fox_numba.actions import DIR_OFFSET, LONG, N_DIRECTIONS, N_HEADS, SHORT
+from fox_numba.agent.iqn import IqnActor
 from fox_numba.agent.network import Network, ParamLayout
 from fox_numba.device.memory import device_empty
+from fox_numba.device.rng import xoroshiro_states
 from fox_numba.device.staging import Stager
+from fox_numba.kernels.action_select import IQN_MIX
 from fox_numba.kernels.distributional import expected_q
 from fox_numba.kernels.env import gather_obs
 from fox_numba.kernels.heads import broadcast_supports
@@ -43,7 +51,10 @@ def flat_portfolio() -> np.ndarray:
 class DirectionSignal:
     """Computes the direction signal of every row of a fold's market_obs (module docstring)."""
 
-    def __init__(self, layout: ParamLayout, *, stager: Stager, chunk: int = SIGNAL_CHUNK) -> None:
+    def __init__(
+        self, layout: ParamLayout, *, stager: Stager, chunk: int = SIGNAL_CHUNK, iqn_quantiles: int = 0
+    ) -> None:
+        """`iqn_quantiles` (network.iqn_quantiles): E_IQN's midpoint levels when the layout has an IQN head."""
         if chunk < 1:
             raise ValueError(f"DirectionSignal: chunk must be at least 1, got {chunk}")
         self.layout, self.stager, self.chunk, self.stream = layout, stager, chunk, stager.stream
@@ -55,6 +66,9 @@ class DirectionSignal:
         self.support_rows = device_empty((chunk, N_HEADS, 3), np.float32)
         self.q = device_empty((chunk, N_HEADS), np.float32)
         self.entropy = device_empty((chunk, N_HEADS), np.float32)
+        self.iqn = (IqnActor(layout, chunk, iqn_quantiles, explore=False, dense=self.net.dense)
+                    if layout.iqn else None)
+        self.rng_states = xoroshiro_states(chunk, 0, stager) if layout.iqn else None  # the midpoints draw nothing
 
     def compute(self, market_obs: Any, params: Any, supports: Any) -> np.ndarray:
         """float64 [n]: the signal of every row of market_obs [n, M] (device) under `params` and the per-head
@@ -69,5 +83,9 @@ class DirectionSignal:
             self.net.forward(params, self.obs, self.logits, stream=s)
             expected_q(self.logits, self.support_rows, self.q, self.entropy, stream=s)
             q = self.stager.download(self.q).astype(np.float64)
+            if self.iqn is not None:
+                self.iqn.run(params, self.net.head_input(c), self.rng_states, stream=s)
+                e_iqn = self.stager.download(self.iqn.values)[:, 0].astype(np.float64)
+                q = float(IQN_MIX) * (q[:, DIR_OFFSET : DIR_OFFSET + N_DIRECTIONS] + e_iqn)  # the joint values
             out[start:stop] = (q[:, LONG] - q[:, SHORT])[: stop - start]
         return out

@@ -6,7 +6,10 @@ frozen). Every step, for all days at once:
 
     env.observe(obs)                                   the portfolio part exact at every step
     net.forward(params, obs, logits)                   the online network
-    select_actions(logits, supports, explore=False)    argmax E[Q] in every branch (no RNG)
+    (iqn.run(head input)                               network.iqn_quantiles > 0 only: E_IQN per direction over
+                                                       fixed midpoint levels, agent/iqn.py IqnActor)
+    select_actions(logits, supports, explore=False)    argmax E[Q] in every branch (no RNG; the direction's
+                                                       joint with E_IQN when on)
     env.step(actions)
     record_eval_step(...)                              PnL (dollars) and position of the step, per day
     health.eval_step(actions, counts)                  HEALTH_DIAG's per-day action tallies (optional)
@@ -30,6 +33,7 @@ from fox_numba.actions import N_BRANCHES, N_HEADS
 from fox_numba.agent.environment import VecEnv
 from fox_numba.agent.fold_market import FoldMarketDevice
 from fox_numba.agent.health import HealthDiag
+from fox_numba.agent.iqn import IqnActor
 from fox_numba.agent.network import Network, ParamLayout
 from fox_numba.config import FoxConfig
 from fox_numba.device.elementwise import fill_u32
@@ -84,6 +88,8 @@ class Evaluator:
         self.actions = device_empty((n, N_BRANCHES), np.int32)
         self.conviction = device_empty(n, np.float32)
         self.rng_states = xoroshiro_states(n, 0, stager)  # argmax draws nothing; the kernel takes states
+        self.iqn = (IqnActor(layout, n, cfg.network.iqn_quantiles, explore=False, dense=self.net.dense)
+                    if layout.iqn else None)
         self.pnl = device_zeros((self.steps, n), np.float32, stream=self.stream)
         self.pos = device_zeros((self.steps, n), np.int32, stream=self.stream)
         self.counter = device_zeros(1, np.int32, stream=self.stream)
@@ -98,8 +104,10 @@ class Evaluator:
         env = self.env
         env.observe(self.obs, stream=s)
         self.net.forward(self.params, self.obs, self.logits, stream=s)
+        if self.iqn is not None:
+            self.iqn.run(self.params, self.net.head_input(env.n), self.rng_states, stream=s)
         select_actions(self.logits, self.support_rows, self.rng_states, self.actions, self.conviction,
-                       explore=False, stream=s)  # fmt: skip
+                       explore=False, stream=s, iqn=None if self.iqn is None else self.iqn.values)  # fmt: skip
         env.step(self.actions, stream=s)
         record_eval_step(env.comps, env.si, env.params, self.counter, self.pnl, self.pos, stream=s)
         if self.health is not None:

@@ -57,6 +57,16 @@ forward each draw their own factorised noise from it (independent streams) befor
 backward adds the sigma gradients, which Adam, the clip and Polyak treat as any parameter's (sigma does not
 decay). The counter is carried across folds (a registry entry) and held by checkpoints; off, the step launches
 exactly the noiseless step's kernels.
+
+IQN head beside C51 (network.iqn_quantiles = N > 0; agent/iqn.py, kernels/iqn.py): after the scatter and the
+auxiliary regression the step draws N online and N target quantile levels per sample from the learner's generators
+(after the replay draw, so the sample is the IQN-less step's), runs the online IQN head on the C51 heads' input of s
+and the target's on s', takes the quantile Huber loss of every C51 branch row (its reward, discount, weight and the
+same double-DQN a*) weighted by learner.iqn_weight, folds it into ISV[IQN_LOSS_EMA] and the epoch's loss_iqn, and
+backpropagates into the IQN entries of the gradient and, with a trunk, into the trunk through the shared input
+(Network.backward's input_grad). The IQN parameters are entries of the one layout, so the clip, Adam, Polyak,
+shrink-and-perturb and checkpoints cover them; the head holds no other state (no registry entry). Off, the step
+launches exactly the IQN-less step's kernels. Acting on the joint values: agent/iqn.py IqnActor.
 """
 
 from __future__ import annotations
@@ -66,6 +76,7 @@ from typing import Any
 import numpy as np
 
 from fox_numba.actions import N_BRANCHES, N_HEADS
+from fox_numba.agent.iqn import IqnStep
 from fox_numba.agent.network import Dropout, Network, ParamLayout, init_params
 from fox_numba.agent.noisy import STREAM_ONLINE, STREAM_TARGET, NoiseKey
 from fox_numba.agent.replay import ReplayBatch, ReplayBuffer
@@ -130,7 +141,7 @@ class Learner:
         "online", "target_net", "graph", "batch", "obs", "obs_next", "rows", "logits", "logits_tgt", "q", "entropy",
         "util", "dlogits", "grads", "aux_target", "norm_partials", "adam_partials", "polyak_partials", "loss_partials",
         "q_partials", "hidden_partials", "support_rows", "decay_mask", "branch_weights", "schedule", "epoch",
-        "is_weights",
+        "is_weights", "iqn",
     )
 
     def __init__(
@@ -156,6 +167,8 @@ class Learner:
                              f"{lc.priority_eps}")
         if lc.bootstrap not in BOOTSTRAP_RULES:
             raise ValueError(f"learner.bootstrap must be one of {BOOTSTRAP_RULES}, got {lc.bootstrap!r}")
+        if not lc.iqn_weight >= 0:
+            raise ValueError(f"learner.iqn_weight must be >= 0, got {lc.iqn_weight}")
         if cfg.run.diag_every < 1:
             raise ValueError(f"run.diag_every must be >= 1, got {cfg.run.diag_every}")
         self.cfg, self.layout, self.replay, self.isv = cfg, layout, replay, isv
@@ -224,6 +237,12 @@ class Learner:
             device_empty(hidden_partials_shape(layout.n_layers, b, layout.hidden), np.float32)
             if layout.n_layers else None
         )
+        # the IQN head beside C51 (network.iqn_quantiles > 0; agent/iqn.py): its step buffers
+        self.iqn = (
+            IqnStep(layout, b, cfg.network.iqn_quantiles, lc.iqn_weight, params=self.params, target=self.target,
+                    grads=self.grads, dense=self.online.dense)
+            if layout.iqn else None
+        )
         self.sync_target()
         broadcast_supports(self.support_online, self.support_rows, stream=stream)
         self.graph = StepGraph("learner.step", self._step, stream, use_graph=cfg.run.graphs)
@@ -273,7 +292,13 @@ class Learner:
         if lc.aux_weight > 0:  # off: the forecast column's dhead stays at its allocation zeros
             aux_loss(self.online.head_out, bt.rows, self.aux_target, lc.aux_weight, self.online.dhead, self.epoch,
                      stream=s)
-        self.online.backward(self.params, self.dlogits, self.grads, stream=s)
+        iqn_dx = None
+        if self.iqn is not None:
+            b = self.batch_size
+            self.iqn.run(self.online.head_input(b), self.target_net.head_input(b), self.q, bt.actions, rows,
+                         self.rng_states, self.isv, self.epoch, bootstrap=lc.bootstrap, stream=s)
+            iqn_dx = self.iqn.online.dx if self.layout.n_layers else None
+        self.online.backward(self.params, self.dlogits, self.grads, stream=s, input_grad=iqn_dx)
         global_grad_norm(self.grads, self.norm_partials, self.isv, stream=s)
         guard_loss(self.isv, stream=s)
         update_adaptive_clip(self.isv, lc.clip_ema_mult, stream=s, warmup_rule=lc.warmup_rule)
@@ -338,6 +363,8 @@ class Learner:
         }
         if self.cfg.learner.aux_weight > 0:  # an untrained column's loss would mean nothing
             stats["loss_aux"] = float(acc[EpochStat.LOSS_AUX] / steps)
+        if self.iqn is not None:
+            stats["loss_iqn"] = float(acc[EpochStat.LOSS_IQN] / steps)
         return stats
 
     def _zero_epoch(self) -> None:

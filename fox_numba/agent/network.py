@@ -35,12 +35,16 @@ online network, learner.dropout > 0) the forward drops each hidden unit with pro
 the kept ones by 1 / (1 - rate) (kernels/dropout.py), and the backward scales each hidden layer's input
 gradient by the same factor (the dropped units are already masked by their zero output). Dense layers run
 on the register-tiled GEMMs (`kernels.nn`) on the GPU and on the grid-stride kernels (`kernels.dense_strided`,
-same arithmetic per element) under the simulator, or as `dense=` says. With `noise=NoiseKey(...)` (a layout built
-with network.noisy_sigma0 > 0: entries head.weight_sigma, head.bias_sigma after head.bias, no decay) the head
-GEMM reads mu + sigma * factorised noise drawn on the device (agent/noisy.py, kernels/noisy.py) and the backward
-adds sigma's gradients; without it the head reads mu (head.weight, head.bias) alone. Every buffer is allocated
-in the constructor, so forward and backward run inside a captured StepGraph. `grads` must be zero in the
-layout's gaps (allocate it with device_zeros); backward writes every entry.
+same arithmetic per element) under the simulator, or as `dense=` says (agent/dense.py). With
+`noise=NoiseKey(...)` (a layout built with network.noisy_sigma0 > 0: entries head.weight_sigma, head.bias_sigma
+after head.bias, no decay) the head GEMM reads mu + sigma * factorised noise drawn on the device (agent/noisy.py,
+kernels/noisy.py) and the backward adds sigma's gradients; without it the head reads mu (head.weight, head.bias)
+alone. A layout built with
+network.iqn_quantiles > 0 ends with the IQN head's entries (iqn.embed.*, iqn.head.*; agent/iqn.py): this class
+neither reads nor writes them (the learner's IqnStep does, from `head_input`, and hands the trunk its input
+gradient through backward's `input_grad`). Every buffer is allocated in the constructor, so forward and backward
+run inside a captured StepGraph. `grads` must be zero in the layout's gaps (allocate it with device_zeros);
+backward writes every entry but the IQN head's.
 """
 
 from __future__ import annotations
@@ -53,23 +57,18 @@ from typing import Any
 import numpy as np
 
 from fox_numba.actions import N_BRANCHES, N_HEADS
+from fox_numba.agent.dense import WeightGrad, dense_backward_input, dense_forward, dense_kind
+from fox_numba.agent.iqn import IQN_HEAD_PREFIX, iqn_entries
 from fox_numba.agent.noisy import NoiseKey, NoisyHead, init_sigma, sigma_entries
 from fox_numba.config import NetworkConfig
-from fox_numba.device.elementwise import scale_f32
+from fox_numba.device.elementwise import axpy_f32, scale_f32
 from fox_numba.device.launch import check_array, i32, launch
 from fox_numba.device.memory import device_empty, device_zeros
-from fox_numba.device.runtime import SIMULATOR, device_address
-from fox_numba.kernels.dense_strided import (
-    strided_linear_backward_input,
-    strided_linear_forward,
-    strided_linear_weight_grad,
-)
+from fox_numba.device.runtime import device_address
 from fox_numba.kernels.dropout import dropout, keep_scale
 from fox_numba.kernels.heads import aux_column, dueling_combine_backward, dueling_combine_forward, head_width
-from fox_numba.kernels.nn import LinearWeightGrad, linear_backward_input, linear_forward
 
 ALIGN = 32  # floats: every entry starts on a 128-byte boundary
-DENSE_KINDS = ("tiled", "strided")
 
 
 @dataclass(frozen=True)
@@ -101,14 +100,17 @@ class ParamLayout:
     entries: tuple[ParamEntry, ...]
     size: int
     noisy_sigma0: float = 0.0  # > 0: the head is a NoisyNet layer (agent/noisy.py); sets sigma's initial value
+    iqn_embed: int = 0  # > 0: the layout holds an IQN head of this many cosine features (agent/iqn.py)
 
     @classmethod
     def build(cls, obs_dim: int, cfg: NetworkConfig) -> ParamLayout:
         """The layout of a network over observations of `obs_dim` columns, sized by `cfg`."""
-        if obs_dim < 1 or cfg.hidden < 1 or cfg.n_layers < 0 or cfg.n_atoms < 2 or not cfg.noisy_sigma0 >= 0:
+        if (obs_dim < 1 or cfg.hidden < 1 or cfg.n_layers < 0 or cfg.n_atoms < 2 or not cfg.noisy_sigma0 >= 0
+                or cfg.iqn_quantiles < 0 or cfg.iqn_embed < 1):
             raise ValueError(
-                f"network needs obs_dim >= 1, hidden >= 1, n_layers >= 0, n_atoms >= 2, noisy_sigma0 >= 0; got "
-                f"{obs_dim}, {cfg.hidden}, {cfg.n_layers}, {cfg.n_atoms}, {cfg.noisy_sigma0}"
+                f"network needs obs_dim >= 1, hidden >= 1, n_layers >= 0, n_atoms >= 2, noisy_sigma0 >= 0, "
+                f"iqn_quantiles >= 0, iqn_embed >= 1; got {obs_dim}, {cfg.hidden}, {cfg.n_layers}, {cfg.n_atoms}, "
+                f"{cfg.noisy_sigma0}, {cfg.iqn_quantiles}, {cfg.iqn_embed}"
             )
         shapes: list[tuple[str, tuple[int, ...], bool]] = []
         width = obs_dim
@@ -119,16 +121,30 @@ class ParamLayout:
         shapes += [("head.weight", (width, head_out), True), ("head.bias", (head_out,), False)]
         if cfg.noisy_sigma0 > 0:
             shapes += sigma_entries(width, head_out)
+        iqn_embed = cfg.iqn_embed if cfg.iqn_quantiles > 0 else 0
+        if iqn_embed:
+            shapes += iqn_entries(iqn_embed, width)
         entries, offset = [], 0
         for name, shape, decay in shapes:
             entries.append(ParamEntry(name, offset, shape, decay))
             offset += -(-math.prod(shape) // ALIGN) * ALIGN
-        return cls(obs_dim, cfg.hidden, cfg.n_layers, cfg.n_atoms, tuple(entries), offset, float(cfg.noisy_sigma0))
+        return cls(obs_dim, cfg.hidden, cfg.n_layers, cfg.n_atoms, tuple(entries), offset, float(cfg.noisy_sigma0),
+                   iqn_embed)
 
     @property
     def noisy(self) -> bool:
         """The head is a NoisyNet layer: the layout has its sigma entries."""
         return self.noisy_sigma0 > 0
+
+    @property
+    def iqn(self) -> bool:
+        """The layout holds an IQN head (network.iqn_quantiles > 0)."""
+        return self.iqn_embed > 0
+
+    @property
+    def head_in(self) -> int:
+        """Width of the heads' input: the trunk's last layer, or the observation without a trunk."""
+        return self.hidden if self.n_layers else self.obs_dim
 
     @property
     def fingerprint(self) -> str:
@@ -182,7 +198,8 @@ def init_params(layout: ParamLayout, seed: int) -> np.ndarray:
             continue  # biases start at 0, sigma below
         rng = np.random.default_rng([seed % 2**63, index])
         fan_in, fan_out = e.shape
-        bound = math.sqrt(6.0 / (fan_in + fan_out)) if e.name.startswith("head.") else math.sqrt(6.0 / fan_in)
+        xavier = e.name.startswith(("head.", IQN_HEAD_PREFIX))
+        bound = math.sqrt(6.0 / (fan_in + fan_out)) if xavier else math.sqrt(6.0 / fan_in)
         flat[e.offset : e.stop] = rng.uniform(-bound, bound, e.size).astype(np.float32)
     if layout.noisy:
         init_sigma(flat, layout)
@@ -209,10 +226,7 @@ class Network:
         grad_rows = batch if grad_rows is None else grad_rows
         if not 1 <= grad_rows <= batch:
             raise ValueError(f"Network: need 1 <= grad_rows <= batch, got grad_rows={grad_rows}, batch={batch}")
-        if dense == "auto":
-            dense = "strided" if SIMULATOR else "tiled"
-        if dense not in DENSE_KINDS:
-            raise ValueError(f"Network: dense must be 'auto' or one of {DENSE_KINDS}, got {dense!r}")
+        dense = dense_kind(dense, "Network")
         self.layout, self.batch, self.grad_rows, self.dense = layout, batch, grad_rows, dense
         self.dropout = dropout if dropout is not None and dropout.rate > 0 else None
         self._keep = keep_scale(self.dropout.rate) if self.dropout is not None else np.float32(1.0)
@@ -227,11 +241,7 @@ class Network:
         self.aux_column = aux_column(z)
         self._dh = [device_empty((grad_rows, hidden), np.float32) for _ in range(min(n_layers, 2))]
         widths = [layout.obs_dim] + [hidden] * n_layers + [head_width(z)]
-        self._wgrads = (
-            [LinearWeightGrad(grad_rows, widths[k], widths[k + 1]) for k in range(n_layers + 1)]
-            if dense == "tiled"
-            else None
-        )
+        self._wgrads = [WeightGrad(dense, grad_rows, widths[k], widths[k + 1]) for k in range(n_layers + 1)]
         self._obs: Any = None
         self._views: dict[int, dict[str, Any]] = {}
 
@@ -247,11 +257,14 @@ class Network:
         src = self._obs if layer == 0 else self.activations[layer - 1]
         return src if rows == self.batch else src[:rows]
 
+    def head_input(self, rows: int) -> Any:
+        """The heads' input of the last forward, first `rows` rows (the trunk's last layer or the observation)."""
+        if self._obs is None:
+            raise RuntimeError("Network.head_input needs a forward first")
+        return self._input(self.layout.n_layers, rows)
+
     def _linear(self, x: Any, w: Any, b: Any, y: Any, relu: bool, stream: Any) -> None:
-        if self.dense == "tiled":
-            linear_forward(x, w, b, y, relu=relu, stream=stream)
-        else:
-            strided_linear_forward(x, w, b, y, relu=relu, stream=stream)
+        dense_forward(self.dense, x, w, b, y, relu=relu, stream=stream)
 
     def forward(self, params: Any, obs: Any, logits: Any, *, stream: Any) -> None:
         """logits [batch, N_HEADS, Z] of obs [batch, obs_dim]; keeps the activations for `backward`."""
@@ -271,41 +284,38 @@ class Network:
         self._linear(self._input(lay.n_layers, self.batch), hw, hb, self.head_out, False, stream)
         dueling_combine_forward(self.head_out, logits, stream=stream)
 
-    def _weight_grad(self, layer: int, x: Any, dy: Any, dw: Any, db: Any, stream: Any) -> None:
-        if self._wgrads is not None:
-            self._wgrads[layer](x, dy, dw, db, stream=stream)
-        else:
-            strided_linear_weight_grad(x, dy, dw, db, stream=stream)
-
-    def _backward_input(self, dy: Any, w: Any, dx: Any, act: Any, stream: Any) -> None:
-        if self.dense == "tiled":
-            linear_backward_input(dy, w, dx, act=act, stream=stream)
-        else:
-            strided_linear_backward_input(dy, w, dx, act=act, stream=stream)
-
-    def backward(self, params: Any, dlogits: Any, grads: Any, *, stream: Any) -> None:
+    def backward(self, params: Any, dlogits: Any, grads: Any, *, stream: Any, input_grad: Any = None) -> None:
         """grads [layout.size] = d(sum dlogits * logits) / d params over the first grad_rows rows of the last
-        forward (whose activations must still be in place)."""
+        forward (whose activations must still be in place). `input_grad` [grad_rows, hidden] (a trunk only): the
+        gradient another head reading the same input (IQN) sends into the trunk's last layer, already masked by
+        its ReLU; it is added to the C51 head's before the trunk's backward."""
         lay, rows = self.layout, self.grad_rows
         if self._obs is None:
             raise RuntimeError("Network.backward needs a forward first (it reads the kept activations)")
         if lay.noisy and self.noisy is None:
             raise RuntimeError("Network.backward of a noisy layout needs noise= (sigma's gradient is the noise's)")
         check_array("dlogits", dlogits, "[grad_rows, N_HEADS, Z]", (rows, N_HEADS, lay.n_atoms))
+        if input_grad is not None:
+            if lay.n_layers == 0:
+                raise ValueError("Network.backward: input_grad needs a trunk (the observation takes no gradient)")
+            check_array("input_grad", input_grad, "[grad_rows, hidden]", (rows, lay.hidden))
         p, g = self._params(params), self._params(grads)
         dueling_combine_backward(dlogits, self.dhead, stream=stream)
         dy = self.dhead
         for layer in range(lay.n_layers, -1, -1):
             w, b = lay.layer(layer)
             x = self._input(layer, rows)
-            self._weight_grad(layer, x, dy, g[w.name], g[b.name], stream)
+            self._wgrads[layer](x, dy, g[w.name], g[b.name], stream=stream)
             head_noise = self.noisy if layer == lay.n_layers else None
             if head_noise is not None:
                 head_noise.backward(g, stream=stream)
             if layer > 0:
                 dx = self._dh[layer % len(self._dh)]
                 w_used = head_noise.weight if head_noise is not None else p[w.name]  # the weights the forward read
-                self._backward_input(dy, w_used, dx, x, stream)  # x = the previous ReLU's output: mask
+                dense_backward_input(self.dense, dy, w_used, dx, act=x, stream=stream)  # x: the ReLU's output: mask
+                if layer == lay.n_layers and input_grad is not None:
+                    launch(axpy_f32, dx.size, dx.reshape(dx.size), np.float32(1.0), input_grad.reshape(dx.size),
+                           i32(dx.size), stream=stream)
                 if self.dropout is not None:  # the kept units' 1 / (1 - rate)
                     flat = dx.reshape(dx.size)
                     launch(scale_f32, dx.size, flat, self._keep, i32(dx.size), stream=stream)

@@ -99,7 +99,7 @@ class Trainer:
                                    use_graph=cfg.run.graphs, health=self.health, spread=cfg.env.explore_spread,
                                    tau_mult=cfg.env.explore_tau, hindsight_fraction=cfg.env.hindsight_fraction,
                                    hindsight_horizon=cfg.evaluation.probe_horizon_bars,
-                                   commission=cfg.env.commission)  # fmt: skip
+                                   commission=cfg.env.commission, iqn_quantiles=cfg.network.iqn_quantiles)  # fmt: skip
         state = lrn.state_arrays()
         params, supports = (state[name] for name in eval_network(cfg.evaluation.network))
         self.evaluator = Evaluator(dev, cfg, self.layout, params, supports, isv=self.bus.values,

@@ -184,6 +184,11 @@ _NAMED: tuple[Slot, ...] = (
          "1e-6) (seed index).", "learner Polyak reduce (every step, train graph)", _DIAG),
     Slot("TARGET_Q_DRIFT_EMA", 93, "EMA (alpha 0.05) of the batch mean |E[Q_target] - E[Q_online]| at the "
          "double-DQN next bins (s', a*) (seed index).", _LOSS, _DIAG),
+    # 113, 114, 117: the seed's auxiliary-head loss EMAs
+    Slot("IQN_LOSS_EMA", 113, "EMA (alpha 0.01) of the IQN head's quantile Huber loss, sum over branch rows of "
+         "branch weight x effect / B x the row's loss (the loss the step optimises before learner.iqn_weight); "
+         "0 while network.iqn_quantiles = 0 (the seed's first auxiliary-head loss slot).",
+         "learner IQN loss reduce (every step, train graph; kernels/iqn.py)", _DIAG),
     # 128-130: seed tail
     Slot("MOE_LAMBDA_EFF", 128, "Effective mixture-of-experts load-balancing weight (seed index). This "
          "network has no mixture-of-experts head: the slot keeps its bootstrap value.", "none",

@@ -49,6 +49,14 @@ Policy (the seed's Plan C), for sample i with E[Q] q_a = sum_j softmax(logits[i,
   states and the chunking of the validation days. Argmax is the greedy policy the C51 targets assume,
   and it makes evaluation a deterministic function of the parameters.
 - Direction Hold or Flat records magnitude 0.
+- With the IQN head (network.iqn_quantiles > 0, `iqn=` [B, 2, 4]: kernels/iqn.py `direction_values`), each
+  direction acts on its joint value with the IQN head, the seed's "Training: argmax of (sample_C51 + sample_IQN)
+  per direction (Thompson); Eval: argmax of (E_C51 + E_IQN) per direction": in evaluation the argmax of
+  e_d = (E_C51[d] + E_IQN[d]) / 2; in collection the Thompson draw is (C51 draw + IQN draw) / 2, the IQN draw
+  E_IQN[d] + kappa * (Z(tau_d)[d] - E_IQN[d]) for the quantile at the level tau_d drawn for that direction
+  (kappa = env.explore_spread, as the C51 draw's). The mean instead of the seed's sum picks the same direction
+  and keeps the conviction in Q units: the conviction reads e_d ("Conviction stays E[Q]-based": the joint
+  E[Q], never a draw). Magnitude, order type and urgency stay on the C51 E[Q].
 Random draws come from `states[i]` (numba xoroshiro128+, bit-exact between simulator and GPU) in a fixed
 order, whatever the ties and whether or not Hold/Flat later overrides the magnitude: the 4 direction
 draws (DRAW_DIRECTION + d), the tie-break (DRAW_TIE), then magnitude, order type, urgency: DRAWS = 8
@@ -92,6 +100,7 @@ from fox_numba.kernels.distributional import F32_3D, row_stats
 # are noise to the full P(best) (E[Q] lives on supports of width ~1).
 TAU_FLOOR = np.float32(1e-4)
 _NEG_INF = np.float32(-np.inf)
+IQN_MIX = np.float32(0.5)  # a direction's joint value with the IQN head: the mean of the C51 and IQN values
 
 LANES = 16  # threads per sample by default: one per head (13); lane 13 draws, 14 and 15 idle in phase 2
 SAMPLES_PER_BLOCK = 8  # at most; fewer when 8 samples' logits do not fit STAGE_WORDS
@@ -203,12 +212,16 @@ def _thompson_winner(draws, base, u):
     return winner
 
 
-@register((F32_3D, F32_3D, xoroshiro128p_type[::1], int32, float32, float32, int32[:, ::1], float32[::1], int32))
+@register((F32_3D, F32_3D, xoroshiro128p_type[::1], int32, float32, float32, int32[:, ::1], float32[::1], int32,
+           F32_3D, int32))
 @cuda.jit
-def action_select_kernel(logits, support, states, explore, spread, tau_mult, actions, conviction, lanes):
+def action_select_kernel(logits, support, states, explore, spread, tau_mult, actions, conviction, lanes, iqn,
+                         use_iqn):
     """actions[i] and conviction[i] for the samples of this block (launch shape and policy in the module
     header): `lanes` threads per sample, block b serving samples b * spb ... with spb = blockDim.x // lanes.
-    Lane l owns heads l, l + lanes, ...; lane N_HEADS % lanes, which owns the fewest, draws the uniforms."""
+    Lane l owns heads l, l + lanes, ...; lane N_HEADS % lanes, which owns the fewest, draws the uniforms.
+    With use_iqn != 0 the directions act on their joint values with the IQN head, iqn[i] = (E_IQN [4], the
+    sampled quantiles [4]) (module header); use_iqn = 0 reads nothing from `iqn`."""
     stage = cuda.shared.array(STAGE_WORDS, float32)
     q_sh = cuda.shared.array(_Q_WORDS, float32)
     draw_sh = cuda.shared.array(_DRAW_WORDS, float32)
@@ -283,6 +296,12 @@ def action_select_kernel(logits, support, states, explore, spread, tau_mult, act
                 if spread != float32(1.0):
                     mean = tz / s
                     draw = mean + spread * (draw - mean)
+                if use_iqn != 0:
+                    sample = iqn[i, 1, h]
+                    if spread != float32(1.0):
+                        e_iqn = iqn[i, 0, h]
+                        sample = e_iqn + spread * (sample - e_iqn)
+                    draw = IQN_MIX * (draw + sample)
                 draw_sh[slot * N_DIRECTIONS + h] = draw
     cuda.syncthreads()
 
@@ -295,6 +314,8 @@ def action_select_kernel(logits, support, states, explore, spread, tau_mult, act
         best_d = 0
         for d in range(N_DIRECTIONS):
             q = q_sh[qb + DIR_OFFSET + d]
+            if use_iqn != 0:
+                q = IQN_MIX * (q + iqn[i, 0, d])
             if q > best_q:
                 second_q = best_q
                 best_q = q
@@ -305,7 +326,10 @@ def action_select_kernel(logits, support, states, explore, spread, tau_mult, act
         conv = best_q - second_q
         if explore != 0:
             direction = _thompson_winner(draw_sh, slot * N_DIRECTIONS, u_sh[ub + DRAW_TIE])
-            conv = q_sh[qb + DIR_OFFSET + direction] - (second_q if direction == best_d else best_q)
+            chosen = q_sh[qb + DIR_OFFSET + direction]
+            if use_iqn != 0:
+                chosen = IQN_MIX * (chosen + iqn[i, 0, direction])
+            conv = chosen - (second_q if direction == best_d else best_q)
         magnitude = _pick3(
             q_sh[qb + MAG_OFFSET], q_sh[qb + MAG_OFFSET + 1], q_sh[qb + MAG_OFFSET + 2], u_sh[ub + DRAW_BRANCH],
             explore, tau_mult,
@@ -339,12 +363,15 @@ def select_actions(
     lanes: int | None = None,
     spread: float = 1.0,
     tau_mult: float = 1.0,
+    iqn: Any = None,
 ) -> None:
     """Choose one action per sample: logits[B, 13, Z], support[B, 13, 3], states[>= B] (xoroshiro, sample i
     uses states[i], advanced by DRAWS = 8 draws when exploring) -> actions[B, 4] int32, conviction[B]
     float32. `explore` selects the training policy (Thompson + Boltzmann) or the evaluation policy
     (argmax E[Q]). Z is at most MAX_ATOMS. `spread` (kappa) and `tau_mult` narrow the training policy
-    (module header; 1 and 1: the seed's Thompson and Boltzmann).
+    (module header; 1 and 1: the seed's Thompson and Boltzmann). `iqn` [B, 2, 4] float32 (network.iqn_quantiles
+    > 0; kernels/iqn.py `direction_values`): each direction's E_IQN, then its sampled quantile (read when
+    exploring): the directions then act on their joint values with the IQN head (module header).
 
     `lanes` (1 to LANES, default LANES = 16 on the GPU, 1 under the simulator) sets the threads per sample. Every head is computed by one
     thread with the same code and the uniforms by one thread in the same order, whatever the lanes, so
@@ -373,11 +400,14 @@ def select_actions(
         raise ValueError(f"lanes = {lanes}: threads per sample must be 1 to {LANES}")
     if not (0.0 <= spread <= 1.0 and 0.0 < tau_mult <= 1.0):
         raise ValueError(f"exploration needs 0 <= spread <= 1 and 0 < tau_mult <= 1, got {spread}, {tau_mult}")
+    if iqn is not None:
+        check_array("iqn", iqn, f"[B, 2, {N_DIRECTIONS}]", (b, 2, N_DIRECTIONS))
     flag = np.int32(1 if explore else 0)
     spb = samples_per_block(z)
     if SIMULATOR:
         spb = min(spb, b)  # the simulator pays for every thread, idle ones included
     launch_rows(
         action_select_kernel, -(-b // spb), spb * lanes, logits, support, states, flag, np.float32(spread),
-        np.float32(tau_mult), actions, conviction, np.int32(lanes), stream=stream,
+        np.float32(tau_mult), actions, conviction, np.int32(lanes), support if iqn is None else iqn,
+        np.int32(iqn is not None), stream=stream,
     )  # fmt: skip

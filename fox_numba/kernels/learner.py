@@ -152,6 +152,18 @@ def _effect(actions, i, b):
     return float32(1.0)
 
 
+@cuda.jit(device=True)
+def greedy_next(q, n_samples, i, b, shared):
+    """a*, the head of branch row (i, b)'s next-state value: the argmax of the online E[Q](s') = q[n_samples + i]
+    over the direction branch's bins when shared != 0, else over branch b's (ties to the lowest bin)."""
+    off, size = branch_span(0 if shared != 0 else b)
+    best = 0
+    for k in range(1, size):
+        if q[n_samples + i, off + k] > q[n_samples + i, off + best]:
+            best = k
+    return off + best
+
+
 @register((_F3, _F2, _F3, _F2, _F2, _I2, _F1, _F1, _F1, int32,
            _F2, _F2, _F2, _F2, _F1, _F1, _F1, _F2, int32))
 @cuda.jit
@@ -177,13 +189,7 @@ def double_dqn_rows(logits, q, logits_tgt, support_online, support_target, actio
         off, size = branch_span(b)
         bin_t = min(max(actions[i, b], 0), size - 1)
         a_t = off + bin_t
-        if shared != 0:
-            off, size = branch_span(0)
-        best = 0
-        for k in range(1, size):
-            if q[n_samples + i, off + k] > q[n_samples + i, off + best]:
-                best = k
-        a_n = off + best
+        a_n = greedy_next(q, n_samples, i, b, shared)
         for z in range(n_atoms):
             taken[r, z] = logits[i, a_t, z]
         mx = logits_tgt[i, a_n, 0]

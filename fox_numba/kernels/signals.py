@@ -85,9 +85,10 @@ class EpochStat(enum.IntEnum):
     Q_MEAN = 9  # batch mean E[Q] of every step (0 for a step whose E[Q] is not finite)
     TD_ABS = 10  # batch mean |TD| of finite steps
     LOSS_AUX = 11  # mean (forecast - target)**2 / 2 of the auxiliary regression, every step (as Q_MEAN)
+    LOSS_IQN = 12  # the IQN quantile Huber loss (IQN_LOSS_EMA's observation) of every finite step
 
 
-N_EPOCH_STATS = 12
+N_EPOCH_STATS = 13
 
 _Q_ABS_REF = int(Isv.Q_ABS_REF)
 _Q_DIR_ABS_REF = int(Isv.Q_DIR_ABS_REF)

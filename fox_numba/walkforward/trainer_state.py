@@ -23,7 +23,9 @@ gradient-norm EMA, the Q and reward scale references the support rule reads, ...
 `Trainer.bind_fold`, so nothing in them crosses a boundary: the fold's market tensors, the collect environments and
 their collector, the evaluator. Their within-fold state (the environments' and the collector's random streams, and
 the collector's NoisyNet counter) is in every checkpoint as named arrays; the environments' curriculum reach is
-recomputed from learner.fold_step every epoch and holds no state of its own.
+recomputed from learner.fold_step every epoch and holds no state of its own. The IQN head (network.iqn_quantiles
+> 0) adds no entry: its parameters are entries of the learner's one layout (params, target, Adam, average), its
+levels are drawn from learner.rng_states in training and from the collector's streams in collect.
 
 `audit_trainer` lists every attribute of the run-wide components that is neither an entry nor declared
 wiring (each class's NOT_STATE); the driver refuses to start and a test asserts it is empty, so a field added

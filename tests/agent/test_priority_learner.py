@@ -205,7 +205,7 @@ def test_the_learner_benchmark_builds_a_prioritised_step(stream, stager):
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     args = argparse.Namespace(tiny=True, batch=8, steps=2, n_step=1, capacity=64, bars=16, obs_dim=10,
-                              priority_alpha=0.5, noisy_sigma0=0.0)
+                              priority_alpha=0.5, noisy_sigma0=0.0, iqn_quantiles=0)
     learner, _ = bench.make_learner(args, stager, stream, graphs=False)
     learner.train_epoch(2)
     stats = learner.epoch_stats()

@@ -707,3 +707,60 @@ def test_select_actions_rejects_bad_shapes(stream, stager):
     for lanes in (0, LANES + 1):
         with pytest.raises(ValueError, match=f"lanes = {lanes}: threads per sample must be 1 to 16"):
             select_actions(logits, support, states, actions, conviction, explore=False, stream=stream, lanes=lanes)
+
+
+def run_select_iqn(stream, stager, logits, support, iqn, explore, spread=1.0):
+    b = logits.shape[0]
+    actions, conviction = device_empty((b, N_BRANCHES), np.int32), device_empty(b, np.float32)
+    select_actions(stager.upload_new(logits), stager.upload_new(support), xoroshiro_states(b, 3, stager), actions,
+                   conviction, explore=explore, stream=stream, lanes=TEST_LANES, spread=spread,
+                   iqn=stager.upload_new(iqn))
+    return stager.download(actions), stager.download(conviction)
+
+
+@pytest.mark.parametrize("explore", [False, True])
+def test_with_iqn_the_direction_acts_on_the_joint_mean_and_conviction_reads_it(stream, stager, rng, explore):
+    """48 samples, random C51 heads and E_IQN: evaluation (and collection at spread 0, where the joint draw is the
+    joint mean) picks argmax_d (E_C51[d] + E_IQN[d]) / 2 and the conviction is that value's gap; in evaluation the
+    other branches keep C51's argmax (collection draws them by Boltzmann, as without IQN). No two top joint values
+    lie within CONV_TOL (checked), so float32 rounding cannot swap them."""
+    b, z = 48, 11
+    logits = rng.uniform(-1, 1, (b, N_HEADS, z)).astype(np.float32)
+    support = random_support(rng, (b, N_HEADS), z)
+    iqn = rng.uniform(-0.5, 0.5, (b, 2, N_DIRECTIONS)).astype(np.float32)
+    actions, conviction = run_select_iqn(stream, stager, logits, support, iqn, explore, spread=0.0)
+    q = expected_q64(logits, support)
+    joint = 0.5 * (q[:, :N_DIRECTIONS] + iqn[:, 0])
+    top2 = np.sort(joint, axis=1)[:, -2:]
+    assert (top2[:, 1] - top2[:, 0] > CONV_TOL).all()
+    q_joint = q.copy()
+    q_joint[:, :N_DIRECTIONS] = joint
+    want = eval_policy64(q_joint)
+    np.testing.assert_array_equal(actions[:, 0], want[:, 0])
+    if not explore:
+        np.testing.assert_array_equal(actions, want)
+    assert (joint.argmax(1) != q[:, :N_DIRECTIONS].argmax(1)).any()  # the IQN values did change a choice
+    np.testing.assert_allclose(conviction, top2[:, 1] - top2[:, 0], rtol=0, atol=CONV_TOL)
+
+
+def test_with_iqn_thompson_adds_the_sampled_quantile_to_the_c51_draw(stream, stager, rng):
+    """Each direction's C51 head peaked on one atom (its Thompson draw is that atom), spread 1: the direction is
+    argmax_d (atom_d + Z(tau_d)[d]) / 2 with Z(tau_d) the sampled quantiles (iqn[:, 1]), which here differs from
+    both the C51 argmax and the IQN-sample argmax; the conviction is the joint E[Q]'s: (E_C51 + E_IQN) / 2 of
+    the chosen direction minus the best other's."""
+    b, z = 40, 9
+    support = np.broadcast_to(linear_support(-1.0, 1.0, z), (b, N_HEADS, 3)).copy()
+    logits = rng.uniform(-1, 1, (b, N_HEADS, z)).astype(np.float32)
+    atoms = rng.integers(0, z, (b, N_DIRECTIONS))
+    for i in range(b):
+        for d in range(N_DIRECTIONS):
+            logits[i, d] = peaked_logits(z, atoms[i, d])
+    iqn = rng.uniform(-1, 1, (b, 2, N_DIRECTIONS)).astype(np.float32)
+    actions, conviction = run_select_iqn(stream, stager, logits, support, iqn, explore=True)
+    draws = 0.5 * (atoms64(support[:, :N_DIRECTIONS], z)[np.arange(b)[:, None], np.arange(N_DIRECTIONS), atoms]
+                   + iqn[:, 1])
+    np.testing.assert_array_equal(actions[:, 0], draws.argmax(1))
+    assert (draws.argmax(1) != atoms.argmax(1)).any() and (draws.argmax(1) != iqn[:, 1].argmax(1)).any()
+    joint = 0.5 * (expected_q64(logits, support)[:, :N_DIRECTIONS] + iqn[:, 0])
+    others = np.where(np.arange(N_DIRECTIONS) == actions[:, :1], -np.inf, joint).max(1)
+    np.testing.assert_allclose(conviction, joint[np.arange(b), actions[:, 0]] - others, rtol=0, atol=CONV_TOL)
