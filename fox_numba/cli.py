@@ -33,7 +33,7 @@ from fox_numba.market.default import default_definition_path, default_store_path
 from fox_numba.market.importer import FORMATS, import_market
 from fox_numba.market.inspect import summarize, summary_table
 from fox_numba.market.select import MarketSelection, select_market
-from fox_numba.market.store import store_bytes
+from fox_numba.market.store import COMPRESSIONS, DEFAULT_COMPRESSION, store_bytes
 from fox_numba.market.synthetic import STEPS_PER_DAY, build_store, sidecar_paths
 from fox_numba.market.synthetic_definition import load_definition
 from fox_numba.progress import progress_bar
@@ -220,10 +220,18 @@ def data_import(
         typer.Option(help="Ray cluster to join (implies --ray): auto, HOST:PORT or ray://HOST:PORT; its nodes must "
                      "reach the files and the store's folder under the same paths."),
     ] = None,
+    compression: Annotated[
+        str,
+        typer.Option(help="How the days written are compressed: lzf (the default), gzip (level 1) or none. Disk per "
+                     "1 M MBP-10 rows and 250 k trades (generated data): lzf 54 MB, gzip 41 MB, none 339 MB; none "
+                     "imports 10-25% faster, gzip ~10% slower. Every store reads the same whatever each day's choice."),
+    ] = DEFAULT_COMPRESSION,
 ) -> None:
     """Import Databento DBN (mbp-10, trades, ohlcv-1m) or LOBSTER files into a market store."""
     if fmt not in FORMATS:
         raise typer.BadParameter(f"{fmt!r} is not one of {', '.join(FORMATS)}", param_hint="--format")
+    if compression not in COMPRESSIONS:
+        raise typer.BadParameter(f"{compression!r} is not one of {', '.join(COMPRESSIONS)}", param_hint="--compression")
     given = {
         "symbol": symbol,
         "tick_size": tick_size,
@@ -239,7 +247,7 @@ def data_import(
     with progress_bar(f"importing into {out}") as progress:
         result = import_market(
             paths, out, fmt=fmt, instrument=instrument, overrides=overrides, progress=progress, ray=use_ray,
-            address=address,
+            address=address, compression=compression,
         )  # fmt: skip
     for line in result.lines():
         typer.echo(line)

@@ -2,16 +2,20 @@
 
     python tools/gen_dbn.py /tmp/dbn_1m --rows 1000000 --days 3
     python tools/bench_import.py /tmp/dbn_0.1m /tmp/dbn_1m --out tools/results/import_scale_cpu.md [--ray]
+        [--compression lzf|gzip|none]
 
 Per folder:
-- import: `fox data import FOLDER --out STORE` in a child process (as a user runs it): wall time, records/s
-  (MBP-10 + trades records in the files), peak RSS of that process (`os.wait4`), store size; with `--ray` also
-  `fox data import FOLDER --out STORE --ray` (a local Ray cluster started by the command, its start included; the
+- import: `fox data import FOLDER --out STORE [--compression C]` (C given unless it is the default) in a child
+  process, as a user runs it: wall time and records/s (MBP-10 + trades records in the files); its CPU time (user +
+  system, `os.wait4`: what one core spent, which other work on a shared machine inflates less than the wall time)
+  and records per CPU second, the process's start excluded (Python and the CLI's imports: the CPU time of
+  `fox data import --help`); peak RSS of that process; store size; the 1-minute load average before and after.
+  With `--ray` also the same with `--ray` (a local Ray cluster started by the command, its start included; the
   peak RSS is the driver's, the Ray workers' is not counted);
 - databento-dbn's own decode rate: `DBNDecoder(compression=ZSTD)` fed 4 MiB chunks, records decoded to its
-  Python objects, one core; the ratio import / decoder;
-- zstd alone: `zstandard` decompressing the files in 4 MiB blocks, the first step of the importer's block path
-  (no numpy work, no validation, no store).
+  Python objects, one core, per CPU second of this process; the ratio import / decoder (both per CPU second);
+- zstd alone: `zstandard` decompressing the files in 4 MiB blocks, per CPU second, the first step of the importer's
+  block path (no numpy work, no validation, no store).
 Writes OUT (markdown, with the command and the machine).
 """
 
@@ -33,48 +37,55 @@ import numpy as np
 import zstandard
 
 from fox_numba.market.databento import find_files
-from fox_numba.market.store import store_bytes
+from fox_numba.market.store import COMPRESSIONS, DEFAULT_COMPRESSION, store_bytes
 
 CHUNK = 1 << 22
 
 
-def run_import(folder: Path, store: Path, *options: str) -> tuple[float, float]:
-    """Wall seconds and peak RSS (MiB) of `fox data import folder --out store [options]` in a child process."""
+def run_import(folder: Path, store: Path, *options: str) -> tuple[float, float, float]:
+    """Wall seconds, CPU seconds and peak RSS (MiB) of `fox data import folder --out store [options]` in a child
+    process."""
     command = [sys.executable, "-m", "fox_numba", "data", "import", str(folder), "--out", str(store), *options]
+    return run(command)
+
+
+def run(command: list[str]) -> tuple[float, float, float]:
+    """Wall seconds, CPU seconds (user + system) and peak RSS (MiB) of `command` in a child process (its exit status
+    must be 0)."""
     start = time.perf_counter()
     child = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     _, status, usage = os.wait4(child.pid, 0)
     wall = time.perf_counter() - start
     if os.waitstatus_to_exitcode(status) != 0:
-        raise SystemExit(f"import of {folder} failed: {child.stderr.read().decode()}")
-    return wall, usage.ru_maxrss / 1024
+        raise SystemExit(f"{' '.join(command[1:])} failed: {child.stderr.read().decode()}")
+    return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024
 
 
 def decoder_rate(paths: list[Path]) -> tuple[dict[Path, int], float]:
-    """Records per file and seconds for databento-dbn to decode `paths` to its record objects."""
+    """Records per file and CPU seconds for databento-dbn to decode `paths` to its record objects."""
     n, seconds = {}, 0.0
     for path in paths:
         raw = path.read_bytes()
-        start = time.perf_counter()
+        start = time.process_time()
         decoder = dbn.DBNDecoder(compression=dbn.Compression.ZSTD)
         n[path] = 0
         for k in range(0, len(raw), CHUNK):
             decoder.write(raw[k : k + CHUNK])
             n[path] += sum(1 for r in decoder.decode() if not isinstance(r, dbn.Metadata))
-        seconds += time.perf_counter() - start
+        seconds += time.process_time() - start
     return n, seconds
 
 
 def zstd_seconds(paths: list[Path]) -> float:
-    """Seconds for `zstandard` to decompress `paths` in `CHUNK` blocks."""
+    """CPU seconds for `zstandard` to decompress `paths` in `CHUNK` blocks."""
     seconds = 0.0
     for path in paths:
         raw = path.read_bytes()
-        start = time.perf_counter()
+        start = time.process_time()
         reader = zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True)
         while reader.read(CHUNK):
             pass
-        seconds += time.perf_counter() - start
+        seconds += time.process_time() - start
     return seconds
 
 
@@ -83,39 +94,49 @@ def main() -> None:
     parser.add_argument("folders", type=Path, nargs="+", help="folders written by tools/gen_dbn.py")
     parser.add_argument("--out", type=Path, required=True, help="markdown file to write")
     parser.add_argument("--ray", action="store_true", help="also time the import with --ray (a local cluster)")
+    parser.add_argument("--compression", default=DEFAULT_COMPRESSION, choices=list(COMPRESSIONS),
+                        help="the store's compression (fox data import --compression)")  # fmt: skip
     args = parser.parse_args()
+    start = run([sys.executable, "-m", "fox_numba", "data", "import", "--help"])[1]
     rows = []
     for folder in args.folders:
         paths = find_files(folder)
+        load = os.getloadavg()[0]
+        chosen = ("--compression", args.compression) if args.compression != DEFAULT_COMPRESSION else ()
         with tempfile.TemporaryDirectory(dir=folder.parent) as tmp:
-            wall, rss = run_import(folder, Path(tmp) / "store.h5")
+            wall, cpu, rss = run_import(folder, Path(tmp) / "store.h5", *chosen)
             size = store_bytes(Path(tmp) / "store.h5") / 1e6
-            ray = run_import(folder, Path(tmp) / "ray.h5", "--ray") if args.ray else None
+            load = f"{load:.1f} / {os.getloadavg()[0]:.1f}"
+            ray = run_import(folder, Path(tmp) / "ray.h5", "--ray", *chosen) if args.ray else None
         per_file, t_all = decoder_rate(paths)
         n_all, mbp = sum(per_file.values()), [n for p, n in per_file.items() if ".mbp-10." in p.name]
-        rows.append((sum(mbp) // len(mbp), n_all, wall, rss, size, n_all / t_all, n_all / zstd_seconds(paths), ray))
-        print(f"{folder}: {n_all:,} records, import {wall:.1f} s, {n_all / wall / 1e3:,.0f} k rec/s, {rss:,.0f} MiB"
-              + (f"; --ray {ray[0]:.1f} s, {ray[1]:,.0f} MiB" if ray else ""))
+        rows.append((sum(mbp) // len(mbp), n_all, wall, cpu, rss, size, load, n_all / t_all,
+                     n_all / zstd_seconds(paths), ray))  # fmt: skip
+        print(f"{folder}: {n_all:,} records, import {wall:.1f} s ({cpu:.1f} s CPU), {n_all / wall / 1e3:,.0f} k rec/s, "
+              f"{rss:,.0f} MiB" + (f"; --ray {ray[0]:.1f} s, {ray[2]:,.0f} MiB" if ray else "") + f"; load {load}")
     lines = [
-        "| MBP-10 rows a day | records | import | import rec/s | peak RSS | store | decoder rec/s | import / decoder "
-        "| zstd alone rec/s |" + (" import --ray | --ray rec/s | --ray driver RSS |" if args.ray else ""),
-        "|" + " ---: |" * (12 if args.ray else 9),
+        "| MBP-10 rows a day | records | import | import rec/s | CPU | rec / CPU s, start excluded | peak RSS | store "
+        "| load before / after | decoder rec / CPU s | import / decoder | zstd alone rec / CPU s |"
+        + (" import --ray | --ray rec/s | --ray driver RSS |" if args.ray else ""),
+        "|" + " ---: |" * (15 if args.ray else 12),
     ]
-    for per_day, n_all, wall, rss, size, r_all, r_zstd, ray in rows:
+    for per_day, n_all, wall, cpu, rss, size, load, r_all, r_zstd, ray in rows:
+        rate = n_all / (cpu - start)
         line = (
-            f"| {per_day:,} | {n_all:,} | {wall:.1f} s | {n_all / wall / 1e3:,.0f} k | {rss:,.0f} MiB | {size:,.0f} MB "
-            f"| {r_all / 1e3:,.0f} k | {n_all / wall / r_all:.2f} | {r_zstd / 1e3:,.0f} k |"
+            f"| {per_day:,} | {n_all:,} | {wall:.1f} s | {n_all / wall / 1e3:,.0f} k | {cpu:.1f} s "
+            f"| {rate / 1e3:,.0f} k | {rss:,.0f} MiB | {size:,.0f} MB | {load} | {r_all / 1e3:,.0f} k "
+            f"| {n_all / cpu / r_all:.2f} | {r_zstd / 1e3:,.0f} k |"
         )
         if ray:
-            line += f" {ray[0]:.1f} s | {n_all / ray[0] / 1e3:,.0f} k | {ray[1]:,.0f} MiB |"
+            line += f" {ray[0]:.1f} s | {n_all / ray[0] / 1e3:,.0f} k | {ray[2]:,.0f} MiB |"
         lines.append(line)
     header = [
         f"Measured {datetime.now(UTC):%Y-%m-%d %H:%M} UTC on {platform.node()}: {os.cpu_count()} cores, Python "
         f"{platform.python_version()}, numpy {np.__version__}, databento-dbn {version('databento-dbn')}, zstandard "
-        f"{version('zstandard')}.",
+        f"{version('zstandard')}. The process's start (`fox data import --help`): {start:.2f} s CPU.",
         "",
         "    " + " ".join(["python tools/bench_import.py", *map(str, args.folders), "--out", str(args.out)]
-                          + (["--ray"] if args.ray else [])),
+                          + (["--ray"] if args.ray else []) + ["--compression", args.compression]),
         "",
     ]
     args.out.write_text("\n".join(header + lines) + "\n")

@@ -11,7 +11,9 @@ memory holds a block and a chunk per day, never a day or a file. A Ray cluster c
 Decisions:
 - One instrument per import. `--instrument` names it by raw symbol (ESU4) or instrument_id (an id the
   metadata maps to a raw symbol is read as that symbol); without it the instrument with the most records
-  in the earliest file is taken (ties: the alphabetically first name), and the choice is reported. Every
+  in the earliest file is taken (ties: the alphabetically first name), and the choice is reported (it is
+  made from the file's first block and confirmed by the records counted as the file is staged; where they
+  disagree the import starts again with the file's choice, so the file is not decoded twice for it). Every
   file must hold it. Parent/continuous files, whose metadata maps one name to several ids, name each
   child by its instrument_id, and the store's symbol is the parent's root (ES for ES.FUT).
 - Records keep the file's order (the exchange's sequence) and are never re-sorted: a decreasing
@@ -51,7 +53,7 @@ import os
 import re
 import sys
 from collections import Counter
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
@@ -66,7 +68,7 @@ from fox_numba.market.calendar import assign_days, day_bounds, format_ns, open_n
 from fox_numba.market.schema import DTYPES, N_LEVELS, SCHEMA_TYPES, SIDE_BUY, SIDE_NONE, SIDE_SELL, Instrument
 from fox_numba.market.sources import Sourced, concat
 from fox_numba.market.staging import Part, PartWriter, StagedDay
-from fox_numba.market.validate import BOOK_FIELDS
+from fox_numba.market.validate import BOOK_FIELDS, equals_previous
 
 DBN_SCHEMAS = {"mbp-10": "mbp10", "trades": "trades", "ohlcv-1m": "bars"}
 """DBN schemas this importer reads -> store schema."""
@@ -134,30 +136,32 @@ class DatabentoImport:
     counts: Counter = field(default_factory=Counter)
     warnings: list[str] = field(default_factory=list)
     """Signs of a damaged input that do not stop the import (a file that may be cut short)."""
+    _pending: dict[str, dict[str, list[Part]]] = field(default_factory=dict)
+    """The staged parts of the days `days` has not yielded yet: day -> schema -> parts in file order."""
+    tentative: bool = False
+    """The instrument was chosen from the first block of the earliest file: `days` confirms it from the records
+    per instrument that staging that file counted (`confirm`)."""
 
     @classmethod
-    def open(cls, paths: Sequence[Path], instrument: str | None = None) -> DatabentoImport:
-        """Read the headers of `paths` and choose the instrument."""
+    def open(
+        cls, paths: Sequence[Path], instrument: str | None = None, per_id: Mapping[int, int] | None = None
+    ) -> DatabentoImport:
+        """Read the headers of `paths` and choose the instrument: `instrument`, else the one with the most records
+        in the earliest file (`per_id`: its records per instrument_id, where known; else chosen from its first block
+        for now, as one instrument per file is the rule, and confirmed once the file is staged: `confirm`), so the
+        file is not decoded one more time for the choice."""
         files = sorted((read_header(p) for p in paths), key=lambda f: (f.start, _ORDER[f.schema], str(f.path)))
-        per_id: Counter = Counter()
-        for block in record_blocks(files[0]):
-            ids, n = np.unique(block["instrument_id"], return_counts=True)
-            per_id.update(dict(zip(ids.tolist(), n.tolist(), strict=True)))
-        have = Counter({files[0].names.get(i, str(i)): c for i, c in sorted(per_id.items())})
-        if instrument is None:
-            if not have:
-                raise InputError(files[0].path, "the file holds no records")
-            name = min(have, key=lambda k: (-have[k], k))
-            tied = sorted(k for k in have if k != name and have[k] == have[name])
-            others = ", ".join(f"{k} {c:,}" for k, c in have.most_common() if k != name)
-            note = f"instrument {name}: {have[name]:,} records in {files[0].path.name}, the most"
-            if tied:
-                note += f"; tied with {', '.join(tied)}: the alphabetically first is taken"
-            notes = [note + (f" (others: {others}; choose with --instrument)" if others else "")]
-        else:
+        notes = []
+        if instrument is not None:
             name = _raw_symbol(instrument, files)
             how = f"instrument_id {instrument}, " if name != instrument else ""
             notes = [f"instrument {name} ({how}chosen with --instrument)"]
+        elif per_id is not None:
+            name, note = _most_records(files[0], per_id)
+            notes = [note]
+        else:
+            first = next(record_blocks(files[0]), np.zeros(0, dtype=[("instrument_id", "<u4")]))
+            name = _most_records(files[0], _per_id(first))[0]
         plain = [f.path.name for f in files if not f.compressed]
         if plain:
             notes.append(
@@ -165,7 +169,18 @@ class DatabentoImport:
                 "no checksum or frame, so a file cut at a record boundary shows only as a last record far "
                 "before the metadata's end (checked)"
             )
-        return cls(files, name, notes, Counter())
+        return cls(files, name, notes, Counter(), tentative=instrument is None and per_id is None)
+
+    def confirm(self, result: FileResult) -> None:
+        """Confirm the instrument chosen for now from the earliest file's first block, by the file's records per
+        instrument (`result` of staging it; after an error there, counted here); another choice raises
+        `Rechoose`, with the counts that make it."""
+        per_id = result.per_id if result.error is None else _per_id_of(self.files[0])
+        name, note = _most_records(self.files[0], per_id)
+        if name != self.name:
+            raise Rechoose(per_id)
+        self.notes.insert(0, note)
+        self.tentative = False
 
     @property
     def symbol(self) -> str:
@@ -179,20 +194,27 @@ class DatabentoImport:
                 return match.group(1)
         return self.name
 
-    def tasks(self, instrument: Instrument, staging: Path, *, compress: bool) -> list[FileTask]:
+    def tasks(self, instrument: Instrument, staging: Path, *, compression: str) -> list[FileTask]:
         """One task per file, in reading order: what `stage_file` needs to stage it into `staging`."""
         return [
-            FileTask(f, self.name, instrument, staging / f"{k:05d}.h5", compress) for k, f in enumerate(self.files)
+            FileTask(f, self.name, instrument, staging / f"{k:05d}.h5", compression) for k, f in enumerate(self.files)
         ]
+
+    def staged_rows(self, schema: str) -> dict[str, int]:
+        """Rows of `schema` staged so far (by the files whose results `days` took) of each day not yet complete: a
+        task staged after them puts its part in line with the day's chunks (`FileTask.offsets`)."""
+        return {day: sum(p.rows for p in parts.get(schema, [])) for day, parts in self._pending.items()}
 
     def days(self, results: Iterable[FileResult], instrument: Instrument) -> Iterator[StagedDay]:
         """Trading days from the staged files (`results` of `tasks`, in their order), each once it is complete:
         when a later file starts after the day's end (`staging.commit_day` checks and writes it)."""
-        pending: dict[str, dict[str, list[Part]]] = {}
+        pending = self._pending
         results = iter(results)
         for f in self.files:
             yield from self._flush(pending, instrument, before=f.start)
             result = next(results)  # staged (here) only once the days complete before it are written
+            if self.tentative:
+                self.confirm(result)
             result.raise_error()
             self.counts.update(result.counts)
             self.warnings.extend(result.warnings)
@@ -219,6 +241,44 @@ class DatabentoImport:
             yield StagedDay(day, self.name, pending.pop(day), labels)
 
 
+class Rechoose(Exception):  # noqa: N818 (not an error: the import starts again)
+    """The earliest file's records per instrument choose another instrument than its first block did: the import
+    starts again with them (`DatabentoImport.open(per_id=...)`)."""
+
+    def __init__(self, per_id: Mapping[int, int]) -> None:
+        super().__init__("the instrument is chosen again")
+        self.per_id = dict(per_id)
+
+
+def _most_records(f: DbnFile, per_id: Mapping[int, int]) -> tuple[str, str]:
+    """The instrument with the most records in `f` (`per_id`: records per instrument_id; ties: the alphabetically
+    first name) and the note that reports the choice."""
+    have = Counter({f.names.get(i, str(i)): c for i, c in sorted(per_id.items())})
+    if not have:
+        raise InputError(f.path, "the file holds no records")
+    name = min(have, key=lambda k: (-have[k], k))
+    tied = sorted(k for k in have if k != name and have[k] == have[name])
+    others = ", ".join(f"{k} {c:,}" for k, c in have.most_common() if k != name)
+    note = f"instrument {name}: {have[name]:,} records in {f.path.name}, the most"
+    if tied:
+        note += f"; tied with {', '.join(tied)}: the alphabetically first is taken"
+    return name, note + (f" (others: {others}; choose with --instrument)" if others else "")
+
+
+def _per_id(block: np.ndarray) -> Counter:
+    """Records per instrument_id of a block."""
+    ids, n = np.unique(block["instrument_id"], return_counts=True)
+    return Counter(dict(zip(ids.tolist(), n.tolist(), strict=True)))
+
+
+def _per_id_of(f: DbnFile) -> Counter:
+    """Records per instrument_id of a whole file (a decoding failure raises its InputError)."""
+    out: Counter = Counter()
+    for block in record_blocks(f):
+        out.update(_per_id(block))
+    return out
+
+
 @dataclass(frozen=True)
 class FileTask:
     """One DBN file to stage (plain data: a Ray task receives it pickled)."""
@@ -229,8 +289,11 @@ class FileTask:
     instrument: Instrument
     staged: Path
     """The HDF5 file its days are staged in."""
-    compress: bool
-    """Compress the staged rows as the store does (`staging.PartWriter`)."""
+    compression: str
+    """How the store being written compresses its columns (`store.COMPRESSIONS`): the staged chunks are compressed
+    so, and the store takes them as they are (`staging.PartWriter`)."""
+    offsets: dict[str, int] = field(default_factory=dict)
+    """Rows of each day of this file's schema staged before it (`DatabentoImport.staged_rows`), where known."""
 
 
 @dataclass
@@ -240,6 +303,8 @@ class FileResult:
 
     staged: Path
     days: dict[str, int] = field(default_factory=dict)
+    per_id: Counter = field(default_factory=Counter)
+    """Records per instrument_id in the file (every instrument), for the choice of the instrument."""
     counts: Counter = field(default_factory=Counter)
     warnings: list[str] = field(default_factory=list)
     error: tuple[str, str, str | None, str | None, int | None] | None = None
@@ -273,7 +338,7 @@ def stage_file(task: FileTask) -> FileResult:
             for day, writer in writers.items():
                 result.days[day] = writer.close()
         if not rows.seen:
-            held = ", ".join(sorted({f.names.get(i, str(i)) for i in rows.present})) or "none"
+            held = ", ".join(sorted({f.names.get(i, str(i)) for i in rows.per_id})) or "none"
             raise InputError(f.path, f"no records for instrument {task.name} (the file holds {held})")
         result.warnings = _cut_warnings(f, rows.last, task.instrument)
     except InputError as e:
@@ -284,7 +349,7 @@ def stage_file(task: FileTask) -> FileResult:
         except InputError as decoding:
             e = decoding
         result.error = (e.path, e.reason, e.group, e.field, e.row)
-    result.counts = rows.counts
+    result.counts, result.per_id = rows.counts, rows.per_id
     return result
 
 
@@ -296,7 +361,10 @@ def _stage(rows: Sourced | None, writers: dict[str, PartWriter], h5: h5py.File, 
     ends = np.searchsorted(day_idx, np.arange(1, len(day_names) + 1))  # rows are in time order: days are runs
     for day, a, b in zip(day_names, np.r_[0, ends[:-1]], ends, strict=True):
         if day not in writers:
-            writers[day] = PartWriter(h5, day, task.file.schema, label, task.name, task.instrument, task.compress)
+            writers[day] = PartWriter(
+                h5, day, task.file.schema, label, task.name, task.instrument, compression=task.compression,
+                pad=task.offsets.get(day, 0),
+            )  # fmt: skip
         writers[day].append(rows.take(slice(a, b)))
 
 
@@ -331,7 +399,8 @@ class _FileRows:
         self.index = "ts_event" if f.schema == "bars" else "ts_recv"
         self.label = f"{f.dbn_schema} {name}"
         self.counts: Counter = Counter()
-        self.present: set[int] = set()
+        self.per_id: Counter = Counter()
+        """Records per instrument_id so far (every instrument)."""
         self.seen = False
         self.last: int | None = None
         """The largest index time of the file (every instrument), for the cut-file warning."""
@@ -349,7 +418,7 @@ class _FileRows:
     def feed(self, block: np.ndarray) -> Sourced | None:
         """The rows of `block` decided so far (None when none are)."""
         f = self.f
-        self.present.update(np.unique(block["instrument_id"]).tolist())
+        self.per_id.update(_per_id(block))
         late = None
         if block.size and f.end is not None:
             index = block[self.index]
@@ -362,7 +431,7 @@ class _FileRows:
                 late = InputError(f.path, message, field=self.index, row=self.offset + int(beyond[0]))
             self.last = max(int(index.max()), self.last or 0)
         mine = np.flatnonzero(np.isin(block["instrument_id"], self.ids))
-        cols, records = _columns(block, mine, f.schema), mine + self.offset
+        cols, records = _columns(block, _run_or_index(mine), f.schema), mine + self.offset
         self.offset += block.size
         self.seen |= bool(mine.size)
         ts = cols["ts_event"]
@@ -395,41 +464,47 @@ class _FileRows:
         return self._book(cols, records, final=True)
 
     def _book(self, cols: dict[str, np.ndarray], records: np.ndarray, *, final: bool) -> Sourced | None:
-        """MBP-10 records through the snapshot and bad-book filters, then the unchanged-book rule."""
-        if self.held is not None:
-            cols = {c: np.concatenate([self.held[0][c], v]) for c, v in cols.items()}
-            records = np.concatenate([self.held[1], records])
+        """MBP-10 records (after the one held back) through the snapshot and bad-book filters, then the
+        unchanged-book rule. Only the flags are joined to the held record here: the rows through, the held one and
+        the block's, are joined once, by `_unchanged`."""
+        pieces = ([self.held] if self.held is not None else []) + [(cols, records)]
+        records = np.concatenate([r for _, r in pieces])
         if records.size == 0:
             return None
-        flags = cols.pop("flags")
+        flags = np.concatenate([c["flags"] for c, _ in pieces])
         snap = (flags & dbn.F_SNAPSHOT) != 0
         keep = ~snap | ~np.r_[snap[1:], False]
-        if not final:  # the last record waits for the next one's snapshot flag
-            self.held = ({c: v[-1:] for c, v in cols.items()} | {"flags": flags[-1:]}, records[-1:])
+        if not final:  # the last record waits for the next one's snapshot flag (the block may hold none)
+            last = next(piece for piece, rows in reversed(pieces) if rows.size)
+            self.held = ({c: v[-1:] for c, v in last.items()}, records[-1:])
             keep[-1] = False
             snap[-1] = False  # not counted yet
         self.counts["snapshot"] += int(np.count_nonzero(~keep & snap))
         bad = (flags & dbn.F_MAYBE_BAD_BOOK) != 0
         self.counts["bad_book"] += int(np.count_nonzero(bad & keep))
-        through = np.flatnonzero(keep & ~bad)
-        out = self._unchanged({c: v[through] for c, v in cols.items()}, records[through])
+        through, at = keep & ~bad, 0
+        for k, (piece, rows) in enumerate(pieces):
+            taken = _run_or_index(np.flatnonzero(through[at : at + rows.size]))
+            pieces[k] = ({c: v[taken] for c, v in piece.items() if c != "flags"}, rows[taken])
+            at += rows.size
+        out = self._unchanged(pieces)
         return out if not final else _join(out, self._end_book())
 
-    def _unchanged(self, cols: dict[str, np.ndarray], records: np.ndarray) -> Sourced | None:
-        """Rows whose book differs from the row before (the last one waits in `pending`)."""
-        if records.size == 0:
+    def _unchanged(self, pieces: list[tuple[dict[str, np.ndarray], np.ndarray]]) -> Sourced | None:
+        """Rows (`pieces` of them, in order) whose book differs from the row before (the last one waits in
+        `pending`)."""
+        if sum(rows.size for _, rows in pieces) == 0:
             return None
-        prev = self.pending[0] if self.pending is not None else None
-        same = _same_book(cols, prev)
+        if self.pending is not None:  # decided now: a record follows it
+            pieces = [self.pending[:2], *pieces]
+        cols = {c: _joined([piece[c] for piece, _ in pieces]) for c in pieces[0][0]}
+        records = _joined([rows for _, rows in pieces])
+        same = np.r_[self.pending[2] if self.pending is not None else False, _same_book(cols)]
         changed = np.flatnonzero(~same)
         if changed.size:
             self.before_ts = cols["ts_event"][changed[-1] : changed[-1] + 1]
-        if self.pending is not None:  # decided now: a record follows it
-            cols = {c: np.concatenate([self.pending[0][c], v]) for c, v in cols.items()}
-            records = np.concatenate([self.pending[1], records])
-            same = np.r_[self.pending[2], same]
         self.pending = ({c: v[-1:] for c, v in cols.items()}, records[-1:], bool(same[-1]))
-        decided = np.flatnonzero(~same[:-1])
+        decided = _run_or_index(np.flatnonzero(~same[:-1]))
         self.counts["unchanged"] += int(np.count_nonzero(same[:-1]))
         return self._rows({c: v[decided] for c, v in cols.items()}, records[decided])
 
@@ -464,22 +539,26 @@ class _FileRows:
         return Sourced.one_file(data, self.f.path, records)
 
 
+def _run_or_index(rows: np.ndarray) -> np.ndarray | slice:
+    """`rows` (increasing indices) as a slice where they are one run (the common case: a block of one instrument,
+    no record dropped), so that taking them is a view and not a copy."""
+    if rows.size and int(rows[-1]) - int(rows[0]) + 1 == rows.size:
+        return slice(int(rows[0]), int(rows[-1]) + 1)
+    return rows
+
+
 def _join(a: Sourced | None, b: Sourced | None) -> Sourced | None:
     return a if b is None else b if a is None else concat([a, b])
 
 
-def _same_book(cols: dict[str, np.ndarray], prev: dict[str, np.ndarray] | None) -> np.ndarray:
-    """Whether each row's 10-level book equals the row before it (the first row's: `prev`'s last row, False
-    without one). Each row of a field is compared as one opaque value: no [n, 10] mask is built."""
-    n = cols["ts_event"].shape[0]
-    same = np.ones(n, dtype=bool)
-    for name in BOOK_FIELDS:
-        col = cols[name] if prev is None else np.concatenate([prev[name][-1:], cols[name]])
-        flat = np.ascontiguousarray(col).view(f"V{col.itemsize * N_LEVELS}").ravel()
-        same[1 if prev is None else 0 :] &= flat[1:] == flat[:-1]
-    if prev is None:
-        same[0] = False
-    return same
+def _same_book(cols: dict[str, np.ndarray]) -> np.ndarray:
+    """Whether each row's 10-level book after the first equals the row before it (`validate.equals_previous`)."""
+    return equals_previous([cols[name] for name in BOOK_FIELDS])
+
+
+def _joined(arrays: list[np.ndarray]) -> np.ndarray:
+    """`arrays` joined, without a copy where there is one."""
+    return arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
 
 
 def read_header(path: Path) -> DbnFile:
@@ -601,9 +680,9 @@ def _plain_blocks(fh: BinaryIO, f: DbnFile, itemsize: int) -> Iterator[memoryvie
             )
 
 
-def _columns(block: np.ndarray, rows: np.ndarray, schema: str) -> dict[str, np.ndarray]:
-    """The fields `DatabentoImport._convert` reads of `rows` of a block, each its own contiguous array (the book
-    split per field: `bid_px` [n, 10]...), so nothing else of a record outlives its block."""
+def _columns(block: np.ndarray, rows: np.ndarray | slice, schema: str) -> dict[str, np.ndarray]:
+    """The fields `_FileRows` reads of `rows` of a block (the book split per field: `bid_px` [n, 10]...): views
+    of the block for a slice (the first join with the record held back copies them), else copies."""
     if schema == "mbp10":
         levels = block["levels"]
         return {"ts_event": block["ts_event"][rows], "flags": block["flags"][rows]} | {

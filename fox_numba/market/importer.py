@@ -31,11 +31,19 @@ from typing import Any
 import h5py
 
 from fox_numba.errors import INTERRUPTS, FoxError, InputError, Interrupted, OutputError
-from fox_numba.market.databento import SUFFIXES, DatabentoImport, FileResult, FileTask, find_files, stage_file
+from fox_numba.market.databento import (
+    SUFFIXES,
+    DatabentoImport,
+    FileResult,
+    FileTask,
+    Rechoose,
+    find_files,
+    stage_file,
+)
 from fox_numba.market.lobster import NAME, LobsterPair, equity_instrument, find_pairs, read_pair
 from fox_numba.market.schema import Instrument, MarketDay, n_rows
 from fox_numba.market.staging import StagedDay, check_stored_day, commit_day, staging_folder
-from fox_numba.market.store import MarketStore, StoreWriter, write_store
+from fox_numba.market.store import DEFAULT_COMPRESSION, MarketStore, StoreWriter, write_store
 
 FORMATS = ("auto", "databento", "lobster")
 RAY_MISSING = 'fox data import --ray needs Ray: pip install -e ".[ray]"'
@@ -71,9 +79,11 @@ def import_market(
     progress: Callable[[str], None] | None = None,
     ray: bool = False,
     address: str | None = None,
+    compression: str = DEFAULT_COMPRESSION,
 ) -> ImportResult:
     """Import `paths` into the store `out` (created or extended); `overrides` set Instrument fields. With `ray`
-    Databento files are staged as Ray tasks, on the cluster at `address` or on a local one."""
+    Databento files are staged as Ray tasks, on the cluster at `address` or on a local one. `compression` (a key of
+    `store.COMPRESSIONS`) applies to the days written."""
     if out.is_dir():
         raise OutputError(f"{out}: is a folder; --out names the store file to write or extend, e.g. {out / 'es.h5'}")
     fmt = detect_format(paths) if fmt == "auto" else fmt
@@ -89,20 +99,41 @@ def import_market(
         pairs = _lobster_pairs(paths)
         inst = _instrument(existing or equity_instrument(pairs[0].ticker), pairs[0].ticker, overrides)
         result = ImportResult(out, inst)
-        write_store(out, inst, _counted(_lobster_days(pairs, inst, progress), result), extend=True, progress=progress)
+        days = _counted(_lobster_days(pairs, inst, progress), result)
+        write_store(out, inst, days, extend=True, progress=progress, compression=compression)
     else:
         found = _expand(paths, find_files, "DBN files (.dbn, .dbn.zst)")
-        source = DatabentoImport.open([p.resolve() for p in found] if ray else found, instrument)
-        inst = _instrument(existing or Instrument(), source.symbol, overrides)
-        result = ImportResult(out, inst)
-        with staging_folder(out) as folder:
-            tasks = source.tasks(inst, folder.resolve(), compress=ray)  # see staging.PartWriter
-            with _staged(tasks, ray, address, progress) as staged:
-                _commit(out, inst, source.days(staged, inst), result, progress)
-        result.notes = source.summary()
-        result.warnings = source.warnings
+        found = [p.resolve() for p in found] if ray else found
+        run = dict(base=existing or Instrument(), overrides=overrides, ray=ray, address=address, progress=progress)
+        try:
+            result = _databento(DatabentoImport.open(found, instrument), out, compression, **run)
+        except Rechoose as again:  # the earliest file's records choose another instrument than its first block did
+            result = _databento(DatabentoImport.open(found, instrument, again.per_id), out, compression, **run)
     with MarketStore(out) as store:
         result.notes += contract_changes(store.contracts(), set(result.rows))
+    return result
+
+
+def _databento(
+    source: DatabentoImport,
+    out: Path,
+    compression: str,
+    *,
+    base: Instrument,
+    overrides: Mapping[str, object] | None,
+    ray: bool,
+    address: str | None,
+    progress: Callable[[str], None] | None,
+) -> ImportResult:
+    """Stage the files of `source` (here or as Ray tasks) and commit their days into the store `out`."""
+    inst = _instrument(base, source.symbol, overrides)
+    result = ImportResult(out, inst)
+    with staging_folder(out) as folder:
+        tasks = source.tasks(inst, folder.resolve(), compression=compression)
+        with _staged(tasks, source, ray, address, progress) as staged:
+            _commit(out, inst, source.days(staged, inst), result, progress, compression)
+    result.notes = source.summary()
+    result.warnings = source.warnings
     return result
 
 
@@ -189,12 +220,17 @@ def _counted(days: Iterable[MarketDay], result: ImportResult) -> Iterator[Market
 
 @contextlib.contextmanager
 def _staged(
-    tasks: list[FileTask], ray: bool, address: str | None, progress: Callable[[str], None] | None
+    tasks: list[FileTask],
+    source: DatabentoImport,
+    ray: bool,
+    address: str | None,
+    progress: Callable[[str], None] | None,
 ) -> Iterator[Iterator[FileResult]]:
-    """The tasks' results in their order: staged here one by one as they are asked for, or by Ray tasks
-    submitted at once (a local cluster sized to this machine, or the one at `address`)."""
+    """The tasks' results in their order: staged here one by one as they are asked for (each told the rows of its
+    days that `source` took from the files before it: `FileTask.offsets`), or by Ray tasks submitted at once (a
+    local cluster sized to this machine, or the one at `address`)."""
     if not ray:
-        yield (_local(task, progress) for task in tasks)
+        yield (_local(replace(task, offsets=source.staged_rows(task.file.schema)), progress) for task in tasks)
         return
     from fox_numba.sweep.runner import OBJECT_STORE_BYTES  # here: the sweep package imports the training stack
 
@@ -256,13 +292,18 @@ def _import_ray() -> Any:
 
 
 def _commit(
-    out: Path, inst: Instrument, days: Iterable[StagedDay], result: ImportResult, progress: Callable[[str], None] | None
+    out: Path,
+    inst: Instrument,
+    days: Iterable[StagedDay],
+    result: ImportResult,
+    progress: Callable[[str], None] | None,
+    compression: str,
 ) -> None:
     """Write the staged days, in order, into the store `out` (extended if it exists); a staging file is removed
     once all its days are written."""
     opened: dict[Path, h5py.File] = {}
     committed: Counter = Counter()
-    with StoreWriter.open(out, inst, extend=True, check_day=check_stored_day) as writer:
+    with StoreWriter.open(out, inst, extend=True, check_day=check_stored_day, compression=compression) as writer:
         try:
             for day in days:
                 result.rows[day.day] = commit_day(writer, day, inst, opened)

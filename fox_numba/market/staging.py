@@ -2,8 +2,12 @@
 
 An importer stages each input file on its own (in this process or as a Ray task): its rows of each trading day
 are validated block by block and appended to `/{day}/{schema}/` of the file's staging file (`PartWriter`), one
-dataset per store column plus `record` (each row's record number in the input file), and for trades `built/`:
-the bars built from them. Memory holds a block and less than a chunk per day, never a day.
+dataset per store column plus `record` (each row's record number in the input file), `hashes/` (each staged
+chunk's sha256, per column) and for trades `built/`: the bars built from them. The columns are chunked and compressed
+as the store's, and where one process stages the files in order a part that continues a day is staged in line with
+the day's chunks (`PartWriter`), so that committing a day copies its chunks as they are stored, and takes its digest
+from their hashes: the day is compressed once and never read back. Memory holds a block and less than a chunk per
+day, never a day.
 
 One process then takes the days in order (`StagedDay`, its parts in file order) and commits each into the store
 being written (`commit_day`): the checks that need more than one part are made there from a few rows of each
@@ -19,6 +23,8 @@ removes them at the end (`staging_folder`).
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import itertools
 import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -31,13 +37,26 @@ from fox_numba.errors import InputError
 from fox_numba.io import running_process, temporary_path
 from fox_numba.market.schema import DTYPES, SCHEMA_TYPES, Bars, Instrument, MarketDay, Mbp10, Trades, columns
 from fox_numba.market.sources import Sourced, bars_sourced, concat, validate_sourced
-from fox_numba.market.store import CHUNK_ROWS, COMPRESSION, MarketStore, StoreWriter, create_column
+from fox_numba.market.store import (
+    CHUNK_ROWS,
+    COMPRESSIONS,
+    ColumnHashes,
+    MarketStore,
+    StoreWriter,
+    create_column,
+    digest_of,
+)
 from fox_numba.market.validate import CHECK_ORDER, check_bars_match_trades, check_trades, RowWhere, validate_day
 
 RECORD = "record"
 """Each staged row's record number in its input file."""
 BUILT = "built"
 """Bars built from a part's trades (with `record`: the first trade of each minute)."""
+HASHES = "hashes"
+"""sha256 of each staged chunk's rows of each column ([chunks, 32] uint8 per column): the store's digest of a chunk
+copied as it is stored (`store.ColumnHashes`), so the day is not read back to be digested."""
+PAD = "pad"
+"""Attr of a staged part: the unused rows before its first row, which put its chunks in line with the day's."""
 STAGING_SUFFIX = ".staging"
 
 
@@ -61,14 +80,19 @@ def staging_folder(store: Path) -> Iterator[Path]:
 class PartWriter:
     """One schema of one trading day from one input file: rows validated as they come (each block with the row
     before it, so pairs across blocks are checked) and appended to the staging file in whole chunks of the store's
-    size, compressed as the store compresses them (`compress`: the store then takes them as they are, see `_copy`)
-    or not (faster where one process both stages and writes)."""
+    size, compressed as the store compresses them (`compression`) and hashed (`HASHES`), so the store takes each
+    chunk as it is (`_copy`). `pad`: rows of the day staged before this part (by earlier files), known where one
+    process stages the files in order; the part's first row is then staged at row `pad % CHUNK_ROWS`, so that its
+    chunks are the day's (a Ray task does not know it: 0, and the chunks of a part that does not start the day are
+    read and written again)."""
 
     def __init__(
-        self, h5: h5py.File, day: str, schema: str, label: str, contract: str, instrument: Instrument, compress: bool
-    ) -> None:
+        self, h5: h5py.File, day: str, schema: str, label: str, contract: str, instrument: Instrument, *,
+        compression: str, pad: int,
+    ) -> None:  # fmt: skip
         self.group = h5.require_group(f"{day}/{schema}")
-        self.compress = compress
+        self.compression, self.pad = compression, pad % CHUNK_ROWS
+        self.group.attrs[PAD] = self.pad
         self.day, self.schema, self.contract, self.instrument = day, schema, contract, instrument
         self.labels = {schema: label}
         self.buffer: list[Sourced] = []
@@ -76,6 +100,9 @@ class PartWriter:
         self.rows = 0
         self.last: Sourced | None = None
         self.built: Sourced | None = None
+        self.datasets: dict[str, h5py.Dataset] = {}
+        self.hashes: dict[str, list[bytes]] = {}
+        """Each column's chunk hashes so far (`HASHES`), written at `close`."""
 
     def append(self, rows: Sourced) -> None:
         """Validate `rows` (after the rows appended before) and stage them."""
@@ -88,12 +115,15 @@ class PartWriter:
             self.built = merge_bars(self.built, bars_sourced(rows))
         self.buffer.append(rows)
         self.buffered += n
-        if self.buffered >= CHUNK_ROWS:
-            self._flush(self.buffered // CHUNK_ROWS * CHUNK_ROWS)
+        ready = (self.pad + self.rows + self.buffered) // CHUNK_ROWS * CHUNK_ROWS - self.pad - self.rows
+        if ready > 0:
+            self._flush(ready)
 
     def close(self) -> int:
         """Write what is buffered (and the built bars); return the rows staged."""
         self._flush(self.buffered)
+        for name, digests in self.hashes.items():
+            self.group.require_group(HASHES)[name] = np.frombuffer(b"".join(digests), dtype=np.uint8).reshape(-1, 32)
         if self.built is not None:
             built = self.group.create_group(BUILT)
             for name, values in columns(self.built.data).items():
@@ -105,23 +135,40 @@ class PartWriter:
         validate_sourced(self.day, {self.schema: rows}, self.instrument, self.labels, self.contract)
 
     def _flush(self, n: int) -> None:
-        """Append the first `n` buffered rows; keep the rest (a copy, so the blocks they came from are freed)."""
+        """Append the first `n` buffered rows (up to a chunk boundary, or the last rows) and their chunks' hashes;
+        keep the rest (a copy, so the blocks they came from are freed)."""
         if n == 0:
             return
         rows = joined(self.buffer)
         head, tail = rows.take(slice(0, n)), rows.take(np.arange(n, len(rows.record)))
+        at = self.pad + self.rows
         for name, values in (*columns(head.data).items(), (RECORD, head.record)):
-            if name not in self.group:
-                tail_shape = values.shape[1:]
-                self.group.create_dataset(
-                    name, shape=(0, *tail_shape), maxshape=(None, *tail_shape), dtype=values.dtype,
-                    chunks=(CHUNK_ROWS, *tail_shape), **(COMPRESSION if self.compress else {}),
-                )  # fmt: skip
-            ds = self.group[name]
-            ds.resize(self.rows + n, axis=0)
-            ds[self.rows :] = values
+            ds = self._dataset(name, values)
+            ds.resize(at + n, axis=0)
+            ds[at:] = values
+            if name != RECORD:
+                self.hashes[name].extend(_chunk_hashes(values, at))
         self.rows += n
         self.buffer, self.buffered = ([tail] if len(tail.record) else []), len(tail.record)
+
+    def _dataset(self, name: str, values: np.ndarray) -> h5py.Dataset:
+        """The staged column `name`, created (empty, chunked and compressed as the store's) on first use."""
+        if name not in self.datasets:
+            tail = values.shape[1:]
+            self.datasets[name] = self.group.create_dataset(
+                name, shape=(0, *tail), maxshape=(None, *tail), dtype=values.dtype, chunks=(CHUNK_ROWS, *tail),
+                **COMPRESSIONS[self.compression],
+            )  # fmt: skip
+            self.hashes.setdefault(name, [])
+        return self.datasets[name]
+
+
+def _chunk_hashes(values: np.ndarray, at: int) -> list[bytes]:
+    """The sha256 of `values` (staged from row `at`; they end at a chunk boundary or at the part's end) cut at the
+    chunk boundaries: one per staged chunk (the first chunk's: of the part's rows in it)."""
+    first = -at % CHUNK_ROWS or CHUNK_ROWS
+    edges = [0, *range(min(first, len(values)), len(values), CHUNK_ROWS), len(values)]
+    return [hashlib.sha256(np.ascontiguousarray(values[a:b])).digest() for a, b in itertools.pairwise(edges)]
 
 
 def merge_bars(a: Sourced | None, b: Sourced) -> Sourced:
@@ -177,7 +224,9 @@ class _Rows:
 
     def __init__(self, schema: str, day: str, groups: list[h5py.Group], origin: list[Path]) -> None:
         self.schema, self.day, self.groups, self.origin = schema, day, groups, origin
-        self.sizes = [g["ts_event"].shape[0] for g in groups]
+        self.pads = [int(g.attrs.get(PAD, 0)) for g in groups]
+        """Rows before each segment's first (`PAD`: a staged part's; 0 in a store's group)."""
+        self.sizes = [g["ts_event"].shape[0] - pad for g, pad in zip(groups, self.pads, strict=True)]
         self.starts = np.r_[0, np.cumsum(self.sizes)].astype(np.int64)
         self.staged = RECORD in groups[0] if groups else False
 
@@ -188,7 +237,7 @@ class _Rows:
     def take(self, k: int, count: int = 1) -> Sourced:
         """Rows k..k+count-1 (inside one segment) with their origin."""
         seg = int(np.searchsorted(self.starts, k, side="right")) - 1
-        g, at = self.groups[seg], k - int(self.starts[seg])
+        g, at = self.groups[seg], k - int(self.starts[seg]) + self.pads[seg]
         cols = {c: g[c][at : at + count] for c in DTYPES[self.schema]}
         records = g[RECORD][at : at + count] if self.staged else np.arange(k, k + count, dtype=np.int64)
         return Sourced.one_file(SCHEMA_TYPES[self.schema](**cols), self.origin[seg], records)
@@ -196,8 +245,8 @@ class _Rows:
     def chunks(self) -> Iterator[Sourced]:
         """Every row, `CHUNK_ROWS` at a time, in order (no rows: the first segment's empty columns, once)."""
         if self.n == 0:
-            g = self.groups[0]
-            data = SCHEMA_TYPES[self.schema](**{c: g[c][()] for c in DTYPES[self.schema]})
+            g, pad = self.groups[0], self.pads[0]
+            data = SCHEMA_TYPES[self.schema](**{c: g[c][pad:] for c in DTYPES[self.schema]})
             yield Sourced.one_file(data, self.origin[0], np.zeros(0, dtype=np.int64))
         for seg, size in enumerate(self.sizes):
             for at in range(0, size, CHUNK_ROWS):
@@ -208,10 +257,10 @@ class _Rows:
 
     def first_after(self, ts: int) -> int:
         """The first row later than `ts` (`n` if none)."""
-        for seg, size in enumerate(self.sizes):
+        for seg, (pad, size) in enumerate(zip(self.pads, self.sizes, strict=True)):
             column = self.groups[seg]["ts_event"]
             for at in range(0, size, CHUNK_ROWS):
-                later = np.flatnonzero(column[at : at + CHUNK_ROWS] > np.uint64(ts))
+                later = np.flatnonzero(column[pad + at : pad + at + CHUNK_ROWS] > np.uint64(ts))
                 if later.size:
                     return int(self.starts[seg]) + at + int(later[0])
         return self.n
@@ -271,8 +320,8 @@ def commit_day(writer: StoreWriter, day: StagedDay, instrument: Instrument, stag
             writer.write_schema("bars", day.day, bars.data, day.contract)
             out["bars"] = len(bars.record)
         elif schema in incoming and schema != "bars":
-            _copy(incoming[schema], writer.day_group(schema, day.day, day.contract))
-            writer.seal(schema, day.day)
+            hashes = _copy(incoming[schema], writer.day_group(schema, day.day, day.contract), writer.compression)
+            writer.seal(schema, day.day, digest_of(day.contract, hashes))
             out[schema] = incoming[schema].n
     return out
 
@@ -378,29 +427,36 @@ def _check_bars_against(bars: Sourced, trades: _Rows, rows: _Rows, instrument: I
         raise rows.error(e, bars, labels.get("bars")) from None
 
 
-def _copy(rows: _Rows, group: h5py.Group) -> None:
-    """Write the staged parts as the store's columns (`store.create_column`), a chunk at a time: a chunk that is
-    one compressed chunk of a staged part (the part starts on a chunk boundary of the day) is copied as it is
-    stored, without decompressing it; the others are read and written."""
+def _copy(rows: _Rows, group: h5py.Group, compression: str) -> dict[str, ColumnHashes]:
+    """Write the staged parts as the store's columns (`store.create_column`), a chunk at a time; return their hashes
+    (`store.ColumnHashes`: the digest without reading the day back). A chunk of the day that is a whole chunk of one
+    staged part (staged in line with the day's chunks: `PartWriter`) is copied as it is stored, without
+    decompressing it, with its staged hash; the others (where two parts meet) are read, written and hashed."""
     if rows.n < CHUNK_ROWS:  # one chunk, or fewer rows: chunked as the store chunks a short column
         data = concat([rows.take(int(rows.starts[s]), size) for s, size in enumerate(rows.sizes)]).data
         for name, values in columns(data).items():
-            create_column(group, name, values.shape, values.dtype, data=values)
-        return
+            create_column(group, name, values.shape, values.dtype, data=values, compression=compression)
+        return {name: ColumnHashes.of(values) for name, values in columns(data).items()}
     out = {
-        name: create_column(group, name, (rows.n, *rows.groups[0][name].shape[1:]), dtype)
+        name: create_column(group, name, (rows.n, *rows.groups[0][name].shape[1:]), dtype, compression=compression)
         for name, dtype in DTYPES[rows.schema].items()
     }
+    hashes = {name: ColumnHashes(ds.dtype, ds.shape[1:]) for name, ds in out.items()}
+    staged = [{name: (g[name], g[HASHES][name][()]) for name in out} for g in rows.groups]
+    for part in staged:
+        for name, (source, _) in part.items():
+            if _filters(source) != _filters(out[name]):
+                raise ValueError(f"{source.name}: staged with other filters than the store's {compression}")
     for at in range(0, rows.n, CHUNK_ROWS):
         count = min(CHUNK_ROWS, rows.n - at)
         seg = int(np.searchsorted(rows.starts, at, side="right")) - 1
-        local = at - int(rows.starts[seg])
-        whole = local % CHUNK_ROWS == 0 and local + count <= rows.sizes[seg]  # the store's chunk is the part's
-        if whole and rows.groups[seg]["ts_event"].compression == COMPRESSION["compression"]:
+        local = at - int(rows.starts[seg]) + rows.pads[seg]
+        if local % CHUNK_ROWS == 0 and local + count <= rows.pads[seg] + rows.sizes[seg]:  # the part's chunk
             for name, ds in out.items():
-                source = rows.groups[seg][name]
+                source, digests = staged[seg][name]
                 mask, raw = source.id.read_direct_chunk((local, *(0,) * (source.ndim - 1)))
                 ds.id.write_direct_chunk((at, *(0,) * (ds.ndim - 1)), raw, mask)
+                hashes[name].add_digest(digests[local // CHUNK_ROWS].tobytes(), count)
             continue
         pieces = []
         k = at
@@ -411,3 +467,10 @@ def _copy(rows: _Rows, group: h5py.Group) -> None:
             k += take
         for name, values in columns(concat(pieces).data).items():
             out[name][at : at + count] = values
+            hashes[name].add(values)
+    return hashes
+
+
+def _filters(ds: h5py.Dataset) -> tuple:
+    """What decides a column's stored chunk bytes: dtype, chunk shape and filters."""
+    return ds.dtype, ds.chunks, ds.compression, ds.compression_opts, ds.shuffle

@@ -14,8 +14,9 @@ Layout (version 3):
                             series across a roll shows where the contract changes); one dataset per column,
                             dtypes from `schema.DTYPES`; MBP-10 book columns are [n, 10] (`bid_px[:, k]` is
                             Databento's `bid_px_0k`); price datasets carry a `price_scale` attr. Chunked,
-                            byte-shuffled and LZF-compressed (h5py only). Attr `digest` (`group_digest`):
-                            sha256 of the group's content, set when it is written, after it was validated.
+                            byte-shuffled and LZF-compressed (h5py only; `COMPRESSIONS`: an import may choose
+                            gzip or none instead, read the same way). Attr `digest` (`group_digest`): sha256
+                            of the group's content, set when it is written, after it was validated.
 
 The store file and its `.days` folder are one unit: copy or move them together, into any folder, keeping both
 names (the links name the folder relative to the store's own folder). A day file that is missing is an
@@ -85,8 +86,16 @@ LOCK_NAME = ".lock"
 CHUNK_ROWS = 1 << 14
 """Rows per chunk (an MBP-10 price chunk is 16384 x 10 x 8 B = 1.3 MB before compression)."""
 
-COMPRESSION = {"compression": "lzf", "shuffle": True}
-"""How every chunked column is compressed."""
+COMPRESSIONS: dict[str, dict[str, object]] = {
+    "lzf": {"compression": "lzf", "shuffle": True},
+    "gzip": {"compression": "gzip", "compression_opts": 1, "shuffle": True},
+    "none": {},
+}
+"""How a chunked column may be compressed (HDF5's built-in filters, so any HDF5 reader reads every store). A day of
+`tools/gen_dbn.py` with 1 M MBP-10 rows and 250 k trades (tools/results/import_scale_cpu.md): lzf 54 MB, gzip (level
+1) 41 MB, ~10% slower to write and faster to read, none 339 MB, 10-25% faster to import."""
+DEFAULT_COMPRESSION = "lzf"
+"""The store's compression unless an import chooses another (`fox data import --compression`)."""
 DIGEST_ATTR = "digest"
 """Attr of a (schema, day) group: `group_digest` of it, written with it."""
 PRICE_FIELDS = frozenset({"open", "high", "low", "close", "price", "bid_px", "ask_px"})
@@ -114,6 +123,7 @@ def write_store(
     attrs: Mapping[str, str | int | float] | None = None,
     extend: bool = False,
     progress: Callable[[str], None] | None = None,
+    compression: str = DEFAULT_COMPRESSION,
 ) -> Path:
     """Validate and write `days` to the store at `path`; return the path.
 
@@ -124,8 +134,9 @@ def write_store(
     split over two files) are joined in arrival order. Each day group records its contract (`MarketDay.contract`,
     else the instrument's symbol). `attrs` go on the root group; their names must not clash with the layout's own.
     The whole call is one commit: a day that fails validation leaves the store as it was before the call.
+    `compression` (a key of `COMPRESSIONS`) applies to the groups this call writes.
     """
-    with StoreWriter.open(path, instrument, attrs=attrs, extend=extend) as writer:
+    with StoreWriter.open(path, instrument, attrs=attrs, extend=extend, compression=compression) as writer:
         for day in days:
             contract = day.contract or instrument.symbol
             checked = validate_day(_merge(writer, day, contract), instrument, writer.path)
@@ -146,6 +157,8 @@ class StoreWriter:
     path: Path
     root: h5py.File
     old: MarketStore | None
+    compression: str = DEFAULT_COMPRESSION
+    """How the columns this write adds are compressed (a key of `COMPRESSIONS`)."""
     written: dict[tuple[str, str], Path] = field(default_factory=dict)
     """The day file of each (schema, day) group written (the last, where a group was written twice)."""
     _open: dict[tuple[str, str], tuple[h5py.File, Path]] = field(default_factory=dict)
@@ -162,12 +175,15 @@ class StoreWriter:
         attrs: Mapping[str, str | int | float] | None = None,
         extend: bool = False,
         check_day: Callable[[MarketStore, str], object] = lambda store, day: store.read_day(day),
+        compression: str = DEFAULT_COMPRESSION,
     ) -> Iterator[StoreWriter]:
         """Write the store at `path`: day files as groups are written, then the root renamed over the store when the
         block ends without error, then the day files it does not link deleted. With `extend` the existing store's
         day files are checked first (and the days of a single-file store without digests validated by `check_day`,
         which raises `InputError`), and its root attrs and unwritten groups kept."""
         path = Path(path)
+        if compression not in COMPRESSIONS:
+            raise ValueError(f"compression {compression!r} is not one of {', '.join(COMPRESSIONS)}")
         clash = RESERVED_ATTRS & set(attrs or {})
         if clash:
             raise ValueError(f"attrs {sorted(clash)} are reserved by the store layout")
@@ -185,7 +201,7 @@ class StoreWriter:
                     kept = {} if old is None else {k: v for k, v in old.file.attrs.items() if k not in RESERVED_ATTRS}
                     for key, value in {**kept, **(attrs or {})}.items():
                         root.attrs[key] = value
-                    writer = cls(path, root, old)
+                    writer = cls(path, root, old, compression)
                     yield writer
                     linked = writer.link_groups()
             except BaseException:
@@ -212,17 +228,20 @@ class StoreWriter:
 
     def write_schema(self, schema: str, day: str, record: object, contract: str) -> None:
         group = self.day_group(schema, day, contract)
+        hashes = {}
         for col, values in columns(record).items():
-            create_column(group, col, values.shape, values.dtype, data=values)
-        self.seal(schema, day)
+            create_column(group, col, values.shape, values.dtype, data=values, compression=self.compression)
+            hashes[col] = ColumnHashes.of(values)
+        self.seal(schema, day, digest_of(contract, hashes))
 
-    def seal(self, schema: str, day: str) -> None:
-        """Record the digest of the (schema, day) group once all its columns are written, and give its day file its
+    def seal(self, schema: str, day: str, digest: str | None = None) -> None:
+        """Record the digest of the (schema, day) group once all its columns are written (`digest`, as the writer
+        computed it from the rows it wrote, or else read back: `group_digest`), and give its day file its
         content-addressed name."""
         h5, tmp = self._open.pop((schema, day))
         try:
             group = h5[f"{schema}/{day}"]
-            digest = group_digest(group)
+            digest = group_digest(group) if digest is None else digest
             group.attrs[DIGEST_ATTR] = digest
         finally:
             h5.close()
@@ -292,26 +311,77 @@ class StoreWriter:
         return final
 
 
-def group_digest(group: h5py.Group) -> str:
-    """sha256 (hex) of a (schema, day) group's content: its contract, then each dataset (by name) with its dtype,
-    shape and values (C order), read `CHUNK_ROWS` rows at a time. The same rows give the same digest however they
-    were chunked or compressed (LZF's output is not repeatable), and any change of a row changes it."""
-    h = hashlib.sha256(f"contract={_plain(group.attrs.get('contract'))}".encode())
-    for name in sorted(group):
-        ds = group[name]
-        h.update(f"|{name}|{ds.dtype.str}|{ds.shape}|".encode())
-        for at in range(0, ds.shape[0], CHUNK_ROWS):
-            h.update(np.ascontiguousarray(ds[at : at + CHUNK_ROWS]).tobytes())
+@dataclass
+class ColumnHashes:
+    """A column's share of its group's digest: its dtype, its shape and the sha256 of each block of `CHUNK_ROWS`
+    rows (C order; the last block may be shorter), gathered as a writer writes the column block by block."""
+
+    dtype: np.dtype
+    tail: tuple[int, ...]
+    """The shape after the row axis (`(10,)` for a book column)."""
+    rows: int = 0
+    blocks: list[bytes] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, values: np.ndarray) -> ColumnHashes:
+        """The hashes of a whole column."""
+        out = cls(values.dtype, tuple(int(k) for k in values.shape[1:]))
+        for at in range(0, values.shape[0], CHUNK_ROWS):
+            out.add(values[at : at + CHUNK_ROWS])
+        return out
+
+    def add(self, block: np.ndarray) -> None:
+        """Append the next block of rows."""
+        self.add_digest(hashlib.sha256(np.ascontiguousarray(block)).digest(), block.shape[0])
+
+    def add_digest(self, digest: bytes, rows: int) -> None:
+        """Append the next block of `rows` rows by its sha256 (where the writer has it already)."""
+        self.blocks.append(digest)
+        self.rows += rows
+
+    def header(self, name: str) -> bytes:
+        """What the digest takes of the column `name` before its block hashes: its name, dtype and shape."""
+        return f"|{name}|{self.dtype.str}|{(self.rows, *self.tail)}|".encode()
+
+
+def digest_of(contract: str, hashes: Mapping[str, ColumnHashes]) -> str:
+    """sha256 (hex) of a (schema, day) group's content from its columns' block hashes (`group_digest`)."""
+    h = hashlib.sha256(f"contract={contract}".encode())
+    for name in sorted(hashes):
+        h.update(hashes[name].header(name) + b"".join(hashes[name].blocks))
     return h.hexdigest()
 
 
+def group_digest(group: h5py.Group) -> str:
+    """sha256 (hex) of a (schema, day) group's content: its contract, then each dataset (by name) with its dtype,
+    shape and the sha256 of each block of `CHUNK_ROWS` rows of its values (C order). The same rows give the same
+    digest however they were chunked or compressed (LZF's output is not repeatable), and any change of a row
+    changes it. A writer computes it from the rows it writes (`ColumnHashes`, `digest_of`), without reading the day
+    back; this reads the group `CHUNK_ROWS` rows at a time. (Stores written before 2026-12-03 hashed each column's
+    values whole instead of by block: their groups keep the digest attr they were written with, a name that only
+    has to differ for different content.)"""
+    hashes = {}
+    for name in group:
+        ds = group[name]
+        hashes[name] = ColumnHashes(ds.dtype, tuple(int(k) for k in ds.shape[1:]))
+        for at in range(0, ds.shape[0], CHUNK_ROWS):
+            hashes[name].add(ds[at : at + CHUNK_ROWS])
+    return digest_of(str(_plain(group.attrs.get("contract"))), hashes)
+
+
 def create_column(
-    group: h5py.Group, name: str, shape: tuple[int, ...], dtype: np.dtype, *, data: np.ndarray | None = None
+    group: h5py.Group,
+    name: str,
+    shape: tuple[int, ...],
+    dtype: np.dtype,
+    *,
+    data: np.ndarray | None = None,
+    compression: str = DEFAULT_COMPRESSION,
 ) -> h5py.Dataset:
-    """A day's column as the layout stores it: chunks of `CHUNK_ROWS` rows (fewer for a shorter column), shuffled
-    and LZF-compressed, prices with their `price_scale` attr."""
+    """A day's column as the layout stores it: chunks of `CHUNK_ROWS` rows (fewer for a shorter column), compressed
+    as `compression` says (`COMPRESSIONS`), prices with their `price_scale` attr."""
     n = shape[0]
-    opts = {"chunks": (min(n, CHUNK_ROWS), *shape[1:]), **COMPRESSION} if n else {}
+    opts = {"chunks": (min(n, CHUNK_ROWS), *shape[1:]), **COMPRESSIONS[compression]} if n else {}
     ds = group.create_dataset(name, shape=shape, dtype=dtype, data=data, **opts)
     if name in PRICE_FIELDS:
         ds.attrs["price_scale"] = PRICE_SCALE

@@ -13,16 +13,19 @@ from fox_numba.config import MarketConfig
 from fox_numba.market.importer import import_market
 from fox_numba.market.schema import SCHEMAS, columns
 from fox_numba.market.select import select_market, validated_record
-from fox_numba.market.store import DIGEST_ATTR, MarketStore, group_digest, write_store
+from fox_numba.market.store import CHUNK_ROWS, DIGEST_ATTR, MarketStore, group_digest, write_store
 from test_import_staging import DAY, day_files
 from test_store import single_file
 
 
 def _independent_digest(contract: str, record: object) -> str:
-    """`group_digest` written out from the day's columns as read (whole arrays, not the store's chunked loop)."""
+    """`group_digest` written out from the day's columns as read (whole arrays cut into blocks of CHUNK_ROWS rows here,
+    not by the store's writers or its chunked read)."""
     h = hashlib.sha256(f"contract={contract}".encode())
     for name, values in sorted(columns(record).items()):
-        h.update(f"|{name}|{values.dtype.str}|{values.shape}|".encode() + np.ascontiguousarray(values).tobytes())
+        blocks = np.array_split(values, range(CHUNK_ROWS, len(values), CHUNK_ROWS)) if len(values) else []
+        h.update(f"|{name}|{values.dtype.str}|{values.shape}|".encode())
+        h.update(b"".join(hashlib.sha256(np.ascontiguousarray(b).tobytes()).digest() for b in blocks))
     return h.hexdigest()
 
 

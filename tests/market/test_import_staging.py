@@ -2,11 +2,13 @@
 across zstd frames), memory that does not grow with the day, errors that survive a Ray task, and the same store
 from a local Ray cluster."""
 
+import hashlib
 import importlib.util
 import os
 import pickle
 import tracemalloc
 from datetime import date
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -231,7 +233,7 @@ def test_a_staged_file_error_survives_the_trip_back_from_a_task(tmp_path):
     book["levels"]["bid_sz"][17, 2] = 0  # a priced level of zero size
     path = write_records(tmp_path / "z.mbp-10.dbn", dbn.Schema.MBP_10, book)
     source = DatabentoImport.open([path])
-    (task,) = source.tasks(ES, tmp_path, compress=True)
+    (task,) = source.tasks(ES, tmp_path, compression="lzf")
     result = pickle.loads(pickle.dumps(stage_file(task)))
     with pytest.raises(InputError) as info:
         result.raise_error()
@@ -295,3 +297,76 @@ def test_a_staging_file_is_removed_once_its_days_are_written(tmp_path):
         ("2024-07-10", ["00002.h5"]),
         ("2024-07-11", []),
     ]
+
+
+def test_a_part_staged_after_rows_of_its_day_is_staged_in_line_with_the_days_chunks(tmp_path):
+    """The second book file of a day, staged knowing that 20,001 rows of the day came before it (an import in one
+    process), starts at row 20,001 % CHUNK_ROWS of its staging file, so each staged chunk is a chunk of the day, and
+    the hash staged with it is the day's block's (what the store's digest takes for a chunk copied as it is)."""
+    n, cut = 3 * CHUNK_ROWS + 100, 20_001
+    files, book, _ = day_files(tmp_path, n, cut)
+    tasks = DatabentoImport.open(files).tasks(ES, tmp_path, compression="lzf")
+    task = next(t for t in tasks if t.file.path == files[1])
+    assert stage_file(replace(task, offsets={DAY: cut})).days == {DAY: n - cut}
+    pad = cut % CHUNK_ROWS
+    with h5py.File(task.staged, "r") as f:
+        group = f[f"{DAY}/mbp10"]
+        assert group.attrs["pad"] == pad and group["ts_event"].shape == (pad + n - cut,)
+        np.testing.assert_array_equal(group["ts_event"][pad:], book["ts_event"][cut:])
+        hashes = group["hashes/bid_px"][()]
+    assert hashes.shape == (3, 32)  # staged chunks 0 (after the pad), 1 (whole) and 2 (the day's last rows)
+    day_block = np.ascontiguousarray(book["levels"]["bid_px"][2 * CHUNK_ROWS : 3 * CHUNK_ROWS])
+    assert hashes[1].tobytes() == hashlib.sha256(day_block).digest()
+
+
+def test_the_compression_option_changes_the_filters_not_the_rows_or_the_digests(tmp_path):
+    """`--compression gzip` and `none` store the same rows, with the same digests, as the default lzf; the day's
+    chunks are copied from staging as they are compressed there."""
+    files, _, _ = day_files(tmp_path, CHUNK_ROWS + 500, 300)
+    stores = {"lzf": import_market(files, tmp_path / "lzf.h5").path}
+    for name in ("gzip", "none"):
+        run = CliRunner().invoke(app, ["data", "import", *map(str, files), "--out", str(tmp_path / f"{name}.h5"),
+                                       "--compression", name])  # fmt: skip
+        assert run.exit_code == 0, run.output
+        stores[name] = tmp_path / f"{name}.h5"
+    digests, values = {}, {}
+    for name, path in stores.items():
+        with MarketStore(path) as store:
+            digests[name] = store.day_digest(DAY)
+            group = store.group("mbp10", DAY)
+            assert (group["bid_px"].compression, group["bid_px"].shuffle) == {
+                "lzf": ("lzf", True), "gzip": ("gzip", True), "none": (None, False)
+            }[name]  # fmt: skip
+            values[name] = group["bid_px"][()].tobytes() + store.group("trades", DAY)["price"][()].tobytes()
+    assert digests["gzip"] == digests["none"] == digests["lzf"] and values["gzip"] == values["none"] == values["lzf"]
+    run = CliRunner().invoke(app, ["data", "import", str(files[0]), "--out", str(tmp_path / "x.h5"), "--compression",
+                                   "zstd"])  # fmt: skip
+    assert run.exit_code == 2 and "'zstd' is not one of lzf, gzip, none" in run.output
+
+
+def test_the_earliest_file_is_decoded_once_and_its_records_choose_the_instrument(tmp_path, monkeypatch):
+    """The instrument is chosen from the earliest file's first block and confirmed by its records once it is
+    staged, so a file of one instrument is decoded once (and its first block once more). Where the first block
+    holds another instrument than most of the file, the import starts again with the file's choice."""
+    monkeypatch.setattr(databento, "_CHUNK", 48 * 100)
+    blocks = []
+
+    def counted(f):
+        for block in record_blocks(f):
+            blocks.append(f.path.name)
+            yield block
+
+    monkeypatch.setattr(databento, "record_blocks", counted)
+    trades = trade_records(1000)
+    path = write_records(tmp_path / "t.trades.dbn.zst", dbn.Schema.TRADES, trades, frames=2)
+    import_market([path], tmp_path / "one.h5")
+    assert len(blocks) == 10 + 1
+    trades["instrument_id"][:150] = 999  # not mapped: named by its id
+    mixed = write_records(tmp_path / "m.trades.dbn.zst", dbn.Schema.TRADES, trades, frames=2)
+    result = import_market([mixed], tmp_path / "mixed.h5")
+    assert result.notes[0] == "instrument ESU4: 850 records in m.trades.dbn.zst, the most (others: 999 150; choose " \
+                              "with --instrument)"  # fmt: skip
+    assert result.rows[DAY]["trades"] == 850
+    with MarketStore(tmp_path / "mixed.h5") as store:
+        assert store.instrument.symbol == "ES"
+        np.testing.assert_array_equal(store.read_day(DAY).trades.ts_event, trades["ts_event"][150:])

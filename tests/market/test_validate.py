@@ -10,7 +10,7 @@ from fox_numba.errors import InputError
 from fox_numba.market.bars import bars_from_trades
 from fox_numba.market.calendar import day_bounds, session_bounds
 from fox_numba.market.schema import NS_PER_MINUTE, UNDEF_PRICE, Instrument, MarketDay, Mbp10, Trades, to_fixed
-from fox_numba.market.validate import UNDEF_TIMESTAMP, validate_day, validate_instrument
+from fox_numba.market.validate import UNDEF_TIMESTAMP, equals_previous, validate_day, validate_instrument
 
 INST = Instrument()
 DAY = "2024-07-02"
@@ -78,6 +78,17 @@ def test_duplicate_book_row_but_equal_timestamps_with_a_change_are_fine():
     for name in ("bid_px", "ask_px", "bid_sz", "ask_sz", "bid_ct", "ask_ct"):
         getattr(day.mbp10, name)[6] = getattr(day.mbp10, name)[5]
     rejects(day, BOOK, "ts_event", 6, "duplicate row")
+
+
+def test_a_row_equals_the_one_before_only_in_every_level_of_every_column():
+    """`equals_previous`, which the duplicate check and the importer's unchanged-book rule use: rows 1 and 2 repeat
+    row 0 but for the deepest ask count of row 2; one differing element of any column makes a row differ."""
+    px = np.tile(np.arange(10, dtype=np.int64), (4, 1))
+    ct = np.ones((4, 10), dtype=np.uint32)
+    ct[2, 9] = 2
+    px[3, 0] = -1
+    assert equals_previous([px, ct]).tolist() == [True, False, False]
+    assert equals_previous([px[:1], ct[:1]]).tolist() == []
 
 
 def test_identical_trades_at_one_instant_are_allowed():
