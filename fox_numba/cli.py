@@ -110,11 +110,12 @@ def resolve_config(
     return load_config(preset, config, extra + list(overrides or []))
 
 
-def prepare_market(cfg: FoxConfig) -> MarketSelection:
+def prepare_market(cfg: FoxConfig, *, defer: bool = False) -> MarketSelection:
     """The checked market of a stage: MBP-10 and trades are mandatory, so a store without them stops the
-    command here with a message saying what to import."""
+    command here with a message saying what to import. `defer`: the stage builds the days' features next, whose
+    one full read of each day validates it (market/select.py)."""
     with progress_bar(f"market store: {cfg.market.store}") as progress:
-        selection = select_market(cfg.market, progress)
+        selection = select_market(cfg.market, progress, defer=defer)
     for note in selection.notes:
         typer.echo(f"fox: note: {note}", err=True)
     return selection
@@ -331,7 +332,7 @@ def collect(
     from fox_numba.walkforward.driver import load_features
 
     cfg, chosen = stage_config(preset, config, set_, store)
-    selection = prepare_market(cfg)
+    selection = prepare_market(cfg, defer=True)
     fold = make_folds(cfg.folds, selection.days)[0]
     typer.echo(backend_line(chosen), err=True)
     with progress_bar("collect: building features and the fold 0 market") as progress:
@@ -371,7 +372,7 @@ def train(
     held-out selection days with --set folds.select_days=N. Writes runs/<name>/ (config, folds,
     metrics.jsonl, checkpoints, summary.json, train.log, health_diag.log) and prints one line per fold and
     one per epoch."""
-    from fox_numba.walkforward.driver import EPOCH_PHASES, train_run
+    from fox_numba.walkforward.driver import EPOCH_PHASES, load_features, train_run
     from fox_numba.walkforward.report import headline
     from fox_numba.walkforward.run_folder import RunFolder
 
@@ -381,13 +382,15 @@ def train(
         cfg, chosen = load_config(path=RunFolder.config_path(resume)), f"of {resume}"
     else:
         cfg, chosen = stage_config(preset, config, set_, store)
-    selection = prepare_market(cfg)
+    selection = prepare_market(cfg, defer=True)
     make_folds(cfg.folds, selection.days)  # too few days for the folds stops here, before any work
+    with progress_bar("market features") as progress:  # validates the days prepare_market left unchecked
+        features = load_features(cfg, selection)
     typer.echo(backend_line(chosen), err=True)
     start = time.perf_counter()
     phases = len(make_folds(cfg.folds, selection.days)) * cfg.learner.epochs * len(EPOCH_PHASES)
     with progress_bar("training", total=phases) as progress:
-        run_dir, summary = train_run(cfg, selection, resume=resume, log=typer.echo, verbose=verbose,
+        run_dir, summary = train_run(cfg, selection, features=features, resume=resume, log=typer.echo, verbose=verbose,
                                      progress=progress)
     typer.echo(f"run {run_dir} done in {time.perf_counter() - start:.0f} s: {headline(summary)}")
 
@@ -442,7 +445,7 @@ def profile(
     from fox_numba.walkforward.profile import profile as run_profile
 
     cfg, chosen = stage_config(preset, config, set_, store)
-    selection = prepare_market(cfg)
+    selection = prepare_market(cfg, defer=True)
     typer.echo(backend_line(chosen), err=True)
     out_dir = Path(cfg.run.out_dir) / (cfg.run.name or time.strftime("profile-%Y%m%d-%H%M%S"))
     result = run_profile(cfg, selection, epochs=epochs, steps=steps, out_dir=out_dir,

@@ -29,7 +29,7 @@ from fox_numba.features.feature_set import RawMarket
 from fox_numba.features.names import FEATURE_NAMES
 from fox_numba.io import atomic_path
 from fox_numba.market.schema import Instrument
-from fox_numba.market.select import instrument_key
+from fox_numba.market.select import instrument_key, mark_validated
 from fox_numba.market.store import MarketStore
 
 log = logging.getLogger(__name__)
@@ -109,11 +109,14 @@ class FeatureCache:
             log.warning("feature cache file not written (market.cache): %s", e)
 
     def parts(
-        self, store: MarketStore, days: Sequence[str], digests: Sequence[str] = ()
+        self, store: MarketStore, days: Sequence[str], digests: Sequence[str] = (), unchecked: Sequence[str] = ()
     ) -> Iterator[tuple[str, DayFeatures | None]]:
         """(day, features) of each of `days`: cached, else read from `store`, built and cached; one day's book in
         memory at a time. `digests`: the days' `MarketStore.day_digest` (empty: asked of the store, and only with a
-        cache folder: a store without digests pays a read of the day for each)."""
+        cache folder: a store without digests pays a read of the day for each). `unchecked`: days not yet validated
+        (`MarketSelection.unchecked`): each is read in full once, cached features or not, which validates it
+        (InputError as `fox data inspect` words it), and its validated-day record is written."""
+        pending = set(unchecked)
         for k, day in enumerate(days):
             if self.folder is None:
                 yield day, self._build(store, day)
@@ -124,6 +127,10 @@ class FeatureCache:
                 part = self._build(store, day)
                 if part is not None:
                     self.save(day, digest, part)
+            elif day in pending:
+                store.read_day(day)  # validation: the day's one full read in this run
+            if day in pending:
+                mark_validated(self.folder, day, digest, self.instrument)
             yield day, part
 
     def _build(self, store: MarketStore, day: str) -> DayFeatures | None:

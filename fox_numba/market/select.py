@@ -2,10 +2,16 @@
 
 Every stage command starts here, so a bad store, a day range outside it, a store without the mandatory
 MBP-10 and trades, or a selected day that fails validation stops the command before any work, with a
-message saying what to do. Every selected day is read and validated here, as `fox data inspect` does,
-so a stage refuses a store that inspect refuses, with the same message: once per store version, as each
-validated day leaves a record keyed by its content digest (`MarketStore.day_digest`) and the instrument in the
-cache folder (`market.cache`), and a day with its record is not read again (only its bars, for the session).
+message saying what to do. Every selected day is validated as `fox data inspect` does, so a stage refuses a store
+that inspect refuses, with the same message: once per store version, as each validated day leaves a record keyed
+by its content digest (`MarketStore.day_digest`) and the instrument in the cache folder (`market.cache`), and a
+day with its record is not read again here (only its bars, for the session).
+
+Where the validation reads a day: by default here (`select_market`). A stage that reads the selected days in full
+next anyway (the feature build, `walkforward.driver.load_features`) asks `defer=True`: days without a record are
+then read here for their bars only and listed in `MarketSelection.unchecked`, and the feature build validates
+each of them on the one full read it makes (`MarketStore.read_day` validates what it reads) and records it
+(`mark_validated`), so a cold run reads every day once, not twice.
 """
 
 from __future__ import annotations
@@ -46,6 +52,9 @@ class MarketSelection:
     """Selected days left out and why (no bar in the session)."""
     digests: tuple[str, ...] = ()
     """`MarketStore.day_digest` of each of `days` (empty: not asked for, as `market.cache` is 'off', or not known)."""
+    unchecked: tuple[str, ...] = ()
+    """Days of `days` not yet validated (`select_market(defer=True)`): whoever reads them in full next validates
+    them (module docstring)."""
 
 
 def cache_folder(cfg: MarketConfig, store: Path) -> Path | None:
@@ -73,13 +82,16 @@ def _day(key: str, text: str) -> str:
         raise ConfigError(f"{key}: {text!r} is not a date of the form YYYY-MM-DD") from None
 
 
-def select_market(cfg: MarketConfig, progress: Callable[[str], None] | None = None) -> MarketSelection:
+def select_market(
+    cfg: MarketConfig, progress: Callable[[str], None] | None = None, *, defer: bool = False
+) -> MarketSelection:
     """Resolve `cfg.store` ('default': the embedded market, built or reused), pick the days between
     `first_day` and `last_day` (inclusive; empty: the store's first / last), check that each selected
     day holds MBP-10 and trades (MissingDataError, saying how to import them, otherwise), and validate
     each selected day (InputError naming the group, field and row, as `fox data inspect` reports it) unless
-    the cache folder holds its validated record (module docstring), and keep each day's digest. Days
-    without a bar in `cfg.session` are left out with a note; none left is a ConfigError."""
+    the cache folder holds its validated record, or, with `defer`, leave that to the caller's full read and list
+    the day in `unchecked` (module docstring); keep each day's digest. Days without a bar in `cfg.session` are
+    left out with a note; none left is a ConfigError."""
     path = ensure_default_store(progress) if cfg.store == "default" else Path(cfg.store)
     if not path.is_file():
         raise InputError(path, "market store not found (build one with `fox data synth` or `fox data import`)")
@@ -96,40 +108,45 @@ def select_market(cfg: MarketConfig, progress: Callable[[str], None] | None = No
         span = f"{available[0]} to {available[-1]}" if available else "no days"
         raise ConfigError(f"{path}: no trading day between {first or 'the start'} and {last or 'the end'} ({span})")
     require_schemas(path, days=days)
-    kept, digests, notes = [], [], []
+    kept, digests, unchecked, notes = [], [], [], []
     folder = cache_folder(cfg, path)
     with MarketStore(path) as store:
         for k, day in enumerate(days):
             if progress is not None:
                 progress(f"checking {day} ({k + 1} of {len(days)})")
-            bars, digest = _checked_bars(store, day, folder)
+            bars, digest, checked = _checked_bars(store, day, folder, defer)
             if bars is None or bars_in_session(bars.ts_event, day, store.instrument, cfg.session).size == 0:
                 notes.append(f"{day} skipped: no bar in its {cfg.session} session (market.session)")
-            else:
-                kept.append(day)
-                digests.append(digest)
+                continue
+            kept.append(day)
+            digests.append(digest)
+            if not checked:
+                unchecked.append(day)
     if not kept:
         raise ConfigError(f"{path}: none of the {len(days)} selected trading days has a bar in the {cfg.session} session")
-    return MarketSelection(path, tuple(kept), cfg.session, tuple(notes), () if folder is None else tuple(digests))
+    return MarketSelection(path, tuple(kept), cfg.session, tuple(notes), () if folder is None else tuple(digests),
+                           tuple(unchecked))
 
 
-def _checked_bars(store: MarketStore, day: str, folder: Path | None) -> tuple[Bars | None, str]:
-    """`day`'s bars, the day validated unless `folder` holds its validated record (then only the bars are read),
-    and its digest ('' without a cache folder: not asked for)."""
-    if folder is None:
-        return store.read_day(day).bars, ""
-    digest = store.day_digest(day)
-    record = validated_record(folder, day, digest, store.instrument)
-    if record.is_file():
-        return store.read_day(day, ("bars",)).bars, digest
+def _checked_bars(store: MarketStore, day: str, folder: Path | None, defer: bool) -> tuple[Bars | None, str, bool]:
+    """`day`'s bars, its digest ('' without a cache folder: not asked for) and whether it is validated: by its
+    record in `folder` or by a full read here; with `defer` a day without a record is not read in full (only its
+    bars) and comes back not validated."""
+    digest = "" if folder is None else store.day_digest(day)
+    if folder is not None and validated_record(folder, day, digest, store.instrument).is_file():
+        return store.read_day(day, ("bars",)).bars, digest, True
+    if defer:
+        return store.read_day(day, ("bars",)).bars, digest, False
     bars = store.read_day(day).bars
-    _write_record(record, f"{day} {digest}\n")
-    return bars, digest
+    if folder is not None:
+        mark_validated(folder, day, digest, store.instrument)
+    return bars, digest, True
 
 
-def _write_record(record: Path, text: str) -> None:
-    """Write a validated-day record; a cache folder that cannot be written costs only the next check (logged)."""
+def mark_validated(folder: Path, day: str, digest: str, instrument: Instrument) -> None:
+    """Record that `day` with content `digest` passed validation for `instrument` (a read of the whole day did);
+    a cache folder that cannot be written costs only the next check (logged)."""
     try:
-        atomic_write_text(record, text)
+        atomic_write_text(validated_record(folder, day, digest, instrument), f"{day} {digest}\n")
     except OutputError as e:
         logging.getLogger(__name__).warning("validated-day record not written (market.cache): %s", e)

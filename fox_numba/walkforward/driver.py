@@ -95,12 +95,14 @@ class RunLog:
 def load_features(cfg: FoxConfig, selection: MarketSelection) -> FeatureSet:
     """Features and raw market of the selected days of the store: each day's from the feature cache
     (`market.cache`, features/cache.py) when it holds them for the day's content digest, else read from the
-    store (one day's book in memory at a time), built and cached."""
+    store (one day's book in memory at a time), built and cached; the selection's unchecked days are validated
+    on that read (market/select.py)."""
     with MarketStore(selection.path) as store:
         cache = FeatureCache(cache_folder(cfg.market, selection.path), store.instrument, cfg.features,
                              selection.session)
-        return assemble_features(cache.parts(store, selection.days, selection.digests), store.instrument,
-                                 cfg.features, source=str(selection.path), session=selection.session)
+        parts = cache.parts(store, selection.days, selection.digests, selection.unchecked)
+        return assemble_features(parts, store.instrument, cfg.features, source=str(selection.path),
+                                 session=selection.session)
 
 
 @dataclass(frozen=True)
@@ -219,12 +221,11 @@ def trim_health_log(path: Path, fold: int, epoch: int) -> None:
 class Driver:
     """One walk-forward run (module docstring)."""
 
-    def __init__(self, cfg: FoxConfig, selection: MarketSelection, run: RunFolder, *, log: RunLog,
-                 progress: Callable[..., None] | None = None) -> None:
-        self.cfg, self.selection, self.run, self.log = cfg, selection, run, log
+    def __init__(self, cfg: FoxConfig, selection: MarketSelection, features: FeatureSet, run: RunFolder, *,
+                 log: RunLog, progress: Callable[..., None] | None = None) -> None:
+        self.cfg, self.selection, self.features, self.run, self.log = cfg, selection, features, run, log
         self.progress = progress or (lambda message, advance=1: None)
         """`(message, advance)` per epoch phase (EPOCH_PHASES) and per HEALTH_DIAG snapshot (advance 0)."""
-        self.features = load_features(cfg, selection)
         self.folds = make_folds(cfg.folds, selection.days)
         with MarketStore(selection.path) as store:
             self.store_days = store.days()
@@ -350,15 +351,18 @@ class Driver:
         return kill is not None
 
 
-def train_run(cfg: FoxConfig, selection: MarketSelection, *, resume: Path | None = None,
-              log: Log = print, verbose: bool = False,
+def train_run(cfg: FoxConfig, selection: MarketSelection, *, features: FeatureSet | None = None,
+              resume: Path | None = None, log: Log = print, verbose: bool = False,
               progress: Callable[..., None] | None = None) -> tuple[Path, dict[str, Any]]:
     """Run (or resume) a walk-forward training; (run folder, summary). `log` gets a line per fold and per epoch,
     and with `verbose` the long ones too (RunLog); train.log in the run folder gets them all; `progress`
-    (progress.progress_bar's callback) a step per epoch phase of folds x epochs x EPOCH_PHASES."""
+    (progress.progress_bar's callback) a step per epoch phase of folds x epochs x EPOCH_PHASES. `features`: the
+    selection's (`load_features`), when the caller built them already."""
     folds = make_folds(cfg.folds, selection.days)  # too few days stops here, before any work
     if cfg.run.tensorboard:
         require_extra()
+    if features is None:  # before the run folder: a day that fails validation here leaves nothing behind
+        features = load_features(cfg, selection)
     run = RunFolder.open(resume) if resume is not None else RunFolder.create(cfg, folds)
     with run:
         log = RunLog(run.path / TRAIN_LOG, log, verbose=verbose)
@@ -372,7 +376,7 @@ def train_run(cfg: FoxConfig, selection: MarketSelection, *, resume: Path | None
         log(f"run folder {run.path}")
         for fold in folds:
             log.detail(fold.describe())
-        driver = Driver(cfg, selection, run, log=log, progress=progress)
+        driver = Driver(cfg, selection, features, run, log=log, progress=progress)
         try:
             summary = driver.train(resume=resume is not None)
         finally:

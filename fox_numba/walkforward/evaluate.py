@@ -58,15 +58,16 @@ def evaluate_checkpoint(checkpoint: Path, *, store: str | None, overrides: list[
     layout = ParamLayout.build(obs_dim(cfg.features), cfg.network)
     ck = load_checkpoint(checkpoint, expected_fingerprints={"params": layout.fingerprint})
     if store is None and not overrides:
-        selection = select_market(cfg.market)
+        selection = select_market(cfg.market, defer=True)
         fold = make_folds(cfg.folds, selection.days)[int(ck.meta["fold"])]
-        selection = MarketSelection(selection.path, fold.val_days, selection.session)
+        selection = MarketSelection(selection.path, fold.val_days, selection.session,
+                                    unchecked=tuple(d for d in fold.val_days if d in selection.unchecked))
     else:
         if store is not None:
             set_value(cfg, "market.store", store)
         for text in overrides:
             set_value(cfg, *parse_override(text))
-        selection = select_market(cfg.market)
+        selection = select_market(cfg.market, defer=True)
     net = [f"learner.{name}" for name in eval_network(cfg.evaluation.network)]
     forecast = FORECAST_ARRAYS if cfg.features.forecast_horizons else ()
     missing = [n for n in (*CHECKPOINT_ARRAYS, *forecast, *net, "isv") if n not in ck.arrays]

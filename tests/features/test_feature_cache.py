@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from fox_numba.config import FoxConfig
+from fox_numba.errors import InputError
 from fox_numba.features.build import build_features
 from fox_numba.features.cache import SUFFIX
 from fox_numba.market.schema import SCHEMAS
@@ -82,6 +83,37 @@ def test_cold_warm_and_no_cache_give_the_same_features_and_warm_reads_no_book(st
     shutil.rmtree(folder)
     assert_identical(load(off), want)
     assert not folder.exists()
+
+
+def test_a_deferred_selection_reads_each_day_once_and_validates_it_on_that_read(store, book_reads):
+    """select_market(defer=True) reads bars only; the feature build's one full read of each day validates and
+    records it: a cold run reads every book once (twice without the deferral, the test above); cached features
+    without a record cost one read; a day that fails validation is refused there with inspect's words."""
+    cfg = config(store)
+    want = expected(store, cfg)
+    book_reads.clear()
+    cold = select_market(cfg.market, defer=True)
+    assert cold.unchecked == want.days and book_reads == []
+    assert_identical(load_features(cfg, cold), want)
+    assert book_reads == list(want.days)
+    book_reads.clear()
+    warm = select_market(cfg.market, defer=True)
+    assert warm.unchecked == () and warm.digests == cold.digests
+    assert_identical(load_features(cfg, warm), want) and book_reads == []
+    folder = store.with_name(store.name + CACHE_SUFFIX)
+    for record in folder.glob("*.valid"):
+        record.unlink()
+    again = select_market(cfg.market, defer=True)
+    assert again.unchecked == want.days
+    assert_identical(load_features(cfg, again), want)
+    assert book_reads == list(want.days)  # features cached, each day read once to validate it
+    with h5py.File(store, "r+") as f:
+        day = f["mbp10"][want.days[1]]
+        ts = day["ts_event"]
+        ts[100], ts[101] = ts[101], ts[100]
+    bad = select_market(config(store, cache="off").market, defer=True)
+    with pytest.raises(InputError, match=f"group /mbp10/{want.days[1]}, field ts_event, row 101"):
+        load_features(config(store, cache="off"), bad)
 
 
 def test_a_damaged_mismatched_or_altered_file_is_rebuilt_and_logged(store, tmp_path, caplog, book_reads):
