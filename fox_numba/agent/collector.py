@@ -85,7 +85,7 @@ class Collector:
         self.actions = device_empty((n, N_BRANCHES), np.int32)
         self.conviction = device_empty(n, np.float32)
         self.rng_states = xoroshiro_states(n, seed, stager)
-        self.iqn = IqnActor(layout, n, iqn_quantiles, explore=True, dense=self.net.dense) if layout.iqn else None
+        self.iqn = IqnActor(layout, n, iqn_quantiles, explore=True) if layout.iqn else None
         self.n_relabel = relabel_count(hindsight_fraction, n)
         self.labels = self._hindsight_labels(hindsight_horizon, commission) if self.n_relabel > 0 else None
         """int32 [fold rows]: the hindsight label of every row (kernels/hindsight.py), None when off."""

@@ -66,7 +66,7 @@ class DirectionSignal:
         self.support_rows = device_empty((chunk, N_HEADS, 3), np.float32)
         self.q = device_empty((chunk, N_HEADS), np.float32)
         self.entropy = device_empty((chunk, N_HEADS), np.float32)
-        self.iqn = (IqnActor(layout, chunk, iqn_quantiles, explore=False, dense=self.net.dense)
+        self.iqn = (IqnActor(layout, chunk, iqn_quantiles, explore=False)
                     if layout.iqn else None)
         self.rng_states = xoroshiro_states(chunk, 0, stager) if layout.iqn else None  # the midpoints draw nothing
 

@@ -88,7 +88,7 @@ class Evaluator:
         self.actions = device_empty((n, N_BRANCHES), np.int32)
         self.conviction = device_empty(n, np.float32)
         self.rng_states = xoroshiro_states(n, 0, stager)  # argmax draws nothing; the kernel takes states
-        self.iqn = (IqnActor(layout, n, cfg.network.iqn_quantiles, explore=False, dense=self.net.dense)
+        self.iqn = (IqnActor(layout, n, cfg.network.iqn_quantiles, explore=False)
                     if layout.iqn else None)
         self.pnl = device_zeros((self.steps, n), np.float32, stream=self.stream)
         self.pos = device_zeros((self.steps, n), np.int32, stream=self.stream)

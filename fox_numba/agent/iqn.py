@@ -30,17 +30,17 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from fox_numba.actions import N_BRANCHES, N_DIRECTIONS, N_HEADS
-from fox_numba.agent.dense import WeightGrad, dense_backward_input, dense_forward
 from fox_numba.device.memory import device_empty
 from fox_numba.device.runtime import device_address
 from fox_numba.kernels.iqn import (
     act_levels,
-    cos_embed,
-    direction_values,
+    act_values,
+    backward_blocks,
+    check_head,
     draw_taus,
+    head_backward,
+    head_forward,
     loss_signal,
-    modulate,
-    modulate_backward,
     quantile_loss,
 )
 from fox_numba.kernels.learner import BranchRows
@@ -60,43 +60,36 @@ def iqn_entries(n_embed: int, width: int) -> list[tuple[str, tuple[int, ...], bo
 
 
 class IqnHead:
-    """The IQN head of one network over `batch` samples x `n_taus` levels (rows r = i * n_taus + k); with
-    `grad`, also its backward's buffers. Buffers are allocated once (the step is a captured graph)."""
+    """The IQN head of one network over `batch` samples x `n_taus` levels (rows r = i * n_taus + k), one fused
+    kernel each way (kernels/iqn.py); with `grad`, also its backward's buffers: dx and the blocks' partial sums.
+    Buffers are allocated once (the step is a captured graph)."""
 
-    def __init__(self, layout: ParamLayout, batch: int, n_taus: int, *, dense: str, grad: bool) -> None:
+    def __init__(self, layout: ParamLayout, batch: int, n_taus: int, *, grad: bool) -> None:
         if not layout.iqn:
             raise ValueError("IqnHead: the layout has no IQN entries (network.iqn_quantiles = 0)")
+        check_head(layout.iqn_embed, n_taus)
         rows, width, embed = batch * n_taus, layout.head_in, layout.iqn_embed
-        self.dense, self.rows, self.width = dense, rows, width
-        self.cos = device_empty((rows, embed), np.float32)
-        self.phi = device_empty((rows, width), np.float32)
-        self.h = device_empty((rows, width), np.float32)
+        self.rows = rows
         self.z = device_empty((rows, N_HEADS), np.float32)
         self._x: Any = None
+        self._taus: Any = None
         if grad:
-            self.dh = device_empty((rows, width), np.float32)
-            self.dphi = device_empty((rows, width), np.float32)
             self.dx = device_empty((batch, width), np.float32)
-            self._wgrad_head = WeightGrad(dense, rows, width, N_HEADS)
-            self._wgrad_embed = WeightGrad(dense, rows, embed, width)
+            size = embed * width + width + width * N_HEADS + N_HEADS  # the four IQN entries, in layout order
+            self.part = device_empty((backward_blocks(batch, n_taus), size), np.float32)
 
     def forward(self, p: dict[str, Any], x: Any, taus: Any, *, stream: Any) -> None:
         """self.z [rows, 13] = Z(x_i, tau_ik) from the parameter views `p`, x [batch, W], taus [batch, n_taus]."""
-        self._x = x
-        cos_embed(taus.reshape(self.rows), self.cos, stream=stream)
-        dense_forward(self.dense, self.cos, p[EMBED_W], p[EMBED_B], self.phi, relu=True, stream=stream)
-        modulate(x, self.phi, self.h, stream=stream)
-        dense_forward(self.dense, self.h, p[HEAD_W], p[HEAD_B], self.z, relu=False, stream=stream)
+        self._x, self._taus = x, taus.reshape(self.rows)
+        head_forward(self._taus, x, p[EMBED_W], p[EMBED_B], p[HEAD_W], p[HEAD_B], self.z, stream=stream)
 
     def backward(self, p: dict[str, Any], g: dict[str, Any], dz: Any, *, mask_input: bool, stream: Any) -> None:
         """The IQN entries of the gradient views `g` from dz [rows, 13] = dL/dz of the last forward, and self.dx
         [batch, W] = dL/dx (0 where x <= 0 when `mask_input`: x is a trunk's ReLU output)."""
         if self._x is None:
             raise RuntimeError("IqnHead.backward needs a forward first")
-        self._wgrad_head(self.h, dz, g[HEAD_W], g[HEAD_B], stream=stream)
-        dense_backward_input(self.dense, dz, p[HEAD_W], self.dh, act=None, stream=stream)
-        modulate_backward(self.dh, self._x, self.phi, self.dphi, self.dx, mask=mask_input, stream=stream)
-        self._wgrad_embed(self.cos, self.dphi, g[EMBED_W], g[EMBED_B], stream=stream)
+        head_backward(self._taus, self._x, p[EMBED_W], p[EMBED_B], p[HEAD_W], dz, self.part, self.dx,
+                      (g[EMBED_W], g[EMBED_B], g[HEAD_W], g[HEAD_B]), mask=mask_input, stream=stream)
 
 
 class IqnStep:
@@ -104,12 +97,12 @@ class IqnStep:
     learner's flat parameter, target and gradient buffers."""
 
     def __init__(self, layout: ParamLayout, batch: int, n_taus: int, weight: float, *, params: Any, target: Any,
-                 grads: Any, dense: str) -> None:
+                 grads: Any) -> None:
         self.layout, self.weight = layout, weight
         self._p, self._t, self._g = layout.views(params), layout.views(target), layout.views(grads)
         self.taus = device_empty((2, batch, n_taus), np.float32)  # online levels, then target levels
-        self.online = IqnHead(layout, batch, n_taus, dense=dense, grad=True)
-        self.target = IqnHead(layout, batch, n_taus, dense=dense, grad=False)
+        self.online = IqnHead(layout, batch, n_taus, grad=True)
+        self.target = IqnHead(layout, batch, n_taus, grad=False)
         self.loss = device_empty(N_BRANCHES * batch, np.float32)
         self.dz = device_empty((batch * n_taus, N_HEADS), np.float32)
 
@@ -129,16 +122,17 @@ class IqnStep:
 
 class IqnActor:
     """The IQN head's direction values for acting on `batch` environments: E_IQN over `n_mid` midpoint levels and,
-    exploring (collect), one quantile per direction at a level drawn from the environments' generators
-    (kernels/iqn.py). `values` [batch, 2, 4] is what select_actions' `iqn=` reads."""
+    exploring (collect), one quantile per direction at a level drawn from the environments' generators, by one
+    fused kernel that computes only the 4 direction outputs (kernels/iqn.py). `values` [batch, 2, 4] is what
+    select_actions' `iqn=` reads."""
 
-    def __init__(self, layout: ParamLayout, batch: int, n_mid: int, *, explore: bool, dense: str) -> None:
+    def __init__(self, layout: ParamLayout, batch: int, n_mid: int, *, explore: bool) -> None:
         if n_mid < 1:
             raise ValueError(f"IqnActor: network.iqn_quantiles must be >= 1, got {n_mid}")
-        self.layout, self.n_mid, self.explore = layout, n_mid, explore
         levels = n_mid + (N_DIRECTIONS if explore else 0)
+        check_head(layout.iqn_embed, n_mid, levels)
+        self.layout, self.n_mid, self.explore = layout, n_mid, explore
         self.taus = device_empty((batch, levels), np.float32)
-        self.head = IqnHead(layout, batch, levels, dense=dense, grad=False)
         self.values = device_empty((batch, 2, N_DIRECTIONS), np.float32)
         self._views: dict[int, dict[str, Any]] = {}
 
@@ -148,6 +142,7 @@ class IqnActor:
         key = device_address(params)
         if key not in self._views:
             self._views[key] = self.layout.views(params)
+        p = self._views[key]
         act_levels(states, self.taus, self.n_mid, explore=self.explore, stream=stream)
-        self.head.forward(self._views[key], x, self.taus, stream=stream)
-        direction_values(self.head.z, self.values, self.n_mid, stream=stream)
+        act_values(self.taus, x, p[EMBED_W], p[EMBED_B], p[HEAD_W], p[HEAD_B], self.values, self.n_mid,
+                   stream=stream)

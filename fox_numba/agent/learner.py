@@ -240,7 +240,7 @@ class Learner:
         # the IQN head beside C51 (network.iqn_quantiles > 0; agent/iqn.py): its step buffers
         self.iqn = (
             IqnStep(layout, b, cfg.network.iqn_quantiles, lc.iqn_weight, params=self.params, target=self.target,
-                    grads=self.grads, dense=self.online.dense)
+                    grads=self.grads)
             if layout.iqn else None
         )
         self.sync_target()

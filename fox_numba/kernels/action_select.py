@@ -49,7 +49,7 @@ Policy (the seed's Plan C), for sample i with E[Q] q_a = sum_j softmax(logits[i,
   states and the chunking of the validation days. Argmax is the greedy policy the C51 targets assume,
   and it makes evaluation a deterministic function of the parameters.
 - Direction Hold or Flat records magnitude 0.
-- With the IQN head (network.iqn_quantiles > 0, `iqn=` [B, 2, 4]: kernels/iqn.py `direction_values`), each
+- With the IQN head (network.iqn_quantiles > 0, `iqn=` [B, 2, 4]: kernels/iqn.py `act_values`), each
   direction acts on its joint value with the IQN head, the seed's "Training: argmax of (sample_C51 + sample_IQN)
   per direction (Thompson); Eval: argmax of (E_C51 + E_IQN) per direction": in evaluation the argmax of
   e_d = (E_C51[d] + E_IQN[d]) / 2; in collection the Thompson draw is (C51 draw + IQN draw) / 2, the IQN draw
@@ -370,7 +370,7 @@ def select_actions(
     float32. `explore` selects the training policy (Thompson + Boltzmann) or the evaluation policy
     (argmax E[Q]). Z is at most MAX_ATOMS. `spread` (kappa) and `tau_mult` narrow the training policy
     (module header; 1 and 1: the seed's Thompson and Boltzmann). `iqn` [B, 2, 4] float32 (network.iqn_quantiles
-    > 0; kernels/iqn.py `direction_values`): each direction's E_IQN, then its sampled quantile (read when
+    > 0; kernels/iqn.py `act_values`): each direction's E_IQN, then its sampled quantile (read when
     exploring): the directions then act on their joint values with the IQN head (module header).
 
     `lanes` (1 to LANES, default LANES = 16 on the GPU, 1 under the simulator) sets the threads per sample. Every head is computed by one

@@ -1,19 +1,16 @@
 """Implicit-quantile (IQN) head kernels (network.iqn_quantiles > 0), in the order the learner's step launches them.
 
     draw_taus(states, taus, stream=s)                       taus [2, B, N]: online, then target quantile levels
-    cos_embed(taus, cos, stream=s)                          cos [R, E] = cos(pi j tau_r), j < E
-    (phi = ReLU(cos @ W_e + b_e): a dense layer, agent/dense.py)
-    modulate(x, phi, h, stream=s)                           h [R, W] = x[r // N] * phi[r]
-    (Z = h @ W_q + b_q [R, 13]: a dense layer)
+    head_forward(taus, x, W_e, b_e, W_q, b_q, z, stream=s)  z [R, 13] = Z(x_i, tau_r), one fused launch a head
     quantile_loss(z, z_tgt, taus, q, actions, rows, weight, loss, dz, bootstrap=b, stream=s)   loss [4B], dz [R, 13]
     loss_signal(loss, weights, isv, epoch, stream=s)        ISV[IQN_LOSS_EMA] and the epoch's LOSS_IQN
-    (dW_q, db_q, dh: dense backward)
-    modulate_backward(dh, x, phi, dphi, dx, mask=m, stream=s)   dphi [R, W] and the shared input's dx [B, W]
-    (dW_e, db_e: dense weight gradient)
+    head_backward(taus, x, W_e, b_e, W_q, dz, part, dx, (dW_e, db_e, dW_q, db_q), mask=m, stream=s)
+                                                            the IQN gradients and the input's dx [B, W]: partial sums
+                                                            per block (iqn_backward), then iqn_grad_reduce
 acting (collect and evaluation; agent/iqn.py IqnActor):
     act_levels(states, taus, n_mid, explore=e, stream=s)   taus [B, L]: the midpoints, then (collect) 4 draws
-    (the head's forward on the B * L rows)
-    direction_values(z, values, n_mid, stream=s)           values [B, 2, 4]: E_IQN and the sampled quantiles
+    act_values(taus, x, W_e, b_e, W_q, b_q, values, n_mid, stream=s)   values [B, 2, 4]: E_IQN and the sampled
+                                                            quantiles, the head's 4 direction outputs only
 
 Rows: B samples x N quantile levels, row r = i * N + k (sample i, level k), R = B * N. x [B, W] is the input the
 C51 heads read (the trunk's last layer, or the observation without a trunk), A = 13 action heads (one quantile
@@ -42,8 +39,39 @@ quadrature of the mean over tau, so evaluation stays a deterministic function of
 each direction d also gets its own level tau_d, drawn from the collector's generator of the environment (4
 uniforms, before action selection's draws), and its quantile Z(x, tau_d)[d]: one sample of the IQN distribution
 per direction, as the C51 Thompson draw is one atom per direction (kernels/action_select.py).
-Launch shapes: grid-stride (`launch_strided`) over elements or rows; the level draws one thread per sample; the loss
-signal one block (a fixed-order float64 sum, then the tree: deterministic, no atomics). float32 literals.
+
+The fused head kernels write nothing of size [R, W]: cos, phi and h live in registers and shared memory and the
+backward recomputes them from taus and x (about a third of its instructions at E = 64; storing phi instead would
+cost 2 x 4 R W bytes of traffic, 0.28 GB at B = 8192, N = 32, W = 134: which is cheaper is for the H200 to
+measure). They share one inner loop: a thread owns a row (x_i, tau_r) and walks W in tiles of TILE = 16 columns;
+per tile the block stages W_e[:, tile] (E x 16), b_e[tile] and W_q[tile, :] in shared memory (5 KB at E = 64:
+every read of them is a broadcast, all threads at one address, and 16-byte vector loads), and the thread
+accumulates the tile's 16 pre-activations in registers over j < E, the cosines coming from the rotation recurrence
+(c, s)_{j+1} = (c c1 - s s1, s c1 + c s1) from (c1, s1) = (cos, sin)(pi tau) in float32. Measured against float64
+over 200k random tau (and tau near 0 and 1), E = 64: the rotation's largest error is 1.4e-5 (mostly the float32
+rounding of pi tau, which cos(pi j tau) computed directly also has: 1.9e-5 there), the Chebyshev recurrence
+cos((j+1)a) = 2 cos a cos(ja) - cos((j-1)a) reaches 1.4e-4 (near tau = 0 or 1 float32 cos a loses a), hence the
+rotation. Columns past W are staged as 0, so they add exact zeros.
+- iqn_forward: one thread per row, blocks of FWD_THREADS (grid-stride over row blocks: 1 block of 4 threads under
+  the simulator); per tile ReLU, h = x phi and the 13 outputs' FMAs from shared W_q.
+- iqn_act_values: blocks of ACT_THREADS threads holding ACT_THREADS // L whole samples (L = n_mid (+ 4) levels),
+  one thread per (sample, level), only the 4 direction outputs; each (sample, direction) then sums its midpoints
+  in k order from shared memory (1 block, grid-stride over sample groups, under the simulator).
+- iqn_backward: blocks of BWD_THREADS = 64 threads, each owning the row groups g = p, p + P, ... of GROUP_ROWS //
+  N whole samples (P = min(groups, BWD_BLOCKS_PER_SM x 132): one wave). Per tile and group, phase A (a thread per
+  row) recomputes phi and writes to shared memory cos [rows, E], dphi = dh x (phi > 0), h and dh phi [rows, 16]
+  with dh = dz W_q^T, and dz [rows, 13] (38 KB in all, so 5 blocks fit an SM); phase B (a thread per 4 x 4 block
+  of the tile's 64 x 16 dW_e and 4 of its 16 x 13 dW_q, unsigned indices and vector loads) adds the group's rows in
+  order into registers; db_e is dW_e's row 0 (cos(0) = 1 exactly, so the same sums bit for bit), db_q 13 threads'
+  sums of dz in tile 0; a thread per (sample, column) writes dx = sum_k dh phi in k order (a sample's rows lie in
+  one group, so dx needs no partial sums). After its groups the block writes the tile's sums into part[p], and
+  iqn_grad_reduce adds part[0], part[1], ... in order. Every sum has a fixed order and no atomics: two runs give
+  the same bits, whatever the GPU (P depends on the shapes only).
+Sizes: E <= EMBED_MAX = 64 (the backward's 16 x 4 threads cover 64 x 16 of dW_e), N <= GROUP_ROWS = 64, acting
+L <= ACT_THREADS = 128 (`check_head` refuses more at construction).
+Other launch shapes: grid-stride (`launch_strided`) over rows; the level draws one thread per sample; the loss
+signal one block (a fixed-order float64 sum, then the tree: deterministic, no atomics). float32 literals; one
+`cuda.shared.array` per line and no alignment under the simulator (kernels/gemm.py's caveats).
 """
 
 from __future__ import annotations
@@ -52,7 +80,7 @@ import math
 from typing import Any
 
 import numpy as np
-from numba import cuda, float32, float64, int32
+from numba import cuda, float32, float64, int32, int64, uint32
 from numba.cuda.random import xoroshiro128p_type
 
 from fox_numba.actions import DIR_OFFSET, N_BRANCHES, N_DIRECTIONS, N_HEADS
@@ -60,10 +88,21 @@ from fox_numba.device.isv import ISV_TOTAL_DIM, Isv
 from fox_numba.device.launch import check_array, i32, launch, launch_rows, launch_strided, strided_threads
 from fox_numba.device.registry import register
 from fox_numba.device.rng import XOROSHIRO_DTYPE, xoroshiro128p_uniform_float32
+from fox_numba.device.runtime import SIMULATOR
+from fox_numba.kernels.gemm import SMEM_ALIGN
 from fox_numba.kernels.heads import branch_span
 from fox_numba.kernels.learner import BOOTSTRAP_RULES, BranchRows, greedy_next
+from fox_numba.kernels.nn import SMS
 from fox_numba.kernels.signals import LOSS_ALPHA, STATS_BLOCK, EpochStat, check_epoch, ema, finite, tree_sums
 
+TILE = 16  # columns of W a thread's registers hold at once
+FWD_THREADS = 256  # iqn_forward's block
+ACT_THREADS = 128  # iqn_act_values' block: its rows, ACT_THREADS // L whole samples
+BWD_THREADS = 4 * TILE  # iqn_backward's block: 16 x 4 threads, each 4 x 4 of a 64 x 16 dW_e tile
+EMBED_MAX = BWD_THREADS  # cosine features the kernels hold
+GROUP_ROWS = BWD_THREADS  # rows of one backward group: one per thread in phase A
+HEAD_ROW = 16  # a staged W_q row's floats: the 13 heads padded to 16-byte quads (vector loads)
+BWD_BLOCKS_PER_SM = 5  # iqn_backward blocks resident per H200 multiprocessor (38 KB of shared memory each)
 _PI = np.float32(math.pi)
 _INF = np.float32(np.inf)
 _NAN = np.float32(np.nan)
@@ -97,53 +136,6 @@ def iqn_act_taus(states, taus, n_mid, explore, n_samples):
         if explore != 0:
             for d in range(N_DIRECTIONS):
                 taus[i, n_mid + d] = xoroshiro128p_uniform_float32(states, i)
-
-
-@register((_F2, _F3, int32, int32))
-@cuda.jit
-def iqn_direction_values(z, values, n_mid, n):
-    """For (i, d), n = B * 4, L = z.shape[0] // B levels per sample: values[i, 0, d] = the mean of z[i * L + k,
-    DIR_OFFSET + d] over k < n_mid (summed in k order); values[i, 1, d] = z[i * L + n_mid + d, DIR_OFFSET + d]
-    when L > n_mid (the sampled level of direction d), else values[i, 0, d]."""
-    levels = z.shape[0] // values.shape[0]
-    t = cuda.grid(1)
-    while t < n:
-        i = t // N_DIRECTIONS
-        d = t - i * N_DIRECTIONS
-        base = i * levels
-        acc = float32(0.0)
-        for k in range(n_mid):
-            acc += z[base + k, DIR_OFFSET + d]
-        mean = acc / float32(n_mid)
-        values[i, 0, d] = mean
-        values[i, 1, d] = z[base + n_mid + d, DIR_OFFSET + d] if levels > n_mid else mean
-        t += cuda.gridsize(1)
-
-
-@register((_F1, _F2, int32))
-@cuda.jit
-def iqn_cos(taus, cos, n):
-    """cos[r, j] = cos(pi * j * taus[r]); n = R * E."""
-    n_embed = cos.shape[1]
-    t = cuda.grid(1)
-    while t < n:
-        r = t // n_embed
-        j = t - r * n_embed
-        cos[r, j] = math.cos(_PI * float32(j) * taus[r])
-        t += cuda.gridsize(1)
-
-
-@register((_F2, _F2, _F2, int32, int32))
-@cuda.jit
-def iqn_modulate(x, phi, h, n_taus, n):
-    """h[r, w] = x[r // n_taus, w] * phi[r, w]; n = R * W."""
-    width = h.shape[1]
-    t = cuda.grid(1)
-    while t < n:
-        r = t // width
-        w = t - r * width
-        h[r, w] = x[r // n_taus, w] * phi[r, w]
-        t += cuda.gridsize(1)
 
 
 @register((_F2, _F2, _F2, _F2, int32[:, ::1], _F1, _F1, _F1, float32, int32, _F1, _F2, int32))
@@ -209,29 +201,287 @@ def iqn_loss_ema(loss, weights, isv, epoch, n):
             epoch[_E_IQN] += total
 
 
-@register((_F2, _F2, _F2, _F2, _F2, int32, int32, int32))
+# ---- the head: fused forward, acting and backward --------------------------------------------------------
+
+
+@cuda.jit(device=True)
+def _embed_tile(swe, tau, n_embed, acc, cs, cs_row, keep):
+    """acc[t] = sum_j cos(pi j tau) swe[j, t] for the TILE columns of the staged tile, j < n_embed in order; with
+    keep != 0 also cs[cs_row, j] = cos(pi j tau). The cosines come from the rotation recurrence (module header)."""
+    a = _PI * tau
+    c1 = float32(math.cos(a))
+    s1 = float32(math.sin(a))
+    c = float32(1.0)
+    s = float32(0.0)
+    for t in range(TILE):
+        acc[t] = float32(0.0)
+    n = uint32(n_embed)
+    j = uint32(0)
+    while j < n:  # unsigned and a plain counter: the hot loop carries no negative-index or range-iterator code
+        if keep != 0:
+            cs[cs_row, j] = c
+        for t in range(TILE):
+            acc[t] += c * swe[j, t]
+        c, s = c * c1 - s * s1, s * c1 + c * s1
+        j += uint32(1)
+
+
+@cuda.jit(device=True)
+def _stage(we, be, wq, w0, col0, n_cols, swe, sbe, swq, tid, threads):
+    """Shared <- the head's tile of columns [w0, w0 + TILE): swe[j, t] = W_e[j, w0 + t], sbe[t] = b_e[w0 + t],
+    swq[t, c] = W_q[w0 + t, col0 + c] for c < n_cols; 0 past the last column (those add exact zeros)."""
+    n_embed, width = we.shape
+    for e in range(tid, n_embed * TILE, threads):
+        j = e // TILE
+        w = w0 + e - j * TILE
+        swe[j, e - j * TILE] = we[j, w] if w < width else float32(0.0)
+    for e in range(tid, TILE * n_cols, threads):
+        t = e // n_cols
+        w = w0 + t
+        swq[t, e - t * n_cols] = wq[w, col0 + e - t * n_cols] if w < width else float32(0.0)
+    for t in range(tid, TILE, threads):
+        sbe[t] = be[w0 + t] if w0 + t < width else float32(0.0)
+
+
+@register((_F1, _F2, _F2, _F1, _F2, _F1, _F2, int32))
 @cuda.jit
-def iqn_modulate_backward(dh, x, phi, dphi, dx, n_taus, mask, n):
-    """For (i, w), n = B * W: dphi[r, w] = dh[r, w] * x[i, w] where phi[r, w] > 0 (the ReLU), else 0, for the
-    rows r = i * n_taus + k; dx[i, w] = sum_k dh[r, w] * phi[r, w] in k order, 0 where x[i, w] <= 0 when
-    mask != 0 (x a ReLU's output)."""
-    width = dx.shape[1]
-    t = cuda.grid(1)
-    while t < n:
-        i = t // width
-        w = t - i * width
-        xi = x[i, w]
-        acc = float32(0.0)
-        for k in range(n_taus):
-            r = i * n_taus + k
-            g = dh[r, w]
-            p = phi[r, w]
-            dphi[r, w] = g * xi if p > float32(0.0) else float32(0.0)
-            acc += g * p
-        if mask != 0 and not xi > float32(0.0):
-            acc = float32(0.0)
-        dx[i, w] = acc
-        t += cuda.gridsize(1)
+def iqn_forward(taus, x, we, be, wq, bq, z, n_taus):
+    """z[r] = Z(x[r // n_taus], taus[r]) for every row r < R = taus.shape[0], one thread per row; the block walks
+    the W columns in tiles of TILE staged in shared memory (module header)."""
+    swe = cuda.shared.array((EMBED_MAX, TILE), float32, SMEM_ALIGN)
+    swq = cuda.shared.array((TILE, HEAD_ROW), float32, SMEM_ALIGN)
+    sbe = cuda.shared.array(TILE, float32)
+    acc = cuda.local.array(TILE, float32)
+    zr = cuda.local.array(N_HEADS, float32)
+    n_rows = taus.shape[0]
+    n_embed, width = we.shape
+    tid = cuda.threadIdx.x
+    threads = cuda.blockDim.x
+    g = cuda.blockIdx.x
+    while g * threads < n_rows:  # block-uniform: every thread reaches every barrier
+        r = g * threads + tid
+        valid = r < n_rows
+        i = r // n_taus
+        tau = taus[r] if valid else float32(0.0)
+        for a in range(N_HEADS):
+            zr[a] = float32(0.0)
+        for w0 in range(0, width, TILE):
+            cuda.syncthreads()  # the previous tile's reads are done
+            _stage(we, be, wq, w0, 0, N_HEADS, swe, sbe, swq, tid, threads)
+            cuda.syncthreads()
+            if valid:
+                _embed_tile(swe, tau, n_embed, acc, swe, 0, 0)
+                for t in range(TILE):
+                    w = w0 + t
+                    pre = acc[t] + sbe[t]
+                    h = x[i, w] * pre if w < width and pre > float32(0.0) else float32(0.0)
+                    for a in range(N_HEADS):
+                        zr[a] += h * swq[t, a]
+        if valid:
+            for a in range(N_HEADS):
+                z[r, a] = zr[a] + bq[a]
+        g += cuda.gridDim.x
+
+
+@register((_F2, _F2, _F2, _F1, _F2, _F1, _F3, int32))
+@cuda.jit
+def iqn_act_values(taus, x, we, be, wq, bq, values, n_mid):
+    """values [B, 2, 4] of the direction heads at the levels taus [B, L] (act_levels'): values[i, 0, d] = the mean
+    over k < n_mid of Z(x_i, taus[i, k])[DIR_OFFSET + d] (summed in k order), values[i, 1, d] = Z(x_i, taus[i,
+    n_mid + d])[DIR_OFFSET + d] when L > n_mid, else values[i, 0, d]. A block holds blockDim // L whole samples,
+    one thread per (sample, level) row; each sample's mean is one thread's fixed-order sum in shared memory."""
+    swe = cuda.shared.array((EMBED_MAX, TILE), float32, SMEM_ALIGN)
+    swq = cuda.shared.array((TILE, N_DIRECTIONS), float32, SMEM_ALIGN)
+    sbe = cuda.shared.array(TILE, float32)
+    zs = cuda.shared.array((ACT_THREADS, N_DIRECTIONS), float32)
+    acc = cuda.local.array(TILE, float32)
+    zr = cuda.local.array(N_DIRECTIONS, float32)
+    n_samples, levels = taus.shape
+    n_embed, width = we.shape
+    tid = cuda.threadIdx.x
+    threads = cuda.blockDim.x
+    per_block = threads // levels
+    s_local = tid // levels
+    k = tid - s_local * levels
+    g = cuda.blockIdx.x
+    while g * per_block < n_samples:  # block-uniform
+        i = g * per_block + s_local
+        valid = s_local < per_block and i < n_samples
+        tau = taus[i, k] if valid else float32(0.0)
+        for d in range(N_DIRECTIONS):
+            zr[d] = float32(0.0)
+        for w0 in range(0, width, TILE):
+            cuda.syncthreads()
+            _stage(we, be, wq, w0, DIR_OFFSET, N_DIRECTIONS, swe, sbe, swq, tid, threads)
+            cuda.syncthreads()
+            if valid:
+                _embed_tile(swe, tau, n_embed, acc, swe, 0, 0)
+                for t in range(TILE):
+                    w = w0 + t
+                    pre = acc[t] + sbe[t]
+                    h = x[i, w] * pre if w < width and pre > float32(0.0) else float32(0.0)
+                    for d in range(N_DIRECTIONS):
+                        zr[d] += h * swq[t, d]
+        if valid:
+            for d in range(N_DIRECTIONS):
+                zs[tid, d] = zr[d] + bq[DIR_OFFSET + d]
+        cuda.syncthreads()
+        for o in range(tid, per_block * N_DIRECTIONS, threads):  # a thread per (sample, direction)
+            s = o // N_DIRECTIONS
+            d = o - s * N_DIRECTIONS
+            i = g * per_block + s
+            if i < n_samples:
+                total = float32(0.0)
+                for k2 in range(n_mid):
+                    total += zs[s * levels + k2, d]
+                mean = total / float32(n_mid)
+                values[i, 0, d] = mean
+                values[i, 1, d] = zs[s * levels + n_mid + d, d] if levels > n_mid else mean
+        g += cuda.gridDim.x
+
+
+@register((_F1, _F2, _F2, _F1, _F2, _F2, _F2, _F2, int32, int32, int32))
+@cuda.jit
+def iqn_backward(taus, x, we, be, wq, dz, part, dx, n_taus, mask, n_groups):
+    """Block p's partial IQN gradients part[p] (W_e, b_e, W_q, b_q flattened in that order) over its row groups
+    g = p, p + gridDim, ... (GROUP_ROWS // n_taus whole samples each), and dx [B, W] of the samples of its
+    groups, from dz [R, 13]; cos, phi and h are recomputed. BWD_THREADS threads; module header."""
+    swe = cuda.shared.array((EMBED_MAX, TILE), float32, SMEM_ALIGN)
+    swq = cuda.shared.array((TILE, HEAD_ROW), float32, SMEM_ALIGN)
+    sbe = cuda.shared.array(TILE, float32)
+    cs = cuda.shared.array((GROUP_ROWS, EMBED_MAX), float32, SMEM_ALIGN)
+    sdphi = cuda.shared.array((GROUP_ROWS, TILE), float32, SMEM_ALIGN)
+    sh = cuda.shared.array((GROUP_ROWS, TILE), float32)
+    sq = cuda.shared.array((GROUP_ROWS, TILE), float32)
+    sdz = cuda.shared.array((GROUP_ROWS, HEAD_ROW), float32)
+    acc = cuda.local.array(TILE, float32)
+    dzr = cuda.local.array(N_HEADS, float32)
+    cu = cuda.local.array(4, float32)
+    dp = cuda.local.array(4, float32)
+    gwe = cuda.local.array((4, 4), float32)
+    gwq = cuda.local.array(4, float32)
+    n_rows = taus.shape[0]
+    n_embed, width = we.shape
+    off_wq = n_embed * width + width
+    off_bq = off_wq + width * N_HEADS
+    tid = cuda.threadIdx.x
+    p = cuda.blockIdx.x
+    group = (GROUP_ROWS // n_taus) * n_taus
+    # phase B's indices unsigned (no negative-index code in its loop): the thread's W_e rows ju .. ju + 3 and
+    # tile columns tv .. tv + 3; its W_q tile row jq and heads tq, tq + 4, tq + 8, tq + 12 (< 13 written)
+    jq = uint32(tid) // uint32(4)
+    tq = uint32(tid) - jq * uint32(4)
+    ju = jq * uint32(4)
+    tv = tq * uint32(4)
+    for e in range(tid, GROUP_ROWS * EMBED_MAX, BWD_THREADS):  # the columns phase A never writes read as 0
+        if e % EMBED_MAX >= n_embed:
+            cs[e // EMBED_MAX, e % EMBED_MAX] = float32(0.0)
+        if e % EMBED_MAX < HEAD_ROW - N_HEADS:
+            sdz[e // EMBED_MAX, N_HEADS + e % EMBED_MAX] = float32(0.0)
+    gbq = float32(0.0)
+    for w0 in range(0, width, TILE):
+        cuda.syncthreads()  # the previous tile's reads are done
+        _stage(we, be, wq, w0, 0, N_HEADS, swe, sbe, swq, tid, BWD_THREADS)
+        for u in range(4):
+            gwq[u] = float32(0.0)
+            for v in range(4):
+                gwe[u, v] = float32(0.0)
+        g = p
+        while g < n_groups:  # block-uniform
+            r0 = g * group
+            rows = min(group, n_rows - r0)
+            cuda.syncthreads()  # staging, or the previous group's reads, done
+            if tid < rows:  # phase A: one thread per row
+                r = r0 + tid
+                i = r // n_taus
+                _embed_tile(swe, taus[r], n_embed, acc, cs, tid, 1)
+                for a in range(N_HEADS):
+                    dzr[a] = dz[r, a]
+                    sdz[tid, a] = dzr[a]
+                for t in range(TILE):
+                    w = w0 + t
+                    xv = x[i, w] if w < width else float32(0.0)
+                    pre = acc[t] + sbe[t]
+                    dh = float32(0.0)
+                    for a in range(N_HEADS):
+                        dh += dzr[a] * swq[t, a]
+                    on = pre > float32(0.0)
+                    sh[tid, t] = xv * pre if on else float32(0.0)
+                    sdphi[tid, t] = dh * xv if on else float32(0.0)
+                    sq[tid, t] = dh * pre if on else float32(0.0)
+            cuda.syncthreads()
+            rr = uint32(0)
+            while rr < uint32(rows):  # phase B: a thread per block of outputs, the group's rows in order
+                for u in range(4):
+                    cu[u] = cs[rr, ju + uint32(u)]
+                    dp[u] = sdphi[rr, tv + uint32(u)]
+                for u in range(4):
+                    for v in range(4):
+                        gwe[u, v] += cu[u] * dp[v]
+                hv = sh[rr, jq]
+                for m in range(4):
+                    gwq[m] += hv * sdz[rr, tq + uint32(4 * m)]
+                rr += uint32(1)
+            if w0 == 0 and TILE <= tid < TILE + N_HEADS:
+                for r2 in range(rows):
+                    gbq += sdz[r2, tid - TILE]
+            o = uint32(tid)
+            while o < uint32(rows // n_taus * TILE):  # dx of the group's samples: a thread per (sample, column)
+                s = o // uint32(TILE)
+                t = o % uint32(TILE)
+                w = w0 + int64(t)
+                if w < width:
+                    i = r0 // n_taus + int64(s)
+                    v2 = float32(0.0)
+                    k = s * uint32(n_taus)
+                    while k < (s + uint32(1)) * uint32(n_taus):  # the sample's levels in order
+                        v2 += sq[k, t]
+                        k += uint32(1)
+                    dx[i, w] = v2 if mask == 0 or x[i, w] > float32(0.0) else float32(0.0)
+                o += uint32(BWD_THREADS)
+            g += cuda.gridDim.x
+        for u in range(4):  # this tile's partials; cos(0 pi tau) = 1, so dW_e's row 0 is db_e, bit for bit
+            j = int64(ju) + u
+            for v in range(4):
+                w = w0 + int64(tv) + v
+                if j < n_embed and w < width:
+                    part[p, j * width + w] = gwe[u, v]
+                    if j == 0:
+                        part[p, n_embed * width + w] = gwe[u, v]
+        w = w0 + int64(jq)
+        for m in range(4):
+            a = int64(tq) + 4 * m
+            if w < width and a < N_HEADS:
+                part[p, off_wq + w * N_HEADS + a] = gwq[m]
+    if TILE <= tid < TILE + N_HEADS:
+        part[p, off_bq + tid - TILE] = gbq
+
+
+@register((_F2, _F2, _F1, _F2, _F1, int32))
+@cuda.jit
+def iqn_grad_reduce(part, gwe, gbe, gwq, gbq, n):
+    """The IQN gradients = the sum of the blocks' partials part[0] + part[1] + ... in block order, one thread per
+    element of the flattened (W_e, b_e, W_q, b_q); n = their total size."""
+    n_embed, width = gwe.shape
+    off_be = n_embed * width
+    off_wq = off_be + width
+    off_bq = off_wq + width * N_HEADS
+    e = cuda.grid(1)
+    while e < n:
+        total = float32(0.0)
+        for p in range(part.shape[0]):
+            total += part[p, e]
+        if e < off_be:
+            j = e // width
+            gwe[j, e - j * width] = total
+        elif e < off_wq:
+            gbe[e - off_be] = total
+        elif e < off_bq:
+            w = (e - off_wq) // N_HEADS
+            gwq[w, e - off_wq - w * N_HEADS] = total
+        else:
+            gbq[e - off_bq] = total
+        e += cuda.gridsize(1)
 
 
 # ---- wrappers (check, then launch; they allocate nothing) ----------------------------------------------
@@ -258,34 +508,6 @@ def draw_taus(states: Any, taus: Any, *, stream: Any) -> None:
     check_array("taus", taus, "[2, B, N]", (2, b, n))
     check_array("states", states, "[B]", (b,), XOROSHIRO_DTYPE)
     launch(iqn_taus, b, states, taus, i32(b), stream=stream)
-
-
-def cos_embed(taus: Any, cos: Any, *, stream: Any) -> None:
-    """cos [R, E] = cos(pi j tau_r) of the levels taus [R] (a [B, N] array flattened)."""
-    r = _shape(taus)[0]
-    check_array("taus", taus, "[R]", (r,))
-    if len(cos.shape) != 2 or cos.shape[0] != r or cos.shape[1] < 1:
-        raise ValueError(f"cos must be a float32 array [R = {r}, E], got shape {_shape(cos)}")
-    check_array("cos", cos, "[R, E]", _shape(cos))
-    n = r * int(cos.shape[1])
-    launch_strided(iqn_cos, n, taus, cos, i32(n), stream=stream)
-
-
-def _rows(x: Any, phi: Any) -> tuple[int, int, int]:
-    """(B, N, W) of x [B, W] and phi [B * N, W]."""
-    if len(x.shape) != 2 or len(phi.shape) != 2 or min(x.shape) < 1 or phi.shape[1] != x.shape[1] or (
-            phi.shape[0] % x.shape[0] or phi.shape[0] < 1):
-        raise ValueError(f"x must be [B, W] and phi [B * N, W], got {_shape(x)} and {_shape(phi)}")
-    b, w = _shape(x)
-    return b, int(phi.shape[0]) // b, w
-
-
-def modulate(x: Any, phi: Any, h: Any, *, stream: Any) -> None:
-    """h [B * N, W] = x [B, W] (each row repeated over its N levels) * phi [B * N, W]."""
-    b, n, w = _rows(x, phi)
-    for name, arr, shape in (("x", x, (b, w)), ("phi", phi, (b * n, w)), ("h", h, (b * n, w))):
-        check_array(name, arr, "", shape)
-    launch_strided(iqn_modulate, b * n * w, x, phi, h, i32(n), i32(b * n * w), stream=stream)
 
 
 def quantile_loss(z: Any, z_tgt: Any, taus: Any, q: Any, actions: Any, rows: BranchRows, weight: float, loss: Any,
@@ -321,17 +543,6 @@ def loss_signal(loss: Any, weights: Any, isv: Any, epoch: Any, *, stream: Any) -
     launch_rows(iqn_loss_ema, 1, strided_threads(STATS_BLOCK), loss, weights, isv, epoch, i32(r), stream=stream)
 
 
-def modulate_backward(dh: Any, x: Any, phi: Any, dphi: Any, dx: Any, *, mask: bool, stream: Any) -> None:
-    """dphi [B * N, W] and dx [B, W] from dh [B * N, W] = dL/dh (kernel iqn_modulate_backward); `mask`: x is a
-    ReLU's output, so dx is 0 where x <= 0."""
-    b, n, w = _rows(x, phi)
-    for name, arr, shape in (("dh", dh, (b * n, w)), ("x", x, (b, w)), ("phi", phi, (b * n, w)),
-                             ("dphi", dphi, (b * n, w)), ("dx", dx, (b, w))):
-        check_array(name, arr, "", shape)
-    launch_strided(iqn_modulate_backward, b * w, dh, x, phi, dphi, dx, i32(n), i32(int(mask)), i32(b * w),
-                   stream=stream)
-
-
 def act_levels(states: Any, taus: Any, n_mid: int, *, explore: bool, stream: Any) -> None:
     """taus [B, n_mid (+ 4 when exploring)]: the n_mid midpoints, then one drawn level per direction from the B
     generators `states` (each advances by 4 draws when exploring, by none otherwise)."""
@@ -345,17 +556,89 @@ def act_levels(states: Any, taus: Any, n_mid: int, *, explore: bool, stream: Any
     launch(iqn_act_taus, b, states, taus, i32(n_mid), i32(int(explore)), i32(b), stream=stream)
 
 
-def direction_values(z: Any, values: Any, n_mid: int, *, stream: Any) -> None:
-    """values [B, 2, 4] (E_IQN per direction, then the sampled quantiles, or E_IQN again without draws) from the
-    head's z [B * L, 13] on `act_levels`' taus."""
-    if len(values.shape) != 3 or values.shape[0] < 1:
-        raise ValueError(f"values must be a float32 array [B, 2, {N_DIRECTIONS}], got shape {_shape(values)}")
-    b = int(values.shape[0])
+
+
+def check_head(n_embed: int, n_taus: int, levels: int = 0) -> None:
+    """Refuse sizes the fused kernels cannot hold (module header): n_embed (network.iqn_embed) cosine features,
+    n_taus (network.iqn_quantiles) learner levels, `levels` acting levels per sample."""
+    if not 1 <= n_embed <= EMBED_MAX:
+        raise ValueError(f"network.iqn_embed must be in [1, {EMBED_MAX}] (the fused IQN kernels), got {n_embed}")
+    if not 1 <= n_taus <= GROUP_ROWS or levels > ACT_THREADS:
+        raise ValueError(f"network.iqn_quantiles must be in [1, {GROUP_ROWS}] and its acting levels (+ 4 draws in "
+                         f"collect) at most {ACT_THREADS} (the fused IQN kernels), got {n_taus} and {levels}")
+
+
+def _head_args(x: Any, we: Any, be: Any, wq: Any, bq: Any | None) -> tuple[int, int, int]:
+    """(B, E, W) of x [B, W] and the head's parameters, checked."""
+    if len(x.shape) != 2 or len(we.shape) != 2 or min(x.shape) < 1 or we.shape[1] != x.shape[1]:
+        raise ValueError(f"x must be [B, W] and the embedding weight [E, W], got {_shape(x)} and {_shape(we)}")
+    b, w = _shape(x)
+    e = int(we.shape[0])
+    check_head(e, 1)
+    checks = [("x", x, (b, w)), ("W_e", we, (e, w)), ("b_e", be, (w,)), ("W_q", wq, (w, N_HEADS))]
+    for name, arr, shape in checks + ([("b_q", bq, (N_HEADS,))] if bq is not None else []):
+        check_array(name, arr, "", shape)
+    return b, e, w
+
+
+def head_forward(taus: Any, x: Any, we: Any, be: Any, wq: Any, bq: Any, z: Any, *, stream: Any) -> None:
+    """z [B * N, 13] = Z(x_i, tau_ik) of x [B, W] at the levels taus [B * N] (a [B, N] array flattened), from the
+    head's parameters W_e [E, W], b_e [W], W_q [W, 13], b_q [13]."""
+    b, _, _ = _head_args(x, we, be, wq, bq)
+    rows = _shape(taus)[0]
+    if len(taus.shape) != 1 or rows % b:
+        raise ValueError(f"taus must be [B * N] for B = {b} samples, got shape {_shape(taus)}")
+    check_array("taus", taus, "[B * N]", (rows,))
+    check_array("z", z, "[B * N, 13]", (rows, N_HEADS))
+    launch_strided(iqn_forward, rows, taus, x, we, be, wq, bq, z, i32(rows // b), stream=stream, block=FWD_THREADS)
+
+
+def act_values(taus: Any, x: Any, we: Any, be: Any, wq: Any, bq: Any, values: Any, n_mid: int, *,
+               stream: Any) -> None:
+    """values [B, 2, 4] (E_IQN per direction over the n_mid midpoints, then the sampled quantiles, or E_IQN again
+    without draws) of x [B, W] at `act_levels`' taus [B, n_mid (+ 4)] (kernel iqn_act_values)."""
+    b, _, _ = _head_args(x, we, be, wq, bq)
+    levels = _taus_shape(taus)[1]
+    if taus.shape[0] != b or levels not in (n_mid, n_mid + N_DIRECTIONS) or n_mid < 1 or levels > ACT_THREADS:
+        raise ValueError(f"act_values: taus {_shape(taus)} for B = {b} samples and {n_mid} midpoints (at most "
+                         f"{ACT_THREADS} levels)")
     check_array("values", values, f"[B, 2, {N_DIRECTIONS}]", (b, 2, N_DIRECTIONS))
-    rows = int(z.shape[0])
-    levels = rows // b
-    if rows % b or levels not in (n_mid, n_mid + N_DIRECTIONS) or n_mid < 1:
-        raise ValueError(f"direction_values: z has {rows} rows for B = {b} samples and {n_mid} midpoints")
-    check_array("z", z, "[B * L, 13]", (rows, N_HEADS))
-    launch_strided(iqn_direction_values, b * N_DIRECTIONS, z, values, i32(n_mid), i32(b * N_DIRECTIONS),
-                   stream=stream)
+    blocks = 1 if SIMULATOR else -(-b // (ACT_THREADS // levels))
+    launch_rows(iqn_act_values, blocks, ACT_THREADS, taus, x, we, be, wq, bq, values, i32(n_mid), stream=stream)
+
+
+def backward_groups(batch: int, n_taus: int) -> int:
+    """Row groups of the backward over batch x n_taus rows: GROUP_ROWS // n_taus whole samples each."""
+    check_head(1, n_taus)
+    return -(-batch // (GROUP_ROWS // n_taus))
+
+
+def backward_blocks(batch: int, n_taus: int) -> int:
+    """Blocks (and partial-gradient rows) of the backward: one wave of BWD_BLOCKS_PER_SM per multiprocessor of an
+    H200 (a constant, so the bits depend on no GPU), fewer when there are fewer row groups."""
+    return min(backward_groups(batch, n_taus), BWD_BLOCKS_PER_SM * SMS)
+
+
+def head_backward(taus: Any, x: Any, we: Any, be: Any, wq: Any, dz: Any, part: Any, dx: Any, grads: tuple[Any, ...],
+                  *, mask: bool, stream: Any) -> None:
+    """From dz [B * N, 13] = dL/dz of `head_forward` at taus [B * N]: grads = (dW_e, db_e, dW_q, db_q) (written, not
+    added) and dx [B, W] = dL/dx (0 where x <= 0 when `mask`: x is a ReLU's output). part [P, E W + W + 13 W + 13]
+    is the scratch of the P = part.shape[0] <= backward_groups(B, N) blocks' partial sums (backward_blocks)."""
+    b, e, w = _head_args(x, we, be, wq, None)
+    rows = _shape(taus)[0]
+    if len(taus.shape) != 1 or rows % b:
+        raise ValueError(f"taus must be [B * N] for B = {b} samples, got shape {_shape(taus)}")
+    n_taus = rows // b
+    groups = backward_groups(b, n_taus)
+    size = e * w + w + w * N_HEADS + N_HEADS
+    if len(part.shape) != 2 or not 1 <= part.shape[0] <= groups:
+        raise ValueError(f"part must be [P, {size}] with 1 <= P <= {groups} row groups, got {_shape(part)}")
+    gwe, gbe, gwq, gbq = grads
+    checks = [("taus", taus, (rows,)), ("dz", dz, (rows, N_HEADS)), ("part", part, (int(part.shape[0]), size)),
+              ("dx", dx, (b, w)), ("dW_e", gwe, (e, w)), ("db_e", gbe, (w,)), ("dW_q", gwq, (w, N_HEADS)),
+              ("db_q", gbq, (N_HEADS,))]
+    for name, arr, shape in checks:
+        check_array(name, arr, "", shape)
+    launch_rows(iqn_backward, int(part.shape[0]), BWD_THREADS, taus, x, we, be, wq, dz, part, dx, i32(n_taus),
+                i32(int(mask)), i32(groups), stream=stream)
+    launch_strided(iqn_grad_reduce, size, part, gwe, gbe, gwq, gbq, i32(size), stream=stream)

@@ -26,7 +26,7 @@ from fox_numba.device.memory import device_zeros
 from fox_numba.kernels.signals import LOSS_ALPHA
 
 N_TAUS, EMBED = 3, 4
-IQN_KERNELS = {"iqn_taus", "iqn_cos", "iqn_modulate", "iqn_quantile_loss", "iqn_loss_ema", "iqn_modulate_backward"}
+IQN_KERNELS = {"iqn_taus", "iqn_forward", "iqn_quantile_loss", "iqn_loss_ema", "iqn_backward", "iqn_grad_reduce"}
 
 
 def iqn_config(n_layers=1, weight=1.0):
@@ -54,15 +54,15 @@ def test_layout_appends_the_iqn_entries_and_initialises_them():
 
 
 def test_head_forward_and_backward_match_float64(stream, stager, rng):
-    """B = 2 samples, W = 5 inputs (a ReLU's output: some zeros, masked in dx), random parameters. The strided
-    dense kernels (the tiled GEMMs give the same bits at these sizes: tests/kernels/test_dense_strided.py)."""
+    """B = 2 samples, W = 5 inputs (a ReLU's output: some zeros, masked in dx), random parameters: the fused
+    kernels through the head's parameter and gradient views (each kernel: tests/kernels/test_iqn_kernels.py)."""
     b, width = 2, 5
     lay = ParamLayout.build(width, NetworkConfig(n_atoms=5, iqn_quantiles=N_TAUS, iqn_embed=EMBED))
     flat = rng.standard_normal(lay.size).astype(np.float32)
     x = np.maximum(rng.standard_normal((b, width)), 0).astype(np.float32)
     taus = rng.random((b, N_TAUS)).astype(np.float32)
     dz = rng.standard_normal((b * N_TAUS, N_HEADS)).astype(np.float32)
-    head = IqnHead(lay, b, N_TAUS, dense="strided", grad=True)
+    head = IqnHead(lay, b, N_TAUS, grad=True)
     grads = device_zeros(lay.size, np.float32, stream=stream)
     p, g = lay.views(stager.upload_new(flat)), lay.views(grads)
     head.forward(p, stager.upload_new(x), stager.upload_new(taus), stream=stream)
@@ -136,9 +136,8 @@ def test_at_weight_zero_the_c51_gradient_is_the_iqn_less_steps(stream, stager, r
     assert not IQN_KERNELS & set(names[1])
     step = names[0]
     first, backward = step.index("iqn_taus"), step.index("dueling_combine_bwd")
-    assert step[first:backward] == ["iqn_taus", *(["iqn_cos", "dense_fwd", "iqn_modulate", "dense_fwd"] * 2),
-                                    "iqn_quantile_loss", "iqn_loss_ema", "dense_wgrad", "dense_bwd_in",
-                                    "iqn_modulate_backward", "dense_wgrad"]
+    assert step[first:backward] == ["iqn_taus", "iqn_forward", "iqn_forward", "iqn_quantile_loss", "iqn_loss_ema",
+                                    "iqn_backward", "iqn_grad_reduce"]
     rest = step[:first] + step[backward:]
     rest.remove("axpy_f32")  # the IQN input gradient added into the trunk's
     assert rest == names[1]  # otherwise the IQN-less step's launches, in order
