@@ -199,7 +199,7 @@ class NetworkConfig:
     iqn_quantiles: int = opt(
         0,
         "Implicit-quantile (IQN) head beside the C51 heads (0: off): the quantile samples tau per transition in its "
-        "loss, N = N' (Dabney et al. 2018 used 64 and 64). The head reads the C51 heads' input x and the cosine "
+        "loss, N = N', at most 64 (Dabney et al. 2018 used 64 and 64). The head reads the C51 heads' input x and the cosine "
         "embedding phi(tau) = ReLU(cos(pi i tau) @ W_e + b_e), i < iqn_embed, and gives one quantile per action: "
         "Z(x, tau) = (x * phi(tau)) @ W_q + b_q. It is trained beside C51 (quantile Huber loss, kappa 1, towards r + "
         "discount Z_target(s', a*, tau') with C51's double-DQN a*; weight learner.iqn_weight), and its gradient "
@@ -208,7 +208,7 @@ class NetworkConfig:
         "at a level drawn per direction, evaluation the argmax of (E_C51 + E_IQN) / 2, E_IQN the mean over N "
         "midpoint levels; the conviction reads that joint E[Q] (kernels/action_select.py). Not yet measured here.",
     )
-    iqn_embed: int = opt(64, "Cosine features of the IQN head's tau embedding (Dabney et al. 2018: 64).")
+    iqn_embed: int = opt(64, "Cosine features of the IQN head's tau embedding, at most 64 (Dabney et al. 2018: 64).")
 
 
 @dataclass
