@@ -227,6 +227,19 @@ def _embed_tile(swe, tau, n_embed, acc, cs, cs_row, keep):
 
 
 @cuda.jit(device=True)
+def _head_tile(swe, sbe, swq, x, i, w0, tau, n_embed, width, acc, zr, n_out):
+    """zr[c] += sum over the staged tile's columns w < width of x[i, w] phi_w(tau) swq[w - w0, c], c < n_out (the
+    forward's inner loop, shared by iqn_forward and iqn_act_values); columns past the head's width add nothing."""
+    _embed_tile(swe, tau, n_embed, acc, swe, 0, 0)
+    for t in range(TILE):
+        w = w0 + t
+        pre = acc[t] + sbe[t]
+        h = x[i, w] * pre if w < width and pre > float32(0.0) else float32(0.0)
+        for c in range(n_out):
+            zr[c] += h * swq[t, c]
+
+
+@cuda.jit(device=True)
 def _stage(we, be, wq, w0, col0, n_cols, swe, sbe, swq, tid, threads):
     """Shared <- the head's tile of columns [w0, w0 + TILE): swe[j, t] = W_e[j, w0 + t], sbe[t] = b_e[w0 + t],
     swq[t, c] = W_q[w0 + t, col0 + c] for c < n_cols; 0 past the last column (those add exact zeros)."""
@@ -270,13 +283,7 @@ def iqn_forward(taus, x, we, be, wq, bq, z, n_taus):
             _stage(we, be, wq, w0, 0, N_HEADS, swe, sbe, swq, tid, threads)
             cuda.syncthreads()
             if valid:
-                _embed_tile(swe, tau, n_embed, acc, swe, 0, 0)
-                for t in range(TILE):
-                    w = w0 + t
-                    pre = acc[t] + sbe[t]
-                    h = x[i, w] * pre if w < width and pre > float32(0.0) else float32(0.0)
-                    for a in range(N_HEADS):
-                        zr[a] += h * swq[t, a]
+                _head_tile(swe, sbe, swq, x, i, w0, tau, n_embed, width, acc, zr, N_HEADS)
         if valid:
             for a in range(N_HEADS):
                 z[r, a] = zr[a] + bq[a]
@@ -315,13 +322,7 @@ def iqn_act_values(taus, x, we, be, wq, bq, values, n_mid):
             _stage(we, be, wq, w0, DIR_OFFSET, N_DIRECTIONS, swe, sbe, swq, tid, threads)
             cuda.syncthreads()
             if valid:
-                _embed_tile(swe, tau, n_embed, acc, swe, 0, 0)
-                for t in range(TILE):
-                    w = w0 + t
-                    pre = acc[t] + sbe[t]
-                    h = x[i, w] * pre if w < width and pre > float32(0.0) else float32(0.0)
-                    for d in range(N_DIRECTIONS):
-                        zr[d] += h * swq[t, d]
+                _head_tile(swe, sbe, swq, x, i, w0, tau, n_embed, width, acc, zr, N_DIRECTIONS)
         if valid:
             for d in range(N_DIRECTIONS):
                 zs[tid, d] = zr[d] + bq[DIR_OFFSET + d]
