@@ -195,7 +195,9 @@ def load_checkpoint(
     for name, want in (expected_fingerprints or {}).items():
         got = fingerprints.get(name)
         if got != want:
-            raise _mismatch(path, f"{name} layout fingerprint", str(got), want)
+            raise _mismatch(path, f"{name} layout fingerprint", str(got), want,
+                            f" (it was written for another {name} layout, e.g. other network.* sizes or parts: "
+                            "train anew, or load it with the config that wrote it)")
     try:
         registry_state = json.loads(registry) if registry else None
     except ValueError:

@@ -209,6 +209,39 @@ class NetworkConfig:
         "midpoint levels; the conviction reads that joint E[Q] (kernels/action_select.py). Not yet measured here.",
     )
     iqn_embed: int = opt(64, "Cosine features of the IQN head's tau embedding, at most 64 (Dabney et al. 2018: 64).")
+    spectral_norm: bool = opt(
+        False,
+        "Spectral normalisation of the trunk's dense layers (Miyato et al. 2018; needs n_layers >= 1): each trunk "
+        "layer reads W / sigma, sigma = v^T W u from persistent power-iteration vectors u, v (learner state: reset "
+        "per fold from the seed, held in checkpoints). The learner's online forward runs spectral_iters power "
+        "iterations per step and backpropagates through sigma; the target network, collect and evaluation read u, "
+        "v as they are (agent/spectral.py, kernels/spectral.py). The epoch stat spectral_sigma is the mean sigma. "
+        "Not yet measured here.",
+    )
+    spectral_iters: int = opt(1, "Power iterations per learner step of spectral_norm (>= 1; the paper used 1).")
+    residual: bool = opt(
+        False,
+        "Trunk layers 1 .. n_layers - 1 (hidden -> hidden) as residual blocks x + relu(x W + b) (needs n_layers >= "
+        "2; layer 0 stays plain). Implied by stochastic_depth > 0; on its own, the architecture without drops. "
+        "Not yet measured here.",
+    )
+    stochastic_depth: float = opt(
+        0.0,
+        "Stochastic depth (Huang et al. 2016; 0: off, else in (0, 1); makes the trunk residual, needs n_layers >= "
+        "2): in the learner's online network each row drops residual block l with probability stochastic_depth * "
+        "l / (n_layers - 1) (the last block at stochastic_depth) and scales a kept block by 1 / (1 - p_l); the "
+        "draw is keyed on the device by (seed, step, layer, row). The target network, collect and evaluation keep "
+        "every block (the expected value). Not combined with learner.dropout (refused). Not yet measured here.",
+    )
+    vsn: bool = opt(
+        False,
+        "Variable-selection network on the observation (agent/vsn.py, kernels/vsn.py): per sample, a softmax gate w "
+        "= softmax(x W_g + b_g) over K feature groups (OFI, trade, bar, history = the EMA columns, forecast when "
+        "present, portfolio) scales each column c of group k to K w_k x_c before the trunk (or the heads) read it; "
+        "the gate starts uniform (the identity) and is learned with the network. ISV 87-88 and HEALTH_DIAG "
+        "vsn_focus_max / vsn_focus_entropy follow its focus. With an IQN head it needs n_layers >= 1. Not yet "
+        "measured on the suite.",
+    )
 
 
 @dataclass
@@ -348,6 +381,11 @@ class RunConfig:
     name: str = opt("", "Run name (empty: a timestamp).")
     seed: int = opt(0, "Seed for every random stream (network init, environments, sampling).")
     graphs: bool = opt(True, "Replay captured CUDA graphs on the GPU (False: launch eagerly, for debugging).")
+    precision: str = opt(
+        "fp32", "Dense layers' arithmetic on the GPU: fp32 (exact float32 GEMMs) or tf32 (tensor cores; operands "
+                "rounded to 10 mantissa bits, fp32 accumulation; kernels/gemm_tf32.py). The simulator always runs "
+                "fp32.",
+    )
     diag_every: int = opt(50, "Gradient steps between HEALTH_DIAG snapshots.")
     tensorboard: bool = opt(
         False, "Also write TensorBoard event files into the run folder's tensorboard/ (every epoch's validation, "

@@ -171,18 +171,68 @@ def dropout_keep64(rows, hidden, *, seed, step, layer, rate):
     return keep
 
 
-def net_head64(p, n_layers, obs, keep=None):
+def net_head64(p, n_layers, obs, keep=None, *, spectral=None, residual=False, depth=None):
     """(trunk activations [list of [B, H]], head GEMM output [B, 17 * Z + 1]) in float64, from host params p
     (the layout's `unpack` of a flat buffer); the last column is the auxiliary forecast. `keep` (a list of
-    [B, H] factors per hidden layer, `dropout_keep64`) multiplies each layer's ReLU output."""
+    [B, H] factors per hidden layer, `dropout_keep64`) multiplies each layer's ReLU output. `spectral` (a list of
+    (u, v) per trunk layer) divides each trunk weight by its sigma = v^T W u; `residual` makes layers 1.. blocks
+    x + d * relu(x W + b), d = depth[layer - 1] [B] (`depth_factors64`) or 1."""
     x = np.asarray(obs, np.float64)
     acts = []
     for layer in range(n_layers):
-        x = np.maximum(x @ p[f"trunk.{layer}.weight"].astype(np.float64) + p[f"trunk.{layer}.bias"], 0.0)
-        if keep is not None:
-            x = x * keep[layer]
+        w = p[f"trunk.{layer}.weight"].astype(np.float64)
+        if spectral is not None:
+            u, v = spectral[layer]
+            w = w / max(v @ w @ u, SN_EPS64)
+        h = np.maximum(x @ w + p[f"trunk.{layer}.bias"], 0.0)
+        if residual and layer > 0:
+            d = np.ones(len(x)) if depth is None else depth[layer - 1]
+            h = x + d[:, None] * h
+        x = h * keep[layer] if keep is not None else h
         acts.append(x)
     return acts, x @ p["head.weight"].astype(np.float64) + p["head.bias"]
+
+
+SN_EPS64 = 1e-12  # kernels/spectral.py SN_EPS
+
+
+def spectral_power64(w, u, v, n_iters):
+    """(u, v, sigma) in float64 after `n_iters` power iterations v = normalise(W u), u = normalise(W^T v) on
+    W [in, out]; sigma = max(v^T W u, eps) (kernels/spectral.py)."""
+    w, u, v = (np.asarray(a, np.float64) for a in (w, u, v))
+    for _ in range(n_iters):
+        v = w @ u
+        v = v / max(np.linalg.norm(v), SN_EPS64)
+        u = w.T @ v
+        u = u / max(np.linalg.norm(u), SN_EPS64)
+    return u, v, max(float(v @ w @ u), SN_EPS64)
+
+
+def spectral_grad64(g, w, u, v, sigma):
+    """dL/dW = (G - <G, W / sigma> v u^T) / sigma from G = dL/d(W / sigma), u and v held constant."""
+    g = np.asarray(g, np.float64)
+    w_sn = np.asarray(w, np.float64) / sigma
+    return (g - np.sum(g * w_sn) * np.outer(v, u)) / sigma
+
+
+def hash_uniform64(seed, step, layer, i):
+    """kernels/dropout.py hash_uniform in Python integers: the top 24 bits of splitmix64 of the key, / 2**24."""
+    from fox_numba.kernels.dropout import GOLDEN, MIX_LAYER, MIX_STEP
+
+    mask = (1 << 64) - 1
+    z = (seed * GOLDEN + step * MIX_STEP + layer * MIX_LAYER + i) & mask
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
+    z ^= z >> 31
+    return (z >> 40) / float(1 << 24)
+
+
+def depth_factors64(rows, *, seed, step, layer, rate):
+    """kernels/depth.py's per-row keep factors [rows] of trunk layer `layer`: 0 or 1 / (1 - rate)."""
+    from fox_numba.kernels.depth import DEPTH_KEY
+
+    u = np.array([hash_uniform64(seed, step, layer + DEPTH_KEY, r) for r in range(rows)])
+    return np.where(u < rate, 0.0, 1.0 / (1.0 - rate))
 
 
 def net_forward64(p, n_layers, obs, n_atoms, keep=None):
@@ -257,11 +307,11 @@ def adamw64(p, m, v, g, *, clip_scale, lr, t, beta1, beta2, eps, weight_decay, m
 
 def double_dqn64(logits, q, logits_tgt, sup_on, sup_tg, actions, rewards, discounts, branch_w,
                  bootstrap="direction"):
-    """The per-row outputs of double_dqn_rows in float64 (dict of arrays); `discounts` per sample (the replay
-    gather's gamma**k * (1 - done)); `bootstrap` as learner.bootstrap."""
+    """The per-row outputs of the double DQN rows (kernels/learner.py select_q_rows; a_n = a*) in float64 (dict of
+    arrays); `discounts` per sample (the replay gather's gamma**k * (1 - done)); `bootstrap` as learner.bootstrap."""
     b, _, z = logits_tgt.shape
     eff = effect64(actions)
-    out = {k: [] for k in ("taken", "p_next", "sup_next", "sup_proj", "rew", "disc", "w", "stats")}
+    out = {k: [] for k in ("taken", "a_n", "p_next", "sup_next", "sup_proj", "rew", "disc", "w", "stats")}
     for i in range(b):
         for br, (off, size) in enumerate(branch_spans()):
             a_t = off + actions[i, br]
@@ -271,6 +321,7 @@ def double_dqn64(logits, q, logits_tgt, sup_on, sup_tg, actions, rewards, discou
             e_tgt = float(p @ atoms64(sup_tg[a_n], z))
             disc = float(discounts[i])
             out["taken"].append(logits[i, a_t])
+            out["a_n"].append(a_n)
             out["p_next"].append(p)
             out["sup_next"].append(sup_tg[a_n])
             out["sup_proj"].append(sup_on[a_t])
@@ -429,3 +480,37 @@ def iqn_backward64(p, x, cos, phi, h, dz, mask):
     grads["iqn.embed.weight"], grads["iqn.embed.bias"] = cos.T @ dphi, dphi.sum(0)
     dx = (dh * phi).reshape(x.shape[0], n_taus, -1).sum(1)
     return grads, dx * (x > 0) if mask else dx
+
+
+def tf32_round(x):
+    """float32 -> the TF32 value cvt.rna.tf32.f32 gives (10 mantissa bits, nearest, ties away from zero), as
+    float32; finite inputs only."""
+    bits = np.ascontiguousarray(x, np.float32).view(np.uint32)
+    return ((bits + np.uint32(0x1000)) & np.uint32(0xFFFFE000)).view(np.float32)
+
+
+def vsn_forward64(p, obs, groups):
+    """(gate weights [B, K], gated observation [B, D]) in float64 (agent/vsn.py): w = softmax(x W_g + b_g) per row,
+    x'_c = K w_k(c) x_c over the column ranges `groups` [(begin, end), ...]."""
+    x = np.asarray(obs, np.float64)
+    w = softmax64(x @ p["vsn.weight"].astype(np.float64) + p["vsn.bias"])
+    k = len(groups)
+    group_of = np.concatenate([np.full(end - begin, j) for j, (begin, end) in enumerate(groups)])
+    return w, k * w[:, group_of] * x
+
+
+def vsn_gate_grad64(dxg, obs, w, groups):
+    """dL/d(gate logits) [G, K] from dL/d(gated observation) dxg [G, D] (kernels/vsn.py): dw_k = K sum over the
+    group's columns of dxg x, then the softmax Jacobian dg = w (dw - <w, dw>)."""
+    x, dxg, w = (np.asarray(a, np.float64) for a in (obs, dxg, w))
+    k = len(groups)
+    dw = np.stack([k * np.sum(dxg[:, b:e] * x[:, b:e], axis=1) for b, e in groups], axis=1)
+    return w * (dw - np.sum(w * dw, axis=1, keepdims=True))
+
+
+def vsn_focus64(w):
+    """(batch mean of max_k w_k clamped to [1/K, 1], batch mean of the entropy / ln K clamped to [0, 1])."""
+    w = np.asarray(w, np.float64)
+    k = w.shape[1]
+    ent = -np.sum(np.where(w > 0, w * np.log(np.where(w > 0, w, 1.0)), 0.0), axis=1) / np.log(k)
+    return float(np.clip(w.max(axis=1).mean(), 1.0 / k, 1.0)), float(np.clip(ent.mean(), 0.0, 1.0))

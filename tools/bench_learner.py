@@ -5,6 +5,8 @@
     python3 tools/bench_learner.py --out tools/results/bench_learner_per_h200 --priority-alpha 0.5  # prioritised
     python3 tools/bench_learner.py --out tools/results/bench_learner_noisy_h200 --noisy-sigma0 0.5  # NoisyNet heads
     python3 tools/bench_learner.py --out tools/results/bench_learner_iqn_h200 --iqn-quantiles 32  # IQN beside C51
+    python3 tools/bench_learner.py --out /tmp/bench_sn --layers 3 --spectral-norm --stochastic-depth 0.2  # trunk parts
+    python3 tools/bench_learner.py --out /tmp/bench_vsn --vsn  # the variable-selection gate on the observation
 
 One gradient step of the default network (obs_dim -> 256 -> 256 -> 13 dueling C51 heads x 51 atoms,
 network.* of the default config), at each batch of --batch (default 8192, then smaller ones where the
@@ -59,7 +61,9 @@ from fox_numba.device.runtime import SIMULATOR, new_stream, sync_event
 from fox_numba.device.staging import Stager
 from fox_numba.device.timing import Timings
 from fox_numba.io import atomic_write_text
+from fox_numba.kernels.nn import PRECISIONS
 from fox_numba.kernels.priority import PRIORITY_START
+from fox_numba.observation import OBS_DIM
 
 N_PORT = 6
 
@@ -84,6 +88,11 @@ def make_learner(args: argparse.Namespace, stager: Stager, stream: Any, graphs: 
     cfg.learner.priority_alpha = args.priority_alpha
     cfg.network.noisy_sigma0 = args.noisy_sigma0
     cfg.network.iqn_quantiles = args.iqn_quantiles
+    cfg.network.spectral_norm, cfg.network.stochastic_depth = args.spectral_norm, args.stochastic_depth
+    cfg.network.vsn = args.vsn
+    if args.layers is not None:
+        cfg.network.n_layers, cfg.network.hidden = args.layers, args.hidden
+    cfg.run.precision = args.precision
     cfg.env.n_envs = min(cfg.env.n_envs, args.capacity)
     cfg.run.graphs = graphs
     rng = np.random.default_rng(0)
@@ -105,7 +114,9 @@ def make_learner(args: argparse.Namespace, stager: Stager, stream: Any, graphs: 
     replay.upload(host, stager)
     market = stager.upload_new(rng.standard_normal((bars, m)).astype(np.float32))
     isv = stager.upload_new(bootstrap_values())
-    layout = ParamLayout.build(args.obs_dim, cfg.network)
+    # the gate's groups: the observation's; a narrower input (--tiny, --obs-dim) gates market | portfolio
+    groups = None if args.obs_dim >= OBS_DIM else ((0, m), (m, args.obs_dim))
+    layout = ParamLayout.build(args.obs_dim, cfg.network, vsn_groups=groups)
     aux_target = stager.upload_new(rng.standard_normal(bars).astype(np.float32))
     learner = Learner(cfg, layout, replay, market, aux_target, isv=isv, stager=stager, stream=stream, seed=0)
     if replay.priorities is not None:  # as collected: every slot at the running max priority
@@ -215,14 +226,17 @@ def bench_kernels(args: argparse.Namespace) -> dict[str, Any]:
 
 def markdown_batch(modes: dict[str, Any], kernels: dict[str, Any], args: argparse.Namespace) -> list[str]:
     lines = ["", f"## Batch {args.batch}"]
-    shape = "tiny network (--tiny)" if args.tiny else "default network"
+    shape = ("tiny network (--tiny)" if args.tiny else f"{args.layers} x {args.hidden} trunk" if args.layers
+             else "default network")
     intro = (
         f"One gradient step, batch {args.batch}, obs_dim {args.obs_dim}, {shape}: {modes['param_count']} "
         f"parameters; dense layers: {modes['gemm_path']} kernels; learner.n_step {args.n_step}, learner.priority_alpha "
         f"{args.priority_alpha} ({'prioritised' if args.priority_alpha > 0 else 'uniform'} replay), "
         f"network.noisy_sigma0 {args.noisy_sigma0} ({'NoisyNet' if args.noisy_sigma0 > 0 else 'plain'} heads), "
         f"network.iqn_quantiles {args.iqn_quantiles} "
-        f"({'an IQN head beside C51' if args.iqn_quantiles > 0 else 'no IQN head'}). "
+        f"({'an IQN head beside C51' if args.iqn_quantiles > 0 else 'no IQN head'}), "
+        f"network.spectral_norm {args.spectral_norm}, network.stochastic_depth {args.stochastic_depth}, "
+        f"network.vsn {args.vsn}. "
         f"Replay of {args.capacity} random transitions "
         f"over {args.bars} market rows. Best of {args.windows} windows of {args.steps} steps after "
         f"{args.warmup} warm-up steps."
@@ -281,7 +295,8 @@ def markdown_batch(modes: dict[str, Any], kernels: dict[str, Any], args: argpars
     return lines
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (also how tests build the options of a measured step)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="results path without suffix (.md, .json)")
     parser.add_argument("--batch", type=int, nargs="+", default=[8192], help="batch sizes, one section each")
@@ -302,6 +317,18 @@ def main(argv: list[str] | None = None) -> int:
                         help="network.noisy_sigma0 of the measured step (0: no NoisyNet heads)")
     parser.add_argument("--iqn-quantiles", type=int, default=0,
                         help="network.iqn_quantiles of the measured step (0: no IQN head)")
+    parser.add_argument("--spectral-norm", action="store_true", help="network.spectral_norm (needs a trunk)")
+    parser.add_argument("--stochastic-depth", type=float, default=0.0,
+                        help="network.stochastic_depth (0: off; needs >= 2 trunk layers)")
+    parser.add_argument("--vsn", action="store_true", help="network.vsn (the variable-selection gate)")
+    parser.add_argument("--layers", type=int, default=None, help="network.n_layers (default: the config's)")
+    parser.add_argument("--hidden", type=int, default=256, help="network.hidden with --layers")
+    parser.add_argument("--precision", choices=PRECISIONS, default="fp32", help="run.precision of the dense layers")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     command = "python3 tools/bench_learner.py " + " ".join(argv if argv is not None else sys.argv[1:])
     if args.tiny:

@@ -1,6 +1,10 @@
 """Benchmark the dense-layer kernels against cuBLAS fp32 (torch.matmul, TF32 off) on the GPU.
 
     python3 tools/bench_nn.py --out tools/results/bench_nn_h200 [--batch 8192 1024] [--sweep]
+    python3 tools/bench_nn.py --out tools/results/bench_nn_tf32_h200 --precision tf32 [--shapes 134x868 ...]
+
+--precision tf32 times the TF32 tensor-core kernels (kernels/gemm_tf32.py) against cuBLAS with TF32 on, and checks
+them with tests/kernels/test_gemm_tf32.py's bound (2^-10 per product on top of the fp32 accumulation's).
 
 For each batch B (default 8192) and each (K, N): forward (y = relu(x @ w + b), bias and ReLU fused), backward to the
 input (dx = (dy @ w.T) * (a > 0), mask fused) and backward to the weights (dw = x.T @ dy with db fused:
@@ -42,12 +46,14 @@ from fox_numba.kernels.gemm import BK, CONFIGS
 from fox_numba.kernels.nn import (
     LinearWeightGrad,
     linear_backward_input,
+    PRECISIONS,
     linear_forward,
     pick_config,
 )
 
 SHAPES = [(32, 256), (256, 256), (512, 512), (256, 64)]
 U = 2.0**-24
+TF32_PRODUCT = 2.0**-10 + 2.0**-22  # relative error of a product of two TF32-rounded operands
 
 
 def gamma(n: int) -> float:
@@ -136,24 +142,27 @@ def bench_shape(batch: int, k: int, n: int, args: argparse.Namespace) -> dict[st
     torch.cuda.synchronize()
     x_, w_, b_, dy_, act_ = (nb(t) for t in (x, w, b, dy, act))
     flops = 2.0 * batch * k * n
-    grads = LinearWeightGrad(batch, k, n)
+    precision = args.precision
+    grads = LinearWeightGrad(batch, k, n, precision=precision)
     res: dict[str, Any] = {"B": batch, "K": k, "N": n, "gflop": flops / 1e9}
 
     def fwd(out: torch.Tensor, config: str | None = None) -> Callable[[Any], None]:
         o = nb(out)
-        return lambda s: linear_forward(x_, w_, b_, o, relu=True, stream=s, config=config)
+        return lambda s: linear_forward(x_, w_, b_, o, relu=True, stream=s, config=config, precision=precision)
 
     def bwd(out: torch.Tensor, config: str | None = None) -> Callable[[Any], None]:
         o = nb(out)
-        return lambda s: linear_backward_input(dy_, w_, o, act=act_, stream=s, config=config)
+        return lambda s: linear_backward_input(dy_, w_, o, act=act_, stream=s, config=config, precision=precision)
 
     def wgrad(out_w: torch.Tensor, out_b: torch.Tensor, g: LinearWeightGrad = grads) -> Callable[[Any], None]:
         ow, ob = nb(out_w), nb(out_b)
         return lambda s: g(x_, dy_, ow, ob, stream=s)
 
     ops = {
-        "forward": (fwd(y), fwd(y2), lambda: torch.matmul(x, w, out=y2), pick_config(batch, n, k)),
-        "backward_input": (bwd(dx), bwd(dx2), lambda: torch.matmul(dy, w.T, out=dx2), pick_config(batch, k, n)),
+        "forward": (fwd(y), fwd(y2), lambda: torch.matmul(x, w, out=y2), grads.gemm.config.name if precision
+                    != "fp32" else pick_config(batch, n, k)),
+        "backward_input": (bwd(dx), bwd(dx2), lambda: torch.matmul(dy, w.T, out=dx2), grads.gemm.config.name if
+                           precision != "fp32" else pick_config(batch, k, n)),
         "backward_weight": (
             wgrad(dw, db),
             wgrad(dw2, db2),
@@ -179,12 +188,15 @@ def bench_shape(batch: int, k: int, n: int, args: argparse.Namespace) -> dict[st
     res["backward_weight"]["chunk"] = grads.chunk
 
     x64, w64, dy64 = x.double(), w.double(), dy.double()
+    product = TF32_PRODUCT if precision == "tf32" else 0.0
     res["forward"]["check"] = within(
-        y, torch.relu(x64 @ w64 + b.double()), gamma(k + 1) * (x64.abs() @ w64.abs() + b.double().abs())
+        y, torch.relu(x64 @ w64 + b.double()), (gamma(k + 1) + product) * (x64.abs() @ w64.abs() + b.double().abs())
     )
-    res["backward_input"]["check"] = within(dx, (dy64 @ w64.T) * (act > 0), gamma(n) * (dy64.abs() @ w64.abs().T))
+    res["backward_input"]["check"] = within(
+        dx, (dy64 @ w64.T) * (act > 0), (gamma(n) + product) * (dy64.abs() @ w64.abs().T)
+    )
     g = gamma(batch + grads.splits)
-    check_w = within(dw, x64.T @ dy64, g * (x64.abs().T @ dy64.abs()))
+    check_w = within(dw, x64.T @ dy64, (g + product) * (x64.abs().T @ dy64.abs()))
     check_b = within(db, dy64.sum(0), g * dy64.abs().sum(0))
     res["backward_weight"]["check"] = {
         "ok": check_w["ok"] and check_b["ok"],
@@ -220,7 +232,8 @@ def markdown(command: str, info: dict[str, Any], shapes: list[dict[str, Any]], a
         (
             f"B in {args.batch}; each op captured {args.reps} times in one CUDA graph; {args.warmup} warm-up "
             f"replays, then the best of {args.windows} windows of {args.replays} replays between CUDA events. "
-            "cuBLAS: torch.matmul fp32 with TF32 off, the bare GEMM (ours also adds bias + ReLU, the ReLU mask, "
+            f"Our kernels' precision: {args.precision}. "
+            f"cuBLAS: torch.matmul fp32 with TF32 {'on' if args.precision == 'tf32' else 'off'}, the bare GEMM (ours also adds bias + ReLU, the ReLU mask, "
             "or db and the split reduction). TFLOP/s = 2*B*K*N / time."
         ),
         "",
@@ -243,7 +256,8 @@ def markdown(command: str, info: dict[str, Any], shapes: list[dict[str, Any]], a
     lines += [
         "",
         (
-            "check: every element within gamma(n) * (|A| @ |B|) of the float64 result (the tests' tolerance); "
+            "check: every element within gamma(n) * (|A| @ |B|) of the float64 result (the tests' tolerance; with "
+            "tf32, (gamma(n) + 2^-10 + 2^-22) * (|A| @ |B|)); "
             "the number is the worst error as a fraction of its bound. repeatable: a second run gave identical bits."
         ),
         "",
@@ -267,10 +281,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--replays", type=int, default=10, help="graph replays per timed window")
     parser.add_argument("--windows", type=int, default=3)
     parser.add_argument("--sweep", action="store_true", help="also time every configuration and several split lengths")
+    parser.add_argument("--precision", choices=PRECISIONS, default="fp32",
+                        help="our kernels' precision; tf32 also lets cuBLAS use TF32")
+    parser.add_argument("--shapes", nargs="+", default=None, metavar="KxN",
+                        help=f"layer shapes (in x out) instead of {' '.join(f'{k}x{n}' for k, n in SHAPES)}")
     args = parser.parse_args(argv)
+    if args.sweep and args.precision != "fp32":
+        parser.error("--sweep times the fp32 configurations; run it with --precision fp32")
     command = "python3 tools/bench_nn.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = args.precision == "tf32"
+    torch.backends.cudnn.allow_tf32 = args.precision == "tf32"
 
     info = {
         "date_utc": datetime.now(UTC).strftime("%Y-%m-%d %H:%M"),
@@ -279,7 +299,8 @@ def main(argv: list[str] | None = None) -> int:
         "cublas_tf32": torch.backends.cuda.matmul.allow_tf32,
     }
     shapes = []
-    for k, n in SHAPES:
+    layer_shapes = [tuple(int(d) for d in s.split("x")) for s in args.shapes] if args.shapes else SHAPES
+    for k, n in layer_shapes:
         for batch in args.batch:
             shapes.append(bench_shape(batch, k, n, args))
         print(json.dumps(shapes[-1]), flush=True)

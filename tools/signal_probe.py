@@ -65,8 +65,9 @@ def run_folds(run: Path) -> list[dict[str, Any]]:
         if not np.array_equal(market.stats.mean, ck.arrays["market.norm_mean"]):
             raise SystemExit(f"{run}: fold {fold.index} rebuilds other normalisation statistics than its checkpoint")
         params, supports = (stager.upload_new(ck.arrays[f"learner.{n}"]) for n in eval_network(ev.network))
+        vectors = stager.upload_new(ck.arrays["learner.spectral_uv"]) if layout.spectral_norm else None
         reader = DirectionSignal(layout, stager=stager, chunk=min(SIGNAL_CHUNK, market.n_rows),
-                                 iqn_quantiles=cfg.network.iqn_quantiles)
+                                 iqn_quantiles=cfg.network.iqn_quantiles, spectral_uv=vectors)
         signal = reader.compute(stager.upload_new(market.market_obs), params, supports)
         kw = dict(horizon=ev.probe_horizon_bars, tick_size=market.tick_size, point_value=market.point_value,
                   commission=cfg.env.commission, annualisation_days=ev.annualisation_days)

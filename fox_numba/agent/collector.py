@@ -42,6 +42,7 @@ from fox_numba.agent.iqn import IqnActor
 from fox_numba.agent.network import Network, ParamLayout
 from fox_numba.agent.noisy import STREAM_COLLECT, NoiseKey
 from fox_numba.agent.replay import ReplayBuffer
+from fox_numba.agent.spectral import read_only
 from fox_numba.device.graphs import StepGraph
 from fox_numba.device.memory import device_empty, device_zeros
 from fox_numba.device.rng import xoroshiro_states
@@ -68,17 +69,20 @@ class Collector:
         self, env: VecEnv, replay: ReplayBuffer, layout: ParamLayout, params: Any, supports: Any, *,
         stager: Stager, seed: int, use_graph: bool, health: HealthDiag, spread: float = 1.0, tau_mult: float = 1.0,
         hindsight_fraction: float = 0.0, hindsight_horizon: int = 15, commission: float = 0.0, iqn_quantiles: int = 0,
+        spectral_uv: Any = None, dense: str = "auto",
     ) -> None:
         """`hindsight_fraction`, `hindsight_horizon` (bars) and `commission` (dollars per contract per side) set
         the relabelling (env.hindsight_fraction, evaluation.probe_horizon_bars, env.commission); `iqn_quantiles`
-        (network.iqn_quantiles) the midpoint levels of E_IQN when the layout has an IQN head."""
+        (network.iqn_quantiles) the midpoint levels of E_IQN when the layout has an IQN head; `spectral_uv` the
+        learner's spectral-norm vectors, read as they are (network.spectral_norm; agent/spectral.py); `dense` the dense
+        layers' kernels (agent/dense.py; run.precision)."""
         n, z = env.n, layout.n_atoms
         self.env, self.replay, self.params, self.supports, self.health = env, replay, params, supports, health
         self.stream = stager.stream
         self.spread, self.tau_mult = spread, tau_mult
         self.noise_step = device_zeros(1, np.int64, stream=self.stream) if layout.noisy else None
         noise = NoiseKey(self.noise_step, seed, STREAM_COLLECT) if self.noise_step is not None else None
-        self.net = Network(layout, n, stream=self.stream, noise=noise)
+        self.net = Network(layout, n, stream=self.stream, noise=noise, spectral=read_only(spectral_uv), dense=dense)
         self.obs = device_empty((n, layout.obs_dim), np.float32)
         self.logits = device_empty((n, N_HEADS, z), np.float32)
         self.support_rows = device_empty((n, N_HEADS, 3), np.float32)

@@ -1,13 +1,16 @@
-"""Dense layers of every network part, on one of two kernel kinds chosen in one place.
+"""Dense layers of every network part, on one of three kernel kinds chosen in one place.
 
     kind = dense_kind("auto", "Network")                       'tiled' on the GPU, 'strided' under the simulator
+    kind = dense_kind(precision_dense("tf32"), "Network")      'tf32' on the GPU, 'strided' under the simulator
     dense_forward(kind, x, w, b, y, relu=True, stream=s)       y = x @ w + b (then ReLU)
     dense_backward_input(kind, dy, w, dx, act=a, stream=s)     dx = (dy @ w.T) * (a > 0)  (act=None: no mask)
     WeightGrad(kind, rows, n_in, n_out)(x, dy, dw, db, stream=s)   dw = x.T @ dy, db = dy summed over rows
 
 'tiled' runs the register-tiled GEMMs (kernels/nn.py; the weight gradient's split plan is built once per shape,
-hence the WeightGrad object), 'strided' the grid-stride kernels (kernels/dense_strided.py: the same arithmetic
-per element, cheap under the simulator, which pays per thread).
+hence the WeightGrad object), 'tf32' the TF32 tensor-core GEMMs behind the same launchers (kernels/gemm_tf32.py;
+run.precision = "tf32"), 'strided' the grid-stride kernels (kernels/dense_strided.py: the same arithmetic per
+element as 'tiled', cheap under the simulator, which pays per thread). The simulator cannot run tensor-core
+instructions, so there 'auto' and 'tf32' both mean 'strided': the exact fp32 path.
 """
 
 from __future__ import annotations
@@ -20,32 +23,41 @@ from fox_numba.kernels.dense_strided import (
     strided_linear_forward,
     strided_linear_weight_grad,
 )
-from fox_numba.kernels.nn import LinearWeightGrad, linear_backward_input, linear_forward
+from fox_numba.kernels.nn import PRECISIONS, LinearWeightGrad, linear_backward_input, linear_forward
 
-DENSE_KINDS = ("tiled", "strided")
+DENSE_KINDS = ("tiled", "tf32", "strided")
+_PRECISION = {"tiled": "fp32", "tf32": "tf32"}  # the GEMM launchers' precision of a GPU kind
+
+
+def precision_dense(precision: str) -> str:
+    """The `dense` argument of run.precision: 'auto' (fp32) or 'tf32'."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"run.precision must be one of {PRECISIONS}, got {precision!r}")
+    return "auto" if precision == "fp32" else precision
 
 
 def dense_kind(dense: str, owner: str) -> str:
-    """The kind `dense` names ('auto': tiled on the GPU, strided under the simulator); `owner` names the caller."""
-    if dense == "auto":
-        return "strided" if SIMULATOR else "tiled"
-    if dense not in DENSE_KINDS:
+    """The kind `dense` names ('auto': tiled on the GPU; 'auto' and 'tf32' are strided under the simulator);
+    `owner` names the caller."""
+    if dense not in (*DENSE_KINDS, "auto"):
         raise ValueError(f"{owner}: dense must be 'auto' or one of {DENSE_KINDS}, got {dense!r}")
-    return dense
+    if dense in ("auto", "tf32") and SIMULATOR:
+        return "strided"
+    return "tiled" if dense == "auto" else dense
 
 
 def dense_forward(kind: str, x: Any, w: Any, b: Any, y: Any, *, relu: bool, stream: Any) -> None:
     """y = x @ w + b, then ReLU when `relu`."""
-    if kind == "tiled":
-        linear_forward(x, w, b, y, relu=relu, stream=stream)
+    if kind != "strided":
+        linear_forward(x, w, b, y, relu=relu, stream=stream, precision=_PRECISION[kind])
     else:
         strided_linear_forward(x, w, b, y, relu=relu, stream=stream)
 
 
 def dense_backward_input(kind: str, dy: Any, w: Any, dx: Any, *, act: Any, stream: Any) -> None:
     """dx = dy @ w.T, zeroed where act <= 0 when the layer's input activation `act` is given."""
-    if kind == "tiled":
-        linear_backward_input(dy, w, dx, act=act, stream=stream)
+    if kind != "strided":
+        linear_backward_input(dy, w, dx, act=act, stream=stream, precision=_PRECISION[kind])
     else:
         strided_linear_backward_input(dy, w, dx, act=act, stream=stream)
 
@@ -54,7 +66,9 @@ class WeightGrad:
     """dw = x.T @ dy and db = dy summed over the rows, for one layer shape (rows, n_in -> n_out)."""
 
     def __init__(self, kind: str, rows: int, n_in: int, n_out: int) -> None:
-        self._tiled = LinearWeightGrad(rows, n_in, n_out) if kind == "tiled" else None
+        self._tiled = (
+            LinearWeightGrad(rows, n_in, n_out, precision=_PRECISION[kind]) if kind != "strided" else None
+        )
 
     def __call__(self, x: Any, dy: Any, dw: Any, db: Any, *, stream: Any) -> None:
         if self._tiled is not None:

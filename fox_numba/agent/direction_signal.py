@@ -28,6 +28,7 @@ import numpy as np
 from fox_numba.actions import DIR_OFFSET, LONG, N_DIRECTIONS, N_HEADS, SHORT
 from fox_numba.agent.iqn import IqnActor
 from fox_numba.agent.network import Network, ParamLayout
+from fox_numba.agent.spectral import read_only
 from fox_numba.device.memory import device_empty
 from fox_numba.device.rng import xoroshiro_states
 from fox_numba.device.staging import Stager
@@ -52,14 +53,16 @@ class DirectionSignal:
     """Computes the direction signal of every row of a fold's market_obs (module docstring)."""
 
     def __init__(
-        self, layout: ParamLayout, *, stager: Stager, chunk: int = SIGNAL_CHUNK, iqn_quantiles: int = 0
+        self, layout: ParamLayout, *, stager: Stager, chunk: int = SIGNAL_CHUNK, iqn_quantiles: int = 0,
+        spectral_uv: Any = None,
     ) -> None:
-        """`iqn_quantiles` (network.iqn_quantiles): E_IQN's midpoint levels when the layout has an IQN head."""
+        """`iqn_quantiles` (network.iqn_quantiles): E_IQN's midpoint levels when the layout has an IQN head;
+        `spectral_uv` the spectral-norm vectors, read as they are (network.spectral_norm)."""
         if chunk < 1:
             raise ValueError(f"DirectionSignal: chunk must be at least 1, got {chunk}")
         self.layout, self.stager, self.chunk, self.stream = layout, stager, chunk, stager.stream
         z = layout.n_atoms
-        self.net = Network(layout, chunk, stream=self.stream)
+        self.net = Network(layout, chunk, stream=self.stream, spectral=read_only(spectral_uv))
         self.port = stager.upload_new(np.tile(flat_portfolio(), (chunk, 1)))
         self.obs = device_empty((chunk, layout.obs_dim), np.float32)
         self.logits = device_empty((chunk, N_HEADS, z), np.float32)

@@ -30,11 +30,13 @@ from typing import Any
 import numpy as np
 
 from fox_numba.actions import N_BRANCHES, N_HEADS
+from fox_numba.agent.dense import precision_dense
 from fox_numba.agent.environment import VecEnv
 from fox_numba.agent.fold_market import FoldMarketDevice
 from fox_numba.agent.health import HealthDiag
 from fox_numba.agent.iqn import IqnActor
 from fox_numba.agent.network import Network, ParamLayout
+from fox_numba.agent.spectral import read_only
 from fox_numba.config import FoxConfig
 from fox_numba.device.elementwise import fill_u32
 from fox_numba.errors import ConfigError
@@ -69,8 +71,9 @@ class Evaluator:
 
     def __init__(
         self, market: FoldMarketDevice, cfg: FoxConfig, layout: ParamLayout, params: Any, supports: Any, *,
-        isv: Any, stager: Stager, use_graph: bool, health: HealthDiag | None = None,
+        isv: Any, stager: Stager, use_graph: bool, health: HealthDiag | None = None, spectral_uv: Any = None,
     ) -> None:
+        """`spectral_uv`: the spectral-norm vectors the network reads as they are (network.spectral_norm)."""
         if cfg.evaluation.chunk_bars < 1:
             raise ValueError(f"evaluation.chunk_bars must be at least 1, got {cfg.evaluation.chunk_bars}")
         self.env = VecEnv(market, cfg.env, cfg.features, isv, stager=stager, mode="eval")
@@ -81,7 +84,8 @@ class Evaluator:
         """Steps of each validation day (one per bar but the last, where the day is closed)."""
         self.params, self.supports, self.health = params, supports, health
         self.stager, self.stream = stager, stager.stream
-        self.net = Network(layout, n, stream=self.stream)
+        self.net = Network(layout, n, stream=self.stream, spectral=read_only(spectral_uv),
+                           dense=precision_dense(cfg.run.precision))
         self.obs = device_empty((n, layout.obs_dim), np.float32)
         self.logits = device_empty((n, N_HEADS, z), np.float32)
         self.support_rows = device_empty((n, N_HEADS, 3), np.float32)

@@ -85,7 +85,7 @@ class IqnHead:
 
     def backward(self, p: dict[str, Any], g: dict[str, Any], dz: Any, *, mask_input: bool, stream: Any) -> None:
         """The IQN entries of the gradient views `g` from dz [rows, 13] = dL/dz of the last forward, and self.dx
-        [batch, W] = dL/dx (0 where x <= 0 when `mask_input`: x is a trunk's ReLU output)."""
+        [batch, W] = dL/dx (0 where x <= 0 when `mask_input`: x is a plain trunk layer's ReLU output)."""
         if self._x is None:
             raise RuntimeError("IqnHead.backward needs a forward first")
         head_backward(self._taus, self._x, p[EMBED_W], p[EMBED_B], p[HEAD_W], dz, self.part, self.dx,
@@ -117,7 +117,7 @@ class IqnStep:
         quantile_loss(self.online.z, self.target.z, self.taus[0], q, actions, rows, self.weight, self.loss, self.dz,
                       bootstrap=bootstrap, stream=stream)
         loss_signal(self.loss, rows.weights, isv, epoch, stream=stream)
-        self.online.backward(self._p, self._g, self.dz, mask_input=self.layout.n_layers > 0, stream=stream)
+        self.online.backward(self._p, self._g, self.dz, mask_input=self.layout.head_input_relu, stream=stream)
 
 
 class IqnActor:

@@ -15,11 +15,14 @@ One step, in launch order (`_step`): the schedule (step counter, lr, tau on the 
 slots and gather s, a, r, done, s' (ReplayBuffer.sample / gather, agent/replay.py: s rows, then s' rows) ->
 the observations of those 2B rows (kernels/env.py gather_obs, the collector's gather; with learner.obs_noise
 > 0 Gaussian noise on their market columns, kernels/learner.py) -> online forward on
-s and s' as one batch of 2B rows (the s rows kept for backward) -> target forward on s' -> online E[Q] on s
-and s' -> double DQN rows: the greedy next bin (of the direction branch for every branch, by default:
-learner.bootstrap) from the online E[Q](s'), evaluated with the target distribution -> C51 projection of r + gamma (1 - done) z onto the online support -> cross-entropy
-per branch row and its gradient -> ISV producers of the loss and of Q -> scatter into dlogits [B, 13, Z] ->
-the auxiliary regression (its gradient into the forecast column of the head's dhead) -> backward -> global
+s and s' as one batch of 2B rows (the s rows kept for backward) -> target forward on s' -> one fused pass
+(kernels/learner.py select_q_rows): online E[Q], entropy and atom utilisation on s (E[Q] on s'), and the double
+DQN rows: the greedy next bin (of the direction branch for every branch, by default: learner.bootstrap) from the
+online E[Q](s'), evaluated with the target distribution -> (prioritised: the importance weights) -> one fused pass
+(project_loss_scatter): C51 projection of r + gamma (1 - done) z onto the online support, cross-entropy per branch
+row and its gradient, scattered into dlogits [B, 13, Z] (the two passes are the chain expected_q, double DQN
+rows, c51_project, c51_loss, scatter bit for bit: kernels/learner.py header) -> ISV producers of the loss and of
+Q -> the auxiliary regression (its gradient into the forecast column of the head's dhead) -> backward -> global
 gradient norm -> the non-finite guard (a non-finite loss or gradient skips the update, counts NONFINITE_STEPS
 once, and leaves parameters, Adam state and target bit-identical) -> adaptive clip
 (the landed producer) -> AdamW (lr = cosine schedule x max(0.05, FOLD_WARMUP_FACTOR)) -> Polyak with tau =
@@ -58,6 +61,21 @@ backward adds the sigma gradients, which Adam, the clip and Polyak treat as any 
 decay). The counter is carried across folds (a registry entry) and held by checkpoints; off, the step launches
 exactly the noiseless step's kernels.
 
+Spectral normalisation of the trunk (network.spectral_norm; agent/spectral.py, kernels/spectral.py): the learner
+owns the power-iteration vectors (`spectral_uv`). In the online forward every trunk layer runs
+network.spectral_iters power iterations on them and reads W / sigma; right after it, sigma's mean over the layers
+joins the epoch sums (epoch stat spectral_sigma); the target forward reads the vectors without iterating, and the
+backward turns each trunk weight's gradient into the gradient through sigma. The vectors are a fold-reset entry
+(re-drawn per fold, then warmed up on the perturbed parameters: `reset_spectral`) and a checkpoint array.
+Residual blocks and stochastic depth (network.residual, network.stochastic_depth; agent/depth.py): the online
+network drops blocks per row, keyed by the optimiser's step counter; the target network keeps every block. Off,
+the step launches exactly the plain trunk's kernels.
+
+Variable selection (network.vsn; agent/vsn.py): the online network gates the observation before the trunk (or the
+heads) read it and, handed the ISV, folds the gate's focus into ISV[VSN_FOCUS_MAX_EMA] and ISV[VSN_FOCUS_ENTROPY_EMA]
+inside the forward; the target network gates without producing signals. The gate's parameters are entries of the
+layout (Adam, clip, Polyak, checkpoints cover them); off, the step launches none of its kernels.
+
 IQN head beside C51 (network.iqn_quantiles = N > 0; agent/iqn.py, kernels/iqn.py): after the scatter and the
 auxiliary regression the step draws N online and N target quantile levels per sample from the learner's generators
 (after the replay draw, so the sample is the IQN-less step's), runs the online IQN head on the C51 heads' input of s
@@ -76,10 +94,13 @@ from typing import Any
 import numpy as np
 
 from fox_numba.actions import N_BRANCHES, N_HEADS
+from fox_numba.agent.dense import precision_dense
+from fox_numba.agent.depth import StochasticDepth
 from fox_numba.agent.iqn import IqnStep
 from fox_numba.agent.network import Dropout, Network, ParamLayout, init_params
 from fox_numba.agent.noisy import STREAM_ONLINE, STREAM_TARGET, NoiseKey
 from fox_numba.agent.replay import ReplayBatch, ReplayBuffer
+from fox_numba.agent.spectral import WARMUP_ITERS, SpectralKey, init_vectors
 from fox_numba.config import FoxConfig
 from fox_numba.device.control import ControlBlock
 from fox_numba.device.elementwise import axpy_f32, copy_u32, fill_u32, scale_f32
@@ -88,9 +109,8 @@ from fox_numba.device.launch import i32, launch
 from fox_numba.device.memory import device_empty, device_zeros, words
 from fox_numba.device.rng import xoroshiro_states
 from fox_numba.device.staging import Stager
-from fox_numba.kernels.distributional import c51_loss, c51_project, expected_q
 from fox_numba.kernels.env import gather_obs
-from fox_numba.kernels.heads import base_support, broadcast_supports, refresh_supports
+from fox_numba.kernels.heads import base_support, refresh_supports
 from fox_numba.kernels.noisy import tick_noise
 from fox_numba.kernels.learner import (
     BOOTSTRAP_RULES,
@@ -98,10 +118,10 @@ from fox_numba.kernels.learner import (
     BranchRows,
     add_obs_noise,
     aux_loss,
+    branch_loss,
     finish,
     guard_loss,
     reset_counters,
-    scatter_grads,
     schedule_step,
     select_rows,
     shrink_perturb,
@@ -126,6 +146,7 @@ from fox_numba.kernels.signals import (
     produce_q_signals,
     signal_partials_shape,
 )
+from fox_numba.kernels.spectral import spectral_epoch_stat
 
 SHRINK_KEEP = 0.8  # fold boundary: theta = 0.8 theta + 0.2 theta_fresh (the seed's shrink-and-perturb)
 
@@ -140,7 +161,7 @@ class Learner:
         "cfg", "layout", "replay", "market_obs", "isv", "stager", "stream", "seed", "batch_size", "steps_per_epoch",
         "online", "target_net", "graph", "batch", "obs", "obs_next", "rows", "logits", "logits_tgt", "q", "entropy",
         "util", "dlogits", "grads", "aux_target", "norm_partials", "adam_partials", "polyak_partials", "loss_partials",
-        "q_partials", "hidden_partials", "support_rows", "decay_mask", "branch_weights", "schedule", "epoch",
+        "q_partials", "hidden_partials", "decay_mask", "branch_weights", "schedule", "epoch",
         "is_weights", "iqn",
     )
 
@@ -172,6 +193,7 @@ class Learner:
         if cfg.run.diag_every < 1:
             raise ValueError(f"run.diag_every must be >= 1, got {cfg.run.diag_every}")
         self.cfg, self.layout, self.replay, self.isv = cfg, layout, replay, isv
+        dense = precision_dense(cfg.run.precision) if dense == "auto" else dense  # run.precision (agent/dense.py)
         self.stager, self.stream = stager, stream
         self.seed = cfg.run.seed if seed is None else seed
         b, z, n = lc.batch_size, layout.n_atoms, layout.size
@@ -201,13 +223,12 @@ class Learner:
         self.q_partials = device_empty(signal_partials_shape(b, N_Q_PARTIALS), np.float64)
         self.loss_partials = device_empty(signal_partials_shape(N_BRANCHES * b, N_LOSS_SUMS), np.float64)
 
-        # supports: per head [13, 3]; online broadcast to the 2B rows expected_q reads
+        # supports: per head [13, 3]
         base = base_support(cfg.network.v_min, cfg.network.v_max, z)
         self.support_online = stager.upload_new(base)
         self.support_target = stager.upload_new(base)
         self.support_average = stager.upload_new(base)
         self.restart_average()
-        self.support_rows = device_empty((2 * b, N_HEADS, 3), np.float32)
 
         # the step's buffers
         self.batch = ReplayBatch(b, stream=stream, n_port=n_port)
@@ -224,13 +245,21 @@ class Learner:
             (NoiseKey(self.noise_step, self.seed, STREAM_ONLINE), NoiseKey(self.noise_step, self.seed, STREAM_TARGET))
             if self.noise_step is not None else (None, None)
         )
-        self.online = Network(layout, 2 * b, stream=stream, grad_rows=b, dense=dense, dropout=drop, noise=noise_on)
-        self.target_net = Network(layout, b, stream=stream, dense=dense, noise=noise_tgt)
+        # spectral normalisation: the trunk's power-iteration vectors; the online network iterates, the target reads
+        self.spectral_uv = stager.upload_new(init_vectors(layout, self.seed)) if layout.spectral_norm else None
+        spec_on, spec_tgt = (
+            (SpectralKey(self.spectral_uv, cfg.network.spectral_iters), SpectralKey(self.spectral_uv, 0))
+            if self.spectral_uv is not None else (None, None)
+        )
+        depth = StochasticDepth(cfg.network.stochastic_depth, self.optim_state, self.seed)
+        self.online = Network(layout, 2 * b, stream=stream, grad_rows=b, dense=dense, dropout=drop, noise=noise_on,
+                              spectral=spec_on, depth=depth, isv=isv)  # isv: the VSN gate's focus EMAs of s
+        self.target_net = Network(layout, b, stream=stream, dense=dense, noise=noise_tgt, spectral=spec_tgt)
         self.logits = device_empty((2 * b, N_HEADS, z), np.float32)
         self.logits_tgt = device_empty((b, N_HEADS, z), np.float32)
         self.q = device_empty((2 * b, N_HEADS), np.float32)
-        self.entropy = device_empty((2 * b, N_HEADS), np.float32)
-        self.util = device_empty((2 * b, N_HEADS), np.float32)
+        self.entropy = device_empty((b, N_HEADS), np.float32)  # of s (the Q signals read s only)
+        self.util = device_empty((b, N_HEADS), np.float32)
         self.rows = BranchRows(b, z)
         self.dlogits = device_empty((b, N_HEADS, z), np.float32)
         self.hidden_partials = (
@@ -243,8 +272,9 @@ class Learner:
                     grads=self.grads)
             if layout.iqn else None
         )
+        if self.spectral_uv is not None:
+            self.reset_spectral(self.seed)
         self.sync_target()
-        broadcast_supports(self.support_online, self.support_rows, stream=stream)
         self.graph = StepGraph("learner.step", self._step, stream, use_graph=cfg.run.graphs)
 
     def _check_market(self, market_obs: Any, aux_target: Any, n_port: int) -> None:
@@ -274,21 +304,15 @@ class Learner:
         if lc.obs_noise > 0:
             add_obs_noise(self.obs, self.rng_states, lc.obs_noise, int(self.market_obs.shape[1]), stream=s)
         self.online.forward(self.params, self.obs, self.logits, stream=s)  # s and s' (s kept for backward)
+        if self.online.spectral is not None:
+            spectral_epoch_stat(self.online.spectral.sigma, self.epoch, stream=s)
         self.target_net.forward(self.target, self.obs_next, self.logits_tgt, stream=s)
-        expected_q(self.logits, self.support_rows, self.q, self.entropy, utilisation=self.util, stream=s)
-        select_rows(self.logits, self.q, self.logits_tgt, self.support_online, self.support_target, bt.actions,
-                    bt.rewards, bt.discounts, self.branch_weights, rows, stream=s, bootstrap=lc.bootstrap)
-        if prio is not None:
-            prio.weights(bt.idx, self.schedule.device, self.optim_state, lc.priority_beta0, rows.weights,
-                         self.is_weights, stream=s)
-        c51_project(rows.p_next, rows.rewards, rows.discounts, rows.sup_next, rows.sup_proj, rows.target, stream=s)
-        c51_loss(rows.taken, rows.target, rows.weights, rows.loss, rows.dl, stream=s)
+        self._c51_rows(s, prio)
         if prio is not None:
             prio.update(bt.idx, rows.loss, alpha=lc.priority_alpha, eps=lc.priority_eps, stream=s)
         produce_loss_signals(rows.loss, rows.weights, rows.stats, self.loss_partials, self.isv, self.epoch, stream=s)
-        produce_q_signals(self.q, self.entropy, self.util, self.q_partials, self.isv, self.epoch, n_rows=self.batch_size,
-                          n_atoms=self.layout.n_atoms, stream=s)
-        scatter_grads(rows.dl, bt.actions, self.dlogits, stream=s)
+        produce_q_signals(self.q[: self.batch_size], self.entropy, self.util, self.q_partials, self.isv, self.epoch,
+                          n_rows=self.batch_size, n_atoms=self.layout.n_atoms, stream=s)
         if lc.aux_weight > 0:  # off: the forecast column's dhead stays at its allocation zeros
             aux_loss(self.online.head_out, bt.rows, self.aux_target, lc.aux_weight, self.online.dhead, self.epoch,
                      stream=s)
@@ -312,6 +336,20 @@ class Learner:
             produce_hidden_signals(self.online.activations, self.hidden_partials, self.isv, self.optim_state,
                                    n_rows=self.batch_size, diag_every=self.cfg.run.diag_every, stream=s)
 
+    def _c51_rows(self, s: Any, prio: Any) -> None:
+        """The C51 part of the step between the forwards and the loss consumers, two fused passes: the online E[Q]
+        statistics and the double DQN rows (select_rows), the importance weights (prioritised: `prio`), then the
+        projection, the cross-entropy and its gradient scattered into dlogits (branch_loss)."""
+        lc, bt, rows = self.cfg.learner, self.batch, self.rows
+        select_rows(self.logits, self.logits_tgt, self.support_online, self.support_target, bt.actions, bt.rewards,
+                    bt.discounts, self.branch_weights, self.q, self.entropy, self.util, rows, stream=s,
+                    bootstrap=lc.bootstrap)
+        if prio is not None:
+            prio.weights(bt.idx, self.schedule.device, self.optim_state, lc.priority_beta0, rows.weights,
+                         self.is_weights, stream=s)
+        branch_loss(self.logits, self.logits_tgt, rows, bt.actions, self.support_online, self.support_target,
+                    self.dlogits, stream=s)
+
     # ---- per epoch ----------------------------------------------------------------------------------------
 
     def set_schedule(self) -> None:
@@ -328,7 +366,6 @@ class Learner:
         nc = self.cfg.network
         refresh_supports(self.isv, self.support_online, v_min=nc.v_min, v_max=nc.v_max, gamma=self.cfg.learner.gamma,
                          scale_cap=nc.support_max_scale, n_atoms=self.layout.n_atoms, stream=self.stream)
-        broadcast_supports(self.support_online, self.support_rows, stream=self.stream)
 
     def step(self) -> None:
         """One gradient step (one replay), asynchronously; the schedule must have been set."""
@@ -365,6 +402,8 @@ class Learner:
             stats["loss_aux"] = float(acc[EpochStat.LOSS_AUX] / steps)
         if self.iqn is not None:
             stats["loss_iqn"] = float(acc[EpochStat.LOSS_IQN] / steps)
+        if self.spectral_uv is not None:
+            stats["spectral_sigma"] = float(acc[EpochStat.SPECTRAL_SIGMA] / steps)
         return stats
 
     def _zero_epoch(self) -> None:
@@ -409,6 +448,14 @@ class Learner:
         dw, sw = words(dst), words(src)
         launch(copy_u32, dw.size, dw, sw, i32(dw.size), stream=self.stream)
 
+    def reset_spectral(self, seed: int) -> None:
+        """The spectral norm's vectors re-drawn from `seed`, then WARMUP_ITERS power iterations on the current
+        parameters (agent/spectral.py): run after shrink-and-perturb at a fold boundary."""
+        if self.spectral_uv is None or self.online.spectral is None:
+            raise RuntimeError("Learner.reset_spectral: the layout has no spectral normalisation")
+        self.stager.upload(init_vectors(self.layout, seed), self.spectral_uv)
+        self.online.spectral.power(self.layout.views(self.params), WARMUP_ITERS, stream=self.stream)
+
     def shrink_adam(self) -> None:
         """m *= 0.1, v *= 0.01 (kernels/optim.py); Adam's t restarts with reset_step_counter."""
         shrink_adam_moments(self.adam_m, self.adam_v, stream=self.stream)
@@ -428,7 +475,8 @@ class Learner:
 
     def state_arrays(self) -> dict[str, Any]:
         """Every device array a checkpoint needs to resume training bit for bit, by name (prioritised, the replay's
-        priorities too: the checkpoint holds the replay's contents; noisy, the noise counter)."""
+        priorities too: the checkpoint holds the replay's contents; noisy, the noise counter; spectral normalisation,
+        the power-iteration vectors)."""
         arrays = {
             "params": self.params,
             "target_params": self.target,
@@ -446,6 +494,8 @@ class Learner:
             arrays |= {"priority_tree": prio.tree, "priority_max": prio.max_priority}
         if self.noise_step is not None:
             arrays["noise_step"] = self.noise_step
+        if self.spectral_uv is not None:
+            arrays["spectral_uv"] = self.spectral_uv
         return arrays
 
     def load_state(self, arrays: dict[str, np.ndarray]) -> None:
@@ -456,7 +506,6 @@ class Learner:
             raise KeyError(f"learner state lacks {sorted(missing)}")
         for name, arr in dev.items():
             self.stager.upload(np.ascontiguousarray(arrays[name]), arr)
-        broadcast_supports(self.support_online, self.support_rows, stream=self.stream)
 
     def read_optim_state(self) -> np.ndarray:
         """A host copy of the optimiser state record (step, adam_t, lr, tau); synchronises."""

@@ -25,7 +25,7 @@ fingerprint hashes the table and the sizes it came from; a checkpoint stores it.
 Initialisation (`init_params`, host, float32, deterministic in (layout, seed)): each entry draws from its
 own generator numpy.random.default_rng([seed, entry index]); trunk weights Kaiming-uniform for ReLU
 (U(+-sqrt(6 / fan_in))), head weights Xavier-uniform (U(+-sqrt(6 / (fan_in + fan_out)))), so fresh logits
-have unit scale and every head starts near a smooth distribution; biases 0.
+have unit scale and every head starts near a smooth distribution; biases and the VSN gate 0.
 
 `Network(layout, batch, stream=s, grad_rows=G)` keeps the forward's activations so `backward` can follow;
 backward uses the first G rows of the last forward (the learner runs s and s' through one forward of 2B rows
@@ -42,9 +42,35 @@ kernels/noisy.py) and the backward adds sigma's gradients; without it the head r
 alone. A layout built with
 network.iqn_quantiles > 0 ends with the IQN head's entries (iqn.embed.*, iqn.head.*; agent/iqn.py): this class
 neither reads nor writes them (the learner's IqnStep does, from `head_input`, and hands the trunk its input
-gradient through backward's `input_grad`). Every buffer is allocated in the constructor, so forward and backward
-run inside a captured StepGraph. `grads` must be zero in the layout's gaps (allocate it with device_zeros);
-backward writes every entry but the IQN head's.
+gradient through backward's `input_grad`).
+
+Two trunk parts, each off by default (then the network launches exactly the plain trunk's kernels) and refused
+without the trunk they act on:
+- Spectral normalisation (network.spectral_norm, n_layers >= 1; agent/spectral.py, kernels/spectral.py): with
+  `spectral=SpectralKey(vectors, iters)` every trunk layer first runs `iters` power iterations on its persistent
+  u [hidden], v [in] (the learner's online network: network.spectral_iters; every other network 0, reading the
+  vectors as they are), takes sigma = v^T W u and reads W / sigma (written to a buffer of this network); the bias
+  is not normalised. The backward turns the weight gradient G of W / sigma into (G - <G, W / sigma> v u^T) / sigma
+  (u, v held constant) and backpropagates the input gradient through W / sigma. `spectral.sigma` [n_layers] holds
+  the last forward's sigmas.
+- Residual blocks (network.residual or network.stochastic_depth > 0, n_layers >= 2; agent/depth.py,
+  kernels/depth.py): trunk layers 1 .. n_layers - 1 become x + d * relu(x W + b), layer 0 stays plain, the
+  parameters are unchanged. With `depth=StochasticDepth(rate, state, seed)` (the learner's online network) each
+  row drops block l (d = 0) with probability rate * l / (n_layers - 1) and scales a kept one by 1 / (1 - p_l),
+  drawn on the device from the step counter; without it d = 1. The backward masks a block's branch by its own
+  ReLU output and passes the skip gradient through unmasked; dropout of a residual trunk is refused.
+Both are in ParamLayout.fingerprint (nothing is added when off).
+
+Variable selection (network.vsn, off by default; agent/vsn.py, kernels/vsn.py): a layout built with it holds the
+gate's entries vsn.weight [obs_dim, K], vsn.bias [K] after the C51 head's (before any IQN head's; K groups of
+observation columns, their ranges in `vsn_groups` and the fingerprint; the gate starts at 0, a uniform gate). Every forward first gates the observation,
+x'_c = K softmax(x W_g + b_g)_k(c) x_c, and layer 0 (or the head, without a trunk) reads x'; the backward turns layer
+0's input gradient dy W^T (W: the weights that layer read) into the gate's gradients; the observation takes none.
+With `isv=` (the learner's online network) each forward also folds the gate's focus over the first grad_rows rows
+into ISV[VSN_FOCUS_MAX_EMA] and ISV[VSN_FOCUS_ENTROPY_EMA]. Off, the network launches none of its kernels.
+
+Every buffer is allocated in the constructor, so forward and backward run inside a captured StepGraph. `grads` must
+be zero in the layout's gaps (allocate it with device_zeros); backward writes every entry but the IQN head's.
 """
 
 from __future__ import annotations
@@ -58,8 +84,11 @@ import numpy as np
 
 from fox_numba.actions import N_BRANCHES, N_HEADS
 from fox_numba.agent.dense import WeightGrad, dense_backward_input, dense_forward, dense_kind
+from fox_numba.agent.depth import ResidualTrunk, StochasticDepth
 from fox_numba.agent.iqn import IQN_HEAD_PREFIX, iqn_entries
 from fox_numba.agent.noisy import NoiseKey, NoisyHead, init_sigma, sigma_entries
+from fox_numba.agent.spectral import SpectralKey, SpectralNorm, layer_widths
+from fox_numba.agent.vsn import VSN_PREFIX, VsnGate, check_groups, observation_groups, vsn_entries
 from fox_numba.config import NetworkConfig
 from fox_numba.device.elementwise import axpy_f32, scale_f32
 from fox_numba.device.launch import check_array, i32, launch
@@ -101,10 +130,15 @@ class ParamLayout:
     size: int
     noisy_sigma0: float = 0.0  # > 0: the head is a NoisyNet layer (agent/noisy.py); sets sigma's initial value
     iqn_embed: int = 0  # > 0: the layout holds an IQN head of this many cosine features (agent/iqn.py)
+    spectral_norm: bool = False  # the trunk layers read W / sigma (agent/spectral.py)
+    residual: bool = False  # trunk layers 1 .. n_layers - 1 are residual blocks (agent/depth.py)
+    vsn_groups: tuple[tuple[int, int], ...] = ()  # the VSN gate's column ranges [begin, end) (agent/vsn.py); () off
 
     @classmethod
-    def build(cls, obs_dim: int, cfg: NetworkConfig) -> ParamLayout:
-        """The layout of a network over observations of `obs_dim` columns, sized by `cfg`."""
+    def build(cls, obs_dim: int, cfg: NetworkConfig,
+              vsn_groups: tuple[tuple[int, int], ...] | None = None) -> ParamLayout:
+        """The layout of a network over observations of `obs_dim` columns, sized by `cfg`. With cfg.vsn the gate's
+        groups are `vsn_groups` (column ranges tiling the input), by default the observation layout's."""
         if (obs_dim < 1 or cfg.hidden < 1 or cfg.n_layers < 0 or cfg.n_atoms < 2 or not cfg.noisy_sigma0 >= 0
                 or cfg.iqn_quantiles < 0 or cfg.iqn_embed < 1):
             raise ValueError(
@@ -112,6 +146,22 @@ class ParamLayout:
                 f"iqn_quantiles >= 0, iqn_embed >= 1; got {obs_dim}, {cfg.hidden}, {cfg.n_layers}, {cfg.n_atoms}, "
                 f"{cfg.noisy_sigma0}, {cfg.iqn_quantiles}, {cfg.iqn_embed}"
             )
+        residual = cfg.residual or cfg.stochastic_depth > 0
+        if cfg.spectral_norm and (cfg.n_layers < 1 or cfg.spectral_iters < 1):
+            raise ValueError(f"network.spectral_norm needs a trunk (n_layers >= 1) and spectral_iters >= 1; got "
+                             f"n_layers = {cfg.n_layers}, spectral_iters = {cfg.spectral_iters}")
+        if not 0.0 <= cfg.stochastic_depth < 1.0 or (residual and cfg.n_layers < 2):
+            raise ValueError(f"network.stochastic_depth must be in [0, 1), and residual blocks (network.residual or "
+                             f"stochastic_depth > 0) need n_layers >= 2; got stochastic_depth = "
+                             f"{cfg.stochastic_depth}, n_layers = {cfg.n_layers}")
+        if cfg.vsn and cfg.iqn_quantiles > 0 and cfg.n_layers < 1:
+            raise ValueError("network.vsn with an IQN head (iqn_quantiles > 0) needs a trunk (n_layers >= 1): the IQN "
+                             "gradient reaches the gate only through the trunk")
+        groups: tuple[tuple[int, int], ...] = ()
+        if cfg.vsn:
+            groups = (tuple((int(b), int(e)) for b, e in vsn_groups) if vsn_groups is not None
+                      else tuple((g.begin, g.end) for g in observation_groups(obs_dim)))
+            check_groups(groups, obs_dim)
         shapes: list[tuple[str, tuple[int, ...], bool]] = []
         width = obs_dim
         for layer in range(cfg.n_layers):
@@ -121,6 +171,8 @@ class ParamLayout:
         shapes += [("head.weight", (width, head_out), True), ("head.bias", (head_out,), False)]
         if cfg.noisy_sigma0 > 0:
             shapes += sigma_entries(width, head_out)
+        if groups:
+            shapes += vsn_entries(obs_dim, len(groups))
         iqn_embed = cfg.iqn_embed if cfg.iqn_quantiles > 0 else 0
         if iqn_embed:
             shapes += iqn_entries(iqn_embed, width)
@@ -129,7 +181,7 @@ class ParamLayout:
             entries.append(ParamEntry(name, offset, shape, decay))
             offset += -(-math.prod(shape) // ALIGN) * ALIGN
         return cls(obs_dim, cfg.hidden, cfg.n_layers, cfg.n_atoms, tuple(entries), offset, float(cfg.noisy_sigma0),
-                   iqn_embed)
+                   iqn_embed, cfg.spectral_norm, residual, groups)
 
     @property
     def noisy(self) -> bool:
@@ -142,6 +194,16 @@ class ParamLayout:
         return self.iqn_embed > 0
 
     @property
+    def vsn(self) -> bool:
+        """The observation passes a variable-selection gate (network.vsn) before the trunk or heads read it."""
+        return bool(self.vsn_groups)
+
+    @property
+    def head_input_relu(self) -> bool:
+        """The heads' input is a ReLU output (a plain last trunk layer), so its gradient is masked by its sign."""
+        return self.n_layers > 0 and not self.residual
+
+    @property
     def head_in(self) -> int:
         """Width of the heads' input: the trunk's last layer, or the observation without a trunk."""
         return self.hidden if self.n_layers else self.obs_dim
@@ -151,6 +213,12 @@ class ParamLayout:
         """sha256 (first 16 hex digits) of the table and the sizes and action space it was built for."""
         text = "\n".join(f"{e.name}:{e.offset}:{list(e.shape)}:{int(e.decay)}" for e in self.entries)
         text += f"\nsize:{self.size}\nheads:{N_BRANCHES}+{N_HEADS}\natoms:{self.n_atoms}\n"
+        if self.spectral_norm:  # the power-iteration vectors' layout (u_l, v_l per trunk layer)
+            text += "spectral_uv:" + ",".join(f"{o}+{i}" for i, o in layer_widths(self)) + "\n"
+        if self.residual:
+            text += f"residual:1..{self.n_layers - 1}\n"
+        if self.vsn:
+            text += "vsn_groups:" + ",".join(f"{b}-{e}" for b, e in self.vsn_groups) + "\n"
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
     def entry(self, name: str) -> ParamEntry:
@@ -194,8 +262,8 @@ def init_params(layout: ParamLayout, seed: int) -> np.ndarray:
     """Seeded, deterministic float32 parameters [layout.size] (scheme in the module header)."""
     flat = np.zeros(layout.size, np.float32)
     for index, e in enumerate(layout.entries):
-        if not e.decay:
-            continue  # biases start at 0, sigma below
+        if not e.decay or e.name.startswith(VSN_PREFIX):
+            continue  # biases and the VSN gate start at 0 (a uniform gate), sigma below
         rng = np.random.default_rng([seed % 2**63, index])
         fan_in, fan_out = e.shape
         xavier = e.name.startswith(("head.", IQN_HEAD_PREFIX))
@@ -221,7 +289,8 @@ class Network:
 
     def __init__(
         self, layout: ParamLayout, batch: int, *, stream: Any, grad_rows: int | None = None, dense: str = "auto",
-        dropout: Dropout | None = None, noise: NoiseKey | None = None,
+        dropout: Dropout | None = None, noise: NoiseKey | None = None, spectral: SpectralKey | None = None,
+        depth: StochasticDepth | None = None, isv: Any = None,
     ) -> None:
         grad_rows = batch if grad_rows is None else grad_rows
         if not 1 <= grad_rows <= batch:
@@ -233,6 +302,17 @@ class Network:
         if noise is not None and not layout.noisy:
             raise ValueError("Network: noise= needs a noisy layout (network.noisy_sigma0 > 0)")
         self.noisy = NoisyHead(layout, noise) if noise is not None else None
+        if (spectral is not None) != layout.spectral_norm:
+            raise ValueError("Network: spectral= (the learner's power-iteration vectors) goes with a layout built with "
+                             f"network.spectral_norm, and only with one; layout.spectral_norm = {layout.spectral_norm}")
+        self.spectral = SpectralNorm(layout, spectral) if spectral is not None else None
+        if depth is not None and depth.rate > 0 and not layout.residual:
+            raise ValueError("Network: depth= (stochastic depth) needs a residual layout (network.stochastic_depth)")
+        if layout.residual and self.dropout is not None:
+            raise ValueError("Network: dropout of a residual trunk is not supported (learner.dropout with "
+                             "network.residual or network.stochastic_depth)")
+        self.residual = ResidualTrunk(layout, batch, grad_rows, depth, stream=stream) if layout.residual else None
+        self.vsn = VsnGate(layout, batch, grad_rows, dense, isv=isv, stream=stream) if layout.vsn else None
         n_layers, hidden, z = layout.n_layers, layout.hidden, layout.n_atoms
         # Trunk outputs [layer, row, unit] in one buffer (the hidden-signal producers read it whole).
         self.activations: Any = device_empty((n_layers, batch, hidden), np.float32) if n_layers else None
@@ -253,8 +333,12 @@ class Network:
         return views
 
     def _input(self, layer: int, rows: int) -> Any:
-        """Input activation of dense layer `layer` (the observation for layer 0), first `rows` rows."""
-        src = self._obs if layer == 0 else self.activations[layer - 1]
+        """Input activation of dense layer `layer` (the observation, or its VSN gating, for layer 0), first `rows`
+        rows."""
+        if layer > 0:
+            src = self.activations[layer - 1]
+        else:
+            src = self._obs if self.vsn is None else self.vsn.gated
         return src if rows == self.batch else src[:rows]
 
     def head_input(self, rows: int) -> Any:
@@ -266,6 +350,10 @@ class Network:
     def _linear(self, x: Any, w: Any, b: Any, y: Any, relu: bool, stream: Any) -> None:
         dense_forward(self.dense, x, w, b, y, relu=relu, stream=stream)
 
+    def _is_block(self, layer: int) -> bool:
+        """Trunk layer `layer` is a residual block (layers 1 .. n_layers - 1 of a residual layout)."""
+        return self.residual is not None and 1 <= layer < self.layout.n_layers
+
     def forward(self, params: Any, obs: Any, logits: Any, *, stream: Any) -> None:
         """logits [batch, N_HEADS, Z] of obs [batch, obs_dim]; keeps the activations for `backward`."""
         lay = self.layout
@@ -273,9 +361,17 @@ class Network:
         check_array("logits", logits, "[batch, N_HEADS, Z]", (self.batch, N_HEADS, lay.n_atoms))
         p = self._params(params)
         self._obs = obs
+        if self.vsn is not None:
+            self.vsn.forward(p, obs, stream=stream)
         for layer in range(lay.n_layers):
             w, b = lay.layer(layer)
-            self._linear(self._input(layer, self.batch), p[w.name], p[b.name], self.activations[layer], True, stream)
+            weight = self.spectral.forward(p, layer, stream=stream) if self.spectral is not None else p[w.name]
+            x, y = self._input(layer, self.batch), self.activations[layer]
+            if self._is_block(layer):
+                self._linear(x, weight, p[b.name], self.residual.output(layer), True, stream)
+                self.residual.forward(layer, x, y, stream=stream)
+            else:
+                self._linear(x, weight, p[b.name], y, True, stream)
             if self.dropout is not None:
                 d = self.dropout
                 dropout(self.activations[layer], d.state, d.seed, layer, d.rate, stream=stream)
@@ -288,7 +384,7 @@ class Network:
         """grads [layout.size] = d(sum dlogits * logits) / d params over the first grad_rows rows of the last
         forward (whose activations must still be in place). `input_grad` [grad_rows, hidden] (a trunk only): the
         gradient another head reading the same input (IQN) sends into the trunk's last layer, already masked by
-        its ReLU; it is added to the C51 head's before the trunk's backward."""
+        its ReLU (layout.head_input_relu); it is added to the C51 head's before the trunk's backward."""
         lay, rows = self.layout, self.grad_rows
         if self._obs is None:
             raise RuntimeError("Network.backward needs a forward first (it reads the kept activations)")
@@ -301,18 +397,35 @@ class Network:
             check_array("input_grad", input_grad, "[grad_rows, hidden]", (rows, lay.hidden))
         p, g = self._params(params), self._params(grads)
         dueling_combine_backward(dlogits, self.dhead, stream=stream)
-        dy = self.dhead
+        dy = self.dhead  # at each layer's output: ReLU-masked for a plain layer, unmasked for a residual block
         for layer in range(lay.n_layers, -1, -1):
             w, b = lay.layer(layer)
             x = self._input(layer, rows)
+            block = self._is_block(layer)
+            g_out = dy
+            if block:
+                dy = self.residual.branch_grad(layer, g_out, stream=stream)
             self._wgrads[layer](x, dy, g[w.name], g[b.name], stream=stream)
             head_noise = self.noisy if layer == lay.n_layers else None
             if head_noise is not None:
                 head_noise.backward(g, stream=stream)
+            spectral = self.spectral if layer < lay.n_layers else None
+            if spectral is not None:
+                spectral.backward(g, layer, stream=stream)
+            w_used = p[w.name]  # the weights the forward read:
+            if head_noise is not None:
+                w_used = head_noise.weight
+            elif spectral is not None:
+                w_used = spectral.weights[layer]
+            if layer == 0 and self.vsn is not None:  # the gate's gradients through the gated observation
+                self.vsn.backward(self._obs, dy, w_used, g, stream=stream)
             if layer > 0:
                 dx = self._dh[layer % len(self._dh)]
-                w_used = head_noise.weight if head_noise is not None else p[w.name]  # the weights the forward read
-                dense_backward_input(self.dense, dy, w_used, dx, act=x, stream=stream)  # x: the ReLU's output: mask
+                relu_input = not self._is_block(layer - 1)  # x is a plain layer's ReLU output: its sign masks
+                dense_backward_input(self.dense, dy, w_used, dx, act=x if relu_input and not block else None,
+                                     stream=stream)
+                if block:
+                    self.residual.skip_grad(dx, g_out, x, mask=relu_input, stream=stream)
                 if layer == lay.n_layers and input_grad is not None:
                     launch(axpy_f32, dx.size, dx.reshape(dx.size), np.float32(1.0), input_grad.reshape(dx.size),
                            i32(dx.size), stream=stream)

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from fox_numba.agent.collector import Collector
+from fox_numba.agent.dense import precision_dense
 from fox_numba.agent.environment import VecEnv
 from fox_numba.agent.evaluator import Evaluator, eval_network
 from fox_numba.agent.fold_market import FoldMarket, FoldMarketDevice, aux_forecast_target
@@ -99,14 +100,17 @@ class Trainer:
                                    use_graph=cfg.run.graphs, health=self.health, spread=cfg.env.explore_spread,
                                    tau_mult=cfg.env.explore_tau, hindsight_fraction=cfg.env.hindsight_fraction,
                                    hindsight_horizon=cfg.evaluation.probe_horizon_bars,
-                                   commission=cfg.env.commission, iqn_quantiles=cfg.network.iqn_quantiles)  # fmt: skip
+                                   commission=cfg.env.commission, iqn_quantiles=cfg.network.iqn_quantiles,
+                                   spectral_uv=lrn.spectral_uv,
+                                   dense=precision_dense(cfg.run.precision))  # fmt: skip
         state = lrn.state_arrays()
         params, supports = (state[name] for name in eval_network(cfg.evaluation.network))
         self.evaluator = Evaluator(dev, cfg, self.layout, params, supports, isv=self.bus.values,
-                                   stager=self.stager, use_graph=cfg.run.graphs, health=self.health)  # fmt: skip
+                                   stager=self.stager, use_graph=cfg.run.graphs, health=self.health,
+                                   spectral_uv=lrn.spectral_uv)  # fmt: skip
         self.selector = None if market.select_windows.shape[0] == 0 else Evaluator(
             dev.on_selection_days(self.stager), cfg, self.layout, params, supports, isv=self.bus.values,
-            stager=self.stager, use_graph=cfg.run.graphs)
+            stager=self.stager, use_graph=cfg.run.graphs, spectral_uv=lrn.spectral_uv)
 
     def _bound(self) -> tuple[Learner, VecEnv, Collector, Evaluator]:
         if self.learner is None or self.env is None or self.collector is None or self.evaluator is None:

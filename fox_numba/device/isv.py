@@ -6,8 +6,8 @@ never leave the GPU. The host reads the bus only every K steps (HEALTH_DIAG) or 
 
 `SLOTS` below is the only place a slot index is written. Kernels get indices as int32 arguments
 (`i32(Isv.Q_ABS_REF)`) or as compile-time constants taken from `Isv`, never as literals. The indices the
-seed system fixed are kept (Q_ABS_REF 16, Q_DIR_ABS_REF 21, reward-component EMAs 63-68, MOE_LAMBDA_EFF
-128, Q_DRIFT_RATE 129, FOLD_WARMUP_FACTOR 130); every index not named is RESERVED_nnn.
+seed system fixed are kept (Q_ABS_REF 16, Q_DIR_ABS_REF 21, reward-component EMAs 63-68, VSN focus EMAs
+87-88, MOE_LAMBDA_EFF 128, Q_DRIFT_RATE 129, FOLD_WARMUP_FACTOR 130); every index not named is RESERVED_nnn.
 
 Each slot states its bootstrap value (written when the bus is created) and its fold-reset value (what the
 StateResetRegistry writes at a fold boundary; None: the slot carries over from fold to fold).
@@ -43,6 +43,7 @@ _QSTATS = "learner q-stats reduce (every step, train graph)"
 _LOSS = "learner C51 loss reduce (every step, train graph)"
 _ROLLOUT = "collector action-select/env-step reduce (every collect step)"
 _DIAG = "HEALTH_DIAG"
+_VSN = "learner VSN gate focus reduce (every step, train graph; kernels/vsn.py)"
 
 
 @dataclass(frozen=True)
@@ -180,6 +181,13 @@ _NAMED: tuple[Slot, ...] = (
     Slot("DEAD_UNIT_FRAC_EMA", 84, "EMA (alpha 0.01) of the fraction of trunk ReLU units zero over a batch "
          "(0 without a trunk).",
          "learner forward reduce (every diag_every steps)", _DIAG, fold_reset=None),
+    # 87-88: the seed's VSN attention focus EMAs
+    Slot("VSN_FOCUS_MAX_EMA", 87, "EMA (alpha 0.01) of the batch mean of the largest variable-selection gate "
+         "weight max_k w_k, clamped to [1/K, 1] (1/K: a uniform gate; 1: every row reads one group); the first "
+         "observation seeds it; 0 while network.vsn is off.", _VSN, _DIAG, fold_reset=None),
+    Slot("VSN_FOCUS_ENTROPY_EMA", 88, "EMA (alpha 0.01) of the batch mean of the gate entropy -sum_k w_k ln w_k "
+         "/ ln K, clamped to [0, 1] (1: uniform; 0: one group); seeded with VSN_FOCUS_MAX_EMA; 0 while network.vsn "
+         "is off.", _VSN, _DIAG, fold_reset=None),
     Slot("TARGET_DRIFT_EMA", 92, "EMA (alpha 0.05) of |theta_target - theta_online| / max(PARAM_NORM, "
          "1e-6) (seed index).", "learner Polyak reduce (every step, train graph)", _DIAG),
     Slot("TARGET_Q_DRIFT_EMA", 93, "EMA (alpha 0.05) of the batch mean |E[Q_target] - E[Q_online]| at the "

@@ -104,6 +104,10 @@ FIELDS: tuple[Field, ...] = (
     _mirror("hidden_rms_l1", "HIDDEN_RMS_L1_EMA", "EMA of the RMS activation of trunk layer 1 (0 if absent)."),
     _mirror("dead_frac", "DEAD_UNIT_FRAC_EMA",
             "EMA of the fraction of trunk ReLU units zero over a batch (0 without a trunk)."),
+    _mirror("vsn_focus_max", "VSN_FOCUS_MAX_EMA",
+            "EMA of the mean largest VSN gate weight, in [1/K, 1] (1/K uniform; 0 when network.vsn is off)."),
+    _mirror("vsn_focus_entropy", "VSN_FOCUS_ENTROPY_EMA",
+            "EMA of the mean VSN gate entropy / ln K, in [0, 1] (1 uniform; 0 when network.vsn is off)."),
     *(Field(f"noisy_sigma_{b.name[:3]}", "f32", f"Mean |sigma| of the {b.name} branch's noisy head weights and "
             f"biases (network.noisy_sigma0 > 0; 0 when off).", _SIGMA) for b in BRANCHES),
     _mirror("nonfinite_steps", "NONFINITE_STEPS", "Steps of this fold skipped for a non-finite loss or gradient."),

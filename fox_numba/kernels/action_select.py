@@ -95,6 +95,7 @@ from fox_numba.device.registry import register
 from fox_numba.device.rng import XOROSHIRO_DTYPE, xoroshiro128p_uniform_float32
 from fox_numba.device.runtime import SIMULATOR
 from fox_numba.kernels.distributional import F32_3D, row_stats
+from fox_numba.kernels.head_rows import carry, staged_row
 
 # Below this Q range a 3-bin branch's Boltzmann tends to uniform instead of stretching differences that
 # are noise to the full P(best) (E[Q] lives on supports of width ~1).
@@ -131,24 +132,6 @@ def samples_per_block(n_atoms: int) -> int:
 def _divmod(a, n):
     q = a // n
     return q, a - q * n
-
-
-@cuda.jit(device=True)
-def _carry(row, j, d_row, d_j, n_atoms):
-    """(row, j) + (d_row, d_j) in the mixed radix of rows of n_atoms elements (d_j < n_atoms)."""
-    j += d_j
-    row += d_row
-    if j >= n_atoms:
-        j -= n_atoms
-        row += 1
-    return row, j
-
-
-@cuda.jit(device=True)
-def _staged_logit(logits, first, row, j):
-    """Atom j of head row `row` of the block's samples: logits[first + row // 13, row % 13, j]."""
-    sample = row // N_HEADS
-    return logits[first + sample, row - sample * N_HEADS, j]
 
 
 @cuda.jit(device=True)
@@ -249,19 +232,19 @@ def action_select_kernel(logits, support, states, explore, spread, tau_mult, act
     row, j = _divmod(tid, n_atoms)
     k = tid
     while k < total:
-        r1, c1 = _carry(row, j, row1, j1, n_atoms)
-        r2, c2 = _carry(row, j, row2, j2, n_atoms)
-        r3, c3 = _carry(row, j, row3, j3, n_atoms)
-        x0 = _staged_logit(logits, first, row, j)
+        r1, c1 = carry(row, j, row1, j1, n_atoms)
+        r2, c2 = carry(row, j, row2, j2, n_atoms)
+        r3, c3 = carry(row, j, row3, j3, n_atoms)
+        x0 = staged_row(logits, first, row, j)
         x1 = float32(0.0)
         x2 = float32(0.0)
         x3 = float32(0.0)
         if k + threads < total:
-            x1 = _staged_logit(logits, first, r1, c1)
+            x1 = staged_row(logits, first, r1, c1)
         if k + 2 * threads < total:
-            x2 = _staged_logit(logits, first, r2, c2)
+            x2 = staged_row(logits, first, r2, c2)
         if k + 3 * threads < total:
-            x3 = _staged_logit(logits, first, r3, c3)
+            x3 = staged_row(logits, first, r3, c3)
         stage[row * stride + j] = x0
         if k + threads < total:
             stage[r1 * stride + c1] = x1
@@ -270,7 +253,7 @@ def action_select_kernel(logits, support, states, explore, spread, tau_mult, act
         if k + 3 * threads < total:
             stage[r3 * stride + c3] = x3
         k += 4 * threads
-        row, j = _carry(row, j, row4, j4, n_atoms)
+        row, j = carry(row, j, row4, j4, n_atoms)
     if explore != 0 and active and lane == N_HEADS % lanes:
         # the 8 draws on a copy of the state in local memory (one global read and write, not eight)
         state = cuda.local.array(1, xoroshiro128p_dtype)

@@ -21,6 +21,10 @@ Launch shapes (all 1-D through `fox_numba.device.launch.launch`), and why:
   sources, no atomics and no zeroing pass. Each output atom receives its terms in the same order (j
   ascending) as that gather would, so the results are the gather's bit for bit.
 - c51_loss_kernel: one thread per row, R threads; two passes over the row's Z logits.
+The per-row arithmetic lives in device functions (row_stats, atom_pass, project_row, cross_entropy_row) that take a
+1-D array and a base offset, so the learner's fused kernels (kernels/learner.py select_q_rows, project_loss_scatter)
+run the same code on rows staged in shared memory and get the same bits; the kernels here serve the collect and
+evaluate paths (expected_q) and tools/bench_select.py.
 Measured times live in tools/results/ (tools/bench_select.py), not here: they go stale.
 Constraints: literals are float32 (a Python float in a kernel makes the GPU compute in float64);
 `float32(j)` converts atom indices before they meet float32 values (int64 * float32 is float64).
@@ -102,10 +106,28 @@ def expected_q_kernel(logits, support, q, entropy):
         entropy[i, a] = math.log(s) - tlm / s
 
 
+@cuda.jit(device=True)
+def atom_pass(x, base, n_atoms, m, s, mean, v_min, delta_z):
+    """The second pass over x[base : base + n_atoms], given `row_stats`' M and S and E[Q] = mean: (used, spread) with
+    used = the number of atoms with p_j > UTIL_THRESHOLD and spread = sum_j w_j (z_j - mean)**2 (variance * S).
+    Shared by `expected_q_stats_kernel` and the learner's fused select (kernels/learner.py): one code, one set
+    of bits."""
+    threshold = UTIL_THRESHOLD * s  # p_j > 1e-3  <=>  w_j > 1e-3 * S
+    used = 0
+    spread = float32(0.0)
+    for j in range(n_atoms):
+        w = math.exp(x[base + j] - m)
+        if w > threshold:
+            used += 1
+        d = (v_min + float32(j) * delta_z) - mean
+        spread += w * (d * d)
+    return used, spread
+
+
 @register((F32_3D, F32_3D, F32_2D, F32_2D, F32_2D, F32_2D, int32))
 @cuda.jit
 def expected_q_stats_kernel(logits, support, q, entropy, variance, utilisation, outputs):
-    """`expected_q_kernel`'s q and entropy, then a second pass over the atoms for
+    """`expected_q_kernel`'s q and entropy, then a second pass over the atoms (`atom_pass`) for
     variance[i, a] = sum_j p_j (z_j - E[Q])**2 (bit WANT_VARIANCE of `outputs`) and
     utilisation[i, a] = (number of atoms with p_j > UTIL_THRESHOLD) / Z (bit WANT_UTILISATION).
     An output whose bit is clear is not written (the wrapper passes q in its place)."""
@@ -122,19 +144,54 @@ def expected_q_stats_kernel(logits, support, q, entropy, variance, utilisation, 
         mean = tz / s
         q[i, a] = mean
         entropy[i, a] = math.log(s) - tlm / s
-        threshold = UTIL_THRESHOLD * s  # p_j > 1e-3  <=>  w_j > 1e-3 * S
-        used = 0
-        spread = float32(0.0)
-        for j in range(n_atoms):
-            w = math.exp(row[j] - m)
-            if w > threshold:
-                used += 1
-            d = (v_min + float32(j) * delta_z) - mean
-            spread += w * (d * d)
+        used, spread = atom_pass(row, 0, n_atoms, m, s, mean, v_min, delta_z)
         if outputs & WANT_VARIANCE:
             variance[i, a] = spread / s
         if outputs & WANT_UTILISATION:
             utilisation[i, a] = float32(used) / float32(n_atoms)
+
+
+@cuda.jit(device=True)
+def project_row(p, p_base, reward, discount, v_min_next, dz_next, v_min_proj, dz_proj, m, m_base, n_atoms):
+    """m[m_base + k] = sum_j p[p_base + j] * max(0, 1 - |b_j - k|), k, j < n_atoms: one row of `c51_project_kernel`
+    (the walk of its docstring); p and m are 1-D float32 arrays (global rows, or rows staged in shared memory: the
+    learner's fused loss, kernels/learner.py, runs this same code). Writes each m atom exactly once, in ascending
+    order. A non-finite input writes NaN to every atom."""
+    inv_dz_proj = float32(1.0) / dz_proj
+    if not (math.isfinite(reward) and math.isfinite(discount) and math.isfinite(v_min_next)
+            and math.isfinite(dz_next) and math.isfinite(v_min_proj) and math.isfinite(inv_dz_proj)):
+        for k in range(n_atoms):
+            m[m_base + k] = float32(math.nan)
+        return
+    top = float32(n_atoms - 1)
+    last_lower = n_atoms - 2
+    descending = discount * dz_next * inv_dz_proj < float32(0.0)
+    cur = 0
+    acc_lo = float32(0.0)  # mass so far of atom cur
+    acc_hi = float32(0.0)  # mass so far of atom cur + 1
+    for step in range(n_atoms):
+        j = step
+        if descending:
+            j = n_atoms - 1 - step
+        tz = reward + discount * (v_min_next + float32(j) * dz_next)
+        b = min(max((tz - v_min_proj) * inv_dz_proj, float32(0.0)), top)
+        lower = min(int32(b), last_lower)  # floor: b >= 0
+        while cur < lower:
+            m[m_base + cur] = acc_lo
+            acc_lo = acc_hi
+            acc_hi = float32(0.0)
+            cur += 1
+        pj = p[p_base + j]
+        w_lo = float32(1.0) - abs(b - float32(lower))
+        w_hi = float32(1.0) - abs(b - float32(lower + 1))
+        if w_lo > float32(0.0):
+            acc_lo += pj * w_lo
+        if w_hi > float32(0.0):
+            acc_hi += pj * w_hi
+    m[m_base + cur] = acc_lo
+    m[m_base + cur + 1] = acc_hi
+    for k in range(cur + 2, n_atoms):
+        m[m_base + k] = float32(0.0)
 
 
 @register((F32_2D, float32[::1], float32[::1], F32_2D, F32_2D, F32_2D))
@@ -144,9 +201,9 @@ def c51_project_kernel(p_next, rewards, discounts, support_next, support_proj, m
 
     b_j = clip((rewards[r] + discounts[r] * z_j - v_min_p) / delta_z_p, 0, Z - 1), z_j the atoms of
     support_next[r], v_min_p and delta_z_p those of support_proj[r] (see `c51_project`). One thread per
-    row: b_j is monotone in j (non-decreasing for the discounts >= 0 and widths > 0 of real rows; a row
-    whose slope is negative is walked from j = Z - 1 down), so the walk keeps two accumulators, atom
-    `cur` (= floor(b_j), at most Z - 2) and cur + 1, writes atom cur once b_j has moved past it, and
+    row (`project_row`): b_j is monotone in j (non-decreasing for the discounts >= 0 and widths > 0 of real
+    rows; a row whose slope is negative is walked from j = Z - 1 down), so the walk keeps two accumulators,
+    atom `cur` (= floor(b_j), at most Z - 2) and cur + 1, writes atom cur once b_j has moved past it, and
     writes the atoms after the last one reached as 0. Each source atom adds p_j * (1 - |b_j - k|) to its
     two neighbours k when that weight is positive, as the gather over sources did.
     A row whose reward, discount or supports are not finite (an empty replay's NaN reward, say) gets m = NaN
@@ -155,77 +212,46 @@ def c51_project_kernel(p_next, rewards, discounts, support_next, support_proj, m
     """
     r = cuda.grid(1)
     if r < p_next.shape[0]:
-        n_atoms = p_next.shape[1]
-        reward = rewards[r]
-        discount = discounts[r]
-        v_min_next = support_next[r, 0]
-        dz_next = support_next[r, 2]
-        v_min_proj = support_proj[r, 0]
-        inv_dz_proj = float32(1.0) / support_proj[r, 2]
-        if not (math.isfinite(reward) and math.isfinite(discount) and math.isfinite(v_min_next)
-                and math.isfinite(dz_next) and math.isfinite(v_min_proj) and math.isfinite(inv_dz_proj)):
-            for k in range(n_atoms):
-                m[r, k] = float32(math.nan)
-            return
-        top = float32(n_atoms - 1)
-        last_lower = n_atoms - 2
-        descending = discount * dz_next * inv_dz_proj < float32(0.0)
-        cur = 0
-        acc_lo = float32(0.0)  # mass so far of atom cur
-        acc_hi = float32(0.0)  # mass so far of atom cur + 1
-        for step in range(n_atoms):
-            j = step
-            if descending:
-                j = n_atoms - 1 - step
-            tz = reward + discount * (v_min_next + float32(j) * dz_next)
-            b = min(max((tz - v_min_proj) * inv_dz_proj, float32(0.0)), top)
-            lower = min(int32(b), last_lower)  # floor: b >= 0
-            while cur < lower:
-                m[r, cur] = acc_lo
-                acc_lo = acc_hi
-                acc_hi = float32(0.0)
-                cur += 1
-            p = p_next[r, j]
-            w_lo = float32(1.0) - abs(b - float32(lower))
-            w_hi = float32(1.0) - abs(b - float32(lower + 1))
-            if w_lo > float32(0.0):
-                acc_lo += p * w_lo
-            if w_hi > float32(0.0):
-                acc_hi += p * w_hi
-        m[r, cur] = acc_lo
-        m[r, cur + 1] = acc_hi
-        for k in range(cur + 2, n_atoms):
-            m[r, k] = float32(0.0)
+        project_row(p_next[r], 0, rewards[r], discounts[r], support_next[r, 0], support_next[r, 2],
+                    support_proj[r, 0], support_proj[r, 2], m[r], 0, p_next.shape[1])
+
+
+@cuda.jit(device=True)
+def cross_entropy_row(x, x_base, target, t_base, weight, dl, dl_base, n_atoms):
+    """One row of `c51_loss_kernel` over n_atoms atoms from x_base, t_base and dl_base of 1-D float32 arrays:
+    returns -sum_k m_k log softmax(x)_k and writes dl[k] = weight * (sum(m) softmax(x)_k - m_k). dl may be the
+    target itself (each m_k is read before dl[k] is written), as in the learner's fused loss (kernels/learner.py),
+    which runs this same code on rows staged in shared memory."""
+    mx = x[x_base]
+    s = float32(1.0)
+    mass = target[t_base]
+    for k in range(1, n_atoms):
+        xk = x[x_base + k]
+        mass += target[t_base + k]
+        if xk > mx:
+            s = s * math.exp(mx - xk) + float32(1.0)
+            mx = xk
+        else:
+            s += math.exp(xk - mx)
+    inv_s = float32(1.0) / s
+    scaled_mass = weight * mass * inv_s
+    acc = float32(0.0)
+    for k in range(n_atoms):
+        xk = x[x_base + k]
+        mk = target[t_base + k]
+        acc += mk * (mx - xk)
+        dl[dl_base + k] = scaled_mass * math.exp(xk - mx) - weight * mk
+    return acc + mass * math.log(s)
 
 
 @register((F32_2D, F32_2D, float32[::1], float32[::1], F32_2D))
 @cuda.jit
 def c51_loss_kernel(logits, target, weights, loss, dlogits):
-    """loss[r] = -sum_k m_k log softmax(x)_k; dlogits[r, k] = weights[r] * (sum(m) softmax(x)_k - m_k)."""
+    """loss[r] = -sum_k m_k log softmax(x)_k; dlogits[r, k] = weights[r] * (sum(m) softmax(x)_k - m_k)
+    (`cross_entropy_row`)."""
     r = cuda.grid(1)
     if r < logits.shape[0]:
-        n_atoms = logits.shape[1]
-        mx = logits[r, 0]
-        s = float32(1.0)
-        mass = target[r, 0]
-        for k in range(1, n_atoms):
-            x = logits[r, k]
-            mass += target[r, k]
-            if x > mx:
-                s = s * math.exp(mx - x) + float32(1.0)
-                mx = x
-            else:
-                s += math.exp(x - mx)
-        inv_s = float32(1.0) / s
-        scaled_mass = weights[r] * mass * inv_s
-        w = weights[r]
-        acc = float32(0.0)
-        for k in range(n_atoms):
-            x = logits[r, k]
-            mk = target[r, k]
-            acc += mk * (mx - x)
-            dlogits[r, k] = scaled_mass * math.exp(x - mx) - w * mk
-        loss[r] = acc + mass * math.log(s)
+        loss[r] = cross_entropy_row(logits[r], 0, target[r], 0, weights[r], dlogits[r], 0, logits.shape[1])
 
 
 def _check_3d(name: str, arr: Any) -> tuple[int, int, int]:
@@ -258,7 +284,8 @@ def expected_q(
       loses the variance of a narrow distribution far from 0 (a peak at z = 1 of variance 1e-7 would
       be below the rounding of E[Z**2] = 1);
     - utilisation = the fraction of the Z atoms with probability > UTIL_THRESHOLD (1e-3): the per-head
-      value whose batch mean the ATOM_UTIL_EMA producer folds into the ISV.
+      value whose batch mean the ATOM_UTIL_EMA producer folds into the ISV (the learner's step computes it
+      with the same `atom_pass` in its fused select_q_rows, kernels/learner.py).
     Asking for either runs `expected_q_stats_kernel` (a second pass over the logits) instead of
     `expected_q_kernel`; q and entropy have the same bits either way.
     """

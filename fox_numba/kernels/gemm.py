@@ -59,15 +59,17 @@ _F3 = float32[:, :, ::1]
 
 
 class Config(NamedTuple):
-    """A block tile of `tile` x `tile` outputs, `micro` x `micro` per thread."""
+    """A block tile of `tile` x `tile` outputs, `micro` x `micro` per thread (the thread count's measure; the
+    tensor-core kernels of kernels/gemm_tf32.py, `precision` 'tf32', hold theirs as mma fragments)."""
 
     tile: int
     micro: int
     blocks_per_sm: int  # the residency the launch bounds ask for (caps registers at 64K / (threads * it))
+    precision: str = "fp32"
 
     @property
     def name(self) -> str:
-        return f"{self.tile}x{self.micro}"
+        return f"{self.tile}x{self.micro}" if self.precision == "fp32" else self.precision
 
     @property
     def threads(self) -> int:

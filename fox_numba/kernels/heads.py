@@ -43,6 +43,8 @@ take them as per-(sample, head) rows [B, 13, 3], the seed's per-sample support, 
 fills those rows from the [13, 3] table. The rule writes one value per head because every input it reads
 is a run-wide ISV scalar: a per-sample rule on the same inputs would write the same numbers B times. A
 rule with per-sample inputs (the sample's volatility regime, say) would only change how the rows are filled.
+The learner's fused C51 kernels (kernels/learner.py) read the [13, 3] tables directly; per-sample supports
+would give them [B, 13, 3] arguments too.
 
 Online and target supports differ: the target network is a Polyak average of past online parameters,
 whose logits were trained on the supports of their time, so its support is the Polyak average of the

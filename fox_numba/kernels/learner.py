@@ -3,10 +3,13 @@
     step_schedule        state.step += 1; this step's lr and tau from the schedule block and the ISV
     (replay sample and gather: kernels/replay.py, B slots and the batch with s in rows 0..B-1 and s' in
      rows B..2B-1; the observations of the 2B rows: kernels/env.py gather_obs)
-    double_dqn_rows      per branch row (sample, branch): the greedy next bin from the online E[Q](s'),
-                         its target distribution, supports, reward, discount, the taken logits, the weight
-                         (the next bin is the direction branch's for every branch unless bootstrap=branch)
-    scatter_branch_grads dlogits [B, 13, Z] from the per-row gradients (0 on heads not taken)
+    select_q_rows        the online E[Q], entropy and utilisation of every head (s and s'), then per branch
+                         row (sample, branch) the greedy next bin from the online E[Q](s') (the direction
+                         branch's for every branch unless bootstrap=branch), its target softmax's max and sum,
+                         reward, discount, weight and row statistics
+    (importance weights: kernels/priority.py, prioritised replay only, multiply the rows' weights here)
+    project_loss_scatter per branch row the C51 projection, the cross-entropy and its gradient, scattered into
+                         dlogits [B, 13, Z] (0 on heads not taken)
     aux_forecast_loss    the auxiliary regression: the forecast column's gradient and the epoch's aux loss
     (obs_noise_kernel    learner.obs_noise > 0 only, after the observation gather: Gaussian noise on the
                          market columns of the 2B observation rows, drawn from the samples' generators)
@@ -48,6 +51,28 @@ An empty replay (size 0) or a stored row outside market_obs gives NaN rewards or
 outside an array.
 Launch shapes: grid-stride through `launch_strided` (one thread per element on the GPU, one block under
 the simulator); the schedule, guard and fold-counter kernels are one thread; finish_step one block.
+
+The two C51 kernels fuse the chain expected_q (with the utilisation pass) -> double DQN rows -> c51_project ->
+c51_loss -> scatter: two launches instead of five, and the [4B, Z] rows (taken logits, p_next, the projection,
+the row gradients) never go through global memory. The importance weights (prioritised replay) multiply the
+rows' weights between the two, which is where the chain was split. Results are the chain's bit for bit: every
+float32 value comes from the same code in the same order (distributional.py's device functions row_stats,
+atom_pass, project_row, cross_entropy_row, run on rows staged in shared memory instead of global rows; the target
+softmax p = exp(x - max) / sum from the same max and sum); tests/agent/test_learner_fused.py runs whole steps
+against the chain. Launch shapes (`launch_rows`), both staging with coalesced loads at an odd row stride (Z | 1,
+so threads reading one atom of different rows hit different banks) because a thread walking its own global row
+made every warp load touch 32 rows:
+- select_q_rows: one block per up to SELECT_SAMPLES (8) samples, 13 threads per sample (thread = head). Three
+  rounds, each staging rows into SELECT_STAGE_WORDS floats (four loads in flight per thread), a barrier, then
+  one row per thread from shared memory: the 13 online s rows of each sample (E[Q], entropy, utilisation); the 13
+  online s' rows (E[Q]); then threads h < 4 pick each branch row's a* from the block's q of s' (global memory,
+  written before the barriers), and only those target rows are staged (4 per sample; one distinct head with the
+  default bootstrap) for the branch rows' target softmax.
+- project_loss_scatter: one block per up to LOSS_ROWS (64) branch rows (16 whole samples), LOSS_THREADS_PER_ROW
+  (4) threads per row: all of them stage the rows' p_next (formed from the target logits) and taken online
+  logits, one per row projects into a staged scratch and writes the gradient over it, then all write the
+  block's samples' dlogits (every head and atom) coalesced.
+Z is at most MAX_ATOMS (415) for the staging (the wrappers refuse more); action selection has the same bound.
 """
 
 from __future__ import annotations
@@ -65,7 +90,9 @@ from fox_numba.device.launch import check_array, i32, launch, launch_rows, launc
 from fox_numba.device.memory import device_empty
 from fox_numba.device.registry import register
 from fox_numba.device.rng import xoroshiro128p_uniform_float32
-from fox_numba.kernels.heads import N_AUX, N_STREAMS, aux_column, branch_span, head_width
+from fox_numba.kernels.distributional import atom_pass, cross_entropy_row, project_row, row_stats
+from fox_numba.kernels.head_rows import carry, staged_row
+from fox_numba.kernels.heads import N_AUX, N_STREAMS, aux_column, branch_of, branch_span, head_width
 from fox_numba.kernels.optim import NORM_BLOCK, OPTIM_STATE_DTYPE, check_state, norm_partials_len, partials_used
 from fox_numba.kernels.signals import EpochStat, check_epoch, ema, finite, tree_sums
 
@@ -108,7 +135,15 @@ _I1 = int32[::1]
 _I2 = int32[:, ::1]
 N_ROW_STATS = 3  # per branch row: TD, target E[Q(s', a*)], target minus online E[Q(s', a*)]
 BOOTSTRAP_RULES = ("direction", "branch")  # learner.bootstrap (header)
-ROWS_BLOCK = 64  # double_dqn_rows: a long serial loop per thread, so small blocks spread it over more SMs
+# Shared-memory staging of the fused C51 kernels (header). Shared-array sizes must be single constants.
+SELECT_SAMPLES = 8  # select_q_rows: samples per block at most (13 threads each)
+SELECT_STAGE_WORDS = SELECT_SAMPLES * N_HEADS * 52  # 21.6 KB: 8 samples' 13 rows at Z = 51 (odd stride 51)
+SELECT_ROWS = SELECT_SAMPLES * N_BRANCHES
+LOSS_ROWS = 64  # project_loss_scatter: branch rows per block at most (16 samples)
+LOSS_THREADS_PER_ROW = 4  # its threads per row: all stage and scatter, one per row projects
+LOSS_STAGE_WORDS = LOSS_ROWS * 52  # 13.3 KB per staged array (three): 64 rows at Z = 51
+MAX_ATOMS = max(z for z in range(2, SELECT_STAGE_WORDS)
+                if N_HEADS * (z | 1) <= SELECT_STAGE_WORDS and N_BRANCHES * (z | 1) <= LOSS_STAGE_WORDS)
 
 
 @cuda.jit(device=True)
@@ -164,79 +199,215 @@ def greedy_next(q, n_samples, i, b, shared):
     return off + best
 
 
-@register((_F3, _F2, _F3, _F2, _F2, _I2, _F1, _F1, _F1, int32,
-           _F2, _F2, _F2, _F2, _F1, _F1, _F1, _F2, int32))
-@cuda.jit
-def double_dqn_rows(logits, q, logits_tgt, support_online, support_target, actions, rewards, discounts,
-                    branch_w, shared, taken, p_next, sup_next, sup_proj, rew_r, disc_r, weights, row_stats,
-                    n):
-    """Per branch row r = i * 4 + b (n = 4B rows); logits and q hold s in rows 0..B-1 and s' in rows B..2B-1.
+@cuda.jit(device=True)
+def _taken_head(actions, i, b):
+    """(first head of branch b, the taken bin of sample i in it)."""
+    off, size = branch_span(b)
+    return off, min(max(actions[i, b], 0), size - 1)
 
-    a_t = the taken head of branch b; a* = argmax of the online E[Q](s') over the bins of the direction
-    branch when shared = 1, else of branch b (ties to the lowest bin). taken[r] = online logits(s)[a_t];
-    p_next[r] = softmax(target logits(s')[a*]);
-    sup_next[r] = target support[a*]; sup_proj[r] = online support[a_t]; rew_r[r] = reward (the n-step
-    return); disc_r[r] = discounts[i] (the replay gather's gamma**k * (1 - done)); weights[r] = branch_w[b] *
-    effect / B; row_stats[r] = (TD, E_target[Q(s', a*)], E_target - E_online at (s', a*)),
-    TD = reward + disc * E_target - E[Q(s, a_t)].
+
+@cuda.jit(device=True)
+def _stage_heads(src, first, count, stage, stride, tid, threads):
+    """stage[(s * 13 + h) * stride + j] = src[first + s, h, j] for s < count (one contiguous run of count * 13 * Z
+    floats), coalesced: consecutive threads read consecutive floats, four loads in flight per thread."""
+    n_atoms = src.shape[2]
+    rows = count * N_HEADS
+    d_row = threads // n_atoms
+    d_j = threads - d_row * n_atoms
+    row = tid // n_atoms
+    j = tid - row * n_atoms
+    while row < rows:
+        row1, j1 = carry(row, j, d_row, d_j, n_atoms)
+        row2, j2 = carry(row1, j1, d_row, d_j, n_atoms)
+        row3, j3 = carry(row2, j2, d_row, d_j, n_atoms)
+        x0 = staged_row(src, first, row, j)
+        x1 = float32(0.0)
+        x2 = float32(0.0)
+        x3 = float32(0.0)
+        if row1 < rows:
+            x1 = staged_row(src, first, row1, j1)
+        if row2 < rows:
+            x2 = staged_row(src, first, row2, j2)
+        if row3 < rows:
+            x3 = staged_row(src, first, row3, j3)
+        stage[row * stride + j] = x0
+        if row1 < rows:
+            stage[row1 * stride + j1] = x1
+        if row2 < rows:
+            stage[row2 * stride + j2] = x2
+        if row3 < rows:
+            stage[row3 * stride + j3] = x3
+        row, j = carry(row3, j3, d_row, d_j, n_atoms)
+
+
+@register((_F3, _F3, _F2, _F2, _I2, _F1, _F1, _F1, int32, _F2, _F2, _F2, _I1, _F2, _F1, _F1, _F1, _F2))
+@cuda.jit
+def select_q_rows(logits, logits_tgt, support_online, support_target, actions, rewards, discounts, branch_w, shared,
+                  q, entropy, util, next_head, next_stats, rew_r, disc_r, weights, stats):
+    """The online E[Q] statistics and the double DQN rows of the block's samples (launch shape in the header):
+    logits [2B, 13, Z] hold s in rows 0..B-1 and s' in rows B..2B-1, logits_tgt [B, 13, Z] the target's s'.
+    Thread (slot, h) owns head h of sample i = first + slot; each round stages rows of the block's samples, then
+    reads them from shared memory with the code the unfused kernels ran on global rows:
+    1. s: `row_stats` and `atom_pass` on support_online[h]: q[i, h] = E[Q], entropy[i, h], util[i, h] = the
+       fraction of atoms with p > UTIL_THRESHOLD (`expected_q_stats_kernel`'s arithmetic).
+    2. s': q[B + i, h] = E[Q].
+    3. the target on s', lanes h < 4 (branch b = h, row r = i * 4 + b): a* = next_head[r] = argmax of the
+       online E[Q](s') over the bins of the direction branch when shared = 1, else of branch b (ties to the lowest
+       bin), to shared memory; barrier; the target rows of the a* staged (4 per sample); a_t = the taken head of
+       branch b; next_stats[r] = (max, sum of exp(x - max)) of the target
+       logits(s')[a*] (project_loss_scatter forms p_next = exp(x - max) / sum from them); rew_r[r] = reward
+       (the n-step return); disc_r[r] = discounts[i] (the gather's gamma**k * (1 - done)); weights[r] =
+       branch_w[b] * effect / B; stats[r] = (TD, E_target[Q(s', a*)], E_target - E_online at (s', a*)),
+       TD = reward + disc * E_target - E[Q(s, a_t)].
     """
+    stage = cuda.shared.array(SELECT_STAGE_WORDS, float32)
+    next_sh = cuda.shared.array(SELECT_ROWS, int32)  # a* of the block's branch rows
     n_atoms = logits.shape[2]
     n_samples = actions.shape[0]
-    r = cuda.grid(1)
-    while r < n:
-        i = r // N_BRANCHES
-        b = r - i * N_BRANCHES
-        off, size = branch_span(b)
-        bin_t = min(max(actions[i, b], 0), size - 1)
-        a_t = off + bin_t
-        a_n = greedy_next(q, n_samples, i, b, shared)
-        for z in range(n_atoms):
-            taken[r, z] = logits[i, a_t, z]
-        mx = logits_tgt[i, a_n, 0]
-        for z in range(1, n_atoms):
-            mx = max(mx, logits_tgt[i, a_n, z])
-        total = float32(0.0)
-        for z in range(n_atoms):
-            total += math.exp(logits_tgt[i, a_n, z] - mx)
-        v_min = support_target[a_n, 0]
-        dz = support_target[a_n, 2]
-        e_tgt = float32(0.0)
-        for z in range(n_atoms):
-            p = math.exp(logits_tgt[i, a_n, z] - mx) / total
-            p_next[r, z] = p
-            e_tgt += p * (v_min + float32(z) * dz)
-        for c in range(3):
-            sup_next[r, c] = support_target[a_n, c]
-            sup_proj[r, c] = support_online[a_t, c]
-        reward = rewards[i]
-        discount = discounts[i]
-        rew_r[r] = reward
-        disc_r[r] = discount
-        weights[r] = branch_w[b] * _effect(actions, i, b) / float32(n_samples)
-        row_stats[r, 0] = reward + discount * e_tgt - q[i, a_t]
-        row_stats[r, 1] = e_tgt
-        row_stats[r, 2] = e_tgt - q[n_samples + i, a_n]
-        r += cuda.gridsize(1)
+    stride = n_atoms | 1
+    threads = cuda.blockDim.x
+    tid = cuda.threadIdx.x
+    first = cuda.blockIdx.x * (threads // N_HEADS)
+    count = min(threads // N_HEADS, n_samples - first)
+    slot = tid // N_HEADS
+    h = tid - slot * N_HEADS
+    i = first + slot
+    active = slot < count
+    base = tid * stride  # = (slot * 13 + h) * stride: this thread's staged row
+
+    _stage_heads(logits, first, count, stage, stride, tid, threads)
+    cuda.syncthreads()
+    if active:
+        v_min = support_online[h, 0]
+        delta_z = support_online[h, 2]
+        m, s, tz, tlm = row_stats(stage, base, n_atoms, v_min, delta_z)
+        mean = tz / s
+        q[i, h] = mean
+        entropy[i, h] = math.log(s) - tlm / s
+        used, _spread = atom_pass(stage, base, n_atoms, m, s, mean, v_min, delta_z)
+        util[i, h] = float32(used) / float32(n_atoms)
+    cuda.syncthreads()
+
+    _stage_heads(logits, n_samples + first, count, stage, stride, tid, threads)
+    cuda.syncthreads()
+    if active:
+        _m, s, tz, _tlm = row_stats(stage, base, n_atoms, support_online[h, 0], support_online[h, 2])
+        q[n_samples + i, h] = tz / s
+    cuda.syncthreads()
+
+    branch_row = active and h < N_BRANCHES
+    if branch_row:
+        next_sh[slot * N_BRANCHES + h] = greedy_next(q, n_samples, i, h, shared)
+    cuda.syncthreads()
+    # the target rows of the a* only (row slot * 4 + b), coalesced within each row
+    rows = count * N_BRANCHES
+    d_row = threads // n_atoms
+    d_j = threads - d_row * n_atoms
+    row = tid // n_atoms
+    j = tid - row * n_atoms
+    while row < rows:
+        sample = row // N_BRANCHES
+        stage[row * stride + j] = logits_tgt[first + sample, next_sh[row], j]
+        row, j = carry(row, j, d_row, d_j, n_atoms)
+    cuda.syncthreads()
+    if not branch_row:
+        return
+    b = h
+    r = i * N_BRANCHES + b
+    off, taken = _taken_head(actions, i, b)
+    a_t = off + taken
+    a_n = next_sh[slot * N_BRANCHES + b]
+    next_head[r] = a_n
+    row = (slot * N_BRANCHES + b) * stride
+    mx = stage[row]
+    for z in range(1, n_atoms):
+        mx = max(mx, stage[row + z])
+    total = float32(0.0)
+    for z in range(n_atoms):
+        total += math.exp(stage[row + z] - mx)
+    v_min = support_target[a_n, 0]
+    dz = support_target[a_n, 2]
+    e_tgt = float32(0.0)
+    for z in range(n_atoms):
+        p = math.exp(stage[row + z] - mx) / total
+        e_tgt += p * (v_min + float32(z) * dz)
+    next_stats[r, 0] = mx
+    next_stats[r, 1] = total
+    reward = rewards[i]
+    discount = discounts[i]
+    rew_r[r] = reward
+    disc_r[r] = discount
+    weights[r] = branch_w[b] * _effect(actions, i, b) / float32(n_samples)
+    stats[r, 0] = reward + discount * e_tgt - q[i, a_t]
+    stats[r, 1] = e_tgt
+    stats[r, 2] = e_tgt - q[n_samples + i, a_n]
 
 
-@register((_F2, _I2, _F3, int32))
+@register((_F3, _F3, _I1, _F2, _F1, _F1, _I2, _F2, _F2, _F1, _F1, _F3))
 @cuda.jit
-def scatter_branch_grads(dl_rows, actions, dlogits, n):
-    """dlogits[i, a, z] = dl_rows[i * 4 + b, z] for the taken head a of each branch b, 0 on the branch's
-    other heads; one (i, b, z) per iteration, n = B * 4 * Z."""
-    n_atoms = dlogits.shape[2]
-    t = cuda.grid(1)
-    while t < n:
-        r = t // n_atoms
-        z = t - r * n_atoms
+def project_loss_scatter(logits, logits_tgt, next_head, next_stats, rew_r, disc_r, actions, support_online,
+                         support_target, weights, loss, dlogits):
+    """The C51 projection, the cross-entropy with its gradient, and the scatter into dlogits [B, 13, Z] for the
+    block's branch rows r0 .. r0 + blockDim / LOSS_THREADS_PER_ROW - 1 (whole samples; launch shape in the header),
+    in three steps:
+    1. every thread, coalesced: stage p_next[r] = exp(x - max) / sum over the target logits(s')[a*] (next_head,
+       next_stats: the softmax select_q_rows took) and the online logits(s) of the row's taken head a_t.
+    2. one row per thread (the first ones): `project_row` of rew_r + disc_r * z(a*) (support_target[a*]) onto the
+       atoms of support_online[a_t] into a staged scratch m, then loss[r] = `cross_entropy_row` of the staged
+       logits against m, its gradient weights[r] * (sum(m) softmax - m) written over m: c51_project's and
+       c51_loss's code.
+    3. every thread, coalesced: the block's samples' dlogits, every head and atom: the row gradient at the taken
+       heads, 0 on the branches' other heads (the scatter)."""
+    p_st = cuda.shared.array(LOSS_STAGE_WORDS, float32)
+    x_st = cuda.shared.array(LOSS_STAGE_WORDS, float32)
+    m_st = cuda.shared.array(LOSS_STAGE_WORDS, float32)
+    n_atoms = logits.shape[2]
+    stride = n_atoms | 1
+    threads = cuda.blockDim.x
+    tid = cuda.threadIdx.x
+    per_block = threads // LOSS_THREADS_PER_ROW
+    r0 = cuda.blockIdx.x * per_block
+    count = min(per_block, next_head.shape[0] - r0)
+
+    d_row = threads // n_atoms
+    d_j = threads - d_row * n_atoms
+    row = tid // n_atoms
+    j = tid - row * n_atoms
+    while row < count:
+        r = r0 + row
         i = r // N_BRANCHES
-        b = r - i * N_BRANCHES
-        off, size = branch_span(b)
-        taken = min(max(actions[i, b], 0), size - 1)
-        g = dl_rows[r, z]
-        for k in range(size):
-            dlogits[i, off + k, z] = g if k == taken else float32(0.0)
-        t += cuda.gridsize(1)
+        off, taken = _taken_head(actions, i, r - i * N_BRANCHES)
+        xt = logits_tgt[i, next_head[r], j]
+        x_st[row * stride + j] = logits[i, off + taken, j]
+        p_st[row * stride + j] = math.exp(xt - next_stats[r, 0]) / next_stats[r, 1]
+        row, j = carry(row, j, d_row, d_j, n_atoms)
+    cuda.syncthreads()
+
+    if tid < count:
+        r = r0 + tid
+        i = r // N_BRANCHES
+        off, taken = _taken_head(actions, i, r - i * N_BRANCHES)
+        a_n = next_head[r]
+        base = tid * stride
+        project_row(p_st, base, rew_r[r], disc_r[r], support_target[a_n, 0], support_target[a_n, 2],
+                    support_online[off + taken, 0], support_online[off + taken, 2], m_st, base, n_atoms)
+        loss[r] = cross_entropy_row(x_st, base, m_st, base, weights[r], m_st, base, n_atoms)
+    cuda.syncthreads()
+
+    i0 = r0 // N_BRANCHES
+    rows = (count // N_BRANCHES) * N_HEADS
+    row = tid // n_atoms
+    j = tid - row * n_atoms
+    while row < rows:
+        sample = row // N_HEADS
+        a = row - sample * N_HEADS
+        b = branch_of(a)
+        off, taken = _taken_head(actions, i0 + sample, b)
+        g = float32(0.0)
+        if a == off + taken:
+            g = m_st[(sample * N_BRANCHES + b) * stride + j]
+        dlogits[i0 + sample, a, j] = g
+        row, j = carry(row, j, d_row, d_j, n_atoms)
 
 
 @register((_F2, _I1, _F1, float32, _F2, float64[::1], int32, int32))
@@ -384,12 +555,8 @@ class BranchRows:
     def __init__(self, batch: int, n_atoms: int) -> None:
         r = N_BRANCHES * batch
         self.batch, self.n_atoms = batch, n_atoms
-        self.taken = device_empty((r, n_atoms), np.float32)  # online logits of the taken heads on s
-        self.p_next = device_empty((r, n_atoms), np.float32)  # target distribution of a* on s'
-        self.target = device_empty((r, n_atoms), np.float32)  # the projection m
-        self.dl = device_empty((r, n_atoms), np.float32)  # d loss / d taken logits
-        self.sup_next = device_empty((r, 3), np.float32)
-        self.sup_proj = device_empty((r, 3), np.float32)
+        self.next_head = device_empty(r, np.int32)  # a*, the head of the row's next-state value
+        self.next_stats = device_empty((r, 2), np.float32)  # (max, sum exp(x - max)) of the target logits(s')[a*]
         self.rewards = device_empty(r, np.float32)
         self.discounts = device_empty(r, np.float32)
         self.weights = device_empty(r, np.float32)
@@ -397,15 +564,32 @@ class BranchRows:
         self.stats = device_empty((r, N_ROW_STATS), np.float32)
 
 
-def select_rows(logits: Any, q: Any, logits_tgt: Any, support_online: Any, support_target: Any, actions: Any,
-                rewards: Any, discounts: Any, branch_w: Any, rows: BranchRows, *, stream: Any,
+def select_samples(n_atoms: int) -> int:
+    """Samples per block of select_q_rows: as many as SELECT_STAGE_WORDS holds at Z = n_atoms, at most
+    SELECT_SAMPLES."""
+    return min(SELECT_SAMPLES, SELECT_STAGE_WORDS // (N_HEADS * (n_atoms | 1)))
+
+
+def loss_rows(n_atoms: int) -> int:
+    """Branch rows per block of project_loss_scatter: as many whole samples' rows as LOSS_STAGE_WORDS holds."""
+    return min(LOSS_ROWS, LOSS_STAGE_WORDS // (n_atoms | 1) // N_BRANCHES * N_BRANCHES)
+
+
+def _check_atoms(n_atoms: int) -> None:
+    if not 2 <= n_atoms <= MAX_ATOMS:
+        raise ValueError(f"the learner's C51 rows need 2 <= n_atoms <= {MAX_ATOMS} (shared-memory staging), got "
+                         f"{n_atoms}")
+
+
+def select_rows(logits: Any, logits_tgt: Any, support_online: Any, support_target: Any, actions: Any, rewards: Any,
+                discounts: Any, branch_w: Any, q: Any, entropy: Any, util: Any, rows: BranchRows, *, stream: Any,
                 bootstrap: str = "direction") -> None:
-    """Fill `rows` for double DQN (kernel double_dqn_rows); logits [2B, 13, Z] and q [2B, 13] of the online
-    network on s then s', logits_tgt [B, 13, Z] of the target network on s'; `bootstrap` as in the header."""
+    """The online E[Q] statistics and the double DQN rows (kernel select_q_rows): logits [2B, 13, Z] of the online
+    network on s then s', logits_tgt [B, 13, Z] of the target on s', supports [13, 3] -> q [2B, 13] (s and s'),
+    entropy and util [B, 13] (s), and `rows`; `bootstrap` as in the header."""
     b, z = rows.batch, rows.n_atoms
-    r = N_BRANCHES * b
+    _check_atoms(z)
     check_array("logits", logits, "[2B, 13, Z]", (2 * b, N_HEADS, z))
-    check_array("q", q, "[2B, 13]", (2 * b, N_HEADS))
     check_array("logits_tgt", logits_tgt, "[B, 13, Z]", (b, N_HEADS, z))
     check_array("support_online", support_online, "[13, 3]", (N_HEADS, 3))
     check_array("support_target", support_target, "[13, 3]", (N_HEADS, 3))
@@ -413,22 +597,35 @@ def select_rows(logits: Any, q: Any, logits_tgt: Any, support_online: Any, suppo
     check_array("rewards", rewards, "[B]", (b,))
     check_array("discounts", discounts, "[B]", (b,))
     check_array("branch_w", branch_w, "[4]", (N_BRANCHES,))
+    check_array("q", q, "[2B, 13]", (2 * b, N_HEADS))
+    check_array("entropy", entropy, "[B, 13]", (b, N_HEADS))
+    check_array("util", util, "[B, 13]", (b, N_HEADS))
     if bootstrap not in BOOTSTRAP_RULES:
         raise ValueError(f"learner.bootstrap must be one of {BOOTSTRAP_RULES}, got {bootstrap!r}")
-    launch_strided(double_dqn_rows, r, logits, q, logits_tgt, support_online, support_target, actions, rewards,
-                   discounts, branch_w, i32(bootstrap == "direction"), rows.taken, rows.p_next,
-                   rows.sup_next, rows.sup_proj, rows.rewards, rows.discounts, rows.weights, rows.stats, i32(r),
-                   stream=stream, block=ROWS_BLOCK)
+    spb = min(select_samples(z), b)
+    launch_rows(select_q_rows, -(-b // spb), spb * N_HEADS, logits, logits_tgt, support_online, support_target,
+                actions, rewards, discounts, branch_w, i32(bootstrap == "direction"), q, entropy, util, rows.next_head,
+                rows.next_stats, rows.rewards, rows.discounts, rows.weights, rows.stats, stream=stream)
 
 
-def scatter_grads(dl_rows: Any, actions: Any, dlogits: Any, *, stream: Any) -> None:
-    """dlogits [B, 13, Z] from the per-row gradients dl_rows [4B, Z] at the taken heads, 0 elsewhere."""
-    b, _, z = _shape(dlogits)
-    check_array("dlogits", dlogits, "[B, 13, Z]", (b, N_HEADS, z))
-    check_array("dl_rows", dl_rows, "[4B, Z]", (N_BRANCHES * b, z))
+def branch_loss(logits: Any, logits_tgt: Any, rows: BranchRows, actions: Any, support_online: Any,
+                support_target: Any, dlogits: Any, *, stream: Any) -> None:
+    """rows.loss [4B] and dlogits [B, 13, Z] (every element) from `select_rows`' rows, their weights as they stand
+    (after the importance weights, prioritised), the online logits [2B, 13, Z] (their s rows) and the target logits
+    [B, 13, Z] (kernel project_loss_scatter)."""
+    b, z = rows.batch, rows.n_atoms
+    _check_atoms(z)
+    check_array("logits", logits, "[2B, 13, Z]", (2 * b, N_HEADS, z))
+    check_array("logits_tgt", logits_tgt, "[B, 13, Z]", (b, N_HEADS, z))
     check_array("actions", actions, "[B, 4]", (b, N_BRANCHES), np.int32)
-    n = b * N_BRANCHES * z
-    launch_strided(scatter_branch_grads, n, dl_rows, actions, dlogits, i32(n), stream=stream)
+    check_array("support_online", support_online, "[13, 3]", (N_HEADS, 3))
+    check_array("support_target", support_target, "[13, 3]", (N_HEADS, 3))
+    check_array("dlogits", dlogits, "[B, 13, Z]", (b, N_HEADS, z))
+    r = N_BRANCHES * b
+    per_block = min(loss_rows(z), r)
+    launch_rows(project_loss_scatter, -(-r // per_block), per_block * LOSS_THREADS_PER_ROW, logits, logits_tgt,
+                rows.next_head, rows.next_stats, rows.rewards, rows.discounts, actions, support_online, support_target,
+                rows.weights, rows.loss, dlogits, stream=stream)
 
 
 def aux_loss(head: Any, rows: Any, aux_target: Any, weight: float, dhead: Any, epoch: Any, *, stream: Any) -> None:

@@ -1,4 +1,5 @@
-"""Dense layers on the GPU: the launchers of the register-tiled kernels in `fox_numba.kernels.gemm`.
+"""Dense layers on the GPU: the launchers of the register-tiled kernels in `fox_numba.kernels.gemm` (fp32) and
+`fox_numba.kernels.gemm_tf32` (TF32 tensor cores, `precision="tf32"`).
 
     linear_forward(x, w, b, y, relu=True, stream=s)      y  = relu(x @ w + b)     (relu=False: no ReLU)
     linear_backward_input(dy, w, dx, act=a, stream=s)    dx = (dy @ w.T) * (a > 0) (act=None: no mask)
@@ -18,6 +19,8 @@ give the same bits under either configuration; the weight gradient's bits depend
   sweep in tools/results/bench_nn_h200.md (B = 8192 and 1024).
 - the weight gradient splits the batch into chunks of whole BK-row steps: enough splits to fill one wave
   of resident blocks, none shorter than MIN_SPLIT_ROWS (shorter ones measured slower).
+- `precision="tf32"` takes the one TF32 configuration (128 x 128 tiles, 2 blocks per SM, the 128x8 split plan),
+  whatever the shapes: its operands are rounded to 10 mantissa bits, so its bits differ from the fp32 kernels'.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import numpy as np
 
 from fox_numba.device.launch import check_array, i32, launch, launch_tiles
 from fox_numba.device.memory import device_empty
+from fox_numba.kernels import gemm_tf32
 from fox_numba.kernels.gemm import BK, CONFIGS, GEMMS, Config, GemmKernels, wgrad_reduce
 
 SMS = 132  # multiprocessors of an H200, the wave the choices fill: a constant, so no result depends on the GPU
@@ -37,6 +41,13 @@ LONG_REDUCTION = 16 * BK  # ... each reducing over this many rows at least
 MIN_SPLIT_ROWS = 16 * BK  # batch rows per weight-gradient split at least
 
 _FLAG = {False: np.int32(0), True: np.int32(1)}
+
+TF32 = GemmKernels(
+    Config(gemm_tf32.TILE, gemm_tf32.TILE // 16, gemm_tf32.BLOCKS_PER_SM, "tf32"),  # 256 threads
+    gemm_tf32.linear_fwd_tf32, gemm_tf32.linear_bwd_in_tf32, gemm_tf32.linear_wgrad_tf32,
+)
+KERNEL_SETS = {**GEMMS, TF32.config.name: TF32}  # every configuration a launcher may be asked for
+PRECISIONS = ("fp32", "tf32")
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -63,9 +74,16 @@ def split_rows(batch: int, tiles: int, cfg: Config) -> tuple[int, int]:
 
 
 def _gemm(name: str) -> GemmKernels:
-    if name not in GEMMS:
-        raise ValueError(f"configuration {name!r} is not built; built: {sorted(GEMMS)}")
-    return GEMMS[name]
+    if name not in KERNEL_SETS:
+        raise ValueError(f"configuration {name!r} is not built; built: {sorted(KERNEL_SETS)}")
+    return KERNEL_SETS[name]
+
+
+def _config(precision: str, config: str | None, rows: int, cols: int, reduction: int) -> str:
+    """The configuration: `config` when given, the TF32 kernels for precision 'tf32', else the shapes' pick."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    return config or (TF32.config.name if precision == "tf32" else pick_config(rows, cols, reduction))
 
 
 def _shape(arr: Any) -> tuple[int, ...]:
@@ -83,7 +101,9 @@ def _check(op: str, layout: str, arrays: dict[str, Any], expected: dict[str, tup
         raise ValueError(f"{op}: shapes {shown} do not fit {layout}")
 
 
-def linear_forward(x: Any, w: Any, b: Any, y: Any, *, relu: bool, stream: Any, config: str | None = None) -> None:
+def linear_forward(
+    x: Any, w: Any, b: Any, y: Any, *, relu: bool, stream: Any, config: str | None = None, precision: str = "fp32"
+) -> None:
     """y = x @ w + b, then ReLU when `relu`; `config` forces a kernel configuration (tests, benchmarks)."""
     n_batch, k, n = _shape(x)[0], _shape(x)[-1], _shape(y)[-1]
     _check(
@@ -92,12 +112,14 @@ def linear_forward(x: Any, w: Any, b: Any, y: Any, *, relu: bool, stream: Any, c
         {"x": x, "w": w, "b": b, "y": y},
         {"x": (n_batch, k), "w": (k, n), "b": (n,), "y": (n_batch, n)},
     )
-    g = _gemm(config or pick_config(n_batch, n, k))
+    g = _gemm(_config(precision, config, n_batch, n, k))
     grid = (_cdiv(n, g.config.tile), _cdiv(n_batch, g.config.tile))
     launch_tiles(g.fwd, grid, g.config.threads, x, w, b, y, _FLAG[relu], stream=stream)
 
 
-def linear_backward_input(dy: Any, w: Any, dx: Any, *, act: Any = None, stream: Any, config: str | None = None) -> None:
+def linear_backward_input(
+    dy: Any, w: Any, dx: Any, *, act: Any = None, stream: Any, config: str | None = None, precision: str = "fp32"
+) -> None:
     """dx = dy @ w.T, zeroed where act <= 0 when the layer input activation `act` is given."""
     n_batch, n, k = _shape(dy)[0], _shape(dy)[-1], _shape(dx)[-1]
     arrays = {"dy": dy, "w": w, "dx": dx}
@@ -105,7 +127,7 @@ def linear_backward_input(dy: Any, w: Any, dx: Any, *, act: Any = None, stream: 
     if act is not None:
         arrays["act"], expected["act"] = act, (n_batch, k)
     _check("linear_backward_input", "dy[B,N] @ w[K,N].T -> dx[B,K], act[B,K]", arrays, expected)
-    g = _gemm(config or pick_config(n_batch, k, n))
+    g = _gemm(_config(precision, config, n_batch, k, n))
     grid = (_cdiv(k, g.config.tile), _cdiv(n_batch, g.config.tile))
     mask_src = dx if act is None else act  # not read when the mask is off
     launch_tiles(g.bwd_in, grid, g.config.threads, dy, w, mask_src, dx, _FLAG[act is not None], stream=stream)
@@ -119,12 +141,17 @@ class LinearWeightGrad:
     the splits in order. The partial buffers are allocated here, once, so calls can be captured.
     """
 
-    def __init__(self, batch: int, k: int, n: int, *, config: str | None = None, chunk: int | None = None) -> None:
+    def __init__(
+        self, batch: int, k: int, n: int, *, config: str | None = None, chunk: int | None = None,
+        precision: str = "fp32",
+    ) -> None:
         """`config` and `chunk` (rows per split, a multiple of BK) override the choices from the shapes."""
         if min(batch, k, n) < 1:
             raise ValueError(f"LinearWeightGrad: batch={batch}, k={k}, n={n} must be positive")
         if chunk is not None and (chunk < BK or chunk % BK):
             raise ValueError(f"LinearWeightGrad: chunk={chunk} must be a positive multiple of {BK}")
+        if config is None and precision != "fp32":
+            config = _config(precision, None, k, n, batch)
         if config is None:
             splits_128, chunk_128 = split_rows(batch, _tiles(k, n, 128), CONFIGS["128x8"])
             config = pick_config(k, n, chunk_128, splits_128)

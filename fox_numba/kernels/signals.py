@@ -86,9 +86,10 @@ class EpochStat(enum.IntEnum):
     TD_ABS = 10  # batch mean |TD| of finite steps
     LOSS_AUX = 11  # mean (forecast - target)**2 / 2 of the auxiliary regression, every step (as Q_MEAN)
     LOSS_IQN = 12  # the IQN quantile Huber loss (IQN_LOSS_EMA's observation) of every finite step
+    SPECTRAL_SIGMA = 13  # the online trunk's spectral norm sigma, mean over layers, every step (kernels/spectral.py)
 
 
-N_EPOCH_STATS = 13
+N_EPOCH_STATS = 14
 
 _Q_ABS_REF = int(Isv.Q_ABS_REF)
 _Q_DIR_ABS_REF = int(Isv.Q_DIR_ABS_REF)

@@ -1,7 +1,8 @@
 """`fox evaluate CHECKPOINT`: backtest a trained network on any days of any store.
 
-The checkpoint carries what the network was trained against: its parameters and supports, the ISV bus,
-and the fold's normalisation statistics and risk unit (`market.*` arrays). Observations of the evaluated
+The checkpoint carries what the network was trained against: its parameters and supports (with
+network.spectral_norm, the power-iteration vectors), the ISV bus, and the fold's normalisation statistics and
+risk unit (`market.*` arrays). Observations of the evaluated
 days are normalised with those statistics (never refitted on the days evaluated), every selected day is
 a validation day, and the backtest is the training run's own (agent/evaluator.py: argmax E[Q], the same
 fill model). Without --store / --set, the days are the validation days of the checkpoint's fold. Flat,
@@ -69,8 +70,9 @@ def evaluate_checkpoint(checkpoint: Path, *, store: str | None, overrides: list[
             set_value(cfg, *parse_override(text))
         selection = select_market(cfg.market, defer=True)
     net = [f"learner.{name}" for name in eval_network(cfg.evaluation.network)]
+    spectral = ["learner.spectral_uv"] if layout.spectral_norm else []
     forecast = FORECAST_ARRAYS if cfg.features.forecast_horizons else ()
-    missing = [n for n in (*CHECKPOINT_ARRAYS, *forecast, *net, "isv") if n not in ck.arrays]
+    missing = [n for n in (*CHECKPOINT_ARRAYS, *forecast, *net, *spectral, "isv") if n not in ck.arrays]
     if missing:
         raise InputError(checkpoint, f"not a training checkpoint of this build: it lacks {missing}")
     log(f"evaluating fold {int(ck.meta['fold'])} epoch {int(ck.meta['epoch'])} of {run_dir} on {len(selection.days)} "
@@ -84,7 +86,9 @@ def evaluate_checkpoint(checkpoint: Path, *, store: str | None, overrides: list[
     dev = market.upload(stager)
     params, supports = (stager.upload_new(ck.arrays[name]) for name in net)
     isv = stager.upload_new(ck.arrays["isv"])
-    evaluator = Evaluator(dev, cfg, layout, params, supports, isv=isv, stager=stager, use_graph=cfg.run.graphs)
+    vectors = stager.upload_new(ck.arrays[spectral[0]]) if spectral else None
+    evaluator = Evaluator(dev, cfg, layout, params, supports, isv=isv, stager=stager, use_graph=cfg.run.graphs,
+                          spectral_uv=vectors)
     days = day_series(evaluator.run())
     agent = compute_metrics(days, annualisation_days=cfg.evaluation.annualisation_days)
     out: dict[str, Any] = {f"agent_{k}": v for k, v in agent.as_dict().items()}

@@ -10,6 +10,8 @@ The registry is the one place a fold boundary's resets are written (DESIGN.md): 
     learner.params         theta = 0.8 theta + 0.2 theta_fresh, theta_fresh seeded per (run seed, fold)
     learner.target         target (and its supports) re-synced to the perturbed online network
     learner.average        the epoch-end weight average (evaluation.network = 'average') restarts there too
+    learner.spectral_uv    (network.spectral_norm) the power-iteration vectors re-drawn from (run seed, fold) and
+                           warmed up on the perturbed network (agent/spectral.py)
     learner.adaptive_tau   tau_eff's damping reads ISV[Q_DRIFT_RATE], reset with the ISV slots below
     collector.replay       the replay buffer emptied: the new fold's market rows mean other bars (and its
                            priorities cleared, with prioritised replay)
@@ -25,7 +27,10 @@ their collector, the evaluator. Their within-fold state (the environments' and t
 the collector's NoisyNet counter) is in every checkpoint as named arrays; the environments' curriculum reach is
 recomputed from learner.fold_step every epoch and holds no state of its own. The IQN head (network.iqn_quantiles
 > 0) adds no entry: its parameters are entries of the learner's one layout (params, target, Adam, average), its
-levels are drawn from learner.rng_states in training and from the collector's streams in collect.
+levels are drawn from learner.rng_states in training and from the collector's streams in collect. The VSN gate
+(network.vsn) adds no entry either: its W_g, b_g are entries of the layout (learner.params shrinks them towards the
+uniform gate), and its focus EMAs are ISV slots that carry over (isv.VSN_FOCUS_MAX_EMA, isv.VSN_FOCUS_ENTROPY_EMA,
+PerRun like the gate they follow).
 
 `audit_trainer` lists every attribute of the run-wide components that is neither an entry nor declared
 wiring (each class's NOT_STATE); the driver refuses to start and a test asserts it is empty, so a field added
@@ -48,8 +53,10 @@ def register_trainer(registry: StateResetRegistry, trainer: Trainer, kills: Kill
     lrn, replay, bus, s = trainer.learner, trainer.replay, trainer.bus, trainer.stream
     if lrn is None:
         raise RuntimeError("register_trainer: bind the trainer's first fold before registering its state")
-    noisy = lrn.noise_step is not None
-    r = registry.owner(lrn, "learner", not_state=() if noisy else ("noise_step",))  # None without NoisyNet heads
+    noisy, spectral = lrn.noise_step is not None, lrn.spectral_uv is not None
+    absent = () if noisy else ("noise_step",)  # None without NoisyNet heads ...
+    absent += () if spectral else ("spectral_uv",)  # ... and without spectral normalisation
+    r = registry.owner(lrn, "learner", not_state=absent)
     r.action("adam_moments", FoldReset, "Adam m *= 0.1, v *= 0.01", fields=("adam_m", "adam_v"),
              action=lambda ctx: lrn.shrink_adam())
     counters = ("learner", "counters")
@@ -63,6 +70,9 @@ def register_trainer(registry: StateResetRegistry, trainer: Trainer, kills: Kill
              fields=("target", "support_target"), action=lambda ctx: lrn.sync_target())
     r.action("average", FoldReset, "the epoch-end weight average restarts at the perturbed network",
              fields=("average", "support_average"), action=lambda ctx: lrn.restart_average())
+    if spectral:
+        r.action("spectral_uv", FoldReset, "spectral-norm vectors re-drawn (seeded per fold), warmed up on theta",
+                 fields=("spectral_uv",), action=lambda ctx: lrn.reset_spectral(ctx.seed_for("learner.spectral_uv")))
     r.action("adaptive_tau", FoldReset, "tau damping state ISV[Q_DRIFT_RATE] = 0 (with the ISV slots)",
              fields=(), action=lambda ctx: bus.fold_reset(ctx.stream), batch=("isv", id(bus)))
     r.carried("support_online", "the online supports follow the Q scale across folds", fields=("support_online",))

@@ -18,4 +18,4 @@ def test_bench_learner_tiny(tmp_path):
     assert only["modes"]["skipped_steps"] == 0 and only["modes"]["graph_equals_eager_bitwise"]
     assert results["command"].endswith("--tiny")
     text = out.with_suffix(".md").read_text()
-    assert "| graph, each replay waiting" in text and "learner.double_dqn_rows" in text
+    assert "| graph, each replay waiting" in text and "learner.select_q_rows" in text

@@ -7,7 +7,6 @@ stratified uniforms); tolerances as tests/agent/test_learner.py's reference step
 float64 power of a float32 cross-entropy against the float64 one).
 """
 
-import argparse
 import importlib.util
 from pathlib import Path
 
@@ -138,8 +137,8 @@ def test_the_prioritised_step_kernels_and_seed_determinism(stream, stager, rng):
     assert "replay.replay_sample_kernel" not in names
     assert names.count("priority.sum_tree_level_kernel") == 5  # a 20-slot ring: 32 leaves, 5 levels
     order = ["learner.step_schedule", "priority.sum_tree_level_kernel", "priority.priority_sample_kernel",
-             "replay.replay_gather_kernel", "learner.double_dqn_rows", "priority.importance_weights_kernel",
-             "distributional.c51_project_kernel", "distributional.c51_loss_kernel", "priority.priority_zero_kernel",
+             "replay.replay_gather_kernel", "learner.select_q_rows", "priority.importance_weights_kernel",
+             "learner.project_loss_scatter", "priority.priority_zero_kernel",
              "priority.priority_set_kernel", "signals.loss_partials", "optim.adam_step"]
     positions = [names.index(k) for k in order]
     assert positions == sorted(positions)
@@ -204,8 +203,9 @@ def test_the_learner_benchmark_builds_a_prioritised_step(stream, stager):
     spec = importlib.util.spec_from_file_location("bench_learner", TOOL)
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
-    args = argparse.Namespace(tiny=True, batch=8, steps=2, n_step=1, capacity=64, bars=16, obs_dim=10,
-                              priority_alpha=0.5, noisy_sigma0=0.0, iqn_quantiles=0)
+    args = bench.build_parser().parse_args(["--out", "unused", "--tiny", "--steps", "2", "--capacity", "64", "--bars",
+                                            "16", "--obs-dim", "10", "--priority-alpha", "0.5"])
+    args.batch = 8
     learner, _ = bench.make_learner(args, stager, stream, graphs=False)
     learner.train_epoch(2)
     stats = learner.epoch_stats()

@@ -18,17 +18,20 @@ import reference
 from fox_numba.actions import FLAT, HOLD, N_HEADS, OrderType
 from fox_numba.device.control import ControlBlock
 from fox_numba.device.isv import Isv, bootstrap_values
+from fox_numba.device.memory import device_empty
 from fox_numba.device.rng import xoroshiro_states_host
+from fox_numba.kernels.distributional import UTIL_THRESHOLD
 from fox_numba.kernels.heads import aux_column, head_width
 from fox_numba.kernels.learner import (
+    MAX_ATOMS,
     SCHEDULE_DTYPE,
     BranchRows,
     add_obs_noise,
     aux_loss,
+    branch_loss,
     finish,
     guard_loss,
     reset_counters,
-    scatter_grads,
     schedule_step,
     select_rows,
     shrink_perturb,
@@ -71,15 +74,16 @@ def test_step_schedule(stream, stager):
     assert stager.download(state)[0]["lr"] == np.float32(1e-3)
 
 
-@pytest.mark.parametrize("bootstrap", ["direction", "branch"])
-def test_double_dqn_rows(stream, stager, rng, bootstrap):
-    b, z = 12, 6
-    logits = rng.standard_normal((2 * b, N_HEADS, z)).astype(np.float32)
-    q = rng.standard_normal((2 * b, N_HEADS)).astype(np.float32)
-    q[b + 1, 4:7] = 0.25  # a three-way tie in the magnitude branch: the lowest bin wins
+def select_inputs(rng, b, z):
+    """Online logits [2B, 13, Z] (s, then s'), target logits [B, 13, Z], supports, actions hitting every effect rule,
+    n-step rewards and discounts; the magnitude bins of s' row 1 tie (same logits and support: the lowest wins)."""
+    logits = (2 * rng.standard_normal((2 * b, N_HEADS, z))).astype(np.float32)
+    logits[: b // 3] = np.sort(logits[: b // 3], axis=-1)  # the running max rises at every atom
     logits_tgt = (2 * rng.standard_normal((b, N_HEADS, z))).astype(np.float32)
     sup_on = reference.random_support(rng, (N_HEADS,), z)
     sup_tg = reference.random_support(rng, (N_HEADS,), z)
+    sup_on[5:7] = sup_on[4]
+    logits[b + 1, 5:7] = logits[b + 1, 4]
     actions = np.stack([rng.integers(0, 4, b), rng.integers(0, 3, b), rng.integers(0, 3, b),
                         rng.integers(0, 3, b)], 1).astype(np.int32)
     actions[:4, 0] = [HOLD, FLAT, 0, 2]  # every effect rule shows up
@@ -87,44 +91,134 @@ def test_double_dqn_rows(stream, stager, rng, bootstrap):
     rewards = rng.standard_normal(b).astype(np.float32)
     # the gather's n-step discounts gamma**k * (1 - done): terminal rows 0, the others 0.9 ** k, k in 1..3
     discounts = np.where(np.arange(b) % 3 == 0, 0.0, 0.9 ** rng.integers(1, 4, b)).astype(np.float32)
+    return logits, logits_tgt, sup_on, sup_tg, actions, rewards, discounts
+
+
+@pytest.mark.parametrize("bootstrap", ["direction", "branch"])
+def test_select_q_rows(stream, stager, rng, bootstrap):
+    """B = 10 samples (2 blocks of 8, the second part-filled), Z = 6. Against float64: q of s and s' and the
+    entropy of s within test_distributional_kernels.py's bounds, util = the float64 fraction of atoms with p > 1e-3
+    (an atom within rounding of the threshold may count either way); the rows against the float64 double DQN rows
+    (reference.double_dqn64) on the kernel's own q (its greedy bins follow the float32 E[Q]): a*, rewards, weights
+    exact, the target softmax's max exact and its sum exp(x - max) and the row statistics 1e-5 relative plus
+    1e-6."""
+    b, z = 10, 6
+    logits, logits_tgt, sup_on, sup_tg, actions, rewards, discounts = select_inputs(rng, b, z)
     branch_w = np.array([1.0, 0.5, 2.0, 0.25], np.float32)
     rows = BranchRows(b, z)
-    select_rows(*(stager.upload_new(a) for a in (logits, q, logits_tgt, sup_on, sup_tg, actions, rewards, discounts,
-                                                  branch_w)), rows, stream=stream, bootstrap=bootstrap)
-    ref = reference.double_dqn64(logits, q, logits_tgt, sup_on, sup_tg, actions, rewards, discounts, branch_w,
-                                 bootstrap)
-    other = reference.double_dqn64(logits, q, logits_tgt, sup_on, sup_tg, actions, rewards, discounts, branch_w,
-                                   "branch" if bootstrap == "direction" else "direction")
-    assert not np.allclose(ref["p_next"], other["p_next"])  # the two rules differ on these inputs
+    q, entropy, util = (stager.upload_new(np.full(shape, np.nan, np.float32))
+                        for shape in ((2 * b, N_HEADS), (b, N_HEADS), (b, N_HEADS)))
+    select_rows(*(stager.upload_new(a) for a in (logits, logits_tgt, sup_on, sup_tg, actions, rewards, discounts,
+                                                  branch_w)), q, entropy, util, rows, stream=stream,
+                bootstrap=bootstrap)
+    eps = 2.0**-24
+    sup_rows = np.broadcast_to(sup_on, (2 * b, N_HEADS, 3))
+    p, atoms = reference.softmax64(logits), reference.atoms64(sup_rows, z)
+    got_q = stager.download(q)
+    q_tol = 4 * (z + 2) * eps * np.abs(atoms).max(axis=-1)
+    assert np.all(np.abs(got_q - (p * atoms).sum(axis=-1)) <= q_tol)
+    spread = (logits.max(axis=-1) - logits.min(axis=-1)).astype(np.float64)[:b]
+    h_ref = -(p[:b] * np.log(p[:b])).sum(axis=-1)
+    assert np.all(np.abs(stager.download(entropy) - h_ref) <= 4 * (z + 2) * eps * (1 + spread))
+    band = 4 * (z + 2) * eps * float(UTIL_THRESHOLD)
+    lo, hi = ((p[:b] > float(UTIL_THRESHOLD) + sign * band).sum(axis=-1) for sign in (1, -1))
+    used = stager.download(util) * z
+    assert np.all((lo <= np.rint(used)) & (np.rint(used) <= hi)) and np.allclose(used, np.rint(used))
+    assert len(np.unique(lo)) > 1
+
+    ref = reference.double_dqn64(logits, got_q.astype(np.float64), logits_tgt, sup_on, sup_tg, actions, rewards,
+                                 discounts, branch_w, bootstrap)
+    other = reference.double_dqn64(logits, got_q.astype(np.float64), logits_tgt, sup_on, sup_tg, actions, rewards,
+                                   discounts, branch_w, "branch" if bootstrap == "direction" else "direction")
+    assert not np.array_equal(ref["a_n"], other["a_n"])  # the two rules differ on these inputs
     if bootstrap == "direction":  # every branch of a sample bootstraps from one head: the same row four times
-        p = ref["p_next"].reshape(b, 4, z)
-        np.testing.assert_array_equal(p, np.repeat(p[:, :1], 4, axis=1))
-    np.testing.assert_array_equal(stager.download(rows.taken), ref["taken"])
-    np.testing.assert_array_equal(stager.download(rows.sup_next), ref["sup_next"])
-    np.testing.assert_array_equal(stager.download(rows.sup_proj), ref["sup_proj"])
+        heads = ref["a_n"].reshape(b, 4)
+        np.testing.assert_array_equal(heads, np.repeat(heads[:, :1], 4, axis=1))
+    else:
+        assert got_q[b + 1, 4] == got_q[b + 1, 5] == got_q[b + 1, 6]
+        assert stager.download(rows.next_head)[4 * 1 + 1] == 4  # the tie goes to the lowest bin
+    np.testing.assert_array_equal(stager.download(rows.next_head), ref["a_n"])
     np.testing.assert_array_equal(stager.download(rows.rewards), ref["rew"])
     np.testing.assert_allclose(stager.download(rows.discounts), ref["disc"], rtol=1e-7)
     np.testing.assert_allclose(stager.download(rows.weights), ref["w"], rtol=1e-7)
-    np.testing.assert_allclose(stager.download(rows.p_next), ref["p_next"], rtol=1e-5, atol=1e-7)
+    x_next = logits_tgt[np.repeat(np.arange(b), 4), ref["a_n"].astype(int)].astype(np.float64)
+    next_stats = stager.download(rows.next_stats)
+    np.testing.assert_array_equal(next_stats[:, 0], x_next.max(axis=1))
+    np.testing.assert_allclose(next_stats[:, 1], np.exp(x_next - x_next.max(axis=1, keepdims=True)).sum(axis=1),
+                               rtol=1e-5)
     np.testing.assert_allclose(stager.download(rows.stats), ref["stats"], rtol=1e-5, atol=1e-6)
     w = stager.download(rows.weights).reshape(b, 4)
     assert w[0, 1] == 0 and w[0, 2] == 0 and w[0, 3] == 0  # Hold: magnitude, order type, urgency
     assert w[1, 1] == 0 and w[1, 2] > 0  # Flat: magnitude only
     assert w[2, 3] == 0 and w[3, 3] > 0  # urgency of a market order
-    assert np.allclose(stager.download(rows.p_next).sum(axis=1), 1.0, atol=1e-6)
 
 
-def test_scatter_branch_grads(stream, stager, rng):
-    b, z = 7, 5
-    dl = rng.standard_normal((4 * b, z)).astype(np.float32)
+def test_project_loss_scatter(stream, stager, rng):
+    """B = 18 samples (72 rows: blocks of 64 and 8 rows), Z = 6, rows as select_rows leaves them (a* and its target
+    softmax's max and sum, rewards, discounts, weights seeded; some rows terminal); row 5's reward NaN. dlogits
+    [B, 13, Z] every element: at the taken heads weight * (sum(m) softmax - m) of the float64 projection m
+    (reference.project64 of p_next = softmax(target logits[a*]) from support_target[a*] onto support_online[a_t]),
+    0 on the branches' other heads; the loss -sum m log softmax of the online logits of s; tolerances: c51_loss's
+    bounds (test_distributional_kernels.py) plus what m's error (8 Z eps per atom and in its mass) adds. The NaN
+    row is NaN in its loss and gradient and nowhere else."""
+    b, z = 18, 6
+    r = 4 * b
+    eps = 2.0**-24
+    logits = (2 * rng.standard_normal((2 * b, N_HEADS, z))).astype(np.float32)
+    logits_tgt = (2 * rng.standard_normal((b, N_HEADS, z))).astype(np.float32)
     actions = np.stack([rng.integers(0, 4, b)] + [rng.integers(0, 3, b) for _ in range(3)], 1).astype(np.int32)
-    out = stager.upload_new(np.full((b, N_HEADS, z), np.nan, np.float32))
-    scatter_grads(stager.upload_new(dl), stager.upload_new(actions), out, stream=stream)
-    ref = np.zeros((b, N_HEADS, z), np.float32)
-    for i in range(b):
-        for br, (off, _size) in enumerate(reference.branch_spans()):
-            ref[i, off + actions[i, br]] = dl[i * 4 + br]
-    np.testing.assert_array_equal(stager.download(out), ref)
+    sup_on = reference.random_support(rng, (N_HEADS,), z)
+    sup_tg = reference.random_support(rng, (N_HEADS,), z)
+    next_head = np.array([rng.integers(off, off + size) for _ in range(b) for off, size in reference.branch_spans()],
+                         np.int32)
+    x_next = logits_tgt[np.repeat(np.arange(b), 4), next_head]
+    mx = x_next.max(axis=1)
+    next_stats = np.stack([mx, np.exp(x_next - mx[:, None]).sum(axis=1, dtype=np.float32)], 1).astype(np.float32)
+    p_next = reference.softmax64(x_next)
+    rewards = rng.standard_normal(r).astype(np.float32)
+    rewards[5] = np.nan
+    discounts = np.where(np.arange(r) % 5 == 0, 0.0, 0.9).astype(np.float32)
+    weights = (rng.uniform(0.2, 2.0, r) / b).astype(np.float32)
+    rows = BranchRows(b, z)
+    for name, value in (("next_stats", next_stats), ("rewards", rewards), ("discounts", discounts),
+                        ("weights", weights), ("next_head", next_head)):
+        stager.upload(value, getattr(rows, name))
+    dlogits = stager.upload_new(np.full((b, N_HEADS, z), np.nan, np.float32))
+    branch_loss(stager.upload_new(logits), stager.upload_new(logits_tgt), rows, stager.upload_new(actions),
+                stager.upload_new(sup_on), stager.upload_new(sup_tg), dlogits, stream=stream)
+    spans = reference.branch_spans()
+    taken_head = np.array([off + actions[i, br] for i in range(b) for br, (off, _) in enumerate(spans)])
+    taken = logits[np.repeat(np.arange(b), 4), taken_head]  # the online logits of s at the taken heads
+    good = ~np.isnan(rewards)
+    m = np.zeros((r, z))
+    m[good] = reference.project64(p_next[good], rewards[good], discounts[good],
+                                  sup_tg[next_head[good]], sup_on[taken_head[good]])
+    grad_ref = weights.astype(np.float64)[:, None] * (m.sum(axis=1, keepdims=True) * reference.softmax64(taken) - m)
+    got, got_loss = stager.download(dlogits), stager.download(rows.loss)
+    sample = np.repeat(np.arange(b), 4)
+    at_taken = np.zeros((b, N_HEADS, z), bool)
+    at_taken[sample, taken_head] = True
+    assert np.all(got[~at_taken] == 0)  # the branches' other heads
+    got_rows = got[sample, taken_head]
+    assert np.isnan(got_rows[5]).all() and np.isnan(got_loss[5]) and np.isfinite(got_rows[good]).all()
+    # p_next within 4 (Z + 2) eps, m within 8 Z eps per atom and its mass within 8 Z eps (test_distributional_
+    # kernels.py), then c51_loss's bound
+    tol = weights.astype(np.float64)[:, None] * (4 * (z + 2) + 16 * z + 4 * z * (z + 2)) * eps
+    assert np.all(np.abs(got_rows[good] - grad_ref[good]) <= tol[good])
+    x = taken.astype(np.float64)
+    log_p = np.log(reference.softmax64(taken))
+    loss_tol = (4 * (z + 2) * eps * m.sum(axis=1) * (1 + x.max(axis=1) - x.min(axis=1) + np.log(z))
+                + (8 * z + 4 * (z + 2)) * z * eps * np.abs(log_p).max(axis=1))
+    assert np.all(np.abs(got_loss[good] - reference.loss64(taken, m)[good]) <= loss_tol[good])
+
+
+def test_fused_rows_refuse_more_atoms_than_they_stage(stream, stager):
+    b, z = 2, MAX_ATOMS + 1
+    rows = BranchRows(b, z)
+    logits, logits_tgt = device_empty((2 * b, N_HEADS, z), np.float32), device_empty((b, N_HEADS, z), np.float32)
+    sup, actions = device_empty((N_HEADS, 3), np.float32), device_empty((b, 4), np.int32)
+    with pytest.raises(ValueError, match=f"n_atoms <= {MAX_ATOMS}"):
+        branch_loss(logits, logits_tgt, rows, actions, sup, sup, logits_tgt, stream=stream)
 
 
 def uniform32_64(states, i):
