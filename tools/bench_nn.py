@@ -227,7 +227,7 @@ def bench_shape(batch: int, k: int, n: int, args: argparse.Namespace) -> dict[st
 
 def markdown(command: str, info: dict[str, Any], shapes: list[dict[str, Any]], args: argparse.Namespace) -> str:
     lines = [
-        *results_header("Dense-layer kernels vs cuBLAS fp32", command, info),
+        *results_header(f"Dense-layer kernels vs cuBLAS ({args.precision})", command, info),
         "",
         (
             f"B in {args.batch}; each op captured {args.reps} times in one CUDA graph; {args.warmup} warm-up "
