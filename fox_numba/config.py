@@ -24,6 +24,17 @@ from fox_numba.errors import ConfigError
 from fox_numba.io import atomic_write_text, generated_doc_main
 
 
+CHOICES: dict[str, tuple[str, ...]] = {
+    "market.session": ("regular", "full"),
+    "learner.bootstrap": ("direction", "branch"),
+    "learner.warmup_rule": ("seed", "damped"),
+    "evaluation.network": ("online", "target", "average"),
+    "run.precision": ("fp32", "tf32"),
+}
+"""The string fields that take one of a few names: checked as a config is resolved (a ConfigError naming the
+field and the names), and the one list the modules that act on them read."""
+
+
 def opt(default: Any, help: str) -> Any:
     """A config field: its default and its help text (written above the field in every `config.toml`)."""
     if isinstance(default, list):  # a mutable default: each config gets its own copy
@@ -494,7 +505,10 @@ def set_value(cfg: FoxConfig, key: str, value: Any) -> None:
     if name not in hints:
         known = ", ".join(hints)
         raise ConfigError(f"config section '{section}' has no field '{name}' (fields: {known})")
-    setattr(getattr(cfg, section), name, coerce(key, value, hints[name]))
+    value = coerce(key, value, hints[name])
+    if key in CHOICES and value not in CHOICES[key]:
+        raise ConfigError(f"{key}: {value!r} is not one of {', '.join(CHOICES[key])}")
+    setattr(getattr(cfg, section), name, value)
 
 
 def parse_override(text: str) -> tuple[str, Any]:

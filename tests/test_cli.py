@@ -95,6 +95,14 @@ def test_bad_override_exits_1_with_one_line():
     assert "Traceback" not in proc.stderr
 
 
+def test_a_name_outside_a_fields_choices_exits_1_before_any_run_folder(tmp_path):
+    proc = run_fox("train", "--preset", "smoke", "--set", 'run.precision="bf16"', "--set",
+                   f'run.out_dir="{tmp_path}"')
+    assert proc.returncode == 1
+    assert proc.stderr.strip() == "fox: error: run.precision: 'bf16' is not one of fp32, tf32"
+    assert not any(tmp_path.iterdir())
+
+
 @pytest.fixture(scope="module")
 def stores(four_day_market, four_day_store, tmp_path_factory):
     """A four-day synthetic store (the smoke preset's folds span 4 days), and the same without trades."""

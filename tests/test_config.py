@@ -6,6 +6,7 @@ from dataclasses import fields
 import pytest
 
 from fox_numba.config import (
+    CHOICES,
     CONFIG_DOC_PATH,
     PRESETS,
     SECTIONS,
@@ -72,11 +73,30 @@ def test_int_accepted_for_float_field():
         ("nosection.x=1", "no section 'nosection'"),
         ("learner.lr", "not of the form"),
         ("learner.lr=nan", "not a finite number"),
+        ('run.precision="bf16"', "run.precision: 'bf16' is not one of fp32, tf32"),
+        ('learner.bootstrap="next"', "learner.bootstrap: 'next' is not one of direction, branch"),
+        ('market.session="overnight"', "market.session: 'overnight' is not one of regular, full"),
     ],
 )
 def test_bad_overrides_are_refused_with_the_key(override, message):
     with pytest.raises(ConfigError, match=message):
         load_config(overrides=[override])
+
+
+def test_every_choice_field_defaults_to_a_choice_and_accepts_each():
+    """CHOICES names real string fields; each default and each choice resolves; the modules acting on a field
+    read its names from CHOICES (or, where they map names to values, hold exactly its names)."""
+    from fox_numba.agent.evaluator import EVAL_NETWORKS
+    from fox_numba.kernels.optim import WARMUP_RULES
+
+    cfg = FoxConfig()
+    for key, names in CHOICES.items():
+        section, _, name = key.partition(".")
+        assert getattr(getattr(cfg, section), name) in names
+        for choice in names:
+            assert getattr(getattr(load_config(overrides=[f'{key}="{choice}"']), section), name) == choice
+    assert tuple(EVAL_NETWORKS) == CHOICES["evaluation.network"]
+    assert tuple(WARMUP_RULES) == CHOICES["learner.warmup_rule"]
 
 
 def test_bad_file_names_the_file(tmp_path):

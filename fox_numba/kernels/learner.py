@@ -85,6 +85,7 @@ from numba import cuda, float32, float64, from_dtype, int32
 from numba.cuda.random import xoroshiro128p_type
 
 from fox_numba.actions import FLAT, HOLD, N_BRANCHES, N_HEADS, OrderType
+from fox_numba.config import CHOICES
 from fox_numba.device.isv import ISV_TOTAL_DIM, Isv
 from fox_numba.device.launch import check_array, i32, launch, launch_rows, launch_strided, strided_threads
 from fox_numba.device.memory import device_empty
@@ -134,7 +135,7 @@ _F3 = float32[:, :, ::1]
 _I1 = int32[::1]
 _I2 = int32[:, ::1]
 N_ROW_STATS = 3  # per branch row: TD, target E[Q(s', a*)], target minus online E[Q(s', a*)]
-BOOTSTRAP_RULES = ("direction", "branch")  # learner.bootstrap (header)
+BOOTSTRAP_RULES = CHOICES["learner.bootstrap"]  # (header)
 # Shared-memory staging of the fused C51 kernels (header). Shared-array sizes must be single constants.
 SELECT_SAMPLES = 8  # select_q_rows: samples per block at most (13 threads each)
 SELECT_STAGE_WORDS = SELECT_SAMPLES * N_HEADS * 52  # 21.6 KB: 8 samples' 13 rows at Z = 51 (odd stride 51)

@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from fox_numba.config import CHOICES
 from fox_numba.device.launch import check_array, i32, launch, launch_tiles
 from fox_numba.device.memory import device_empty
 from fox_numba.kernels import gemm_tf32
@@ -47,7 +48,7 @@ TF32 = GemmKernels(
     gemm_tf32.linear_fwd_tf32, gemm_tf32.linear_bwd_in_tf32, gemm_tf32.linear_wgrad_tf32,
 )
 KERNEL_SETS = {**GEMMS, TF32.config.name: TF32}  # every configuration a launcher may be asked for
-PRECISIONS = ("fp32", "tf32")
+PRECISIONS = CHOICES["run.precision"]
 
 
 def _cdiv(a: int, b: int) -> int:

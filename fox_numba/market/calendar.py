@@ -31,11 +31,12 @@ from zoneinfo import ZoneInfo
 
 import numpy as np
 
+from fox_numba.config import CHOICES
 from fox_numba.market.schema import NS_PER_MINUTE, Instrument
 
 CALENDARS = ("us", "weekdays", "all-days")
 """Exchange calendars an instrument may name (`Instrument.calendar`)."""
-SESSIONS = ("regular", "full")
+SESSIONS = CHOICES["market.session"]
 """Sessions a run may use (`market.session`): regular hours, or the whole trading day."""
 
 US_CLOSURES = {
