@@ -257,3 +257,25 @@ def test_the_runner_end_to_end(suite, tmp_path, monkeypatch):
     again = json.loads(out.with_suffix(".json").read_text())
     assert again["markets"]["default"]["build"] == {"reused": True}
     assert (stores / "default.h5").stat().st_mtime_ns == mtime
+
+
+def test_from_runs_tabulates_what_the_run_folders_hold(suite, tmp_path):
+    """A suite finished by several cut-short calls: --from-runs trains nothing, counts a run with a summary.json as
+    finished and one without as not run, and the table says it was tabulated, not timed."""
+    runs, out = tmp_path / "runs", tmp_path / "table"
+    (tmp_path / "suite.toml").write_text(f'[plan]\nset = ["folds.n_folds=2"]\n[markets.a]\ndefinition = '
+                                         f'"{DEFINITION_PATH}"\nrole = "seen"\n')
+    write_run(runs, "a", 0, [fold(0, 1.0, 2.0, 0.5, 9.0), fold(1, 3.0, 4.0, 0.5, 9.0)])
+    write_run(runs, "a", 2, [fold(0, 4.0, 5.0, 0.5, 9.0), fold(1, 6.0, 7.0, 0.5, 9.0)])
+    argv = ["--from-runs", "--runs", str(runs), "--seeds", "0", "1", "2", "--suite", str(tmp_path / "suite.toml"),
+            "--stores", str(tmp_path / "no_stores"), "--out", str(out), "--", "--preset", "default"]
+    assert suite.main(argv) == 1  # seed 1 was not run
+    assert not (tmp_path / "no_stores").exists()
+    result = json.loads(out.with_suffix(".json").read_text())
+    a = result["table"]["a"]
+    assert a["n"] == 2 and a["runs"] == 3 and a["honest"] == pytest.approx(3.5)
+    assert a["honest_se"] == pytest.approx(statistics.stdev([2.0, 5.0]) / math.sqrt(2))
+    assert result["wall_s"] is None and result["extra"] == ["--preset", "default"]
+    text = out.with_suffix(".md").read_text()
+    assert "tabulated from run folders trained by earlier calls" in text
+    assert "| a | +2.00 | not run | +5.00 |" in text and "Failed: a seed 1 (not run)" in text

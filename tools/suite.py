@@ -24,6 +24,12 @@ times are recorded. Exit status 1 if a build or a run failed, 2 for a bad suite 
 
 rewrites OUT.md and OUT.json from the run folders (by default those recorded in OUT.json) and the command,
 machine and wall times recorded in OUT.json.
+
+    python3 tools/suite.py --from-runs --runs RUNS --seeds ... --out OUT [-- the runs' fox train arguments]
+
+tabulates the run folders RUNS already holds and trains nothing: a suite whose calls were cut short and
+finished by later calls (each training some markets and seeds into its own folder, merged into RUNS). A run
+with a summary.json counts as finished, one without as not run; wall times are unknown.
 """
 
 from __future__ import annotations
@@ -341,9 +347,11 @@ def write_tables(out: Path, record: dict[str, Any]) -> int:
     fallback = sources.count("last epoch")
     lines = results_header("Market suite: the honest validation daily Sharpe per market", record["command"],
                            record["machine"])
-    lines += ["", f"Seeds {record['seeds']}, {record['parallel']} runs at a time on one GPU; suite "
-              f"`{record['suite']}`, runs in `{record['runs']}`; all done in {record['wall_s']:.0f} s wall "
-              "(store builds and compilation included).", "",
+    how = (f"{record['parallel']} runs at a time on one GPU; suite `{record['suite']}`, runs in `{record['runs']}`; "
+           f"all done in {record['wall_s']:.0f} s wall (store builds and compilation included)."
+           if record["wall_s"] is not None else f"suite `{record['suite']}`, runs in `{record['runs']}`, tabulated "
+           "from run folders trained by earlier calls (--from-runs: the date above is the tabulation's).")
+    lines += ["", f"Seeds {record['seeds']}, {how}", "",
               "| market | role | runs ok | honest ± SE | probe | buy-and-hold | oracle | agent / probe | "
               "agent / oracle | in sample ± SE | wall s per run |",
               "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
@@ -387,6 +395,16 @@ def write_tables(out: Path, record: dict[str, Any]) -> int:
     return 1 if failed else 0
 
 
+def finished_runs(markets: Sequence[Market], runs: Path, seeds: Sequence[int]
+                  ) -> tuple[dict[str, dict[str, Any]], dict[tuple[str, int], dict[str, Any]]]:
+    """--from-runs: (builds, done) as a training pass returns them, from what RUNS holds: every store counted as
+    built, a run with a summary.json as exit 0 and one without as not run, no wall times."""
+    builds = {m.name: {"reused": True} for m in markets}
+    done = {(m.name, s): {"returncode": 0 if (runs / m.name / f"seed_{s}" / "summary.json").is_file() else None,
+                          "wall_s": None} for m in markets for s in seeds}
+    return builds, done
+
+
 def tabulate(earlier: Path, out: Path, runs: Path | None) -> int:
     """Rewrite the tables of an earlier OUT.json from its run folders (or those in `runs`)."""
     record = json.loads(earlier.read_text(encoding="utf-8"))
@@ -412,6 +430,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="folder of the markets' stores (built when absent or stale)")
     parser.add_argument("--parallel", type=int, default=1, help="runs at a time (they share the GPU)")
     parser.add_argument("--tabulate", type=Path, help="an earlier OUT.json: re-tabulate its runs, train nothing")
+    parser.add_argument("--from-runs", action="store_true", help="tabulate the run folders --runs holds, train "
+                        "nothing (a run with a summary.json finished; the extra arguments record their command)")
     args = parser.parse_args(own)
     try:
         if args.tabulate is not None:
@@ -425,14 +445,18 @@ def main(argv: list[str] | None = None) -> int:
     runs = (args.runs or ROOT / "runs" / "suite").resolve()
     stores = args.stores.resolve()
     start = time.perf_counter()
-    builds = build_stores(markets, stores, args.parallel)
-    ready = [m for m in markets if builds[m.name].get("returncode", 0) == 0]
-    jobs = [Job((m.name, seed), market_command(m, suite, extra, store_path(stores, m), seed, runs),
-                runs / m.name / f"seed_{seed}.log") for seed in args.seeds for m in ready]
-    done = run_jobs(jobs, args.parallel)
+    if args.from_runs:
+        builds, done = finished_runs(markets, runs, args.seeds)
+    else:
+        builds = build_stores(markets, stores, args.parallel)
+        ready = [m for m in markets if builds[m.name].get("returncode", 0) == 0]
+        jobs = [Job((m.name, seed), market_command(m, suite, extra, store_path(stores, m), seed, runs),
+                    runs / m.name / f"seed_{seed}.log") for seed in args.seeds for m in ready]
+        done = run_jobs(jobs, args.parallel)
     record = {
-        "command": "python3 tools/suite.py " + " ".join(argv), "wall_s": time.perf_counter() - start,
-        "machine": {"date_utc": datetime.now(UTC).strftime("%Y-%m-%d %H:%M"), **machine()},
+        "command": "python3 tools/suite.py " + " ".join(argv),
+        "wall_s": None if args.from_runs else time.perf_counter() - start,
+        "machine": {"date_utc": datetime.now(UTC).strftime("%Y-%m-%d %H:%M"), **({} if args.from_runs else machine())},
         "parallel": args.parallel, "seeds": args.seeds, "suite": str(suite.path), "runs": str(runs),
         "stores": str(stores), "extra": extra,
         "markets": {m.name: {
