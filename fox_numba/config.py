@@ -33,6 +33,11 @@ CHOICES: dict[str, tuple[str, ...]] = {
 }
 """The string fields that take one of a few names: checked as a config is resolved (a ConfigError naming the
 field and the names), and the one list the modules that act on them read."""
+INT_CHOICES: dict[str, tuple[int, ...]] = {
+    "network.moe_experts": (0, 2, 3, 4, 5, 6, 7, 8),  # off, or 2 .. 8 experts (the seed's 8 ISV utilisation slots)
+}
+"""The integer fields that take one of a few values, checked as CHOICES are; device/isv.py and kernels/moe.py read
+the mixture-of-experts sizes from here."""
 
 
 def opt(default: Any, help: str) -> Any:
@@ -217,7 +222,9 @@ class NetworkConfig:
         "reaches a trunk through the shared input (agent/iqn.py, kernels/iqn.py). The direction branch acts on the "
         "joint values (the seed's Plan C): collect's Thompson draw is the mean of the C51 draw and one IQN quantile "
         "at a level drawn per direction, evaluation the argmax of (E_C51 + E_IQN) / 2, E_IQN the mean over N "
-        "midpoint levels; the conviction reads that joint E[Q] (kernels/action_select.py). Not yet measured here.",
+        "midpoint levels; the conviction reads that joint E[Q] (kernels/action_select.py). On the suite at N = 8 "
+        "(3 seeds): noise pooled, the agent more often in the market, twice the training time "
+        "(tools/results/learner_ablation_h200.md section 18).",
     )
     iqn_embed: int = opt(64, "Cosine features of the IQN head's tau embedding, at most 64 (Dabney et al. 2018: 64).")
     spectral_norm: bool = opt(
@@ -252,6 +259,17 @@ class NetworkConfig:
         "the gate starts uniform (the identity) and is learned with the network. ISV 87-88 and HEALTH_DIAG "
         "vsn_focus_max / vsn_focus_entropy follow its focus. With an IQN head it needs n_layers >= 1. Not yet "
         "measured on the suite.",
+    )
+    moe_experts: int = opt(
+        0,
+        "Mixture-of-experts heads (0: off, else 2 .. 8; agent/moe.py, kernels/moe.py): K copies of the dueling C51 "
+        "head under a per-branch softmax gate on the heads' input (the trunk's output, or the observation); the head "
+        "output is the gate-weighted sum of the experts' logits (a dense mixture, no top-k). The learner adds the "
+        "load-balancing loss lambda sum_b K sum_k u_bk^2 (u: an expert's batch-mean gate weight), lambda = ISV 128 "
+        "MOE_LAMBDA_EFF from a controller that raises it while the load is unbalanced (EMA of the largest "
+        "utilisation against 1/K) and lowers it otherwise, within [0.001, 1]; ISV 118-127 and HEALTH_DIAG moe_* "
+        "follow the utilisation and gate entropy, epoch stat moe_balance the loss term (1 balanced, K collapsed). "
+        "Collect and evaluation act on the same mixture. Refused with noisy_sigma0 > 0. Not yet measured on the suite.",
     )
 
 
@@ -508,6 +526,8 @@ def set_value(cfg: FoxConfig, key: str, value: Any) -> None:
     value = coerce(key, value, hints[name])
     if key in CHOICES and value not in CHOICES[key]:
         raise ConfigError(f"{key}: {value!r} is not one of {', '.join(CHOICES[key])}")
+    if key in INT_CHOICES and value not in INT_CHOICES[key]:
+        raise ConfigError(f"{key}: {value!r} is not one of {', '.join(map(str, INT_CHOICES[key]))}")
     setattr(getattr(cfg, section), name, value)
 
 

@@ -514,3 +514,59 @@ def vsn_focus64(w):
     k = w.shape[1]
     ent = -np.sum(np.where(w > 0, w * np.log(np.where(w > 0, w, 1.0)), 0.0), axis=1) / np.log(k)
     return float(np.clip(w.max(axis=1).mean(), 1.0 / k, 1.0)), float(np.clip(ent.mean(), 0.0, 1.0))
+
+
+def moe_column_branches64(n_atoms):
+    """The branch of every head column [head_width(Z)] (kernels/moe.py b(c)); -1 for the auxiliary column."""
+    from fox_numba.actions import BRANCHES
+
+    branches = [b for b in range(len(BRANCHES))]
+    branches += [b for b, br in enumerate(BRANCHES) for _ in range(br.size)]
+    return np.array([s for s in branches for _ in range(n_atoms)] + [-1])
+
+
+def moe_mix64(e, w, n_atoms):
+    """Head rows [R, HW] of the experts' outputs e [R, K * HW] under the gate weights w [R, 4, K] (kernels/moe.py):
+    the gate-weighted sum per column's branch, the auxiliary column the experts' mean."""
+    cb = moe_column_branches64(n_atoms)
+    rows, k = w.shape[0], w.shape[2]
+    e = np.asarray(e, np.float64).reshape(rows, k, cb.size)
+    gw = np.where(cb[None, :, None] >= 0, w[:, np.maximum(cb, 0), :], 1.0 / k)  # [R, HW, K]
+    return np.einsum("rck,rkc->rc", gw, e)
+
+
+def moe_forward64(p, x, n_experts, n_atoms):
+    """(gate weights [R, 4, K], experts' outputs [R, K * HW], head rows [R, HW]) in float64 from host params p."""
+    x = np.asarray(x, np.float64)
+    g = x @ p["moe.weight"].astype(np.float64) + p["moe.bias"]
+    w = softmax64(g.reshape(len(x), -1, n_experts))
+    e = x @ p["head.weight"].astype(np.float64) + p["head.bias"]
+    return w, e, moe_mix64(e, w, n_atoms)
+
+
+def moe_usage64(w):
+    """(u [4, K] the batch-mean gate weights, h [4] each branch's mean per-row entropy) of gate weights w [G, 4, K]."""
+    w = np.asarray(w, np.float64)
+    ent = -np.sum(np.where(w > 0, w * np.log(np.where(w > 0, w, 1.0)), 0.0), axis=2)
+    return w.mean(axis=0), ent.mean(axis=0)
+
+
+def moe_backward64(dout, e, w, lam, n_atoms):
+    """(d experts [G, K * HW], d gate logits [G, 4K]) of the mixture plus lam * sum_b K sum_k u_bk**2 (kernels/moe.py),
+    from dout [G, HW], the experts' outputs e [G, K * HW] and the gate weights w [G, 4, K] of the same rows."""
+    cb = moe_column_branches64(n_atoms)
+    dout, w = np.asarray(dout, np.float64), np.asarray(w, np.float64)
+    rows, nb, k = w.shape
+    e = np.asarray(e, np.float64).reshape(rows, k, cb.size)
+    gw = np.where(cb[None, :, None] >= 0, w[:, np.maximum(cb, 0), :], 1.0 / k)  # [G, HW, K]
+    de = np.einsum("rck,rc->rkc", gw, dout).reshape(rows, -1)
+    dw = np.stack([np.einsum("rc,rkc->rk", dout[:, cb == b], e[:, :, cb == b]) for b in range(nb)], axis=1)
+    u, _ = moe_usage64(w)
+    dw += lam * 2.0 * k * u[None] / rows
+    dg = w * (dw - np.sum(w * dw, axis=2, keepdims=True))
+    return de, dg.reshape(rows, -1)
+
+
+def moe_balance64(u):
+    """The balance term mean_b K sum_k u_bk**2 of the usage u [4, K] (1 balanced, K collapsed)."""
+    return float(np.mean(u.shape[1] * np.sum(np.asarray(u, np.float64) ** 2, axis=1)))

@@ -7,13 +7,15 @@
     python3 tools/bench_learner.py --out tools/results/bench_learner_iqn_h200 --iqn-quantiles 32  # IQN beside C51
     python3 tools/bench_learner.py --out /tmp/bench_sn --layers 3 --spectral-norm --stochastic-depth 0.2  # trunk parts
     python3 tools/bench_learner.py --out /tmp/bench_vsn --vsn  # the variable-selection gate on the observation
+    python3 tools/bench_learner.py --out tools/results/bench_learner_moe4_h200 --moe-experts 4  # MoE heads
 
 One gradient step of the default network (obs_dim -> 256 -> 256 -> 13 dueling C51 heads x 51 atoms,
 network.* of the default config), at each batch of --batch (default 8192, then smaller ones where the
 host's per-step work matters more), on a synthetic replay (uniform random transitions over a
 random market_obs of --bars rows; with --priority-alpha > 0 prioritised replay, every slot starting at the
 priority the collector gives a new transition; with --noisy-sigma0 > 0 NoisyNet heads; with --iqn-quantiles > 0
-the IQN head beside C51, network.iqn_embed cosine features), measured as:
+the IQN head beside C51, network.iqn_embed cosine features; with --moe-experts K > 0 mixture-of-experts heads, the
+controller's lambda at its base weight), measured as:
 - eager: every kernel launched from Python each step (RunConfig.graphs = false);
 - graph, queued: the step captured once and replayed back to back with no host sync (the learner's
   train_epoch: per-step values live on the device, nothing is written from the host per step);
@@ -89,7 +91,7 @@ def make_learner(args: argparse.Namespace, stager: Stager, stream: Any, graphs: 
     cfg.network.noisy_sigma0 = args.noisy_sigma0
     cfg.network.iqn_quantiles = args.iqn_quantiles
     cfg.network.spectral_norm, cfg.network.stochastic_depth = args.spectral_norm, args.stochastic_depth
-    cfg.network.vsn = args.vsn
+    cfg.network.vsn, cfg.network.moe_experts = args.vsn, args.moe_experts
     if args.layers is not None:
         cfg.network.n_layers, cfg.network.hidden = args.layers, args.hidden
     cfg.run.precision = args.precision
@@ -236,7 +238,7 @@ def markdown_batch(modes: dict[str, Any], kernels: dict[str, Any], args: argpars
         f"network.iqn_quantiles {args.iqn_quantiles} "
         f"({'an IQN head beside C51' if args.iqn_quantiles > 0 else 'no IQN head'}), "
         f"network.spectral_norm {args.spectral_norm}, network.stochastic_depth {args.stochastic_depth}, "
-        f"network.vsn {args.vsn}. "
+        f"network.vsn {args.vsn}, network.moe_experts {args.moe_experts}. "
         f"Replay of {args.capacity} random transitions "
         f"over {args.bars} market rows. Best of {args.windows} windows of {args.steps} steps after "
         f"{args.warmup} warm-up steps."
@@ -321,6 +323,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--stochastic-depth", type=float, default=0.0,
                         help="network.stochastic_depth (0: off; needs >= 2 trunk layers)")
     parser.add_argument("--vsn", action="store_true", help="network.vsn (the variable-selection gate)")
+    parser.add_argument("--moe-experts", type=int, default=0,
+                        help="network.moe_experts of the measured step (0: one head; else 2 .. 8 experts)")
     parser.add_argument("--layers", type=int, default=None, help="network.n_layers (default: the config's)")
     parser.add_argument("--hidden", type=int, default=256, help="network.hidden with --layers")
     parser.add_argument("--precision", choices=PRECISIONS, default="fp32", help="run.precision of the dense layers")

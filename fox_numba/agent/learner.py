@@ -76,6 +76,13 @@ heads) read it and, handed the ISV, folds the gate's focus into ISV[VSN_FOCUS_MA
 inside the forward; the target network gates without producing signals. The gate's parameters are entries of the
 layout (Adam, clip, Polyak, checkpoints cover them); off, the step launches none of its kernels.
 
+Mixture-of-experts heads (network.moe_experts = K > 0; agent/moe.py, kernels/moe.py): the online forward mixes the
+K experts under the per-branch gate and reduces the gate's usage over the s rows; right after it one thread
+(`moe.signals`) folds the usage into ISV 118-127, steps the lambda controller (ISV[MOE_LAMBDA_EFF]) and adds the
+balance term to the epoch sums (epoch stat moe_balance); the backward adds lambda times the load-balancing gradient
+to the gate's. The target forward mixes without signals. Experts and gate are entries of the layout, the signals ISV
+slots (their fold-boundary resets in device/isv.py); off, the step launches none of its kernels.
+
 IQN head beside C51 (network.iqn_quantiles = N > 0; agent/iqn.py, kernels/iqn.py): after the scatter and the
 auxiliary regression the step draws N online and N target quantile levels per sample from the learner's generators
 (after the replay draw, so the sample is the IQN-less step's), runs the online IQN head on the C51 heads' input of s
@@ -253,7 +260,7 @@ class Learner:
         )
         depth = StochasticDepth(cfg.network.stochastic_depth, self.optim_state, self.seed)
         self.online = Network(layout, 2 * b, stream=stream, grad_rows=b, dense=dense, dropout=drop, noise=noise_on,
-                              spectral=spec_on, depth=depth, isv=isv)  # isv: the VSN gate's focus EMAs of s
+                              spectral=spec_on, depth=depth, isv=isv)  # isv: the VSN and MoE gates' signals of s
         self.target_net = Network(layout, b, stream=stream, dense=dense, noise=noise_tgt, spectral=spec_tgt)
         self.logits = device_empty((2 * b, N_HEADS, z), np.float32)
         self.logits_tgt = device_empty((b, N_HEADS, z), np.float32)
@@ -306,6 +313,8 @@ class Learner:
         self.online.forward(self.params, self.obs, self.logits, stream=s)  # s and s' (s kept for backward)
         if self.online.spectral is not None:
             spectral_epoch_stat(self.online.spectral.sigma, self.epoch, stream=s)
+        if self.online.moe is not None:
+            self.online.moe.signals(self.epoch, stream=s)
         self.target_net.forward(self.target, self.obs_next, self.logits_tgt, stream=s)
         self._c51_rows(s, prio)
         if prio is not None:
@@ -404,6 +413,8 @@ class Learner:
             stats["loss_iqn"] = float(acc[EpochStat.LOSS_IQN] / steps)
         if self.spectral_uv is not None:
             stats["spectral_sigma"] = float(acc[EpochStat.SPECTRAL_SIGMA] / steps)
+        if self.online.moe is not None:
+            stats["moe_balance"] = float(acc[EpochStat.MOE_BALANCE] / steps)
         return stats
 
     def _zero_epoch(self) -> None:

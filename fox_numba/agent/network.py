@@ -25,7 +25,8 @@ fingerprint hashes the table and the sizes it came from; a checkpoint stores it.
 Initialisation (`init_params`, host, float32, deterministic in (layout, seed)): each entry draws from its
 own generator numpy.random.default_rng([seed, entry index]); trunk weights Kaiming-uniform for ReLU
 (U(+-sqrt(6 / fan_in))), head weights Xavier-uniform (U(+-sqrt(6 / (fan_in + fan_out)))), so fresh logits
-have unit scale and every head starts near a smooth distribution; biases and the VSN gate 0.
+have unit scale and every head starts near a smooth distribution (with MoE heads, fan_out is one expert's); biases
+and the VSN and MoE gates 0.
 
 `Network(layout, batch, stream=s, grad_rows=G)` keeps the forward's activations so `backward` can follow;
 backward uses the first G rows of the last forward (the learner runs s and s' through one forward of 2B rows
@@ -69,6 +70,15 @@ x'_c = K softmax(x W_g + b_g)_k(c) x_c, and layer 0 (or the head, without a trun
 With `isv=` (the learner's online network) each forward also folds the gate's focus over the first grad_rows rows
 into ISV[VSN_FOCUS_MAX_EMA] and ISV[VSN_FOCUS_ENTROPY_EMA]. Off, the network launches none of its kernels.
 
+Mixture-of-experts heads (network.moe_experts = K > 0, off by default; agent/moe.py, kernels/moe.py): head.weight
+[H, K HW] and head.bias [K HW] hold K experts (a copy of the whole head each), and moe.weight [H, 4K], moe.bias [4K]
+after the C51 head's (and VSN's) entries a per-branch softmax gate over them on the heads' input; the head output is
+the gate-weighted sum of the experts' outputs per branch (the auxiliary column their mean), so the dueling combine
+gives the gate-weighted sum of the experts' logits. With `isv=` (the learner's online network) the forward also
+reduces the gate's usage over the first grad_rows rows, which the backward's load-balancing gradient (weight
+ISV[MOE_LAMBDA_EFF]) and the learner's `moe.signals` read; the gate's input gradient joins the trunk's (or the VSN
+gate's). Noisy heads are refused with it. Off, the layout and the launches are the single head's.
+
 Every buffer is allocated in the constructor, so forward and backward run inside a captured StepGraph. `grads` must
 be zero in the layout's gaps (allocate it with device_zeros); backward writes every entry but the IQN head's.
 """
@@ -86,16 +96,20 @@ from fox_numba.actions import N_BRANCHES, N_HEADS
 from fox_numba.agent.dense import WeightGrad, dense_backward_input, dense_forward, dense_kind
 from fox_numba.agent.depth import ResidualTrunk, StochasticDepth
 from fox_numba.agent.iqn import IQN_HEAD_PREFIX, iqn_entries
+from fox_numba.agent.moe import MOE_PREFIX, MoeHeads, moe_entries
 from fox_numba.agent.noisy import NoiseKey, NoisyHead, init_sigma, sigma_entries
 from fox_numba.agent.spectral import SpectralKey, SpectralNorm, layer_widths
 from fox_numba.agent.vsn import VSN_PREFIX, VsnGate, check_groups, observation_groups, vsn_entries
 from fox_numba.config import NetworkConfig
 from fox_numba.device.elementwise import axpy_f32, scale_f32
+from fox_numba.device.isv import MOE_MAX_EXPERTS
 from fox_numba.device.launch import check_array, i32, launch
 from fox_numba.device.memory import device_empty, device_zeros
 from fox_numba.device.runtime import device_address
+from fox_numba.errors import ConfigError
 from fox_numba.kernels.dropout import dropout, keep_scale
 from fox_numba.kernels.heads import aux_column, dueling_combine_backward, dueling_combine_forward, head_width
+from fox_numba.kernels.moe import MIN_EXPERTS
 
 ALIGN = 32  # floats: every entry starts on a 128-byte boundary
 
@@ -133,6 +147,7 @@ class ParamLayout:
     spectral_norm: bool = False  # the trunk layers read W / sigma (agent/spectral.py)
     residual: bool = False  # trunk layers 1 .. n_layers - 1 are residual blocks (agent/depth.py)
     vsn_groups: tuple[tuple[int, int], ...] = ()  # the VSN gate's column ranges [begin, end) (agent/vsn.py); () off
+    moe_experts: int = 0  # > 0: the head is a mixture of this many experts under a gate (agent/moe.py)
 
     @classmethod
     def build(cls, obs_dim: int, cfg: NetworkConfig,
@@ -157,6 +172,8 @@ class ParamLayout:
         if cfg.vsn and cfg.iqn_quantiles > 0 and cfg.n_layers < 1:
             raise ValueError("network.vsn with an IQN head (iqn_quantiles > 0) needs a trunk (n_layers >= 1): the IQN "
                              "gradient reaches the gate only through the trunk")
+        if cfg.moe_experts:
+            check_moe(cfg)
         groups: tuple[tuple[int, int], ...] = ()
         if cfg.vsn:
             groups = (tuple((int(b), int(e)) for b, e in vsn_groups) if vsn_groups is not None
@@ -168,11 +185,14 @@ class ParamLayout:
             shapes += [(f"trunk.{layer}.weight", (width, cfg.hidden), True), (f"trunk.{layer}.bias", (cfg.hidden,), False)]
             width = cfg.hidden
         head_out = head_width(cfg.n_atoms)
-        shapes += [("head.weight", (width, head_out), True), ("head.bias", (head_out,), False)]
+        experts_out = head_out * max(cfg.moe_experts, 1)  # the K experts side by side
+        shapes += [("head.weight", (width, experts_out), True), ("head.bias", (experts_out,), False)]
         if cfg.noisy_sigma0 > 0:
             shapes += sigma_entries(width, head_out)
         if groups:
             shapes += vsn_entries(obs_dim, len(groups))
+        if cfg.moe_experts:
+            shapes += moe_entries(width, cfg.moe_experts)
         iqn_embed = cfg.iqn_embed if cfg.iqn_quantiles > 0 else 0
         if iqn_embed:
             shapes += iqn_entries(iqn_embed, width)
@@ -181,7 +201,7 @@ class ParamLayout:
             entries.append(ParamEntry(name, offset, shape, decay))
             offset += -(-math.prod(shape) // ALIGN) * ALIGN
         return cls(obs_dim, cfg.hidden, cfg.n_layers, cfg.n_atoms, tuple(entries), offset, float(cfg.noisy_sigma0),
-                   iqn_embed, cfg.spectral_norm, residual, groups)
+                   iqn_embed, cfg.spectral_norm, residual, groups, cfg.moe_experts)
 
     @property
     def noisy(self) -> bool:
@@ -197,6 +217,11 @@ class ParamLayout:
     def vsn(self) -> bool:
         """The observation passes a variable-selection gate (network.vsn) before the trunk or heads read it."""
         return bool(self.vsn_groups)
+
+    @property
+    def moe(self) -> bool:
+        """The head is a mixture of experts under a gate (network.moe_experts > 0)."""
+        return self.moe_experts > 0
 
     @property
     def head_input_relu(self) -> bool:
@@ -219,6 +244,8 @@ class ParamLayout:
             text += f"residual:1..{self.n_layers - 1}\n"
         if self.vsn:
             text += "vsn_groups:" + ",".join(f"{b}-{e}" for b, e in self.vsn_groups) + "\n"
+        if self.moe:
+            text += f"moe_experts:{self.moe_experts}\n"
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
     def entry(self, name: str) -> ParamEntry:
@@ -258,14 +285,27 @@ class ParamLayout:
         return "\n".join(lines) + f"\n\n{self.size} floats, fingerprint `{self.fingerprint}`\n"
 
 
+def check_moe(cfg: NetworkConfig) -> None:
+    """A ConfigError (one line) for a mixture-of-experts setting outside its range or with a part it does not
+    compose with (agent/moe.py)."""
+    if not MIN_EXPERTS <= cfg.moe_experts <= MOE_MAX_EXPERTS:
+        raise ConfigError(f"network.moe_experts must be 0 (off) or {MIN_EXPERTS} .. {MOE_MAX_EXPERTS} (one ISV "
+                          f"utilisation slot per expert), got {cfg.moe_experts}")
+    if cfg.noisy_sigma0 > 0:
+        raise ConfigError("network.moe_experts does not combine with NoisyNet heads (network.noisy_sigma0 > 0): the "
+                          "factorised noise is laid out over one head's columns")
+
+
 def init_params(layout: ParamLayout, seed: int) -> np.ndarray:
     """Seeded, deterministic float32 parameters [layout.size] (scheme in the module header)."""
     flat = np.zeros(layout.size, np.float32)
     for index, e in enumerate(layout.entries):
-        if not e.decay or e.name.startswith(VSN_PREFIX):
-            continue  # biases and the VSN gate start at 0 (a uniform gate), sigma below
+        if not e.decay or e.name.startswith((VSN_PREFIX, MOE_PREFIX)):
+            continue  # biases and the VSN and MoE gates start at 0 (uniform gates), sigma below
         rng = np.random.default_rng([seed % 2**63, index])
         fan_in, fan_out = e.shape
+        if e.name == "head.weight":
+            fan_out = head_width(layout.n_atoms)  # per expert: each of a mixture's K experts is drawn as one head
         xavier = e.name.startswith(("head.", IQN_HEAD_PREFIX))
         bound = math.sqrt(6.0 / (fan_in + fan_out)) if xavier else math.sqrt(6.0 / fan_in)
         flat[e.offset : e.stop] = rng.uniform(-bound, bound, e.size).astype(np.float32)
@@ -313,6 +353,7 @@ class Network:
                              "network.residual or network.stochastic_depth)")
         self.residual = ResidualTrunk(layout, batch, grad_rows, depth, stream=stream) if layout.residual else None
         self.vsn = VsnGate(layout, batch, grad_rows, dense, isv=isv, stream=stream) if layout.vsn else None
+        self.moe = MoeHeads(layout, batch, grad_rows, dense, isv=isv, stream=stream) if layout.moe else None
         n_layers, hidden, z = layout.n_layers, layout.hidden, layout.n_atoms
         # Trunk outputs [layer, row, unit] in one buffer (the hidden-signal producers read it whole).
         self.activations: Any = device_empty((n_layers, batch, hidden), np.float32) if n_layers else None
@@ -320,7 +361,7 @@ class Network:
         self.dhead = device_zeros((grad_rows, head_width(z)), np.float32, stream=stream)  # aux column: 0 unless written
         self.aux_column = aux_column(z)
         self._dh = [device_empty((grad_rows, hidden), np.float32) for _ in range(min(n_layers, 2))]
-        widths = [layout.obs_dim] + [hidden] * n_layers + [head_width(z)]
+        widths = [layout.obs_dim] + [hidden] * n_layers + [head_width(z) * max(layout.moe_experts, 1)]
         self._wgrads = [WeightGrad(dense, grad_rows, widths[k], widths[k + 1]) for k in range(n_layers + 1)]
         self._obs: Any = None
         self._views: dict[int, dict[str, Any]] = {}
@@ -376,8 +417,12 @@ class Network:
                 d = self.dropout
                 dropout(self.activations[layer], d.state, d.seed, layer, d.rate, stream=stream)
         w, b = lay.layer(lay.n_layers)
-        hw, hb = self.noisy.forward(p, stream=stream) if self.noisy is not None else (p[w.name], p[b.name])
-        self._linear(self._input(lay.n_layers, self.batch), hw, hb, self.head_out, False, stream)
+        x = self._input(lay.n_layers, self.batch)
+        if self.moe is not None:
+            self.moe.forward(p, x, self.head_out, stream=stream)
+        else:
+            hw, hb = self.noisy.forward(p, stream=stream) if self.noisy is not None else (p[w.name], p[b.name])
+            self._linear(x, hw, hb, self.head_out, False, stream)
         dueling_combine_forward(self.head_out, logits, stream=stream)
 
     def backward(self, params: Any, dlogits: Any, grads: Any, *, stream: Any, input_grad: Any = None) -> None:
@@ -405,6 +450,9 @@ class Network:
             g_out = dy
             if block:
                 dy = self.residual.branch_grad(layer, g_out, stream=stream)
+            moe = self.moe if layer == lay.n_layers else None
+            if moe is not None:  # the gate's gradients; dy becomes the experts' output gradient
+                dy = moe.backward(x, self.dhead, g, stream=stream)
             self._wgrads[layer](x, dy, g[w.name], g[b.name], stream=stream)
             head_noise = self.noisy if layer == lay.n_layers else None
             if head_noise is not None:
@@ -418,12 +466,15 @@ class Network:
             elif spectral is not None:
                 w_used = spectral.weights[layer]
             if layer == 0 and self.vsn is not None:  # the gate's gradients through the gated observation
-                self.vsn.backward(self._obs, dy, w_used, g, stream=stream)
+                extra = moe.input_grad(p, act=None, stream=stream) if moe is not None else None
+                self.vsn.backward(self._obs, dy, w_used, g, stream=stream, extra=extra)
             if layer > 0:
                 dx = self._dh[layer % len(self._dh)]
                 relu_input = not self._is_block(layer - 1)  # x is a plain layer's ReLU output: its sign masks
-                dense_backward_input(self.dense, dy, w_used, dx, act=x if relu_input and not block else None,
-                                     stream=stream)
+                act = x if relu_input and not block else None
+                dense_backward_input(self.dense, dy, w_used, dx, act=act, stream=stream)
+                if moe is not None:
+                    moe.add_input_grad(p, dx, act=act, stream=stream)
                 if block:
                     self.residual.skip_grad(dx, g_out, x, mask=relu_input, stream=stream)
                 if layer == lay.n_layers and input_grad is not None:

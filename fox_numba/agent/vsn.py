@@ -33,6 +33,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from fox_numba.agent.dense import WeightGrad, dense_backward_input, dense_forward
+from fox_numba.device.elementwise import axpy_f32
+from fox_numba.device.launch import check_array, i32, launch
 from fox_numba.device.memory import Mapped, copy_device, device_empty
 from fox_numba.features.names import FEATURE_NAMES
 from fox_numba.kernels.vsn import MAX_GROUPS, vsn_apply, vsn_focus, vsn_gate_grad, vsn_softmax
@@ -128,11 +130,16 @@ class VsnGate:
             vsn_focus(self.weights, self.isv, n_rows=self.grad_rows, stream=stream)
         return self.gated
 
-    def backward(self, obs: Any, dy: Any, w_used: Any, g: dict[str, Any], *, stream: Any) -> None:
+    def backward(self, obs: Any, dy: Any, w_used: Any, g: dict[str, Any], *, stream: Any, extra: Any = None) -> None:
         """The gate's gradients in the views `g`, from dy [grad_rows, out] (the first layer's pre-activation gradient)
-        and w_used [obs_dim, out] (the weights that layer read): dx' = dy w_used^T, then through the gate."""
+        and w_used [obs_dim, out] (the weights that layer read): dx' = dy w_used^T (+ `extra` [grad_rows, obs_dim]:
+        the gradient of another layer reading x', the MoE gate without a trunk), then through the gate."""
         rows = self.grad_rows
         dense_backward_input(self.dense, dy, w_used, self.dgated, act=None, stream=stream)
+        if extra is not None:
+            check_array("extra", extra, "[grad_rows, obs_dim]", tuple(self.dgated.shape))
+            flat = self.dgated.reshape(self.dgated.size)
+            launch(axpy_f32, flat.size, flat, np.float32(1.0), extra.reshape(flat.size), i32(flat.size), stream=stream)
         x = obs if int(obs.shape[0]) == rows else obs[:rows]
         w = self.weights if int(self.weights.shape[0]) == rows else self.weights[:rows]
         vsn_gate_grad(self.dgated, x, w, self.begins, self.ends, self.dlogits, stream=stream)

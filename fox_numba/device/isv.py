@@ -7,7 +7,9 @@ never leave the GPU. The host reads the bus only every K steps (HEALTH_DIAG) or 
 `SLOTS` below is the only place a slot index is written. Kernels get indices as int32 arguments
 (`i32(Isv.Q_ABS_REF)`) or as compile-time constants taken from `Isv`, never as literals. The indices the
 seed system fixed are kept (Q_ABS_REF 16, Q_DIR_ABS_REF 21, reward-component EMAs 63-68, VSN focus EMAs
-87-88, MOE_LAMBDA_EFF 128, Q_DRIFT_RATE 129, FOLD_WARMUP_FACTOR 130); every index not named is RESERVED_nnn.
+87-88, MoE expert utilisation 118-125 and gate entropy 126, MOE_LAMBDA_EFF 128, Q_DRIFT_RATE 129,
+FOLD_WARMUP_FACTOR 130); every index not named is RESERVED_nnn. The seed's description names no slot 127; the
+MoE controller's input (MOE_MAX_UTIL_EMA) takes it, beside the slots it sits between.
 
 Each slot states its bootstrap value (written when the bus is created) and its fold-reset value (what the
 StateResetRegistry writes at a fold boundary; None: the slot carries over from fold to fold).
@@ -27,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from fox_numba.config import INT_CHOICES
 from fox_numba.device.elementwise import scatter_f32
 from fox_numba.device.launch import i32, launch
 from fox_numba.device.memory import Mapped, device_empty
@@ -34,6 +37,11 @@ from fox_numba.device.staging import Stager
 from fox_numba.io import generated_doc_main
 
 ISV_TOTAL_DIM = 131
+MOE_MAX_EXPERTS = max(INT_CHOICES["network.moe_experts"])
+"""Most experts a mixture-of-experts head may have: one utilisation slot each (the seed's 118-125)."""
+MOE_LAMBDA_BASE = 0.01
+"""MOE_LAMBDA_EFF's bootstrap and fold-reset value: the Switch Transformer's load-balancing weight (Fedus et al.
+2021, alpha = 1e-2); kernels/moe.py's controller moves it from there within its floor and ceiling."""
 SLOT_DOC_PATH = Path(__file__).with_name("ISV_SLOTS.md")
 
 # Producers and consumers named below are kernels of later stages (agent/, kernels/signals, diag/).
@@ -44,6 +52,7 @@ _LOSS = "learner C51 loss reduce (every step, train graph)"
 _ROLLOUT = "collector action-select/env-step reduce (every collect step)"
 _DIAG = "HEALTH_DIAG"
 _VSN = "learner VSN gate focus reduce (every step, train graph; kernels/vsn.py)"
+_MOE = "learner MoE gate producer (every step, train graph; kernels/moe.py moe_signals, one thread)"
 
 
 @dataclass(frozen=True)
@@ -197,10 +206,26 @@ _NAMED: tuple[Slot, ...] = (
          "branch weight x effect / B x the row's loss (the loss the step optimises before learner.iqn_weight); "
          "0 while network.iqn_quantiles = 0 (the seed's first auxiliary-head loss slot).",
          "learner IQN loss reduce (every step, train graph; kernels/iqn.py)", _DIAG),
-    # 128-130: seed tail
-    Slot("MOE_LAMBDA_EFF", 128, "Effective mixture-of-experts load-balancing weight (seed index). This "
-         "network has no mixture-of-experts head: the slot keeps its bootstrap value.", "none",
-         _DIAG, fold_reset=None),
+    # 118-128: the seed's mixture-of-experts head signals (network.moe_experts = K > 0; agent/moe.py)
+    *(Slot(f"MOE_UTIL_EMA_{k}", 118 + k, f"EMA (alpha 0.01) of expert {k}'s utilisation: its batch-mean gate weight, "
+           "averaged over the 4 branch gates (1/K each when balanced); the first observation of a fold seeds it; 0 "
+           "for k >= K and while network.moe_experts = 0.", _MOE, _DIAG) for k in range(MOE_MAX_EXPERTS)),
+    Slot("MOE_GATE_ENTROPY_EMA", 126, "EMA (alpha 0.01) of the batch mean of the per-sample gate entropy -sum_k "
+         "w_k ln w_k / ln K, averaged over the branch gates, clamped to [0, 1] (1: every sample mixes its experts "
+         "uniformly; 0: every sample reads one expert); seeded with the utilisation; 0 while network.moe_experts = "
+         "0.", _MOE, _DIAG),
+    Slot("MOE_MAX_UTIL_EMA", 127, "EMA (alpha 0.01) of the largest expert utilisation of a branch gate, averaged "
+         "over the branches, clamped to [1/K, 1] (1/K: balanced load; 1: one expert takes every sample); seeded "
+         "with the utilisation; 0 while network.moe_experts = 0 (no seed index: the seed names none for 127).",
+         _MOE, "MOE_LAMBDA_EFF controller; " + _DIAG),
+    Slot("MOE_LAMBDA_EFF", 128, "Effective weight of the MoE load-balancing loss (seed index): each step "
+         "lambda *= exp(MOE_LAMBDA_GAIN (i - MOE_IMBALANCE_TARGET)), i = (MOE_MAX_UTIL_EMA - 1/K) / (1 - 1/K) the "
+         "load imbalance in [0, 1], then clamped to the permanent [MOE_LAMBDA_FLOOR, MOE_LAMBDA_CEIL] (constants "
+         "of kernels/moe.py); unchanged until MOE_MAX_UTIL_EMA has an observation; nothing reads it while "
+         "network.moe_experts = 0.", _MOE,
+         "learner MoE gate gradient (every step, train graph); " + _DIAG, bootstrap=MOE_LAMBDA_BASE,
+         fold_reset=MOE_LAMBDA_BASE),
+    # 129-130: seed tail
     Slot("Q_DRIFT_RATE", 129, "|q_mean(t) - q_mean(t-1)| / max(|q_mean(t-1)|, Q_ABS_REF + Q_DIR_ABS_REF, "
          "1e-6), clipped to [0, 4]; t counts epochs; unchanged while |q_mean(t-1)| <= 1e-6.",
          "kernels/drift.py q_drift_rate_producer (every epoch, after the kill check)",

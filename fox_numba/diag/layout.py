@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from fox_numba.actions import BRANCHES, Magnitude
-from fox_numba.device.isv import Isv
+from fox_numba.device.isv import MOE_MAX_EXPERTS, Isv
 from fox_numba.io import generated_doc_main
 
 PREFIX = "HEALTH_DIAG"
@@ -108,6 +108,15 @@ FIELDS: tuple[Field, ...] = (
             "EMA of the mean largest VSN gate weight, in [1/K, 1] (1/K uniform; 0 when network.vsn is off)."),
     _mirror("vsn_focus_entropy", "VSN_FOCUS_ENTROPY_EMA",
             "EMA of the mean VSN gate entropy / ln K, in [0, 1] (1 uniform; 0 when network.vsn is off)."),
+    *(_mirror(f"moe_util_{k}", f"MOE_UTIL_EMA_{k}", f"EMA of MoE expert {k}'s utilisation (batch-mean gate weight, "
+              "mean over the branch gates; 1/K balanced; 0 for k >= K and when network.moe_experts = 0).")
+      for k in range(MOE_MAX_EXPERTS)),
+    _mirror("moe_gate_entropy", "MOE_GATE_ENTROPY_EMA",
+            "EMA of the mean per-sample MoE gate entropy / ln K, in [0, 1] (0 when network.moe_experts = 0)."),
+    _mirror("moe_max_util", "MOE_MAX_UTIL_EMA",
+            "EMA of the largest expert utilisation of a branch gate, in [1/K, 1] (0 when network.moe_experts = 0)."),
+    _mirror("moe_lambda_eff", "MOE_LAMBDA_EFF",
+            "Load-balancing loss weight in force (controller in kernels/moe.py; unused when network.moe_experts = 0)."),
     *(Field(f"noisy_sigma_{b.name[:3]}", "f32", f"Mean |sigma| of the {b.name} branch's noisy head weights and "
             f"biases (network.noisy_sigma0 > 0; 0 when off).", _SIGMA) for b in BRANCHES),
     _mirror("nonfinite_steps", "NONFINITE_STEPS", "Steps of this fold skipped for a non-finite loss or gradient."),

@@ -87,9 +87,10 @@ class EpochStat(enum.IntEnum):
     LOSS_AUX = 11  # mean (forecast - target)**2 / 2 of the auxiliary regression, every step (as Q_MEAN)
     LOSS_IQN = 12  # the IQN quantile Huber loss (IQN_LOSS_EMA's observation) of every finite step
     SPECTRAL_SIGMA = 13  # the online trunk's spectral norm sigma, mean over layers, every step (kernels/spectral.py)
+    MOE_BALANCE = 14  # the MoE load-balance term mean_b K sum_k u_bk**2 of every finite step (kernels/moe.py)
 
 
-N_EPOCH_STATS = 14
+N_EPOCH_STATS = 15
 
 _Q_ABS_REF = int(Isv.Q_ABS_REF)
 _Q_DIR_ABS_REF = int(Isv.Q_DIR_ABS_REF)

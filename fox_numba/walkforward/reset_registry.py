@@ -335,4 +335,6 @@ REQUIRED_FOLD_RESETS: tuple[str, ...] = (
     "isv.Q_DRIFT_RATE",
     "isv.FOLD_WARMUP_FACTOR",
     "isv.GRAD_NORM_FAST_EMA",  # the slow EMA (isv.GRAD_NORM_SLOW_EMA) is PerRun
+    "isv.MOE_MAX_UTIL_EMA",  # the MoE load-balancing controller's input (kernels/moe.py) ...
+    "isv.MOE_LAMBDA_EFF",  # ... and its output
 )

@@ -30,7 +30,11 @@ recomputed from learner.fold_step every epoch and holds no state of its own. The
 levels are drawn from learner.rng_states in training and from the collector's streams in collect. The VSN gate
 (network.vsn) adds no entry either: its W_g, b_g are entries of the layout (learner.params shrinks them towards the
 uniform gate), and its focus EMAs are ISV slots that carry over (isv.VSN_FOCUS_MAX_EMA, isv.VSN_FOCUS_ENTROPY_EMA,
-PerRun like the gate they follow).
+PerRun like the gate they follow). The mixture-of-experts heads (network.moe_experts) keep their experts and gate in
+the layout too; their signals are ISV slots that a fold boundary resets (isv.MOE_UTIL_EMA_0..7,
+isv.MOE_GATE_ENTROPY_EMA, isv.MOE_MAX_UTIL_EMA to 0: unobserved, the fold's first step seeds them; isv.MOE_LAMBDA_EFF
+to its base weight), so each fold's load-balancing controller starts from the same point and reads only that fold's
+routing, whose gate shrink-and-perturb has just pulled towards uniform.
 
 `audit_trainer` lists every attribute of the run-wide components that is neither an entry nor declared
 wiring (each class's NOT_STATE); the driver refuses to start and a test asserts it is empty, so a field added

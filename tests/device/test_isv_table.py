@@ -11,6 +11,7 @@ from fox_numba.device import isv
 from fox_numba.device.isv import (
     ISV_FINGERPRINT,
     ISV_TOTAL_DIM,
+    MOE_LAMBDA_BASE,
     SLOT_DOC_PATH,
     SLOTS,
     Isv,
@@ -39,6 +40,7 @@ def test_seed_indices_are_kept():
     assert (Isv.MOE_LAMBDA_EFF, Isv.Q_DRIFT_RATE, Isv.FOLD_WARMUP_FACTOR) == (128, 129, 130)
     reward = [s for s in SLOTS if 63 <= s.index <= 68]
     assert all(s.name.startswith("REWARD_") and s.name.endswith("_EMA") for s in reward)
+    assert [s.name for s in SLOTS[118:127]] == [f"MOE_UTIL_EMA_{k}" for k in range(8)] + ["MOE_GATE_ENTROPY_EMA"]
 
 
 def test_seed_bootstrap_and_fold_reset_values():
@@ -47,6 +49,9 @@ def test_seed_bootstrap_and_fold_reset_values():
     assert (by["FOLD_WARMUP_FACTOR"].bootstrap, by["FOLD_WARMUP_FACTOR"].fold_reset) == (1.0, 0.0)
     assert by["Q_DRIFT_RATE"].fold_reset == 0.0 and by["GRAD_NORM_FAST_EMA"].fold_reset == 0.0
     assert by["GRAD_NORM_SLOW_EMA"].fold_reset is None  # the cross-fold baseline carries over
+    # the MoE controller restarts every fold from its base weight, its input EMAs unobserved (seeded again)
+    assert (by["MOE_LAMBDA_EFF"].bootstrap, by["MOE_LAMBDA_EFF"].fold_reset) == (MOE_LAMBDA_BASE, MOE_LAMBDA_BASE)
+    assert all(by[n].fold_reset == 0.0 for n in ("MOE_UTIL_EMA_0", "MOE_GATE_ENTROPY_EMA", "MOE_MAX_UTIL_EMA"))
 
 
 def test_unnamed_indices_are_reserved_and_named_ones_are_documented():
