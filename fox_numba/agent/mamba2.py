@@ -1,0 +1,168 @@
+"""Mamba2 block (Dao & Gu 2024, the SSD layer): a selective state-space encoder over windows of the last T bars,
+composed from its kernels on given parameter arrays (formulas, launch shapes and the scan's design:
+kernels/mamba2.py). Not wired into the network yet: this module is the block and its parameter layout.
+
+    dims = Mamba2Dims(seq_len=T, n_features=F, n_heads=H, head_dim=P, state_dim=N, d_out=E)
+    p = {name: array for name, shape, decays in mamba2_entries(dims)}     init_params(dims, seed): host values
+    block = Mamba2Block(dims, samples, dense="auto", stream=s)
+    out = block.forward(p, u, stream=s)          u [S T, F] -> out [S T, E]  (row s T + t: window s, bar t)
+    du = block.backward(p, u, dout, g, stream=s)  dL/d(params) into the views g, returns du = dL/du [S T, F]
+
+The block, per window (no causal conv1d and no gated RMSNorm: the paper's block has both; this increment is the
+projections, the scan and the gate):
+
+    z | x | B | C | dt_raw = u W_in                                  (in-projection, no bias: [F, 2HP + 2N + H])
+    y = SSD(x, B, C, dt_raw; a_log, D, dt_bias)                      (per head; B, C shared by the heads)
+    out = (y * silu(z)) W_out                                        (out-projection, no bias: [HP, E])
+
+Parameters (`mamba2_entries`, in order): mamba2.in_proj.weight [F, 2HP + 2N + H] and mamba2.out_proj.weight [HP, E]
+(weight-decayed), mamba2.heads [3, H] = a_log, D, dt_bias (not decayed: the decay rates, the skip and the step
+offset are scales, not weights). Initialisation (`init_params`, Mamba2's defaults): projections uniform in
++-1/sqrt(fan_in); A = -exp(a_log) with -A uniform in [1, 16]; D = 1; dt_bias = softplus^-1(dt) with dt log-uniform
+in [1e-3, 1e-1], so the first steps see decays between exp(-1.6) and ~1 per bar.
+
+Which kernels: the two projections (forward, input gradient, weight gradient) run on the project's dense layers
+(agent/dense.py: the tiled GEMMs of kernels/nn.py on the GPU, kernels/dense_strided.py under the simulator), given a
+zero bias vector that is not a parameter (its gradient goes to a scratch vector); the scan, the gate and the
+per-head parameter reduction are kernels/mamba2.py. Every buffer is allocated once here, so a StepGraph can capture
+forward and backward.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from fox_numba.agent.dense import WeightGrad, dense_backward_input, dense_forward, dense_kind
+from fox_numba.device.memory import device_empty, device_zeros
+from fox_numba.kernels.mamba2 import (
+    A_LOG,
+    D_SKIP,
+    DT_BIAS,
+    MAX_HEAD_DIM,
+    MAX_STATE_DIM,
+    N_HEAD_PARAMS,
+    in_width,
+    mamba2_dt_grad,
+    mamba2_gate_backward,
+    mamba2_gate_forward,
+    mamba2_head_grad,
+    mamba2_scan_backward,
+    mamba2_scan_forward,
+)
+
+MAMBA2_PREFIX = "mamba2."
+IN_W, HEADS, OUT_W = f"{MAMBA2_PREFIX}in_proj.weight", f"{MAMBA2_PREFIX}heads", f"{MAMBA2_PREFIX}out_proj.weight"
+A_RANGE = (1.0, 16.0)
+"""-A is drawn uniformly from this range at initialisation."""
+DT_RANGE = (1e-3, 1e-1)
+"""dt = softplus(dt_bias) is drawn log-uniformly from this range at initialisation."""
+
+
+@dataclass(frozen=True)
+class Mamba2Dims:
+    """The block's sizes: windows of `seq_len` bars of `n_features` columns, `n_heads` heads of `head_dim` channels
+    with a `state_dim`-wide state, `d_out` output columns per bar."""
+
+    seq_len: int
+    n_features: int
+    n_heads: int
+    head_dim: int
+    state_dim: int
+    d_out: int
+
+    def __post_init__(self) -> None:
+        if (min(self.seq_len, self.n_features, self.n_heads, self.head_dim, self.state_dim, self.d_out) < 1
+                or self.head_dim > MAX_HEAD_DIM or self.state_dim > MAX_STATE_DIM):
+            raise ValueError(f"Mamba2Dims: every size must be >= 1, head_dim <= {MAX_HEAD_DIM} and state_dim <= "
+                             f"{MAX_STATE_DIM}; got {self}")
+
+    @property
+    def inner(self) -> int:
+        """Channels of all heads, H P."""
+        return self.n_heads * self.head_dim
+
+    @property
+    def width(self) -> int:
+        """Columns of the in-projection's output, 2HP + 2N + H."""
+        return in_width(self.n_heads, self.head_dim, self.state_dim)
+
+
+def mamba2_entries(dims: Mamba2Dims) -> list[tuple[str, tuple[int, ...], bool]]:
+    """(name, shape, decays) of the block's parameters, in layout order (module header)."""
+    return [(IN_W, (dims.n_features, dims.width), True), (HEADS, (N_HEAD_PARAMS, dims.n_heads), False),
+            (OUT_W, (dims.inner, dims.d_out), True)]
+
+
+def init_params(dims: Mamba2Dims, seed: int) -> dict[str, np.ndarray]:
+    """Seeded float32 initial values of every entry (module header); entry k draws from default_rng([seed, k])."""
+    out: dict[str, np.ndarray] = {}
+    for k, (name, shape, _) in enumerate(mamba2_entries(dims)):
+        rng = np.random.default_rng([seed % 2**63, k])
+        if name == HEADS:
+            heads = np.empty(shape)
+            heads[A_LOG] = np.log(rng.uniform(*A_RANGE, dims.n_heads))
+            heads[D_SKIP] = 1.0
+            dt = np.exp(rng.uniform(math.log(DT_RANGE[0]), math.log(DT_RANGE[1]), dims.n_heads))
+            heads[DT_BIAS] = dt + np.log(-np.expm1(-dt))  # softplus^-1(dt) = log(e^dt - 1)
+            out[name] = heads.astype(np.float32)
+        else:
+            bound = 1.0 / math.sqrt(shape[0])
+            out[name] = rng.uniform(-bound, bound, shape).astype(np.float32)
+    return out
+
+
+class Mamba2Block:
+    """Forward and backward of the block for `samples` windows (module header); buffers allocated once."""
+
+    def __init__(self, dims: Mamba2Dims, samples: int, *, dense: str = "auto", stream: Any) -> None:
+        if samples < 1:
+            raise ValueError(f"Mamba2Block: samples must be >= 1, got {samples}")
+        self.dims, self.samples, self.dense = dims, samples, dense_kind(dense, "Mamba2Block")
+        rows, hp = samples * dims.seq_len, dims.inner
+        self.rows = rows
+        self.zxbcdt = device_empty((rows, dims.width), np.float32)  # z | x | B | C | dt_raw
+        self.y = device_empty((rows, hp), np.float32)  # the scan's output, before the gate
+        self.gated = device_empty((rows, hp), np.float32)
+        self.out = device_empty((rows, dims.d_out), np.float32)
+        self.dgated = device_empty((rows, hp), np.float32)
+        self.dy = device_empty((rows, hp), np.float32)
+        self.carry = device_empty((rows, hp), np.float32)  # the scan backward's carried readout
+        self.dzxbcdt = device_empty((rows, dims.width), np.float32)
+        self.du = device_empty((rows, dims.n_features), np.float32)
+        self.part = device_empty((samples, N_HEAD_PARAMS * dims.n_heads), np.float32)  # per-sample head grads
+        self._zero_in = device_zeros(dims.width, np.float32, stream=stream)  # the projections' (absent) biases
+        self._zero_out = device_zeros(dims.d_out, np.float32, stream=stream)
+        self._db_in = device_empty(dims.width, np.float32)  # their gradients, discarded
+        self._db_out = device_empty(dims.d_out, np.float32)
+        self._wgrad_in = WeightGrad(self.dense, rows, dims.n_features, dims.width)
+        self._wgrad_out = WeightGrad(self.dense, rows, hp, dims.d_out)
+
+    def forward(self, p: dict[str, Any], u: Any, *, stream: Any) -> Any:
+        """out [S T, E] of the windows u [S T, F] (row s T + t: window s, bar t), kept in `out`; the intermediate
+        zxbcdt, y and gated stay for the backward."""
+        d = self.dims
+        dense_forward(self.dense, u, p[IN_W], self._zero_in, self.zxbcdt, relu=False, stream=stream)
+        mamba2_scan_forward(self.zxbcdt, p[HEADS], self.y, seq_len=d.seq_len, state_dim=d.state_dim, stream=stream)
+        mamba2_gate_forward(self.zxbcdt, self.y, self.gated, stream=stream)
+        dense_forward(self.dense, self.gated, p[OUT_W], self._zero_out, self.out, relu=False, stream=stream)
+        return self.out
+
+    def backward(self, p: dict[str, Any], u: Any, dout: Any, g: dict[str, Any], *, stream: Any) -> Any:
+        """After `forward(p, u)`: from dout [S T, E] = dL/d(out), the parameter gradients into the views `g` (same
+        names and shapes as `p`) and du = dL/du [S T, F], returned (kept in `du`)."""
+        d = self.dims
+        self._wgrad_out(self.gated, dout, g[OUT_W], self._db_out, stream=stream)
+        dense_backward_input(self.dense, dout, p[OUT_W], self.dgated, act=None, stream=stream)
+        mamba2_gate_backward(self.zxbcdt, self.y, self.dgated, self.dy, self.dzxbcdt, stream=stream)
+        mamba2_scan_backward(self.zxbcdt, p[HEADS], self.dy, self.carry, self.dzxbcdt, seq_len=d.seq_len,
+                             state_dim=d.state_dim, stream=stream)
+        mamba2_dt_grad(self.zxbcdt, p[HEADS], self.carry, self.dy, self.dzxbcdt, self.part, seq_len=d.seq_len,
+                       state_dim=d.state_dim, stream=stream)
+        mamba2_head_grad(self.part, g[HEADS], stream=stream)
+        self._wgrad_in(u, self.dzxbcdt, g[IN_W], self._db_in, stream=stream)
+        dense_backward_input(self.dense, self.dzxbcdt, p[IN_W], self.du, act=None, stream=stream)
+        return self.du

@@ -1,0 +1,388 @@
+"""TLOB dual-attention encoder (Berti & Kasneci 2025; agent/tlob.py): attention, residual layer norm, transposes.
+
+    attention_forward(qkv, out, lse, seq, stream=s)              out = softmax(Q K^T / sqrt(E)) V per (sample, head)
+    attention_backward(qkv, out, dout, lse, dqkv, seq, stream=s) dqkv = dL/d(Q, K, V) from dout = dL/dout
+    add_layer_norm_forward(x, a, gamma, beta, y, stats, stream=s)  y = LN(x + a) over the last axis
+    add_layer_norm_backward(dy, x, a, gamma, stats, dz, stream=s)  dz = dL/d(x + a)
+    LayerNormParamGrad(rows, width)(dy, x, a, stats, dgamma, dbeta, stream=s)   column sums, deterministic
+    batch_transpose(x, y, rows, stream=s)                        y[b*C + c, r] = x[b*R + r, c]   (R = rows)
+
+Attention layout: a batch of N sequences of S = seq tokens of width W = H * E (H heads of E columns). qkv [N*S, 3W]
+is the fused projection x @ W_qkv + b (a dense layer, agent/dense.py): row n*S + i is token i of sequence n, columns
+[0, W) Q, [W, 2W) K, [2W, 3W) V, head h at columns h*E .. h*E + E - 1 of each. out [N*S, W] has Q's column layout;
+lse [N*S, H] keeps each query row's log-sum-exp, m + ln(sum_j exp(s_j - m)), so the backward recomputes the
+probabilities P_ij = exp(s_ij - lse_i) (s = q k / sqrt(E)) instead of storing N*H*S*S of them (1 GiB at N = 16384,
+H = 4, S = 64). Backward (Dao et al., FlashAttention), with Delta_i = dO_i . O_i = sum_j P_ij dP_ij:
+
+    dV_j = sum_i P_ij dO_i,   dP_ij = dO_i . V_j,   dS_ij = P_ij (dP_ij - Delta_i),
+    dQ_i = sum_j dS_ij K_j / sqrt(E),   dK_j = sum_i dS_ij Q_i / sqrt(E)
+
+Layer norm over the last axis of z = x + a (the residual sum): y = (z - mu) rstd gamma + beta, rstd = 1 / sqrt(var
++ LN_EPS) (biased variance), stats [R, 2] = (mu, rstd) per row. Backward with g = dy gamma and xh = (z - mu) rstd:
+dz = rstd (g - mean(g) - xh mean(g xh)) (one array: dL/dx = dL/da = dz); dgamma = sum_rows dy xh, dbeta = sum_rows dy.
+
+Launch shapes and memory:
+- attention_forward / attention_backward: one block per (sequence, head), grid (N, H) (`launch_tiles`), threads
+  `attention_threads(S)` (S rounded up to a warp on the GPU, S under the simulator); thread t handles the query rows
+  (forward, backward pass 1) or key rows (backward pass 2) t, t + blockDim, ... Shared memory: two (MAX_SEQ,
+  MAX_HEAD) float32 tiles, K and V (the backward's second pass: Q pre-scaled and dO), and in the backward two
+  MAX_SEQ vectors (lse, Delta): 32 KB / 32.5 KB, under the 48 KB of static shared memory of a block; Q and the scores
+  as well (64 KB in all at S = E = 64) would not fit, so each thread keeps its own query / key row, probability row and
+  accumulators in local arrays (at most MAX_SEQ + 4 MAX_HEAD floats). In the inner loops every thread of a warp
+  reads the same tile element (a broadcast, no bank conflict). Softmax subtracts the row max; every sum is one
+  thread's chain in index order: no atomics, the same bits on every run and for any block size.
+- add_layer_norm_forward / _backward: one thread per row (W <= 64 columns, two passes in float32).
+- LayerNormParamGrad: one block per chunk of LN_CHUNK rows (`launch_tiles`), thread c sums column c over the chunk
+  in order into partial [chunk, 1, W] / [chunk, W]; then gemm.wgrad_reduce (the dense weight gradient's split
+  reducer, reused) adds the chunks in order.
+- batch_transpose: one thread per output element (`launch`).
+Constraints: S <= MAX_SEQ, E <= MAX_HEAD, float32 C-contiguous arrays; float32 literals throughout (a bare 0.0 is
+float64 on the GPU), one `cuda.shared.array` per source line (two on a line alias in the simulator).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+from numba import cuda, float32, int32
+
+from fox_numba.device.launch import check_array, i32, launch, launch_tiles
+from fox_numba.device.memory import device_empty
+from fox_numba.device.registry import register
+from fox_numba.device.runtime import SIMULATOR
+from fox_numba.kernels.gemm import wgrad_reduce
+
+MAX_SEQ = 64
+"""Most tokens per sequence (T snapshots in the time view, D features in the feature view)."""
+MAX_HEAD = 64
+"""Most columns per head."""
+LN_EPS = np.float32(1e-5)
+"""Added to the variance before the square root (PyTorch's LayerNorm default)."""
+LN_CHUNK = 256
+"""Rows per block of the layer-norm parameter gradient (16384 * 64 rows: 4096 chunks)."""
+WARP = 32
+
+_F1 = float32[::1]
+_F2 = float32[:, ::1]
+_F3 = float32[:, :, ::1]
+
+
+@register((_F2, _F2, _F2, int32, float32))
+@cuda.jit
+def attention_fwd_kernel(qkv, out, lse, seq, scale):
+    """out and lse of sequence blockIdx.x, head blockIdx.y (module header); thread t: query rows t, t + blockDim."""
+    n = cuda.blockIdx.x
+    h = cuda.blockIdx.y
+    tid = cuda.threadIdx.x
+    width = out.shape[1]
+    e_dim = width // lse.shape[1]
+    q0 = h * e_dim
+    base = n * seq
+    ks = cuda.shared.array((MAX_SEQ, MAX_HEAD), float32)
+    vs = cuda.shared.array((MAX_SEQ, MAX_HEAD), float32)
+    q = cuda.local.array(MAX_HEAD, float32)
+    p = cuda.local.array(MAX_SEQ, float32)
+    idx = tid
+    while idx < seq * e_dim:
+        j = idx // e_dim
+        e = idx - j * e_dim
+        ks[j, e] = qkv[base + j, width + q0 + e]
+        vs[j, e] = qkv[base + j, 2 * width + q0 + e]
+        idx += cuda.blockDim.x
+    cuda.syncthreads()
+    i = tid
+    while i < seq:
+        for e in range(e_dim):
+            q[e] = qkv[base + i, q0 + e] * scale
+        for j in range(seq):
+            s = float32(0.0)
+            for e in range(e_dim):
+                s += q[e] * ks[j, e]
+            p[j] = s
+        top = p[0]
+        for j in range(1, seq):
+            top = max(top, p[j])
+        total = float32(0.0)
+        for j in range(seq):
+            p[j] = math.exp(p[j] - top)
+            total += p[j]
+        inv = float32(1.0) / total
+        for e in range(e_dim):
+            acc = float32(0.0)
+            for j in range(seq):
+                acc += p[j] * vs[j, e]
+            out[base + i, q0 + e] = acc * inv
+        lse[base + i, h] = top + math.log(total)
+        i += cuda.blockDim.x
+
+
+@register((_F2, _F2, _F2, _F2, _F2, int32, float32))
+@cuda.jit
+def attention_bwd_kernel(qkv, out, dout, lse, dqkv, seq, scale):
+    """dQ, dK, dV of sequence blockIdx.x, head blockIdx.y into dqkv (module header): pass 1 a thread per query row
+    (dQ, Delta), pass 2 a thread per key row (dK, dV), both recomputing P from lse."""
+    n = cuda.blockIdx.x
+    h = cuda.blockIdx.y
+    tid = cuda.threadIdx.x
+    width = out.shape[1]
+    e_dim = width // lse.shape[1]
+    q0 = h * e_dim
+    base = n * seq
+    ta = cuda.shared.array((MAX_SEQ, MAX_HEAD), float32)  # pass 1: K; pass 2: Q * scale
+    tb = cuda.shared.array((MAX_SEQ, MAX_HEAD), float32)  # pass 1: V; pass 2: dO
+    lse_s = cuda.shared.array(MAX_SEQ, float32)
+    delta_s = cuda.shared.array(MAX_SEQ, float32)
+    ra = cuda.local.array(MAX_HEAD, float32)  # pass 1: q * scale; pass 2: k
+    rb = cuda.local.array(MAX_HEAD, float32)  # pass 1: dO; pass 2: v
+    ga = cuda.local.array(MAX_HEAD, float32)  # pass 1: dQ; pass 2: dK
+    gb = cuda.local.array(MAX_HEAD, float32)  # pass 2: dV
+    idx = tid
+    while idx < seq * e_dim:
+        j = idx // e_dim
+        e = idx - j * e_dim
+        ta[j, e] = qkv[base + j, width + q0 + e]
+        tb[j, e] = qkv[base + j, 2 * width + q0 + e]
+        idx += cuda.blockDim.x
+    cuda.syncthreads()
+    i = tid
+    while i < seq:
+        delta = float32(0.0)
+        for e in range(e_dim):
+            ra[e] = qkv[base + i, q0 + e] * scale
+            rb[e] = dout[base + i, q0 + e]
+            ga[e] = float32(0.0)
+            delta += rb[e] * out[base + i, q0 + e]
+        m = lse[base + i, h]
+        lse_s[i] = m
+        delta_s[i] = delta
+        for j in range(seq):
+            s = float32(0.0)
+            dp = float32(0.0)
+            for e in range(e_dim):
+                s += ra[e] * ta[j, e]
+                dp += rb[e] * tb[j, e]
+            ds = math.exp(s - m) * (dp - delta)
+            for e in range(e_dim):
+                ga[e] += ds * ta[j, e]
+        for e in range(e_dim):
+            dqkv[base + i, q0 + e] = ga[e] * scale
+        i += cuda.blockDim.x
+    cuda.syncthreads()  # every thread is done with K, V before Q, dO replace them
+    idx = tid
+    while idx < seq * e_dim:
+        j = idx // e_dim
+        e = idx - j * e_dim
+        ta[j, e] = qkv[base + j, q0 + e] * scale
+        tb[j, e] = dout[base + j, q0 + e]
+        idx += cuda.blockDim.x
+    cuda.syncthreads()
+    j = tid
+    while j < seq:
+        for e in range(e_dim):
+            ra[e] = qkv[base + j, width + q0 + e]
+            rb[e] = qkv[base + j, 2 * width + q0 + e]
+            ga[e] = float32(0.0)
+            gb[e] = float32(0.0)
+        for r in range(seq):
+            s = float32(0.0)
+            dp = float32(0.0)
+            for e in range(e_dim):
+                s += ta[r, e] * ra[e]
+                dp += tb[r, e] * rb[e]
+            pr = math.exp(s - lse_s[r])
+            ds = pr * (dp - delta_s[r])
+            for e in range(e_dim):
+                gb[e] += pr * tb[r, e]
+                ga[e] += ds * ta[r, e]
+        for e in range(e_dim):
+            dqkv[base + j, width + q0 + e] = ga[e]
+            dqkv[base + j, 2 * width + q0 + e] = gb[e]
+        j += cuda.blockDim.x
+
+
+@register((_F2, _F2, _F1, _F1, _F2, _F2))
+@cuda.jit
+def add_layer_norm_fwd_kernel(x, a, gamma, beta, y, stats):
+    """y[r] = LN(x[r] + a[r]) gamma + beta, stats[r] = (mu, rstd); one thread per row."""
+    r = cuda.grid(1)
+    if r < x.shape[0]:
+        w = x.shape[1]
+        s = float32(0.0)
+        for c in range(w):
+            s += x[r, c] + a[r, c]
+        mu = s / float32(w)
+        v = float32(0.0)
+        for c in range(w):
+            d = (x[r, c] + a[r, c]) - mu
+            v += d * d
+        rstd = float32(1.0) / math.sqrt(v / float32(w) + LN_EPS)
+        for c in range(w):
+            y[r, c] = ((x[r, c] + a[r, c]) - mu) * rstd * gamma[c] + beta[c]
+        stats[r, 0] = mu
+        stats[r, 1] = rstd
+
+
+@register((_F2, _F2, _F2, _F1, _F2, _F2))
+@cuda.jit
+def add_layer_norm_bwd_kernel(dy, x, a, gamma, stats, dz):
+    """dz[r] = rstd (g - mean(g) - xh mean(g xh)), g = dy gamma, xh the normalised x + a; one thread per row."""
+    r = cuda.grid(1)
+    if r < x.shape[0]:
+        w = x.shape[1]
+        mu = stats[r, 0]
+        rstd = stats[r, 1]
+        m1 = float32(0.0)
+        m2 = float32(0.0)
+        for c in range(w):
+            g = dy[r, c] * gamma[c]
+            m1 += g
+            m2 += g * (((x[r, c] + a[r, c]) - mu) * rstd)
+        m1 /= float32(w)
+        m2 /= float32(w)
+        for c in range(w):
+            xh = ((x[r, c] + a[r, c]) - mu) * rstd
+            dz[r, c] = rstd * (dy[r, c] * gamma[c] - m1 - xh * m2)
+
+
+@register((_F2, _F2, _F2, _F2, _F3, _F2, int32))
+@cuda.jit
+def layer_norm_param_partials_kernel(dy, x, a, stats, pg, pb, chunk):
+    """pg[k, 0, c] = sum dy xh and pb[k, c] = sum dy over the rows of chunk k = blockIdx.x, in order; thread c."""
+    k = cuda.blockIdx.x
+    rows = x.shape[0]
+    r0 = k * chunk
+    r1 = min(r0 + chunk, rows)
+    c = cuda.threadIdx.x
+    while c < x.shape[1]:
+        sg = float32(0.0)
+        sb = float32(0.0)
+        for r in range(r0, r1):
+            xh = ((x[r, c] + a[r, c]) - stats[r, 0]) * stats[r, 1]
+            sg += dy[r, c] * xh
+            sb += dy[r, c]
+        pg[k, 0, c] = sg
+        pb[k, c] = sb
+        c += cuda.blockDim.x
+
+
+@register((_F2, _F2, int32))
+@cuda.jit
+def batch_transpose_kernel(x, y, rows):
+    """y[b*C + c, r] = x[b*R + r, c] for x [B*R, C] (R = rows), one thread per element of y."""
+    i = cuda.grid(1)
+    if i < y.shape[0] * rows:
+        out_row = i // rows
+        r = i - out_row * rows
+        cols = x.shape[1]
+        b = out_row // cols
+        c = out_row - b * cols
+        y[out_row, r] = x[b * rows + r, c]
+
+
+def _round_threads(n: int) -> int:
+    """Threads of a block that loops over n rows or columns: n rounded up to a warp on the GPU, n under the
+    simulator (which pays per thread)."""
+    return n if SIMULATOR else -(-n // WARP) * WARP
+
+
+def attention_threads(seq: int) -> int:
+    """Threads per (sequence, head) block of the attention kernels."""
+    return _round_threads(seq)
+
+
+def _attention_shape(qkv: Any, out: Any, lse: Any, seq: int) -> tuple[int, int]:
+    """(sequences N, heads H) of a checked qkv [N*S, 3W], out [N*S, W], lse [N*S, H]."""
+    rows, width = (int(d) for d in out.shape)
+    n_heads = int(lse.shape[1]) if len(lse.shape) == 2 else 0
+    if not 1 <= seq <= MAX_SEQ or rows % seq or n_heads < 1 or width % n_heads or width // n_heads > MAX_HEAD:
+        raise ValueError(f"attention: out {tuple(out.shape)}, lse {tuple(lse.shape)}, seq {seq}: need rows = N * seq, "
+                         f"seq <= {MAX_SEQ}, width = heads * E with E <= {MAX_HEAD}")
+    check_array("qkv", qkv, "[N*S, 3W]", (rows, 3 * width))
+    check_array("out", out, "[N*S, W]", (rows, width))
+    check_array("lse", lse, "[N*S, H]", (rows, n_heads))
+    return rows // seq, n_heads
+
+
+def _scale(width: int, n_heads: int) -> np.float32:
+    return np.float32(1.0 / math.sqrt(width // n_heads))
+
+
+def attention_forward(qkv: Any, out: Any, lse: Any, seq: int, *, stream: Any) -> None:
+    """out [N*S, W] = softmax(Q K^T / sqrt(E)) V per sequence and head, lse [N*S, H] its log-sum-exps."""
+    n_seqs, n_heads = _attention_shape(qkv, out, lse, seq)
+    launch_tiles(attention_fwd_kernel, (n_seqs, n_heads), attention_threads(seq), qkv, out, lse, i32(seq),
+                 _scale(int(out.shape[1]), n_heads), stream=stream)
+
+
+def attention_backward(qkv: Any, out: Any, dout: Any, lse: Any, dqkv: Any, seq: int, *, stream: Any) -> None:
+    """dqkv [N*S, 3W] = dL/d(Q, K, V) from dout [N*S, W] = dL/dout and the forward's qkv, out and lse."""
+    n_seqs, n_heads = _attention_shape(qkv, out, lse, seq)
+    check_array("dout", dout, "[N*S, W]", tuple(int(d) for d in out.shape))
+    check_array("dqkv", dqkv, "[N*S, 3W]", tuple(int(d) for d in qkv.shape))
+    launch_tiles(attention_bwd_kernel, (n_seqs, n_heads), attention_threads(seq), qkv, out, dout, lse, dqkv,
+                 i32(seq), _scale(int(out.shape[1]), n_heads), stream=stream)
+
+
+def _check_norm(x: Any, a: Any, stats: Any, gamma: Any) -> tuple[int, int]:
+    rows, width = (int(d) for d in x.shape)
+    check_array("x", x, "[R, W]", (rows, width))
+    check_array("a", a, "[R, W]", (rows, width))
+    check_array("stats", stats, "[R, 2]", (rows, 2))
+    check_array("gamma", gamma, "[W]", (width,))
+    return rows, width
+
+
+def add_layer_norm_forward(x: Any, a: Any, gamma: Any, beta: Any, y: Any, stats: Any, *, stream: Any) -> None:
+    """y [R, W] = LN(x + a) gamma + beta over the last axis; stats [R, 2] = (mean, 1 / std) per row."""
+    rows, width = _check_norm(x, a, stats, gamma)
+    check_array("beta", beta, "[W]", (width,))
+    check_array("y", y, "[R, W]", (rows, width))
+    launch(add_layer_norm_fwd_kernel, rows, x, a, gamma, beta, y, stats, stream=stream)
+
+
+def add_layer_norm_backward(dy: Any, x: Any, a: Any, gamma: Any, stats: Any, dz: Any, *, stream: Any) -> None:
+    """dz [R, W] = dL/d(x + a) from dy = dL/dy and the forward's x, a, gamma, stats."""
+    rows, width = _check_norm(x, a, stats, gamma)
+    check_array("dy", dy, "[R, W]", (rows, width))
+    check_array("dz", dz, "[R, W]", (rows, width))
+    launch(add_layer_norm_bwd_kernel, rows, dy, x, a, gamma, stats, dz, stream=stream)
+
+
+class LayerNormParamGrad:
+    """dgamma = sum_rows dy xh and dbeta = sum_rows dy for a fixed (rows, width), deterministically; the chunk
+    partials are allocated here, once, so calls can be captured."""
+
+    def __init__(self, rows: int, width: int, *, chunk: int = LN_CHUNK) -> None:
+        if min(rows, width, chunk) < 1:
+            raise ValueError(f"LayerNormParamGrad: rows={rows}, width={width}, chunk={chunk} must be positive")
+        self.rows, self.width, self.chunk = rows, width, chunk
+        self.splits = -(-rows // chunk)
+        self.partial_g = device_empty((self.splits, 1, width), np.float32)
+        self.partial_b = device_empty((self.splits, width), np.float32)
+
+    def __call__(self, dy: Any, x: Any, a: Any, stats: Any, dgamma: Any, dbeta: Any, *, stream: Any) -> None:
+        """dgamma [W], dbeta [W] of the layer norm of x + a, from dy = dL/dy."""
+        rows, width = self.rows, self.width
+        check_array("dy", dy, "[R, W]", (rows, width))
+        check_array("x", x, "[R, W]", (rows, width))
+        check_array("a", a, "[R, W]", (rows, width))
+        check_array("stats", stats, "[R, 2]", (rows, 2))
+        check_array("dgamma", dgamma, "[W]", (width,))
+        check_array("dbeta", dbeta, "[W]", (width,))
+        launch_tiles(layer_norm_param_partials_kernel, (self.splits,), _round_threads(width), dy, x, a, stats,
+                     self.partial_g, self.partial_b, i32(self.chunk), stream=stream)
+        launch(wgrad_reduce, 2 * width, self.partial_g, self.partial_b, dgamma.reshape((1, width)), dbeta,
+               i32(self.splits), stream=stream)
+
+
+def batch_transpose(x: Any, y: Any, rows: int, *, stream: Any) -> None:
+    """y [B*C, R] = the per-sample transpose of x [B*R, C] (R = rows): the time view [B*T, D] to the feature view
+    [B*D, T] with rows = T, back with rows = D, and each backward likewise."""
+    n_rows, cols = (int(d) for d in x.shape)
+    if rows < 1 or n_rows % rows:
+        raise ValueError(f"batch_transpose: x has {n_rows} rows, not a multiple of rows={rows}")
+    check_array("x", x, "[B*R, C]", (n_rows, cols))
+    check_array("y", y, "[B*C, R]", (n_rows // rows * cols, rows))
+    launch(batch_transpose_kernel, n_rows * cols, x, y, i32(rows), stream=stream)
