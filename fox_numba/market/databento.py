@@ -5,7 +5,7 @@ block's bytes viewed as a numpy structured array (DBN records are fixed-size C s
 record. Of each block only the chosen instrument's records and the fields the store needs are kept, the flags'
 decisions are taken (carrying across blocks what they need of the next record), and the rows are split into
 trading days, validated and appended to a staging file per input file (`stage_file`, `staging.PartWriter`), so
-memory holds a block and a chunk per day, never a day or a file. A Ray cluster can stage the files in parallel
+memory holds a block and a chunk, never a day or a file. A Ray cluster can stage the files in parallel
 (`importer`); the days are then assembled, checked across files and schemas and written by one process.
 
 Decisions:
@@ -266,8 +266,11 @@ def _most_records(f: DbnFile, per_id: Mapping[int, int]) -> tuple[str, str]:
 
 
 def _per_id(block: np.ndarray) -> Counter:
-    """Records per instrument_id of a block."""
-    ids, n = np.unique(block["instrument_id"], return_counts=True)
+    """Records per instrument_id of a block (a block of one instrument, the common case, is not sorted)."""
+    ids = block["instrument_id"]
+    if ids.size and (ids == ids[0]).all():
+        return Counter({int(ids[0]): ids.size})
+    ids, n = np.unique(ids, return_counts=True)
     return Counter(dict(zip(ids.tolist(), n.tolist(), strict=True)))
 
 
@@ -320,7 +323,7 @@ def stage_file(task: FileTask) -> FileResult:
 
     Each block is decoded, filtered to the instrument, passed through the flags' decisions (`_FileRows`) and
     split into trading days, and each day's rows are validated and appended to `task.staged`
-    (`staging.PartWriter`): memory holds a block and a chunk per day, never a day. A failure is returned in
+    (`staging.PartWriter`): memory holds a block and a chunk, never a day. A failure is returned in
     the result; after one, the rest of a zstd file is still decoded so that a damaged stream is what is
     reported (a corrupt block can decode to values that fail validation first).
     """
@@ -333,8 +336,8 @@ def stage_file(task: FileTask) -> FileResult:
         with h5py.File(task.staged, "w") as h5:
             writers: dict[str, PartWriter] = {}
             for block in blocks:
-                _stage(rows.feed(block), writers, h5, task, label)
-            _stage(rows.finish(), writers, h5, task, label)
+                _stage(rows.feed(block), writers, result.days, h5, task, label)
+            _stage(rows.finish(), writers, result.days, h5, task, label)
             for day, writer in writers.items():
                 result.days[day] = writer.close()
         if not rows.seen:
@@ -353,14 +356,25 @@ def stage_file(task: FileTask) -> FileResult:
     return result
 
 
-def _stage(rows: Sourced | None, writers: dict[str, PartWriter], h5: h5py.File, task: FileTask, label: str) -> None:
-    """Split `rows` (in time order) into trading days and append each day's run to its writer."""
+def _stage(
+    rows: Sourced | None, writers: dict[str, PartWriter], done: dict[str, int], h5: h5py.File, task: FileTask,
+    label: str,
+) -> None:  # fmt: skip
+    """Split `rows` (in time order) into trading days and append each day's run to its writer; the writers of
+    the days before a new one are closed (`done`: their rows), as no later row is theirs."""
     if rows is None or rows.record.size == 0:
         return
-    day_names, day_idx = assign_days(rows.data.ts_event, task.instrument)
+    ts = rows.data.ts_event
+    for writer in writers.values():  # rows inside the open writer's day (the common case) need no split
+        if writer.bounds[0] <= ts[0] and ts[-1] < writer.bounds[1]:
+            writer.append(rows)
+            return
+    day_names, day_idx = assign_days(ts, task.instrument)
     ends = np.searchsorted(day_idx, np.arange(1, len(day_names) + 1))  # rows are in time order: days are runs
     for day, a, b in zip(day_names, np.r_[0, ends[:-1]], ends, strict=True):
         if day not in writers:
+            for earlier in list(writers):
+                done[earlier] = writers.pop(earlier).close()
             writers[day] = PartWriter(
                 h5, day, task.file.schema, label, task.name, task.instrument, compression=task.compression,
                 pad=task.offsets.get(day, 0),
@@ -430,7 +444,8 @@ class _FileRows:
                 )
                 late = InputError(f.path, message, field=self.index, row=self.offset + int(beyond[0]))
             self.last = max(int(index.max()), self.last or 0)
-        mine = np.flatnonzero(np.isin(block["instrument_id"], self.ids))
+        ids = block["instrument_id"]
+        mine = np.flatnonzero(ids == self.ids[0] if len(self.ids) == 1 else np.isin(ids, self.ids))
         cols, records = _columns(block, _run_or_index(mine), f.schema), mine + self.offset
         self.offset += block.size
         self.seen |= bool(mine.size)
@@ -739,13 +754,14 @@ def _zstd_complete(fh: BinaryIO) -> bool:
     """Whether a zstd file is whole frames to its last byte, read from the frame and block headers only.
 
     The decoder yields the records of a cut-short stream without complaint; an interrupted download
-    must not pass for a day that ended early.
+    must not pass for a day that ended early. Each header is read with one `pread` (a seek and a read through the
+    file object's buffer cost a syscall more and a buffer's worth of bytes, per zstd block of at most 128 KiB).
     """
     size = fh.seek(0, 2)
+    fd = fh.fileno()
     pos = 0
     while pos < size:
-        fh.seek(pos)
-        head = fh.read(8)
+        head = os.pread(fd, 8, pos)
         magic = int.from_bytes(head[:4], "little")
         if 0x184D2A50 <= magic <= 0x184D2A5F:  # a skippable frame
             pos += 8 + int.from_bytes(head[4:8], "little")
@@ -758,8 +774,7 @@ def _zstd_complete(fh: BinaryIO) -> bool:
         pos += 5 + (1 - single_segment) + (0, 1, 2, 4)[descriptor & 3] + content_size
         last = 0
         while not last:
-            fh.seek(pos)
-            block = fh.read(3)
+            block = os.pread(fd, 3, pos)
             if len(block) < 3:
                 return False
             header = int.from_bytes(block, "little")

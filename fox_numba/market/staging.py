@@ -6,8 +6,8 @@ dataset per store column plus `record` (each row's record number in the input fi
 chunk's sha256, per column) and for trades `built/`: the bars built from them. The columns are chunked and compressed
 as the store's, and where one process stages the files in order a part that continues a day is staged in line with
 the day's chunks (`PartWriter`), so that committing a day copies its chunks as they are stored, and takes its digest
-from their hashes: the day is compressed once and never read back. Memory holds a block and less than a chunk per
-day, never a day.
+from their hashes: the day is compressed once and never read back. Memory holds a block and a chunk buffer (that of
+the day being staged: a file's earlier days are closed once a later one starts), never a day.
 
 One process then takes the days in order (`StagedDay`, its parts in file order) and commits each into the store
 being written (`commit_day`): the checks that need more than one part are made there from a few rows of each
@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import itertools
 import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -35,6 +34,7 @@ import numpy as np
 
 from fox_numba.errors import InputError
 from fox_numba.io import running_process, temporary_path
+from fox_numba.market.calendar import day_bounds
 from fox_numba.market.schema import DTYPES, SCHEMA_TYPES, Bars, Instrument, MarketDay, Mbp10, Trades, columns
 from fox_numba.market.sources import Sourced, bars_sourced, concat, validate_sourced
 from fox_numba.market.store import (
@@ -79,12 +79,12 @@ def staging_folder(store: Path) -> Iterator[Path]:
 
 class PartWriter:
     """One schema of one trading day from one input file: rows validated as they come (each block with the row
-    before it, so pairs across blocks are checked) and appended to the staging file in whole chunks of the store's
-    size, compressed as the store compresses them (`compression`) and hashed (`HASHES`), so the store takes each
-    chunk as it is (`_copy`). `pad`: rows of the day staged before this part (by earlier files), known where one
-    process stages the files in order; the part's first row is then staged at row `pad % CHUNK_ROWS`, so that its
-    chunks are the day's (a Ray task does not know it: 0, and the chunks of a part that does not start the day are
-    read and written again)."""
+    before it, so pairs across blocks are checked) and copied into a buffer of one chunk per column, which is
+    appended to the staging file when it is whole (no joins of blocks), compressed as the store compresses it
+    (`compression`) and hashed (`HASHES`), so the store takes each chunk as it is (`_copy`). `pad`:
+    rows of the day staged before this part (by earlier files), known where one process stages the files in order;
+    the part's first row is then staged at row `pad % CHUNK_ROWS`, so that its chunks are the day's (a Ray task
+    does not know it: 0, and the chunks of a part that does not start the day are read and written again)."""
 
     def __init__(
         self, h5: h5py.File, day: str, schema: str, label: str, contract: str, instrument: Instrument, *,
@@ -94,10 +94,14 @@ class PartWriter:
         self.compression, self.pad = compression, pad % CHUNK_ROWS
         self.group.attrs[PAD] = self.pad
         self.day, self.schema, self.contract, self.instrument = day, schema, contract, instrument
+        self.bounds = day_bounds(day, instrument)
+        """[start, end) of the day, UTC ns (`calendar.day_bounds`): rows inside it are this writer's."""
         self.labels = {schema: label}
-        self.buffer: list[Sourced] = []
-        self.buffered = 0
         self.rows = 0
+        self.filled = 0
+        """Rows in the chunk buffers, which hold file rows `pad + rows` on (from buffer row `(pad + rows) %
+        CHUNK_ROWS`: only the first chunk starts inside the buffer)."""
+        self.buffers: dict[str, np.ndarray] = {}
         self.last: Sourced | None = None
         self.built: Sourced | None = None
         self.datasets: dict[str, h5py.Dataset] = {}
@@ -113,15 +117,22 @@ class PartWriter:
         self.last = rows.take(np.arange(n - 1, n))
         if self.schema == "trades":
             self.built = merge_bars(self.built, bars_sourced(rows))
-        self.buffer.append(rows)
-        self.buffered += n
-        ready = (self.pad + self.rows + self.buffered) // CHUNK_ROWS * CHUNK_ROWS - self.pad - self.rows
-        if ready > 0:
-            self._flush(ready)
+        values = (*columns(rows.data).items(), (RECORD, rows.record))
+        k = 0
+        while k < n:
+            at = (self.pad + self.rows) % CHUNK_ROWS + self.filled
+            take = min(n - k, CHUNK_ROWS - at)
+            for name, column in values:
+                self._buffer(name, column)[at : at + take] = column[k : k + take]
+            self.filled += take
+            k += take
+            if at + take == CHUNK_ROWS:
+                self._flush()
 
     def close(self) -> int:
-        """Write what is buffered (and the built bars); return the rows staged."""
-        self._flush(self.buffered)
+        """Write what is buffered (and the built bars), free the buffers; return the rows staged."""
+        self._flush()
+        self.buffers = {}
         for name, digests in self.hashes.items():
             self.group.require_group(HASHES)[name] = np.frombuffer(b"".join(digests), dtype=np.uint8).reshape(-1, 32)
         if self.built is not None:
@@ -134,22 +145,27 @@ class PartWriter:
     def _validate(self, rows: Sourced) -> None:
         validate_sourced(self.day, {self.schema: rows}, self.instrument, self.labels, self.contract)
 
-    def _flush(self, n: int) -> None:
-        """Append the first `n` buffered rows (up to a chunk boundary, or the last rows) and their chunks' hashes;
-        keep the rest (a copy, so the blocks they came from are freed)."""
-        if n == 0:
+    def _buffer(self, name: str, column: np.ndarray) -> np.ndarray:
+        """The chunk buffer of column `name`, made on first use."""
+        if name not in self.buffers:
+            self.buffers[name] = np.empty((CHUNK_ROWS, *column.shape[1:]), dtype=column.dtype)
+        return self.buffers[name]
+
+    def _flush(self) -> None:
+        """Append the buffered rows (up to a chunk boundary, or the part's last rows) and their chunk's hash."""
+        if self.filled == 0:
             return
-        rows = joined(self.buffer)
-        head, tail = rows.take(slice(0, n)), rows.take(np.arange(n, len(rows.record)))
         at = self.pad + self.rows
-        for name, values in (*columns(head.data).items(), (RECORD, head.record)):
+        a = at % CHUNK_ROWS
+        for name, buffer in self.buffers.items():
+            values = buffer[a : a + self.filled]
             ds = self._dataset(name, values)
-            ds.resize(at + n, axis=0)
+            ds.resize(at + self.filled, axis=0)
             ds[at:] = values
             if name != RECORD:
-                self.hashes[name].extend(_chunk_hashes(values, at))
-        self.rows += n
-        self.buffer, self.buffered = ([tail] if len(tail.record) else []), len(tail.record)
+                self.hashes[name].append(hashlib.sha256(values).digest())
+        self.rows += self.filled
+        self.filled = 0
 
     def _dataset(self, name: str, values: np.ndarray) -> h5py.Dataset:
         """The staged column `name`, created (empty, chunked and compressed as the store's) on first use."""
@@ -161,14 +177,6 @@ class PartWriter:
             )  # fmt: skip
             self.hashes.setdefault(name, [])
         return self.datasets[name]
-
-
-def _chunk_hashes(values: np.ndarray, at: int) -> list[bytes]:
-    """The sha256 of `values` (staged from row `at`; they end at a chunk boundary or at the part's end) cut at the
-    chunk boundaries: one per staged chunk (the first chunk's: of the part's rows in it)."""
-    first = -at % CHUNK_ROWS or CHUNK_ROWS
-    edges = [0, *range(min(first, len(values)), len(values), CHUNK_ROWS), len(values)]
-    return [hashlib.sha256(np.ascontiguousarray(values[a:b])).digest() for a, b in itertools.pairwise(edges)]
 
 
 def merge_bars(a: Sourced | None, b: Sourced) -> Sourced:
@@ -351,7 +359,7 @@ def check_stored_day(store: MarketStore, day: str) -> None:
                     row = block.locate(e.row)[1]
                     raise InputError(e.path, e.reason, group=e.group, field=e.field, row=row) from None
             before = chunk.take(np.arange(len(chunk.record) - 1, len(chunk.record)))
-            del chunk, block  # before the next chunk is read
+            del chunk, block, market_day  # before the next chunk is read
     if "trades" in rows and "mbp10" in rows and rows["trades"].n:
         _check_inside_book(rows["trades"], rows["mbp10"], store.instrument, day, {})
     if "bars" in rows and "trades" in rows:
@@ -447,6 +455,7 @@ def _copy(rows: _Rows, group: h5py.Group, compression: str) -> dict[str, ColumnH
         for name, (source, _) in part.items():
             if _filters(source) != _filters(out[name]):
                 raise ValueError(f"{source.name}: staged with other filters than the store's {compression}")
+    buffer = np.empty(0, dtype=np.uint8)  # the stored chunk read into one buffer: no bytes allocated per chunk
     for at in range(0, rows.n, CHUNK_ROWS):
         count = min(CHUNK_ROWS, rows.n - at)
         seg = int(np.searchsorted(rows.starts, at, side="right")) - 1
@@ -454,7 +463,11 @@ def _copy(rows: _Rows, group: h5py.Group, compression: str) -> dict[str, ColumnH
         if local % CHUNK_ROWS == 0 and local + count <= rows.pads[seg] + rows.sizes[seg]:  # the part's chunk
             for name, ds in out.items():
                 source, digests = staged[seg][name]
-                mask, raw = source.id.read_direct_chunk((local, *(0,) * (source.ndim - 1)))
+                where = (local, *(0,) * (source.ndim - 1))
+                size = source.id.get_chunk_info_by_coord(where).size
+                if size > buffer.size:
+                    buffer = np.empty(size, dtype=np.uint8)
+                mask, raw = source.id.read_direct_chunk(where, out=buffer)
                 ds.id.write_direct_chunk((at, *(0,) * (ds.ndim - 1)), raw, mask)
                 hashes[name].add_digest(digests[local // CHUNK_ROWS].tobytes(), count)
             continue

@@ -254,6 +254,52 @@ def _check_bars(bars: Bars, where: RowWhere) -> None:
 
 
 def _check_book(book: Mbp10, day: str, instrument: Instrument, where: RowWhere) -> None:
+    """The level rules, a crossed book after the open, duplicate rows. The level checks, which name a fault,
+    run only where one cheaper pass (`_levels_faulty`) finds one."""
+    if _levels_faulty(book):
+        _check_levels(book, where)
+    _check_cross(book, day, instrument, where)
+    tie = book.ts_event[1:] == book.ts_event[:-1]
+    ties = np.flatnonzero(tie)
+    if ties.size == 0:
+        return
+    cols = [getattr(book, n) for n in BOOK_FIELDS]
+    if 4 * ties.size < tie.size:  # few rows share a ts_event (only they can be duplicates): those compared alone
+        differs = cols[0][ties + 1] != cols[0][ties]
+        for col in cols[1:]:
+            differs |= col[ties + 1] != col[ties]
+        tie[ties] = ~differs.any(axis=1)
+    else:
+        tie &= equals_previous(cols)
+    where.check(np.r_[False, tie], "ts_event", "duplicate row (same ts_event and book as the row before)")
+
+
+def _levels_faulty(book: Mbp10) -> bool:
+    """Whether any row breaks a rule `_check_levels` checks (which then runs, to name the first fault), in fewer
+    passes: a side without an empty level (the common case) only needs its minimum price and size and its order;
+    one with empty levels gets the rules' masks joined and reduced once."""
+    if book.bid_px.size == 0:
+        return False
+    for side in ("bid", "ask"):
+        px, sz, ct = (getattr(book, f"{side}_{k}") for k in ("px", "sz", "ct"))
+        empty = px == UNDEF_PRICE
+        order = px[:, 1:] >= px[:, :-1] if side == "bid" else px[:, 1:] <= px[:, :-1]
+        if not empty.any():
+            if px.min() <= 0 or sz.min() == 0 or order.any():
+                return True
+            continue
+        bad = px <= 0
+        bad |= (sz == 0) != empty  # an empty level with a size, or a priced one without
+        bad |= empty & (ct != 0)
+        bad[:, 1:] |= empty[:, :-1] > empty[:, 1:]  # a priced level below an empty one
+        bad[:, 1:] |= order & ~(empty[:, 1:] | empty[:, :-1])
+        if bad.any():
+            return True
+    return False
+
+
+def _check_levels(book: Mbp10, where: RowWhere) -> None:
+    """Each level rule in turn, failing at its first offending row and level."""
     for side in ("bid", "ask"):
         px, sz, ct = (getattr(book, f"{side}_{k}") for k in ("px", "sz", "ct"))
         empty = px == UNDEF_PRICE
@@ -270,10 +316,6 @@ def _check_book(book: Mbp10, day: str, instrument: Instrument, where: RowWhere) 
         bad[:, 1:] = both & order
         word = "falling" if side == "bid" else "rising"
         where.check(bad, f"{side}_px", f"{side} prices are not strictly {word} with depth")
-    _check_cross(book, day, instrument, where)
-    if book.ts_event.size > 1:
-        same = (book.ts_event[1:] == book.ts_event[:-1]) & equals_previous([getattr(book, n) for n in BOOK_FIELDS])
-        where.check(np.r_[False, same], "ts_event", "duplicate row (same ts_event and book as the row before)")
 
 
 def equals_previous(cols: Sequence[np.ndarray]) -> np.ndarray:

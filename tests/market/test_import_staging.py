@@ -370,3 +370,34 @@ def test_the_earliest_file_is_decoded_once_and_its_records_choose_the_instrument
     with MarketStore(tmp_path / "mixed.h5") as store:
         assert store.instrument.symbol == "ES"
         np.testing.assert_array_equal(store.read_day(DAY).trades.ts_event, trades["ts_event"][150:])
+
+
+@pytest.mark.parametrize(("inputs", "compression"), [("generated", "none"), ("fixture", "lzf")])
+def test_the_block_size_does_not_change_the_store_bit_for_bit(tmp_path, monkeypatch, inputs, compression):
+    """Blocks of a few records (rows staged into a chunk from many blocks, the flags' held records crossing every
+    block) give the store that blocks of `_CHUNK` bytes give: every dataset's layout, filters and bytes and every
+    attribute, the digests included, and (uncompressed) every stored chunk as it is stored (LZF's stored bytes are
+    not repeatable from one run to the next). Inputs: a day over two files and three store chunks, and the
+    committed ESU4 trades and ohlcv-1m files."""
+    if inputs == "generated":
+        files, _, _ = day_files(tmp_path, 2 * CHUNK_ROWS + 5000, 20_001)
+    else:
+        files = [Path(__file__).parents[1] / "fixtures" / "databento_esu4_20240701"]
+    large = import_market(files, tmp_path / "large.h5", compression=compression)
+    monkeypatch.setattr(databento, "_CHUNK", 5000)  # 13 MBP-10 or 104 trade records
+    small = import_market(files, tmp_path / "small.h5", compression=compression)
+    assert small.rows == large.rows and small.notes == large.notes
+    with h5py.File(tmp_path / "large.h5") as a, h5py.File(tmp_path / "small.h5") as b:
+        assert dict(a.attrs) == dict(b.attrs)
+        names = _names(a)
+        assert names == _names(b)
+        for name in names:
+            assert {k: str(v) for k, v in a[name].attrs.items()} == {k: str(v) for k, v in b[name].attrs.items()}, name
+            if isinstance(a[name], h5py.Dataset):
+                x, y = a[name], b[name]
+                layout = ("dtype", "shape", "chunks", "compression", "shuffle", "maxshape")
+                assert [getattr(x, p) for p in layout] == [getattr(y, p) for p in layout], name
+                assert x[()].tobytes() == y[()].tobytes(), name
+                for k in range(x.id.get_num_chunks() if x.chunks and compression == "none" else 0):
+                    at = x.id.get_chunk_info(k).chunk_offset
+                    assert x.id.read_direct_chunk(at) == y.id.read_direct_chunk(at), (name, at)

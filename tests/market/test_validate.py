@@ -10,7 +10,15 @@ from fox_numba.errors import InputError
 from fox_numba.market.bars import bars_from_trades
 from fox_numba.market.calendar import day_bounds, session_bounds
 from fox_numba.market.schema import NS_PER_MINUTE, UNDEF_PRICE, Instrument, MarketDay, Mbp10, Trades, to_fixed
-from fox_numba.market.validate import UNDEF_TIMESTAMP, equals_previous, validate_day, validate_instrument
+from fox_numba.market.validate import (
+    UNDEF_TIMESTAMP,
+    RowWhere,
+    _check_levels,
+    _levels_faulty,
+    equals_previous,
+    validate_day,
+    validate_instrument,
+)
 
 INST = Instrument()
 DAY = "2024-07-02"
@@ -293,3 +301,46 @@ def test_validating_a_synthetic_sized_day_takes_well_under_a_second():
     started = time.perf_counter()
     validate_day(day, INST, "m.h5")
     assert time.perf_counter() - started < 1.0
+
+
+def test_duplicate_rows_among_many_rows_at_one_instant():
+    """Where most rows share their ts_event with the row before (the whole book compared), a repeated row is still
+    the one named; a book whose rows at one instant all differ passes."""
+    day = make_day()
+    day.mbp10.ts_event[1::2] = day.mbp10.ts_event[0::2]
+    validate_day(day, INST, "m.h5")
+    for name in ("bid_px", "ask_px", "bid_sz", "ask_sz", "bid_ct", "ask_ct"):
+        getattr(day.mbp10, name)[7] = getattr(day.mbp10, name)[6]
+    rejects(day, BOOK, "ts_event", 7, "duplicate row")
+
+
+def test_the_joined_level_check_finds_every_book_the_level_checks_reject():
+    """`_levels_faulty` (one pass, deciding whether `_check_levels` runs) flags a book exactly when the checks that
+    name the fault reject it: books with random faults (empty, zero, negative or out-of-order values, one to three
+    per book) and valid ones, one-sided and partly empty books included."""
+    rng = np.random.default_rng(7)
+    where = RowWhere("m.h5", "mbp10", DAY, INST.timezone)
+    rejected = 0
+    for trial in range(600):
+        book = make_day(6).mbp10
+        if trial % 5 == 0:  # the deeper levels of a side empty
+            side, depth = ("bid", "ask")[trial % 2], int(rng.integers(0, 10))
+            getattr(book, f"{side}_px")[:, depth:] = UNDEF_PRICE
+            getattr(book, f"{side}_sz")[:, depth:] = 0
+            getattr(book, f"{side}_ct")[:, depth:] = 0
+        for _ in range(int(rng.integers(0, 4))):
+            name = ("bid_px", "ask_px", "bid_sz", "ask_sz", "bid_ct", "ask_ct")[int(rng.integers(0, 6))]
+            column, row, level = getattr(book, name), int(rng.integers(0, 6)), int(rng.integers(0, 10))
+            if name.endswith("px"):
+                other = int(column[row, int(rng.integers(0, 10))])
+                column[row, level] = rng.choice([UNDEF_PRICE, 0, -TICK, other, min(other + TICK, UNDEF_PRICE)])
+            else:
+                column[row, level] = rng.choice([0, 1, 7])
+        try:
+            _check_levels(book, where)
+            faulty = False
+        except InputError:
+            faulty = True
+        rejected += faulty
+        assert _levels_faulty(book) == faulty, trial
+    assert 100 < rejected < 500
