@@ -1,0 +1,216 @@
+"""Can temporal-difference learning, run as the agent's learner runs it, recover the probe's linear read?
+
+    NUMBA_ENABLE_CUDASIM=1 python3 tools/td_probe.py [--store STORE.h5] [--seeds 0 1 2 3 4] \
+        [--set folds.n_folds=2 --set folds.val_days=30 --set folds.step_days=30] [--out tools/results/NAME.md]
+
+The agent's direction values hold a weaker linear read of the coming move than the probe's ridge fit on the same
+market columns (tools/results/learner_ablation_h200.md sections 15-16). This separates the value-learning step
+from everything else the agent adds (C51 atoms and projection, 13 dueling heads, exploration, the portfolio,
+costs): per fold, a linear value of holding one contract long, V(x) = w.x + b on the observation's market
+columns, is learned from the training rows with the learner's own optimisation (Adam, its learning rate with
+the cosine schedule to lr * lr_min_frac, batch, steps = epochs x steps_per_epoch, a Polyak target at tau) against
+
+- `td`: the one-step target r + gamma V_target(x'), r the next bar's mid change (0 future at a day's end);
+- `mc`: the discounted return to the day's end, sum_k gamma^k r_k (what TD converges towards, without
+  bootstrapping);
+- `c51`: the same one-step target as a distribution: network.n_atoms logits linear in x on a fixed support
+  of half-width 3 mean|G| + 2 mean|r| / sqrt(1 - gamma^2) (G the return above; the static form of the agent's
+  support rule, kernels/heads.py), the target r + gamma Z_target(x') projected onto it, cross-entropy; the
+  signal is E[Z];
+
+and the probe's ridge fit of the probe_horizon-bar change is fitted on the same rows. Each signal is scored by its
+correlation with the probe_horizon-bar move on the validation days (and on the training rows). If `td` reaches the
+probe's correlation, one-step TD on this read is not what the agent lacks; if `mc` does and `td` does not,
+the bootstrap is; if `td` does and `c51` does not, the distributional head is. Mean and standard error over the
+seeds (the seed draws the batches; the probe has none). CPU only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from fox_numba.agent.fold_market import FoldMarket  # noqa: E402
+from fox_numba.config import FeatureConfig, LearnerConfig, load_config  # noqa: E402
+from fox_numba.features.forecast import fit_probe, forward_change  # noqa: E402
+from fox_numba.market.default import ensure_default_store  # noqa: E402
+from fox_numba.market.select import select_market  # noqa: E402
+from fox_numba.observation import N_MARKET  # noqa: E402
+from fox_numba.walkforward.driver import load_features  # noqa: E402
+from fox_numba.walkforward.folds import make_folds  # noqa: E402
+
+TARGETS = ("td", "mc", "c51")
+
+
+@dataclass(frozen=True)
+class Rows:
+    """One fold's training rows that have a next bar in their day (`idx`), that row's reward and next row, whether
+    the next row ends the day (`last`: no future after it) and each row's discounted return to its day's end."""
+
+    idx: np.ndarray
+    reward: np.ndarray
+    last: np.ndarray
+    ret: np.ndarray
+
+
+def fold_rows(mid: np.ndarray, day_start: np.ndarray, stop: int, gamma: float) -> Rows:
+    """The transitions of rows [0, stop): r_t = mid[t+1] - mid[t] inside a day; the day's final row has none."""
+    reward = np.full(mid.shape, np.nan)
+    ret = np.full(mid.shape, np.nan)
+    last = np.zeros(mid.shape, dtype=bool)
+    for a, b in zip(day_start[:-1], day_start[1:], strict=True):
+        a, b = int(a), int(b)
+        if b - a < 2:
+            continue
+        reward[a : b - 1] = np.diff(mid[a:b])
+        last[b - 2] = True
+        acc = 0.0
+        for t in range(b - 2, a - 1, -1):
+            acc = reward[t] + gamma * acc
+            ret[t] = acc
+    idx = np.arange(stop)[np.isfinite(reward[:stop])]
+    return Rows(idx, reward, last, ret)
+
+
+def adam(lc: LearnerConfig, steps: int) -> Callable[[int, np.ndarray, np.ndarray], np.ndarray]:
+    """The learner's update as a function (step, w, grad) -> new w: Adam with its betas, the cosine learning rate
+    from lc.lr to lc.lr * lc.lr_min_frac over `steps`."""
+    moments: list[np.ndarray] = []
+
+    def update(step: int, w: np.ndarray, grad: np.ndarray) -> np.ndarray:
+        if not moments:
+            moments.extend([np.zeros_like(w), np.zeros_like(w)])
+        m, v = moments
+        m *= lc.adam_beta1
+        m += (1 - lc.adam_beta1) * grad
+        v *= lc.adam_beta2
+        v += (1 - lc.adam_beta2) * grad * grad
+        lr = lc.lr * (lc.lr_min_frac + (1 - lc.lr_min_frac) * 0.5 * (1 + math.cos(math.pi * step / steps)))
+        m_hat, v_hat = m / (1 - lc.adam_beta1 ** (step + 1)), v / (1 - lc.adam_beta2 ** (step + 1))
+        return w - lr * m_hat / (np.sqrt(v_hat) + 1e-8)
+
+    return update
+
+
+def softmax(logits: np.ndarray) -> np.ndarray:
+    e = np.exp(logits - logits.max(axis=1, keepdims=True))
+    return e / e.sum(axis=1, keepdims=True)
+
+
+def project(p_next: np.ndarray, reward: np.ndarray, discount: np.ndarray, z: np.ndarray) -> np.ndarray:
+    """C51's projection of the distribution reward + discount * Z (atoms z with probabilities p_next [B, A])
+    onto the support z: each shifted atom's mass split between its two neighbours."""
+    n, a = p_next.shape
+    dz = z[1] - z[0]
+    b = (np.clip(reward[:, None] + discount[:, None] * z[None, :], z[0], z[-1]) - z[0]) / dz
+    lo = np.floor(b).astype(np.int64)
+    hi = np.minimum(lo + 1, a - 1)
+    frac = b - lo
+    base = np.arange(n)[:, None] * a
+    flat = np.bincount((base + lo).ravel(), (p_next * (1 - frac)).ravel(), minlength=n * a)
+    flat += np.bincount((base + hi).ravel(), (p_next * frac).ravel(), minlength=n * a)
+    return flat.reshape(n, a)
+
+
+def learn_value(x: np.ndarray, rows: Rows, target: str, lc: LearnerConfig, seed: int, atoms: int = 51) -> np.ndarray:
+    """The weights of a linear value learned as the agent's learner learns (Adam on uniform batches, cosine
+    learning rate, Polyak target): w [M + 1] of V(x) = w.x + b (the bias last) for `td` and `mc` (mean squared
+    error), W [M + 1, atoms] of the logits for `c51` (cross-entropy); `value(x, w)` reads either."""
+    rng = np.random.default_rng(seed)
+    xb = np.hstack([x, np.ones((len(x), 1))])
+    shape = (xb.shape[1], atoms) if target == "c51" else (xb.shape[1],)
+    w, w_tgt = np.zeros(shape), np.zeros(shape)
+    steps = lc.epochs * lc.steps_per_epoch
+    update = adam(lc, steps)
+    discount = np.where(rows.last, 0.0, lc.gamma)
+    if target == "c51":
+        half = 3 * np.mean(np.abs(rows.ret[rows.idx])) + 2 * np.mean(np.abs(rows.reward[rows.idx])) / math.sqrt(
+            1 - lc.gamma**2)
+        z = np.linspace(-half, half, atoms)
+    for step in range(steps):
+        i = rng.choice(rows.idx, size=lc.batch_size)
+        if target == "c51":
+            m = project(softmax(xb[i + 1] @ w_tgt), rows.reward[i], discount[i], z)
+            grad = xb[i].T @ (softmax(xb[i] @ w) - m) / lc.batch_size
+        else:
+            y = rows.reward[i] + discount[i] * (xb[i + 1] @ w_tgt) if target == "td" else rows.ret[i]
+            grad = 2.0 * xb[i].T @ (xb[i] @ w - y) / lc.batch_size
+        w = update(step, w, grad)
+        w_tgt = (1 - lc.tau) * w_tgt + lc.tau * w
+    return w if target != "c51" else np.vstack([w, z[None, :]])
+
+
+def value(xb: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """V of every row of xb [n, M + 1] (the bias column last): w.x, or E[Z] = softmax(x W) . z for a C51 fit
+    (learn_value returns its W with the support z as a last row)."""
+    return xb @ w if w.ndim == 1 else softmax(xb @ w[:-1]) @ w[-1]
+
+
+def correlation(signal: np.ndarray, move: np.ndarray, rows: np.ndarray) -> float:
+    ok = rows & np.isfinite(move)
+    return float(np.corrcoef(signal[ok], move[ok])[0, 1])
+
+
+def mean_se(values: list[float]) -> str:
+    se = statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else float("nan")
+    return f"{statistics.fmean(values):+.3f} ({se:.3f})"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--store", type=Path, help="market store (default: the embedded default market)")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
+    parser.add_argument("--targets", nargs="+", choices=TARGETS, default=list(TARGETS), help="the fits to run")
+    parser.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE", help="config override")
+    parser.add_argument("--out", type=Path, help="also write the table to this markdown file")
+    args = parser.parse_args(argv)
+    store = args.store or ensure_default_store()
+    cfg = load_config("default", overrides=[f'market.store="{store}"', *args.set])
+    selection = select_market(cfg.market)
+    features = load_features(cfg, selection)
+    plain = FeatureConfig(**{**vars(cfg.features), "forecast_horizons": []})
+    lc, horizon = cfg.learner, cfg.evaluation.probe_horizon_bars
+    lines = [f"| fold | signal | corr. with the {horizon}-bar move, validation days | same, training rows |",
+             "| ---: | --- | ---: | ---: |"]
+    for fold in make_folds(cfg.folds, selection.days):
+        m = FoldMarket.build(features, fold, plain, cfg.env)
+        x = np.asarray(m.market_obs[:, :N_MARKET], dtype=np.float64)
+        all_rows = np.arange(m.n_rows)
+        train, val = all_rows < m.train_stop, all_rows >= m.val_start
+        move = forward_change(m.mid, m.day_start, horizon)
+        probe = fit_probe(x, move, slice(0, m.train_stop), ridge=cfg.features.forecast_ridge, horizon=horizon)
+        signal = (x - probe.x_mean) @ probe.weights
+        lines.append(f"| {fold.index} | probe (ridge, {horizon}-bar change) | {correlation(signal, move, val):+.3f} | "
+                     f"{correlation(signal, move, train):+.3f} |")
+        rows = fold_rows(np.asarray(m.mid, dtype=np.float64), m.day_start, m.train_stop, lc.gamma)
+        xb = np.hstack([x, np.ones((len(x), 1))])
+        for target in args.targets:
+            fits = [value(xb, learn_value(x, rows, target, lc, seed, cfg.network.n_atoms)) for seed in args.seeds]
+            scores = [(correlation(v, move, val), correlation(v, move, train)) for v in fits]
+            lines.append(f"| {fold.index} | {target} | {mean_se([s[0] for s in scores])} | "
+                         f"{mean_se([s[1] for s in scores])} |")
+            print(lines[-1], flush=True)
+    table = "\n".join(lines) + "\n"
+    print(table, end="")
+    if args.out is not None:
+        command = "python3 tools/td_probe.py " + " ".join(argv if argv is not None else sys.argv[1:])
+        args.out.write_text(f"# One-step TD against the probe on the same linear read\n\nCommand: `{command}`\n\n"
+                            f"Store: {selection.path}, {len(selection.days)} days; seeds {args.seeds}; learner: lr "
+                            f"{lc.lr} (cosine to x{lc.lr_min_frac}), batch {lc.batch_size}, "
+                            f"{lc.epochs * lc.steps_per_epoch} steps, gamma {lc.gamma}, tau {lc.tau}. Mean (standard "
+                            f"error) over the seeds.\n\n{table}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
