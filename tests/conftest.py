@@ -42,45 +42,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.skip(reason=f"{why}: {marker.args[0]}"))
 
 
-@pytest.fixture(scope="session", autouse=True)
-def atomic_simulator_shared_arrays():
-    """Create each simulated block's static shared arrays under a lock.
-
-    The simulator makes a block's shared array at the first call from each source line, check-then-insert
-    without a lock; under load two threads of a block can each make one and then work on different memory
-    (seen about once in 4,000 blocks of 256 threads on a loaded machine). This keeps the simulator's keying
-    (the caller's file and line) and only makes the creation atomic; dynamic shared memory (shape 0) and
-    the alignment error go to the original.
-    """
-    if not ON_SIMULATOR:
-        yield
-        return
-    import threading
-
-    from numba.core import types
-    from numba.cuda.simulator.kernelapi import FakeCUDAShared
-    from numba.np import numpy_support
-
-    original = FakeCUDAShared.array
-    lock = threading.Lock()
-
-    def array(self, shape, dtype, alignment=None):
-        if shape == 0 or alignment is not None:
-            return original(self, shape, dtype, alignment)
-        if isinstance(dtype, types.Type):
-            dtype = numpy_support.as_dtype(dtype)
-        caller = sys._getframe(1)
-        key = (caller.f_code.co_filename, caller.f_lineno)
-        with lock:
-            if key not in self._allocations:
-                self._allocations[key] = np.empty(shape, dtype)
-            return self._allocations[key]
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(FakeCUDAShared, "array", array)
-        yield
-
-
 @pytest.fixture(scope="module")
 def stream():
     """A stream per test module (kernels launch on an explicit stream, as inside a captured graph)."""
