@@ -134,6 +134,14 @@ class EnvConfig:
         "Collect policy, magnitude / order type / urgency: Boltzmann temperature as a multiple of the branch's "
         "E[Q] range, in (0, 1]; 1 is the seed's rule (the best bin at most 58% of the time).",
     )
+    fixed_bins: list[int] = opt(  # noqa: RUF009 (opt gives a list default its default_factory)
+        [-1, -1, -1],
+        "Bins of magnitude, order type and urgency that every collect and evaluation step takes, -1 where the "
+        "policy chooses (Boltzmann in collect, argmax in evaluation); bins as in fox_numba/actions.py: magnitude "
+        "0 Quarter, 1 Half, 2 Full; order type 0 Market, 1 Limit join, 2 Limit improve; urgency 0 Patient, "
+        "1 Normal, 2 Urgent. [2, 0, 0] trades the direction branch alone, at Full size with market orders, as the "
+        "probe and the oracle trade (kernels/action_select.py).",
+    )
     beyond_depth_ticks: int = opt(
         2,
         "A market order larger than the shown close book fills its excess at the last shown level's price "

@@ -48,7 +48,7 @@ from fox_numba.device.memory import device_empty, device_zeros
 from fox_numba.device.rng import xoroshiro_states
 from fox_numba.device.staging import Stager
 from fox_numba.errors import ConfigError
-from fox_numba.kernels.action_select import select_actions
+from fox_numba.kernels.action_select import FREE_BINS, check_fixed_bins, select_actions
 from fox_numba.kernels.heads import broadcast_supports
 from fox_numba.kernels.hindsight import hindsight_labels, relabel_directions
 from fox_numba.kernels.noisy import tick_noise
@@ -69,17 +69,18 @@ class Collector:
         self, env: VecEnv, replay: ReplayBuffer, layout: ParamLayout, params: Any, supports: Any, *,
         stager: Stager, seed: int, use_graph: bool, health: HealthDiag, spread: float = 1.0, tau_mult: float = 1.0,
         hindsight_fraction: float = 0.0, hindsight_horizon: int = 15, commission: float = 0.0, iqn_quantiles: int = 0,
-        spectral_uv: Any = None, dense: str = "auto",
+        spectral_uv: Any = None, dense: str = "auto", fixed_bins: tuple[int, ...] = FREE_BINS,
     ) -> None:
         """`hindsight_fraction`, `hindsight_horizon` (bars) and `commission` (dollars per contract per side) set
         the relabelling (env.hindsight_fraction, evaluation.probe_horizon_bars, env.commission); `iqn_quantiles`
         (network.iqn_quantiles) the midpoint levels of E_IQN when the layout has an IQN head; `spectral_uv` the
         learner's spectral-norm vectors, read as they are (network.spectral_norm; agent/spectral.py); `dense` the dense
-        layers' kernels (agent/dense.py; run.precision)."""
+        layers' kernels (agent/dense.py; run.precision); `fixed_bins` the bins of the branches after direction that
+        every step takes, -1 where the policy chooses (env.fixed_bins; kernels/action_select.py)."""
         n, z = env.n, layout.n_atoms
         self.env, self.replay, self.params, self.supports, self.health = env, replay, params, supports, health
         self.stream = stager.stream
-        self.spread, self.tau_mult = spread, tau_mult
+        self.spread, self.tau_mult, self.fixed_bins = spread, tau_mult, check_fixed_bins(fixed_bins)
         self.noise_step = device_zeros(1, np.int64, stream=self.stream) if layout.noisy else None
         noise = NoiseKey(self.noise_step, seed, STREAM_COLLECT) if self.noise_step is not None else None
         self.net = Network(layout, n, stream=self.stream, noise=noise, spectral=read_only(spectral_uv), dense=dense)
@@ -104,7 +105,7 @@ class Collector:
         if self.iqn is not None:
             self.iqn.run(self.params, self.net.head_input(env.n), self.rng_states, stream=s)
         select_actions(self.logits, self.support_rows, self.rng_states, self.actions, self.conviction,
-                       explore=True, stream=s, spread=self.spread, tau_mult=self.tau_mult,
+                       explore=True, stream=s, spread=self.spread, tau_mult=self.tau_mult, fixed=self.fixed_bins,
                        iqn=None if self.iqn is None else self.iqn.values)  # fmt: skip
         if self.labels is not None:
             relabel_directions(self.labels, env.row, env.port, self.actions, self.n_relabel, stream=s)

@@ -9,7 +9,7 @@ frozen). Every step, for all days at once:
     (iqn.run(head input)                               network.iqn_quantiles > 0 only: E_IQN per direction over
                                                        fixed midpoint levels, agent/iqn.py IqnActor)
     select_actions(logits, supports, explore=False)    argmax E[Q] in every branch (no RNG; the direction's
-                                                       joint with E_IQN when on)
+                                                       joint with E_IQN when on; env.fixed_bins fix branches)
     env.step(actions)
     record_eval_step(...)                              PnL (dollars) and position of the step, per day
     health.eval_step(actions, counts)                  HEALTH_DIAG's per-day action tallies (optional)
@@ -37,7 +37,7 @@ from fox_numba.agent.health import HealthDiag
 from fox_numba.agent.iqn import IqnActor
 from fox_numba.agent.network import Network, ParamLayout
 from fox_numba.agent.spectral import read_only
-from fox_numba.config import FoxConfig
+from fox_numba.config import EnvConfig, FoxConfig
 from fox_numba.device.elementwise import fill_u32
 from fox_numba.errors import ConfigError
 from fox_numba.device.graphs import StepGraph
@@ -45,7 +45,7 @@ from fox_numba.device.launch import i32, launch
 from fox_numba.device.memory import device_empty, device_zeros, words
 from fox_numba.device.rng import xoroshiro_states
 from fox_numba.device.staging import Stager
-from fox_numba.kernels.action_select import select_actions
+from fox_numba.kernels.action_select import check_fixed_bins, select_actions
 from fox_numba.kernels.evaluation import record_eval_step
 from fox_numba.kernels.heads import broadcast_supports
 
@@ -57,6 +57,14 @@ EVAL_NETWORKS: dict[str, tuple[str, str]] = {
 }
 """evaluation.network -> (parameters, supports): names of Learner.state_arrays, and of checkpoint arrays
 under "learner."."""
+
+
+def fixed_bins(env: EnvConfig) -> tuple[int, ...]:
+    """env.fixed_bins checked: the bins collect and evaluation fix after direction (ConfigError naming the key)."""
+    try:
+        return check_fixed_bins(env.fixed_bins)
+    except ValueError as e:
+        raise ConfigError(f"env.fixed_bins: {e}") from None
 
 
 def eval_network(name: str) -> tuple[str, str]:
@@ -92,6 +100,7 @@ class Evaluator:
         self.actions = device_empty((n, N_BRANCHES), np.int32)
         self.conviction = device_empty(n, np.float32)
         self.rng_states = xoroshiro_states(n, 0, stager)  # argmax draws nothing; the kernel takes states
+        self.fixed_bins = fixed_bins(cfg.env)
         self.iqn = (IqnActor(layout, n, cfg.network.iqn_quantiles, explore=False)
                     if layout.iqn else None)
         self.pnl = device_zeros((self.steps, n), np.float32, stream=self.stream)
@@ -111,7 +120,8 @@ class Evaluator:
         if self.iqn is not None:
             self.iqn.run(self.params, self.net.head_input(env.n), self.rng_states, stream=s)
         select_actions(self.logits, self.support_rows, self.rng_states, self.actions, self.conviction,
-                       explore=False, stream=s, iqn=None if self.iqn is None else self.iqn.values)  # fmt: skip
+                       explore=False, stream=s, fixed=self.fixed_bins,
+                       iqn=None if self.iqn is None else self.iqn.values)  # fmt: skip
         env.step(self.actions, stream=s)
         record_eval_step(env.comps, env.si, env.params, self.counter, self.pnl, self.pos, stream=s)
         if self.health is not None:

@@ -25,7 +25,7 @@ import numpy as np
 from fox_numba.agent.collector import Collector
 from fox_numba.agent.dense import precision_dense
 from fox_numba.agent.environment import VecEnv
-from fox_numba.agent.evaluator import Evaluator, eval_network
+from fox_numba.agent.evaluator import Evaluator, eval_network, fixed_bins
 from fox_numba.agent.fold_market import FoldMarket, FoldMarketDevice, aux_forecast_target
 from fox_numba.agent.health import HealthDiag
 from fox_numba.agent.learner import Learner
@@ -101,7 +101,7 @@ class Trainer:
                                    tau_mult=cfg.env.explore_tau, hindsight_fraction=cfg.env.hindsight_fraction,
                                    hindsight_horizon=cfg.evaluation.probe_horizon_bars,
                                    commission=cfg.env.commission, iqn_quantiles=cfg.network.iqn_quantiles,
-                                   spectral_uv=lrn.spectral_uv,
+                                   spectral_uv=lrn.spectral_uv, fixed_bins=fixed_bins(cfg.env),
                                    dense=precision_dense(cfg.run.precision))  # fmt: skip
         state = lrn.state_arrays()
         params, supports = (state[name] for name in eval_network(cfg.evaluation.network))

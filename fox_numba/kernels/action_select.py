@@ -67,11 +67,15 @@ cumulative sums, whose last bits differ between the GPU, which fuses multiply-ad
 Outputs: actions[i] = (direction, magnitude, order type, urgency) as int32, and conviction[i] = E[Q] of
 the chosen direction minus the best E[Q] among the other three (>= 0 in evaluation).
 The explore flag is a kernel argument: collection and evaluation are separate captured graphs.
+Fixed bins (env.fixed_bins; `fixed=` of select_actions): a branch after direction given a bin f >= 0 takes f in
+collection and evaluation alike, its E[Q] unread; its uniform is still drawn, so the other branches' draws and the
+RNG states are those of the free policy. Hold and Flat still record magnitude 0.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -102,6 +106,7 @@ from fox_numba.kernels.head_rows import carry, staged_row
 TAU_FLOOR = np.float32(1e-4)
 _NEG_INF = np.float32(-np.inf)
 IQN_MIX = np.float32(0.5)  # a direction's joint value with the IQN head: the mean of the C51 and IQN values
+FREE_BINS = (-1,) * (N_BRANCHES - 1)  # magnitude, order type and urgency all chosen by the policy
 
 LANES = 16  # threads per sample by default: one per head (13); lane 13 draws, 14 and 15 idle in phase 2
 SAMPLES_PER_BLOCK = 8  # at most; fewer when 8 samples' logits do not fit STAGE_WORDS
@@ -196,15 +201,16 @@ def _thompson_winner(draws, base, u):
 
 
 @register((F32_3D, F32_3D, xoroshiro128p_type[::1], int32, float32, float32, int32[:, ::1], float32[::1], int32,
-           F32_3D, int32))
+           F32_3D, int32, int32, int32, int32))
 @cuda.jit
 def action_select_kernel(logits, support, states, explore, spread, tau_mult, actions, conviction, lanes, iqn,
-                         use_iqn):
+                         use_iqn, fix_magnitude, fix_order, fix_urgency):
     """actions[i] and conviction[i] for the samples of this block (launch shape and policy in the module
     header): `lanes` threads per sample, block b serving samples b * spb ... with spb = blockDim.x // lanes.
     Lane l owns heads l, l + lanes, ...; lane N_HEADS % lanes, which owns the fewest, draws the uniforms.
     With use_iqn != 0 the directions act on their joint values with the IQN head, iqn[i] = (E_IQN [4], the
-    sampled quantiles [4]) (module header); use_iqn = 0 reads nothing from `iqn`."""
+    sampled quantiles [4]) (module header); use_iqn = 0 reads nothing from `iqn`. fix_magnitude, fix_order and
+    fix_urgency >= 0 fix that branch's bin (-1: the policy chooses it)."""
     stage = cuda.shared.array(STAGE_WORDS, float32)
     q_sh = cuda.shared.array(_Q_WORDS, float32)
     draw_sh = cuda.shared.array(_DRAW_WORDS, float32)
@@ -325,6 +331,12 @@ def action_select_kernel(logits, support, states, explore, spread, tau_mult, act
             q_sh[qb + URGENCY_OFFSET], q_sh[qb + URGENCY_OFFSET + 1], q_sh[qb + URGENCY_OFFSET + 2],
             u_sh[ub + DRAW_BRANCH + 2], explore, tau_mult,
         )  # fmt: skip
+        if fix_magnitude >= 0:
+            magnitude = fix_magnitude
+        if fix_order >= 0:
+            order = fix_order
+        if fix_urgency >= 0:
+            urgency = fix_urgency
         if direction == HOLD or direction == FLAT:
             magnitude = 0
         actions[i, 0] = direction
@@ -332,6 +344,15 @@ def action_select_kernel(logits, support, states, explore, spread, tau_mult, act
         actions[i, 2] = order
         actions[i, 3] = urgency
         conviction[i] = conv
+
+
+def check_fixed_bins(fixed: Sequence[int]) -> tuple[int, ...]:
+    """`fixed` as a tuple after checking it: one bin per branch after direction, each -1 (free) or a bin of it."""
+    bins = tuple(int(f) for f in fixed)
+    if len(bins) != N_BRANCHES - 1 or any(not -1 <= f < br.size for f, br in zip(bins, BRANCHES[1:], strict=False)):
+        names = ", ".join(f"{br.name} 0..{br.size - 1}" for br in BRANCHES[1:])
+        raise ValueError(f"fixed bins {list(fixed)}: need {N_BRANCHES - 1} entries, each -1 (free) or a bin ({names})")
+    return bins
 
 
 def select_actions(
@@ -347,6 +368,7 @@ def select_actions(
     spread: float = 1.0,
     tau_mult: float = 1.0,
     iqn: Any = None,
+    fixed: tuple[int, ...] = FREE_BINS,
 ) -> None:
     """Choose one action per sample: logits[B, 13, Z], support[B, 13, 3], states[>= B] (xoroshiro, sample i
     uses states[i], advanced by DRAWS = 8 draws when exploring) -> actions[B, 4] int32, conviction[B]
@@ -354,7 +376,8 @@ def select_actions(
     (argmax E[Q]). Z is at most MAX_ATOMS. `spread` (kappa) and `tau_mult` narrow the training policy
     (module header; 1 and 1: the seed's Thompson and Boltzmann). `iqn` [B, 2, 4] float32 (network.iqn_quantiles
     > 0; kernels/iqn.py `act_values`): each direction's E_IQN, then its sampled quantile (read when
-    exploring): the directions then act on their joint values with the IQN head (module header).
+    exploring): the directions then act on their joint values with the IQN head (module header). `fixed`: the bin
+    of magnitude, order type and urgency every sample takes, -1 where the policy chooses (module header).
 
     `lanes` (1 to LANES, default LANES = 16 on the GPU, 1 under the simulator) sets the threads per sample. Every head is computed by one
     thread with the same code and the uniforms by one thread in the same order, whatever the lanes, so
@@ -383,6 +406,7 @@ def select_actions(
         raise ValueError(f"lanes = {lanes}: threads per sample must be 1 to {LANES}")
     if not (0.0 <= spread <= 1.0 and 0.0 < tau_mult <= 1.0):
         raise ValueError(f"exploration needs 0 <= spread <= 1 and 0 < tau_mult <= 1, got {spread}, {tau_mult}")
+    fixed = check_fixed_bins(fixed)
     if iqn is not None:
         check_array("iqn", iqn, f"[B, 2, {N_DIRECTIONS}]", (b, 2, N_DIRECTIONS))
     flag = np.int32(1 if explore else 0)
@@ -392,5 +416,5 @@ def select_actions(
     launch_rows(
         action_select_kernel, -(-b // spb), spb * lanes, logits, support, states, flag, np.float32(spread),
         np.float32(tau_mult), actions, conviction, np.int32(lanes), support if iqn is None else iqn,
-        np.int32(iqn is not None), stream=stream,
+        np.int32(iqn is not None), *(np.int32(f) for f in fixed), stream=stream,
     )  # fmt: skip

@@ -20,6 +20,7 @@ from fox_numba.agent.network import ParamLayout
 from fox_numba.config import EvaluationConfig, FoxConfig, NetworkConfig
 from fox_numba.device.isv import IsvBus
 from fox_numba.device.rng import xoroshiro_states_host
+from fox_numba.errors import ConfigError
 from fox_numba.observation import N_MARKET, OBS_DIM, PORT_POSITION
 
 SHORT, HOLD, LONG, FLAT = range(4)
@@ -94,3 +95,31 @@ def test_each_day_records_its_own_steps_exactly(stager):
         np.testing.assert_allclose(pnl, ref_pnl, rtol=2e-6, atol=1e-4, err_msg=f"day {d}: dollars")
         assert pos[-1] == 0, f"day {d} ends flat"
     np.testing.assert_array_equal(days[1][1], [4, 0, 4, 0, 0])  # Long, Flat, Long, Flat, Long closed at the end
+
+
+def test_fixed_bins_override_the_network_in_the_backtest(stager):
+    """env.fixed_bins = [2, 0, 0] (Full, Market, Patient) over a network whose magnitude branch prefers Half: the
+    backtest trades the reference's Full positions, where the free policy holds 2 of 4; a bin outside a branch is
+    refused naming the key."""
+    fs = random_feature_set(np.random.default_rng(20), DAY_BARS)
+    net = NetworkConfig(n_layers=0, n_atoms=2)
+    layout = ParamLayout.build(OBS_DIM, net)
+    flat = flat_long_params(layout)
+    layout.unpack(flat)["head.bias"][atom1(MAGNITUDE_FULL_HEAD - 1)] = 2.0  # Half over Full
+    params = stager.upload_new(flat)
+    supports = stager.upload_new(np.tile(np.float32([-1.0, 1.0, 2.0]), (13, 1)))
+    runs = {}
+    for fixed in ([-1, -1, -1], [FULL, MARKET, PATIENT]):
+        cfg = FoxConfig(env=env_config(episode_bars=8, fixed_bins=fixed), network=net,
+                        evaluation=EvaluationConfig(chunk_bars=2))  # fmt: skip
+        market = FoldMarket.build(fs, WINDOWS, cfg.features, cfg.env)
+        runs[tuple(fixed)] = Evaluator(market.upload(stager), cfg, layout, params, supports, isv=IsvBus(stager).values,
+                                       stager=stager, use_graph=False).run()  # fmt: skip
+    expected = reference_days(market, cfg, 6)
+    for (_, pos), (_, ref_pos) in zip(runs[(FULL, MARKET, PATIENT)], expected, strict=True):
+        np.testing.assert_array_equal(pos, ref_pos)
+    assert set(np.concatenate([pos for _, pos in runs[(-1, -1, -1)]])) == {0, 2}
+    bad = FoxConfig(env=env_config(episode_bars=8, fixed_bins=[3, 0, 0]), network=net)
+    with pytest.raises(ConfigError, match="env.fixed_bins"):
+        Evaluator(FoldMarket.build(fs, WINDOWS, bad.features, bad.env).upload(stager), bad, layout, params, supports,
+                  isv=IsvBus(stager).values, stager=stager, use_graph=False)  # fmt: skip

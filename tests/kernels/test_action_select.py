@@ -45,6 +45,7 @@ from fox_numba.kernels.action_select import (
     DRAW_DIRECTION,
     DRAW_TIE,
     DRAWS,
+    FREE_BINS,
     LANES,
     MAX_ATOMS,
     TAU_FLOOR,
@@ -74,13 +75,14 @@ def millisecond_switch_interval():
     sys.setswitchinterval(old)
 
 
-def run_select(stream, stager, logits, support, states, explore, lanes=TEST_LANES, spread=1.0, tau_mult=1.0):
+def run_select(stream, stager, logits, support, states, explore, lanes=TEST_LANES, spread=1.0, tau_mult=1.0,
+               fixed=FREE_BINS):
     """Upload, select, download: (actions [B, 4], conviction [B])."""
     b = logits.shape[0]
     actions, conviction = device_empty((b, N_BRANCHES), np.int32), device_empty(b, np.float32)
     select_actions(
         stager.upload_new(logits), stager.upload_new(support), states, actions, conviction,
-        explore=explore, stream=stream, lanes=lanes, spread=spread, tau_mult=tau_mult,
+        explore=explore, stream=stream, lanes=lanes, spread=spread, tau_mult=tau_mult, fixed=fixed,
     )  # fmt: skip
     return stager.download(actions), stager.download(conviction)
 
@@ -374,6 +376,43 @@ def test_a_narrowed_policy_replays_the_float64_policy(stream, stager, rng):
     assert clear.mean() > 0.9
     np.testing.assert_array_equal(actions[clear], expected[clear])
     assert (plain != expected).any(axis=1).mean() > 0.2
+
+
+def with_fixed_bins(actions, fixed):
+    """actions [B, 4] with the branches after direction set to their fixed bins (-1: kept), Hold/Flat -> magnitude 0."""
+    out = actions.copy()
+    for k, f in enumerate(fixed):
+        if f >= 0:
+            out[:, 1 + k] = f
+    out[np.isin(out[:, 0], (HOLD, FLAT)), 1] = 0
+    return out
+
+
+@pytest.mark.parametrize("fixed", [(2, 0, -1), (-1, 1, 2)])
+def test_fixed_bins_replace_the_policy_of_their_branches_only(stream, stager, rng, fixed):
+    """env.fixed_bins on 200 samples of random logits and supports: in training every clear sample takes the float64
+    replay's action with the fixed branches set to their bins (magnitude 0 under Hold and Flat), the free branches
+    and the direction untouched, the RNG states advanced exactly as the free policy's (the fixed branches' uniforms
+    are still drawn); in evaluation the float64 argmax with the same override; conviction as without fixed bins.
+    The random policy picks each fixed bin about a third of the time, so the override shows in many samples."""
+    b, z = 200, 21
+    logits = rng.uniform(-1, 1, (b, N_HEADS, z)).astype(np.float32)
+    support = linear_support(rng.uniform(-1, -0.2, (b, N_HEADS)), rng.uniform(0.2, 1, (b, N_HEADS)), z)
+    states, free_states = xoroshiro_states(b, 7, stager), xoroshiro_states(b, 7, stager)
+    actions, conviction = run_select(stream, stager, logits, support, states, explore=True, fixed=fixed)
+    _, free_conviction = run_select(stream, stager, logits, support, free_states, explore=True)
+    np.testing.assert_array_equal(stager.download(states), stager.download(free_states))
+    np.testing.assert_array_equal(conviction, free_conviction)
+    expected, clear = select64(logits, support, host_uniforms(xoroshiro_states_host(b, 7)))
+    assert clear.mean() > 0.9
+    np.testing.assert_array_equal(actions[clear], with_fixed_bins(expected, fixed)[clear])
+    assert (with_fixed_bins(expected, fixed) != expected).any(axis=1).mean() > 0.3
+
+    q = expected_q64(logits, support)
+    greedy, greedy_conviction = run_select(stream, stager, logits, support, xoroshiro_states(b, 1, stager),
+                                           explore=False, fixed=fixed)  # fmt: skip
+    np.testing.assert_array_equal(greedy, with_fixed_bins(eval_policy64(q), fixed))
+    assert np.all(np.abs(greedy_conviction - conviction64(q, greedy[:, 0])) <= CONV_TOL)
 
 
 def test_thompson_spread_narrows_each_draw_towards_its_mean(stream, stager):
@@ -676,6 +715,17 @@ def test_collect_step_replays_as_a_captured_graph(stream, stager, rng):
     graph, eager = collect(True), collect(False)
     np.testing.assert_array_equal(graph, eager)
     assert not np.array_equal(graph[2], graph[3])
+
+
+def test_select_actions_rejects_bad_fixed_bins(stream, stager):
+    b, z = 4, 11
+    logits = stager.upload_new(np.ones((b, N_HEADS, z), np.float32))
+    support = stager.upload_new(linear_support(-1.0, 1.0, z)[None, None].repeat(b, 0).repeat(N_HEADS, 1))
+    actions, conviction = device_empty((b, N_BRANCHES), np.int32), device_empty(b, np.float32)
+    for bad in [(3, 0, 0), (0, -2, 0), (0, 0), (0, 0, 0, 0)]:
+        with pytest.raises(ValueError, match="fixed bins"):
+            select_actions(logits, support, xoroshiro_states(b, 0, stager), actions, conviction, explore=False,
+                           stream=stream, fixed=bad)  # fmt: skip
 
 
 def test_select_actions_rejects_bad_shapes(stream, stager):
