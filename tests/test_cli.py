@@ -220,3 +220,11 @@ def test_train_refuses_a_market_too_short_for_its_folds(stores):
     assert proc.returncode == 1
     assert "need 8 trading days; the market has 4" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_the_cli_starts_without_numba():
+    """`fox ... --help` and the data commands start without importing numba (0.2 s of CPU at every start): the
+    synthetic book, the only numba code below the CLI's imports, is imported where a day is simulated."""
+    code = "import sys, fox_numba.cli; print(sorted(m for m in sys.modules if m.split('.')[0] == 'numba'))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

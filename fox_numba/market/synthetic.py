@@ -61,6 +61,7 @@ import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, fields
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -78,9 +79,11 @@ from fox_numba.market.schema import (
     Trades,
 )
 from fox_numba.market.store import write_store
-from fox_numba.market.synthetic_book import HIDDEN_LEVELS, BookParams, DayBook, simulate_day
 from fox_numba.market.synthetic_definition import GENERATOR_VERSION, ActivitySection, SynthDefinition
 from fox_numba.market.synthetic_oracle import Oracle, oracle_pnl
+
+if TYPE_CHECKING:  # the book is numba: imported where a day is simulated, so the CLI starts without compiling it
+    from fox_numba.market.synthetic_book import BookParams, DayBook
 
 STEPS_PER_DAY = 2
 """Progress messages per day of `build_store`: one when generated, one when written to the store."""
@@ -96,6 +99,8 @@ def intraday_pattern(n_minutes: int, act: ActivitySection) -> np.ndarray:
 
 def book_params(d: SynthDefinition) -> BookParams:
     """The book kernel's parameters: the [book] scalars it shares by name, mo_tilt and the per-level arrays."""
+    from fox_numba.market.synthetic_book import HIDDEN_LEVELS, BookParams
+
     b, lt = d.book, d.latent
     levels = np.arange(HIDDEN_LEVELS, dtype=np.float64)
     weights = np.exp(-np.arange(N_LEVELS) / b.level_decay)
@@ -260,6 +265,8 @@ def _full_bars(trades: Trades, open_ns: int, n_minutes: int, fallback_px: int) -
 
 def generate(d: SynthDefinition, progress: Callable[[str], None] | None = None) -> SynthMarket:
     """Generate every day of the market, the per-bar latent truth and the oracle."""
+    from fox_numba.market.synthetic_book import simulate_day
+
     instrument = d.instrument()
     tick_fixed = instrument.tick_fixed
     tick = d.market.tick_size
