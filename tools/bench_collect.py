@@ -2,14 +2,16 @@
 replay writes -> rollout ISV, in environment steps per second, eager vs captured graph.
 
     python3 tools/bench_collect.py --out tools/results/bench_collect_h200 [--envs 16384 4096] [--steps 200]
-        [--hindsight-fraction 0.25]
+        [--hindsight-fraction 0.25] [--set env.curriculum_epochs=3 ...]
 
 The fold is fold 0 of the embedded default market (built on first use), the network the default preset's
 (obs 134 -> 256 -> 256 -> 13 heads x 51 atoms), freshly initialised. For each N: --warmup steps, then
 --windows windows of --steps collect steps between CUDA events, graph replays (use_graph) or eager launches;
 throughput = N x steps / seconds of the best window. One eager step is also timed per kernel (CUDA events
 around each launch, so the eager figures include no host wait). --hindsight-fraction sets env.hindsight_fraction
-(the relabel kernel joins the step; kernels/hindsight.py). Writes OUT.md and OUT.json.
+(the relabel kernel joins the step; kernels/hindsight.py); --set overrides any other setting of the default preset
+(env.curriculum_epochs: the environments' starts are drawn from the curriculum's first reach, as the trainer sets it
+at a fold's first epoch). Writes OUT.md and OUT.json.
 """
 
 from __future__ import annotations
@@ -58,7 +60,8 @@ def time_steps(graph: StepGraph, stream: Any, args: argparse.Namespace) -> float
 
 
 def bench_n(n: int, args: argparse.Namespace) -> dict[str, Any]:
-    cfg = load_config("default", overrides=[f"env.n_envs={n}", f"env.hindsight_fraction={args.hindsight_fraction}"])
+    cfg = load_config("default", overrides=[f"env.n_envs={n}", f"env.hindsight_fraction={args.hindsight_fraction}",
+                                            *args.set])  # fmt: skip
     selection = select_market(cfg.market)
     features = load_features(cfg, selection)
     fold = make_folds(cfg.folds, selection.days)[0]
@@ -66,9 +69,10 @@ def bench_n(n: int, args: argparse.Namespace) -> dict[str, Any]:
     trainer.bind_fold(FoldMarket.build(features, fold, cfg.features, cfg.env), fold.index)
     collector, stream = trainer.collector, trainer.stream
     trainer.learner.refresh_supports()
+    trainer.env.follow_curriculum(trainer.learner.optim_state, cfg.learner.steps_per_epoch, stream=stream)
     trainer.env.reset(stream=stream)
     collector.refresh()
-    out: dict[str, Any] = {"n_envs": n, "hindsight_fraction": args.hindsight_fraction,
+    out: dict[str, Any] = {"n_envs": n, "hindsight_fraction": args.hindsight_fraction, "set": args.set,
                            "relabelled_envs": collector.n_relabel}
     for mode, use_graph in (("eager", False), ("graph", True)):
         graph = StepGraph(f"collect.{mode}", collector._step, stream, use_graph=use_graph)
@@ -94,12 +98,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kernel-steps", type=int, default=20)
     parser.add_argument("--hindsight-fraction", type=float, default=0.0,
                         help="env.hindsight_fraction of the collect step (default 0: relabelling off)")
+    parser.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
+                        help="a config override of the default preset (repeatable)")
     args = parser.parse_args(argv)
     info = {"date_utc": datetime.now(UTC).strftime("%Y-%m-%d %H:%M"), **machine()}
     results = [bench_n(n, args) for n in args.envs]
     command = "python3 tools/bench_collect.py " + " ".join(argv if argv is not None else sys.argv[1:])
     relabel = f" + hindsight relabel of {args.hindsight_fraction:g} of the envs" if args.hindsight_fraction else ""
-    title = f"Collect step: forward + action selection{relabel} + env step + replay + rollout ISV"
+    settings = f" ({', '.join(args.set)})" if args.set else ""
+    title = f"Collect step: forward + action selection{relabel} + env step + replay + rollout ISV{settings}"
     lines = results_header(title, command, info)
     lines += ["", "| N envs | eager us/step | eager env steps/s | graph us/step | graph env steps/s | graph nodes |",
               "| ---: | ---: | ---: | ---: | ---: | ---: |"]
