@@ -84,13 +84,15 @@ def test_c51_fit_recovers_a_known_linear_value(td_probe):
     assert np.corrcoef(v[:n], true[:n])[0, 1] > 0.98 and 0.9 < slope < 1.1
 
 
-@pytest.mark.parametrize("target", ["td", "mc"])
+@pytest.mark.parametrize("target", ["td", "mc", "split", "greedy"])
 def test_learned_value_recovers_a_known_linear_value(td_probe, target):
     """Columns x_t that follow an AR(1) (rho 0.8, unit variance) and rewards r_t = x_t . beta + noise: the value
-    of x_t is sum_k gamma^k E[r_(t+k) | x_t] = x_t . beta / (1 - gamma rho), so at gamma 0.5 both fits must find
+    of x_t is sum_k gamma^k E[r_(t+k) | x_t] = x_t . beta / (1 - gamma rho), so at gamma 0.5 every fit must find
     beta / 0.6 = (1, -1.333, 0): a fit of the next reward alone finds beta (0.4 and 0.53 away), another discount
-    another multiple. 4,000 Adam steps on 16,000 rows; the tolerance 0.08 is several times the fits' error from the
-    sampled noise and the day ends (1 row in 400 has no future)."""
+    another multiple. `split` and `greedy` return half the long value minus the short one, each learned from only
+    the transitions taken on it: a selection on x (greedy's) does not bias a correctly specified linear fit, so
+    they must find it too, from about a third of the samples. 4,000 Adam steps on 16,000 rows; the tolerance 0.08 is
+    several times the fits' error from the sampled noise and the day ends (1 row in 400 has no future)."""
     n, m, rho = 16_000, 3, 0.8
     beta = np.array([0.6, -0.8, 0.0])
     x, mid, day_start = ar1_walk(n, m, rho, beta, seed=7)
@@ -98,3 +100,54 @@ def test_learned_value_recovers_a_known_linear_value(td_probe, target):
     lc = replace(load_config("default").learner, epochs=1, steps_per_epoch=4000, batch_size=256, lr=0.01, gamma=0.5)
     w = td_probe.learn_value(x, rows, target, lc, seed=0)
     assert np.allclose(w[:m], beta / (1 - 0.5 * rho), atol=0.08) and abs(w[m]) < 0.08
+
+
+def test_table_trades_each_signal_as_probe_baseline_does(td_probe, four_day_store, tmp_path):
+    """The traded columns of the table (one fold of 2 training + 2 validation days of the four-day market): the
+    probe row's are the fold's probe baseline (market columns, evaluation.probe_ridge), the `td` row's the mean over
+    its seeds of each seed's learned value fitted ridge-free and traded by the same rule; the correlation columns
+    stay beside them."""
+    from fox_numba.agent.fold_market import FoldMarket
+    from fox_numba.config import FeatureConfig
+    from fox_numba.market.select import select_market
+    from fox_numba.observation import N_MARKET
+    from fox_numba.walkforward.driver import half_spread, load_features, scored_days
+    from fox_numba.walkforward.folds import make_folds
+    from fox_numba.walkforward.probe import probe_baseline
+
+    sets = ["folds.n_folds=1", "folds.train_days=2", "folds.val_days=2", "folds.step_days=1", "learner.epochs=1",
+            "learner.steps_per_epoch=30", "learner.batch_size=64", "learner.lr=0.01"]
+    out = tmp_path / "td.md"
+    argv = ["--store", str(four_day_store), "--seeds", "0", "1", "--targets", "td", "--out", str(out)]
+    assert td_probe.main(argv + [a for s in sets for a in ("--set", s)]) == 0
+    table = [line.strip("|").split(" | ") for line in out.read_text().splitlines() if line.startswith("| 0 |")]
+    probe_row, td_row = (dict(zip(("fold", "signal", "corr_val", "corr_train", "sharpe", "trips"),
+                                  [c.strip() for c in row], strict=True)) for row in table)  # fmt: skip
+    assert probe_row["signal"].startswith("probe") and td_row["signal"] == "td"
+
+    cfg = load_config("default", overrides=[f'market.store="{four_day_store}"', *sets])
+    selection = select_market(cfg.market)
+    fold = make_folds(cfg.folds, selection.days)[0]
+    plain = FeatureConfig(**{**vars(cfg.features), "forecast_horizons": []})
+    m = FoldMarket.build(load_features(cfg, selection), fold, plain, cfg.env)
+    ev = cfg.evaluation
+
+    def trade(cols: np.ndarray, ridge: float):
+        return probe_baseline(cols, m.mid, half_spread(m), m.day_start, slice(0, m.train_stop), scored_days(m),
+                              ridge=ridge, horizon=ev.probe_horizon_bars, tick_size=m.tick_size,
+                              point_value=m.point_value, commission=cfg.env.commission,
+                              annualisation_days=ev.annualisation_days).metrics  # fmt: skip
+
+    probe = trade(m.market_obs[:, :N_MARKET], ev.probe_ridge)
+    assert probe.n_days == 2 and probe.round_trips > 0 and np.isfinite(probe.sharpe_daily)  # the check is not vacuous
+    assert probe_row["sharpe"] == f"{probe.sharpe_daily:+.2f}"
+    assert probe_row["trips"] == f"{probe.round_trips / probe.n_days:.1f}"
+
+    x = np.asarray(m.market_obs[:, :N_MARKET], dtype=np.float64)
+    rows = td_probe.fold_rows(np.asarray(m.mid, dtype=np.float64), m.day_start, m.train_stop, cfg.learner.gamma)
+    xb = np.hstack([x, np.ones((len(x), 1))])
+    per_seed = [trade(td_probe.value(xb, td_probe.learn_value(x, rows, "td", cfg.learner, seed))[:, None], 0.0)
+                for seed in (0, 1)]  # fmt: skip
+    assert td_row["sharpe"] == td_probe.mean_se([r.sharpe_daily for r in per_seed], 2)
+    assert td_row["trips"] == td_probe.mean_se([r.round_trips / r.n_days for r in per_seed], 1, "")
+    assert all(np.isfinite(float(td_row[k].split()[0])) for k in ("corr_val", "corr_train", "sharpe", "trips"))

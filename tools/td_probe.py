@@ -18,11 +18,27 @@ the cosine schedule to lr * lr_min_frac, batch, steps = epochs x steps_per_epoch
   support rule, kernels/heads.py), the target r + gamma Z_target(x') projected onto it, cross-entropy; the
   signal is E[Z];
 
+- `split` and `greedy`: what the agent's direction values learn from, partial feedback. Two linear values, of
+  holding long (reward +r) and short (-r), each learned by one-step TD only on the transitions a behaviour policy
+  took that position on: `split` takes each on a random TAKEN share of every batch, independent of the state;
+  `greedy` takes the 2 TAKEN share with the largest |V_long - V_short| on the side the current values prefer, plus
+  an EXPLORE share of the rest at random, as the agent's greedy policy with exploration does. The signal is
+  (V_long - V_short) / 2. A full-information `td` against these tells how much of the read the agent loses by
+  seeing only the reward of the position it took;
+
 and the probe's ridge fit of the probe_horizon-bar change is fitted on the same rows. Each signal is scored by its
 correlation with the probe_horizon-bar move on the validation days (and on the training rows). If `td` reaches the
 probe's correlation, one-step TD on this read is not what the agent lacks; if `mc` does and `td` does not,
-the bootstrap is; if `td` does and `c51` does not, the distributional head is. Mean and standard error over the
-seeds (the seed draws the batches; the probe has none). CPU only.
+the bootstrap is; if `td` does and `c51` does not, the distributional head is.
+
+Each signal is also traded, as tools/signal_probe.py trades the agent's direction signal: a one-column ridge-free
+fit of the probe_horizon-bar change on the signal over the training rows, traded on the validation days the agent
+is scored on by the oracle's rule (walkforward/probe.py: enter when the forecast beats the round-trip cost, one
+contract, spread and commission paid); the probe row is the probe baseline itself (the market columns,
+evaluation.probe_ridge). The columns are that trade's validation daily Sharpe and its round trips per day. An
+equal correlation can still churn: the agent's own signal traded this way made twice the probe's round trips and
+lost, so these say whether the TD read churns too. Mean and standard error over the seeds (the seed draws the
+batches; the probe has none). CPU only.
 """
 
 from __future__ import annotations
@@ -41,15 +57,24 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from fox_numba.agent.fold_market import FoldMarket  # noqa: E402
-from fox_numba.config import FeatureConfig, LearnerConfig, load_config  # noqa: E402
+from fox_numba.config import FeatureConfig, FoxConfig, LearnerConfig, load_config  # noqa: E402
 from fox_numba.features.forecast import fit_probe, forward_change  # noqa: E402
 from fox_numba.market.default import ensure_default_store  # noqa: E402
 from fox_numba.market.select import select_market  # noqa: E402
 from fox_numba.observation import N_MARKET  # noqa: E402
-from fox_numba.walkforward.driver import load_features  # noqa: E402
+from fox_numba.walkforward.driver import half_spread, load_features, scored_days  # noqa: E402
 from fox_numba.walkforward.folds import make_folds  # noqa: E402
+from fox_numba.walkforward.probe import probe_baseline  # noqa: E402
 
-TARGETS = ("td", "mc", "c51")
+TARGETS = ("td", "mc", "c51", "split", "greedy")
+PARTIAL = ("split", "greedy")
+"""Targets that learn a long and a short value, each only from the transitions a behaviour policy took it on."""
+TAKEN = 0.15
+"""Share of a batch's transitions each position is taken on, 2 TAKEN in all (`split`; `greedy` the same 2 TAKEN by
+its values): the agent holds a position on 0.29 of the default market's validation bars (learner_ablation_h200.md
+section 16)."""
+EXPLORE = 0.1
+"""`greedy`: share of the batch's other transitions given a random position (exploration)."""
 
 
 @dataclass(frozen=True)
@@ -128,7 +153,7 @@ def learn_value(x: np.ndarray, rows: Rows, target: str, lc: LearnerConfig, seed:
     error), W [M + 1, atoms] of the logits for `c51` (cross-entropy); `value(x, w)` reads either."""
     rng = np.random.default_rng(seed)
     xb = np.hstack([x, np.ones((len(x), 1))])
-    shape = (xb.shape[1], atoms) if target == "c51" else (xb.shape[1],)
+    shape = (xb.shape[1], atoms) if target == "c51" else (xb.shape[1], 2) if target in PARTIAL else (xb.shape[1],)
     w, w_tgt = np.zeros(shape), np.zeros(shape)
     steps = lc.epochs * lc.steps_per_epoch
     update = adam(lc, steps)
@@ -139,7 +164,9 @@ def learn_value(x: np.ndarray, rows: Rows, target: str, lc: LearnerConfig, seed:
         z = np.linspace(-half, half, atoms)
     for step in range(steps):
         i = rng.choice(rows.idx, size=lc.batch_size)
-        if target == "c51":
+        if target in PARTIAL:
+            grad = partial_grad(xb, rows, i, w, w_tgt, discount, target, rng)
+        elif target == "c51":
             m = project(softmax(xb[i + 1] @ w_tgt), rows.reward[i], discount[i], z)
             grad = xb[i].T @ (softmax(xb[i] @ w) - m) / lc.batch_size
         else:
@@ -147,7 +174,35 @@ def learn_value(x: np.ndarray, rows: Rows, target: str, lc: LearnerConfig, seed:
             grad = 2.0 * xb[i].T @ (xb[i] @ w - y) / lc.batch_size
         w = update(step, w, grad)
         w_tgt = (1 - lc.tau) * w_tgt + lc.tau * w
+    if target in PARTIAL:
+        return (w[:, 0] - w[:, 1]) / 2
     return w if target != "c51" else np.vstack([w, z[None, :]])
+
+
+def partial_grad(xb: np.ndarray, rows: Rows, i: np.ndarray, w: np.ndarray, w_tgt: np.ndarray, discount: np.ndarray,
+                 target: str, rng: np.random.Generator) -> np.ndarray:
+    """The squared TD error's gradient for the long and short values w [M + 1, 2] on batch rows i, each value's
+    term only over the transitions the behaviour policy of `target` (module header) took its position on; the sum
+    is over the batch, divided by its size, as the learner averages a branch's loss over all its transitions."""
+    n = len(i)
+    side = np.full(n, -1)
+    if target == "split":
+        u = rng.random(n)
+        side[u < TAKEN] = 0
+        side[(u >= TAKEN) & (u < 2 * TAKEN)] = 1
+    else:
+        est = xb[i] @ (w[:, 0] - w[:, 1])
+        top = np.argsort(-np.abs(est))[: int(2 * TAKEN * n)]
+        side[top] = np.where(est[top] >= 0, 0, 1)
+        rest = np.flatnonzero(side < 0)
+        explore = rest[rng.random(rest.size) < EXPLORE]
+        side[explore] = rng.integers(0, 2, explore.size)
+    grad = np.zeros_like(w)
+    for k, sign in ((0, 1.0), (1, -1.0)):
+        j = i[side == k]
+        y = sign * rows.reward[j] + discount[j] * (xb[j + 1] @ w_tgt[:, k])
+        grad[:, k] = 2.0 * xb[j].T @ (xb[j] @ w[:, k] - y) / n
+    return grad
 
 
 def value(xb: np.ndarray, w: np.ndarray) -> np.ndarray:
@@ -161,9 +216,19 @@ def correlation(signal: np.ndarray, move: np.ndarray, rows: np.ndarray) -> float
     return float(np.corrcoef(signal[ok], move[ok])[0, 1])
 
 
-def mean_se(values: list[float]) -> str:
+def traded(cols: np.ndarray, m: FoldMarket, ridge: float, cfg: FoxConfig) -> tuple[float, float]:
+    """Validation daily Sharpe and round trips per day of a fit of the probe's target on `cols` [n, k] over the
+    training rows, traded on the scored validation days by the oracle's rule (tools/signal_probe.py's trade)."""
+    ev = cfg.evaluation
+    r = probe_baseline(cols, m.mid, half_spread(m), m.day_start, slice(0, m.train_stop), scored_days(m), ridge=ridge,
+                       horizon=ev.probe_horizon_bars, tick_size=m.tick_size, point_value=m.point_value,
+                       commission=cfg.env.commission, annualisation_days=ev.annualisation_days)  # fmt: skip
+    return r.metrics.sharpe_daily, r.metrics.round_trips / r.metrics.n_days
+
+
+def mean_se(values: list[float], digits: int = 3, sign: str = "+") -> str:
     se = statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else float("nan")
-    return f"{statistics.fmean(values):+.3f} ({se:.3f})"
+    return f"{statistics.fmean(values):{sign}.{digits}f} ({se:.{digits}f})"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -180,8 +245,9 @@ def main(argv: list[str] | None = None) -> int:
     features = load_features(cfg, selection)
     plain = FeatureConfig(**{**vars(cfg.features), "forecast_horizons": []})
     lc, horizon = cfg.learner, cfg.evaluation.probe_horizon_bars
-    lines = [f"| fold | signal | corr. with the {horizon}-bar move, validation days | same, training rows |",
-             "| ---: | --- | ---: | ---: |"]
+    lines = [f"| fold | signal | corr. with the {horizon}-bar move, validation days | same, training rows | "
+             "traded: validation daily Sharpe | traded: round trips/day |",
+             "| ---: | --- | ---: | ---: | ---: | ---: |"]
     for fold in make_folds(cfg.folds, selection.days):
         m = FoldMarket.build(features, fold, plain, cfg.env)
         x = np.asarray(m.market_obs[:, :N_MARKET], dtype=np.float64)
@@ -190,15 +256,18 @@ def main(argv: list[str] | None = None) -> int:
         move = forward_change(m.mid, m.day_start, horizon)
         probe = fit_probe(x, move, slice(0, m.train_stop), ridge=cfg.features.forecast_ridge, horizon=horizon)
         signal = (x - probe.x_mean) @ probe.weights
+        sharpe, trips = traded(m.market_obs[:, :N_MARKET], m, cfg.evaluation.probe_ridge, cfg)
         lines.append(f"| {fold.index} | probe (ridge, {horizon}-bar change) | {correlation(signal, move, val):+.3f} | "
-                     f"{correlation(signal, move, train):+.3f} |")
+                     f"{correlation(signal, move, train):+.3f} | {sharpe:+.2f} | {trips:.1f} |")
         rows = fold_rows(np.asarray(m.mid, dtype=np.float64), m.day_start, m.train_stop, lc.gamma)
         xb = np.hstack([x, np.ones((len(x), 1))])
         for target in args.targets:
             fits = [value(xb, learn_value(x, rows, target, lc, seed, cfg.network.n_atoms)) for seed in args.seeds]
-            scores = [(correlation(v, move, val), correlation(v, move, train)) for v in fits]
+            scores = [(correlation(v, move, val), correlation(v, move, train), *traded(v[:, None], m, 0.0, cfg))
+                      for v in fits]  # fmt: skip
             lines.append(f"| {fold.index} | {target} | {mean_se([s[0] for s in scores])} | "
-                         f"{mean_se([s[1] for s in scores])} |")
+                         f"{mean_se([s[1] for s in scores])} | {mean_se([s[2] for s in scores], 2)} | "
+                         f"{mean_se([s[3] for s in scores], 1, '')} |")
             print(lines[-1], flush=True)
     table = "\n".join(lines) + "\n"
     print(table, end="")
@@ -208,7 +277,10 @@ def main(argv: list[str] | None = None) -> int:
                             f"Store: {selection.path}, {len(selection.days)} days; seeds {args.seeds}; learner: lr "
                             f"{lc.lr} (cosine to x{lc.lr_min_frac}), batch {lc.batch_size}, "
                             f"{lc.epochs * lc.steps_per_epoch} steps, gamma {lc.gamma}, tau {lc.tau}. Mean (standard "
-                            f"error) over the seeds.\n\n{table}")
+                            f"error) over the seeds. Traded: each signal fitted ridge-free to the {horizon}-bar "
+                            "change on the training rows (the probe: its market columns, ridge "
+                            f"{cfg.evaluation.probe_ridge}) and traded on the validation days by the oracle's rule, "
+                            f"as tools/signal_probe.py trades the agent's signal.\n\n{table}")
     return 0
 
 
