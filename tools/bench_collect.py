@@ -5,7 +5,7 @@ replay writes -> rollout ISV, in environment steps per second, eager vs captured
         [--hindsight-fraction 0.25] [--set env.curriculum_epochs=3 ...]
 
 The fold is fold 0 of the embedded default market (built on first use), the network the default preset's
-(obs 134 -> 256 -> 256 -> 13 heads x 51 atoms), freshly initialised. For each N: --warmup steps, then
+(network.n_layers = 0: obs 134 -> 13 heads x 51 atoms, linear), freshly initialised. For each N: --warmup steps, then
 --windows windows of --steps collect steps between CUDA events, graph replays (use_graph) or eager launches;
 throughput = N x steps / seconds of the best window. One eager step is also timed per kernel (CUDA events
 around each launch, so the eager figures include no host wait). --hindsight-fraction sets env.hindsight_fraction
