@@ -140,7 +140,8 @@ class EnvConfig:
         "policy chooses (Boltzmann in collect, argmax in evaluation); bins as in fox_numba/actions.py: magnitude "
         "0 Quarter, 1 Half, 2 Full; order type 0 Market, 1 Limit join, 2 Limit improve; urgency 0 Patient, "
         "1 Normal, 2 Urgent. [2, 0, 0] trades the direction branch alone, at Full size with market orders, as the "
-        "probe and the oracle trade (kernels/action_select.py).",
+        "probe and the oracle trade (kernels/action_select.py): on the suite (3 seeds so far) noise pooled, the agent "
+        "holding a position most bars with a third of the trades (tools/results/learner_ablation_h200.md section 21).",
     )
     beyond_depth_ticks: int = opt(
         2,
@@ -265,8 +266,10 @@ class NetworkConfig:
         "= softmax(x W_g + b_g) over K feature groups (OFI, trade, bar, history = the EMA columns, forecast when "
         "present, portfolio) scales each column c of group k to K w_k x_c before the trunk (or the heads) read it; "
         "the gate starts uniform (the identity) and is learned with the network. ISV 87-88 and HEALTH_DIAG "
-        "vsn_focus_max / vsn_focus_entropy follow its focus. With an IQN head it needs n_layers >= 1. Not yet "
-        "measured on the suite.",
+        "vsn_focus_max / vsn_focus_entropy follow its focus. With an IQN head it needs n_layers >= 1. On the "
+        "suite (5 seeds): noise pooled (seen -0.18, SE 0.54; held out +0.58, 0.53), single markets both ways, the "
+        "agent in the market twice as often; learner step 1.25 ms against 0.93 (tools/results/learner_ablation_h200.md "
+        "section 20).",
     )
     moe_experts: int = opt(
         0,
@@ -277,9 +280,24 @@ class NetworkConfig:
         "MOE_LAMBDA_EFF from a controller that raises it while the load is unbalanced (EMA of the largest "
         "utilisation against 1/K) and lowers it otherwise, within [0.001, 1]; ISV 118-127 and HEALTH_DIAG moe_* "
         "follow the utilisation and gate entropy, epoch stat moe_balance the loss term (1 balanced, K collapsed). "
-        "Collect and evaluation act on the same mixture. Refused with noisy_sigma0 > 0. The learner step at K = 4: 3.04 ms on an H200 against 0.93 ms without "
-        "(tools/results/bench_learner_moe4_h200.md). Not yet measured on the suite.",
+        "Collect and evaluation act on the same mixture. Refused with noisy_sigma0 > 0. The learner step at K = 4: "
+        "3.04 ms on an H200 against 0.93 ms without (tools/results/bench_learner_moe4_h200.md). Not yet measured on "
+        "the suite.",
     )
+    mamba2_window: int = opt(
+        0,
+        "Mamba2 encoder over the last T bars (0: off, else T >= 2; agent/mamba2.py, kernels/mamba2.py, "
+        "kernels/windows.py): per sample, the market columns of the T bars ending at its own bar (a bar before its "
+        "day's first reads that first bar: no look across days or ahead) pass a Mamba2 (SSD) block, and the block's "
+        "output at the last bar, mamba2_out columns, is appended to the observation the trunk (or the heads) read. "
+        "Refused with vsn, moe_experts, iqn_quantiles and noisy_sigma0. Off by default; not yet measured on the suite.",
+    )
+    mamba2_heads: int = opt(4, "Heads H of the Mamba2 encoder (network.mamba2_window > 0).")
+    mamba2_head_dim: int = opt(16, "Channels P per head of the Mamba2 encoder, 1 .. 64.")
+    mamba2_state: int = opt(
+        16, "State width N of the Mamba2 encoder's scan (its B and C columns, shared by the heads), 1 .. 64."
+    )
+    mamba2_out: int = opt(32, "Output columns E of the Mamba2 encoder, appended to the observation.")
 
 
 @dataclass

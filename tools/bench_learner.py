@@ -8,6 +8,7 @@
     python3 tools/bench_learner.py --out /tmp/bench_sn --layers 3 --spectral-norm --stochastic-depth 0.2  # trunk parts
     python3 tools/bench_learner.py --out /tmp/bench_vsn --vsn  # the variable-selection gate on the observation
     python3 tools/bench_learner.py --out tools/results/bench_learner_moe4_h200 --moe-experts 4  # MoE heads
+    python3 tools/bench_learner.py --out /tmp/bench_mamba2 --mamba2-window 32  # the Mamba2 encoder, 32 bars
 
 One gradient step of the default network (obs_dim -> 256 -> 256 -> 13 dueling C51 heads x 51 atoms,
 network.* of the default config), at each batch of --batch (default 8192, then smaller ones where the
@@ -65,9 +66,10 @@ from fox_numba.device.timing import Timings
 from fox_numba.io import atomic_write_text
 from fox_numba.kernels.nn import PRECISIONS
 from fox_numba.kernels.priority import PRIORITY_START
-from fox_numba.observation import OBS_DIM
+from fox_numba.observation import N_MARKET, OBS_DIM
 
 N_PORT = 6
+BENCH_DAY_BARS = 390  # the random market's days, where the Mamba2 windows stop (a regular ES session)
 
 
 @register((numba.float32[::1], numba.int32))
@@ -92,6 +94,7 @@ def make_learner(args: argparse.Namespace, stager: Stager, stream: Any, graphs: 
     cfg.network.iqn_quantiles = args.iqn_quantiles
     cfg.network.spectral_norm, cfg.network.stochastic_depth = args.spectral_norm, args.stochastic_depth
     cfg.network.vsn, cfg.network.moe_experts = args.vsn, args.moe_experts
+    cfg.network.mamba2_window = args.mamba2_window
     if args.layers is not None:
         cfg.network.n_layers, cfg.network.hidden = args.layers, args.hidden
     cfg.run.precision = args.precision
@@ -118,9 +121,11 @@ def make_learner(args: argparse.Namespace, stager: Stager, stream: Any, graphs: 
     isv = stager.upload_new(bootstrap_values())
     # the gate's groups: the observation's; a narrower input (--tiny, --obs-dim) gates market | portfolio
     groups = None if args.obs_dim >= OBS_DIM else ((0, m), (m, args.obs_dim))
-    layout = ParamLayout.build(args.obs_dim, cfg.network, vsn_groups=groups)
+    layout = ParamLayout.build(args.obs_dim, cfg.network, vsn_groups=groups, market_features=min(m, N_MARKET))
     aux_target = stager.upload_new(rng.standard_normal(bars).astype(np.float32))
-    learner = Learner(cfg, layout, replay, market, aux_target, isv=isv, stager=stager, stream=stream, seed=0)
+    day_first = stager.upload_new((np.arange(bars) // BENCH_DAY_BARS * BENCH_DAY_BARS).astype(np.int32))
+    learner = Learner(cfg, layout, replay, market, aux_target, isv=isv, stager=stager, stream=stream, seed=0,
+                      day_first=day_first)  # fmt: skip
     if replay.priorities is not None:  # as collected: every slot at the running max priority
         replay.priorities.upload(np.full(cap, PRIORITY_START), float(PRIORITY_START), stager)
     return learner, isv
@@ -238,7 +243,8 @@ def markdown_batch(modes: dict[str, Any], kernels: dict[str, Any], args: argpars
         f"network.iqn_quantiles {args.iqn_quantiles} "
         f"({'an IQN head beside C51' if args.iqn_quantiles > 0 else 'no IQN head'}), "
         f"network.spectral_norm {args.spectral_norm}, network.stochastic_depth {args.stochastic_depth}, "
-        f"network.vsn {args.vsn}, network.moe_experts {args.moe_experts}. "
+        f"network.vsn {args.vsn}, network.moe_experts {args.moe_experts}, network.mamba2_window "
+        f"{args.mamba2_window}. "
         f"Replay of {args.capacity} random transitions "
         f"over {args.bars} market rows. Best of {args.windows} windows of {args.steps} steps after "
         f"{args.warmup} warm-up steps."
@@ -325,6 +331,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--vsn", action="store_true", help="network.vsn (the variable-selection gate)")
     parser.add_argument("--moe-experts", type=int, default=0,
                         help="network.moe_experts of the measured step (0: one head; else 2 .. 8 experts)")
+    parser.add_argument("--mamba2-window", type=int, default=0,
+                        help="network.mamba2_window: the Mamba2 encoder over the last T bars (0: off)")
     parser.add_argument("--layers", type=int, default=None, help="network.n_layers (default: the config's)")
     parser.add_argument("--hidden", type=int, default=256, help="network.hidden with --layers")
     parser.add_argument("--precision", choices=PRECISIONS, default="fp32", help="run.precision of the dense layers")

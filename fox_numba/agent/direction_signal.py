@@ -73,17 +73,23 @@ class DirectionSignal:
                     if layout.iqn else None)
         self.rng_states = xoroshiro_states(chunk, 0, stager) if layout.iqn else None  # the midpoints draw nothing
 
-    def compute(self, market_obs: Any, params: Any, supports: Any) -> np.ndarray:
+    def compute(self, market_obs: Any, params: Any, supports: Any, day_first: Any = None) -> np.ndarray:
         """float64 [n]: the signal of every row of market_obs [n, M] (device) under `params` and the per-head
-        `supports` [N_HEADS, 3]."""
+        `supports` [N_HEADS, 3]; `day_first` [n] (device, FoldMarketDevice.day_first): where the Mamba2 encoder's
+        windows stop, needed with network.mamba2_window."""
         n, c, s = int(market_obs.shape[0]), self.chunk, self.stream
+        if self.layout.mamba2 is not None:
+            if day_first is None:
+                raise ValueError("DirectionSignal.compute: the Mamba2 encoder (network.mamba2_window) needs day_first")
+            self.net.bind_market(market_obs, day_first)
         broadcast_supports(supports, self.support_rows, stream=s)
         out = np.empty(n, np.float64)
         for start in range(0, n, c):
             stop = min(start + c, n)
             rows = np.minimum(np.arange(start, start + c), n - 1).astype(np.int32)  # the tail repeats the last row
-            gather_obs(market_obs, self.stager.upload_new(rows), self.port, self.obs, stream=s)
-            self.net.forward(params, self.obs, self.logits, stream=s)
+            rows_dev = self.stager.upload_new(rows)
+            gather_obs(market_obs, rows_dev, self.port, self.obs, stream=s)
+            self.net.forward(params, self.obs, self.logits, stream=s, rows=rows_dev)
             expected_q(self.logits, self.support_rows, self.q, self.entropy, stream=s)
             q = self.stager.download(self.q).astype(np.float64)
             if self.iqn is not None:

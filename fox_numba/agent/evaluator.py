@@ -94,6 +94,8 @@ class Evaluator:
         self.stager, self.stream = stager, stager.stream
         self.net = Network(layout, n, stream=self.stream, spectral=read_only(spectral_uv),
                            dense=precision_dense(cfg.run.precision))
+        if layout.mamba2 is not None:  # the encoder's windows end at each environment's row
+            self.net.bind_market(market.market_obs, market.day_first)
         self.obs = device_empty((n, layout.obs_dim), np.float32)
         self.logits = device_empty((n, N_HEADS, z), np.float32)
         self.support_rows = device_empty((n, N_HEADS, 3), np.float32)
@@ -116,7 +118,7 @@ class Evaluator:
     def _step(self, s: Any) -> None:
         env = self.env
         env.observe(self.obs, stream=s)
-        self.net.forward(self.params, self.obs, self.logits, stream=s)
+        self.net.forward(self.params, self.obs, self.logits, stream=s, rows=env.row)
         if self.iqn is not None:
             self.iqn.run(self.params, self.net.head_input(env.n), self.rng_states, stream=s)
         select_actions(self.logits, self.support_rows, self.rng_states, self.actions, self.conviction,

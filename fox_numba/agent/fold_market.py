@@ -12,8 +12,9 @@ Built once per fold:
   no statistic on any bar after the training window's purge start;
 - the close book (10 levels x 2 sides, price float64 / size float32), the close mid, the per-bar trade
   summary for limit fills;
-- fold-local `day_start`, and `row_stop[r]`: the row after the last bar an episode through row r may use
-  (the end of r's day; on the last training day the purge start, so no episode enters the purged tail);
+- fold-local `day_start`, `day_first[r]` (the first row of r's day), and `row_stop[r]`: the row after the last
+  bar an episode through row r may use (the end of r's day; on the last training day the purge start, so no
+  episode enters the purged tail);
 - `train_starts`: every training row s from which an episode of env.episode_bars bars stays inside its
   day and out of the purged tail (s + episode_bars <= row_stop[s]); a training day with fewer usable bars
   than an episode (but at least 2) contributes its first row only, and its episodes run to its end; in
@@ -127,6 +128,11 @@ class FoldMarket:
     @property
     def n_rows(self) -> int:
         return int(self.mid.shape[0])
+
+    @property
+    def day_first(self) -> np.ndarray:
+        """int32 [n]: the first row of each row's day (`day_first_rows`; the Mamba2 encoder's windows stop there)."""
+        return day_first_rows(self.day_start)
 
     @classmethod
     def build(
@@ -325,6 +331,7 @@ DEVICE_TENSORS: tuple[str, ...] = (
     "vol_lo",
     "vol_hi",
     "day_start",
+    "day_first",
     "row_stop",
     "train_starts",
     "val_windows",
@@ -348,6 +355,7 @@ class FoldMarketDevice:
     vol_lo: Any
     vol_hi: Any
     day_start: Any
+    day_first: Any
     row_stop: Any
     train_starts: Any
     val_windows: Any
@@ -363,6 +371,11 @@ class FoldMarketDevice:
             raise ConfigError(f"fold {self.host.fold_index} has no selection days (folds.select_days = 0)")
         host = dataclasses.replace(self.host, val_windows=self.host.select_windows)
         return dataclasses.replace(self, host=host, val_windows=stager.upload_new(host.val_windows))
+
+
+def day_first_rows(day_start: np.ndarray) -> np.ndarray:
+    """int32 [R]: the first row of each row's day, from day_start [n_days + 1] (each day's first row, then R)."""
+    return np.repeat(day_start[:-1], np.diff(day_start)).astype(np.int32)
 
 
 def episode_volatility(mid: np.ndarray, starts: np.ndarray, row_stop: np.ndarray, episode_bars: int) -> np.ndarray:

@@ -1,6 +1,8 @@
 """The learner: the train stage. One gradient step is one StepGraph; an epoch replays it K times.
 
     learner = Learner(cfg, layout, replay, market_obs, aux_target, isv=bus.values, stager=stager, stream=stream)
+                (and day_first= with network.mamba2_window: the online and target networks' encoders read the windows
+                of the s and s' rows; set_market(market_obs, aux_target, day_first) per later fold)
     per fold:   learner.shrink_adam(); learner.reset_step_counter(); learner.shrink_perturb(seed);
                 learner.sync_target(); learner.restart_average()   the fold reset's learner entries, in its order
                                                            (walkforward/trainer_state.py); the driver runs
@@ -174,8 +176,10 @@ class Learner:
 
     def __init__(
         self, cfg: FoxConfig, layout: ParamLayout, replay: ReplayBuffer, market_obs: Any, aux_target: Any, *,
-        isv: Any, stager: Stager, stream: Any, seed: int | None = None, dense: str = "auto",
+        isv: Any, stager: Stager, stream: Any, seed: int | None = None, dense: str = "auto", day_first: Any = None,
     ) -> None:
+        """`day_first` [fold rows] (FoldMarketDevice.day_first): where the Mamba2 encoder's windows stop (a layout
+        with network.mamba2_window needs it; the windows read market_obs, so learner.obs_noise does not reach them)."""
         lc = cfg.learner
         if len(lc.branch_weights) != N_BRANCHES or min(lc.branch_weights) < 0:
             raise ValueError(f"learner.branch_weights needs {N_BRANCHES} weights >= 0, got {lc.branch_weights}")
@@ -262,6 +266,7 @@ class Learner:
         self.online = Network(layout, 2 * b, stream=stream, grad_rows=b, dense=dense, dropout=drop, noise=noise_on,
                               spectral=spec_on, depth=depth, isv=isv)  # isv: the VSN and MoE gates' signals of s
         self.target_net = Network(layout, b, stream=stream, dense=dense, noise=noise_tgt, spectral=spec_tgt)
+        self._bind_encoders(market_obs, day_first)
         self.logits = device_empty((2 * b, N_HEADS, z), np.float32)
         self.logits_tgt = device_empty((b, N_HEADS, z), np.float32)
         self.q = device_empty((2 * b, N_HEADS), np.float32)
@@ -283,6 +288,16 @@ class Learner:
             self.reset_spectral(self.seed)
         self.sync_target()
         self.graph = StepGraph("learner.step", self._step, stream, use_graph=cfg.run.graphs)
+
+    def _bind_encoders(self, market_obs: Any, day_first: Any) -> None:
+        """The fold's market for both networks' Mamba2 encoders (network.mamba2_window; nothing without one)."""
+        if self.layout.mamba2 is None:
+            return
+        if day_first is None:
+            raise ValueError("Learner: a layout with the Mamba2 encoder (network.mamba2_window) needs day_first= "
+                             "(FoldMarketDevice.day_first)")
+        self.online.bind_market(market_obs, day_first)
+        self.target_net.bind_market(market_obs, day_first)
 
     def _check_market(self, market_obs: Any, aux_target: Any, n_port: int) -> None:
         if tuple(aux_target.shape) != (int(market_obs.shape[0]),):
@@ -310,12 +325,12 @@ class Learner:
         gather_obs(self.market_obs, bt.rows, bt.port, self.obs, stream=s)
         if lc.obs_noise > 0:
             add_obs_noise(self.obs, self.rng_states, lc.obs_noise, int(self.market_obs.shape[1]), stream=s)
-        self.online.forward(self.params, self.obs, self.logits, stream=s)  # s and s' (s kept for backward)
+        self.online.forward(self.params, self.obs, self.logits, stream=s, rows=bt.rows)  # s, s' (s kept for backward)
         if self.online.spectral is not None:
             spectral_epoch_stat(self.online.spectral.sigma, self.epoch, stream=s)
         if self.online.moe is not None:
             self.online.moe.signals(self.epoch, stream=s)
-        self.target_net.forward(self.target, self.obs_next, self.logits_tgt, stream=s)
+        self.target_net.forward(self.target, self.obs_next, self.logits_tgt, stream=s, rows=bt.rows[self.batch_size :])
         self._c51_rows(s, prio)
         if prio is not None:
             prio.update(bt.idx, rows.loss, alpha=lc.priority_alpha, eps=lc.priority_eps, stream=s)
@@ -475,11 +490,12 @@ class Learner:
         """The schedule's step and Adam's t restart at 0 (the cosine and the bias correction start again)."""
         reset_counters(self.optim_state, stream=self.stream)
 
-    def set_market(self, market_obs: Any, aux_target: Any) -> None:
-        """Bind another fold's market observations and auxiliary targets (the step is captured again at its
-        next replays)."""
+    def set_market(self, market_obs: Any, aux_target: Any, day_first: Any = None) -> None:
+        """Bind another fold's market observations, auxiliary targets and (the Mamba2 encoder) day_first (the step
+        is captured again at its next replays)."""
         self._check_market(market_obs, aux_target, self.replay.n_port)
         self.market_obs, self.aux_target = market_obs, aux_target
+        self._bind_encoders(market_obs, day_first)
         self.graph = StepGraph("learner.step", self._step, self.stream, use_graph=self.cfg.run.graphs)
 
     # ---- state ----------------------------------------------------------------------------------------------

@@ -1,12 +1,17 @@
 """Mamba2 block (Dao & Gu 2024, the SSD layer): a selective state-space encoder over windows of the last T bars,
 composed from its kernels on given parameter arrays (formulas, launch shapes and the scan's design:
-kernels/mamba2.py). Not wired into the network yet: this module is the block and its parameter layout.
+kernels/mamba2.py), and the encoder a network composes from it (network.mamba2_window; agent/network.py).
 
     dims = Mamba2Dims(seq_len=T, n_features=F, n_heads=H, head_dim=P, state_dim=N, d_out=E)
     p = {name: array for name, shape, decays in mamba2_entries(dims)}     init_params(dims, seed): host values
     block = Mamba2Block(dims, samples, dense="auto", stream=s)
     out = block.forward(p, u, stream=s)          u [S T, F] -> out [S T, E]  (row s T + t: window s, bar t)
     du = block.backward(p, u, dout, g, stream=s)  dL/d(params) into the views g, returns du = dL/du [S T, F]
+                                                 (grad_samples=G: the backward covers the first G windows)
+    enc = Mamba2Encoder(dims, batch, G, obs_dim, dense=d, stream=s)   the encoder of a network's input
+    enc.bind_market(market_obs, day_first)       per fold: the FoldMarketDevice's (agent/fold_market.py)
+    x = enc.forward(p, obs, rows, stream=s)      x [B, D + E] = [obs | the block's output at each window's last bar]
+    enc.backward(p, g, stream=s)                 the block's gradients from enc.dx [G, E]; the windows take none
 
 The block, per window (no causal conv1d and no gated RMSNorm: the paper's block has both; this increment is the
 projections, the scan and the gate):
@@ -37,7 +42,10 @@ from typing import Any
 import numpy as np
 
 from fox_numba.agent.dense import WeightGrad, dense_backward_input, dense_forward, dense_kind
+from fox_numba.config import NetworkConfig
+from fox_numba.device.launch import check_array
 from fox_numba.device.memory import device_empty, device_zeros
+from fox_numba.errors import ConfigError
 from fox_numba.kernels.mamba2 import (
     A_LOG,
     D_SKIP,
@@ -53,6 +61,7 @@ from fox_numba.kernels.mamba2 import (
     mamba2_scan_backward,
     mamba2_scan_forward,
 )
+from fox_numba.kernels.windows import concat_last, gather_windows, scatter_last
 
 MAMBA2_PREFIX = "mamba2."
 IN_W, HEADS, OUT_W = f"{MAMBA2_PREFIX}in_proj.weight", f"{MAMBA2_PREFIX}heads", f"{MAMBA2_PREFIX}out_proj.weight"
@@ -91,17 +100,38 @@ class Mamba2Dims:
         return in_width(self.n_heads, self.head_dim, self.state_dim)
 
 
+def encoder_dims(cfg: NetworkConfig, n_features: int) -> Mamba2Dims | None:
+    """The encoder's sizes of a network config (windows of cfg.mamba2_window bars of the first `n_features` market
+    columns), None when it is off; a ConfigError for sizes out of range or a part it does not compose with."""
+    if cfg.mamba2_window == 0:
+        return None
+    if cfg.mamba2_window < 2:
+        raise ConfigError(f"network.mamba2_window must be 0 (off) or a window of >= 2 bars, got {cfg.mamba2_window}")
+    others = {"vsn": cfg.vsn, "moe_experts": cfg.moe_experts > 0, "iqn_quantiles": cfg.iqn_quantiles > 0,
+              "noisy_sigma0": cfg.noisy_sigma0 > 0}
+    refused = [f"network.{name}" for name, on in others.items() if on]
+    if refused:
+        raise ConfigError(f"network.mamba2_window does not combine with {', '.join(refused)} (not composed yet: each "
+                          "reads or gates the network's input or head, which the encoder widens)")
+    try:
+        return Mamba2Dims(seq_len=cfg.mamba2_window, n_features=n_features, n_heads=cfg.mamba2_heads,
+                          head_dim=cfg.mamba2_head_dim, state_dim=cfg.mamba2_state, d_out=cfg.mamba2_out)
+    except ValueError as err:
+        raise ConfigError(f"network.mamba2_*: {err}") from None
+
+
 def mamba2_entries(dims: Mamba2Dims) -> list[tuple[str, tuple[int, ...], bool]]:
     """(name, shape, decays) of the block's parameters, in layout order (module header)."""
     return [(IN_W, (dims.n_features, dims.width), True), (HEADS, (N_HEAD_PARAMS, dims.n_heads), False),
             (OUT_W, (dims.inner, dims.d_out), True)]
 
 
-def init_params(dims: Mamba2Dims, seed: int) -> dict[str, np.ndarray]:
-    """Seeded float32 initial values of every entry (module header); entry k draws from default_rng([seed, k])."""
+def init_params(dims: Mamba2Dims, seed: int, first: int = 0) -> dict[str, np.ndarray]:
+    """Seeded float32 initial values of every entry (module header); entry k draws from default_rng([seed, first + k])
+    (`first`: the index of the block's first entry in a network's layout, so its draws are the layout's own)."""
     out: dict[str, np.ndarray] = {}
     for k, (name, shape, _) in enumerate(mamba2_entries(dims)):
-        rng = np.random.default_rng([seed % 2**63, k])
+        rng = np.random.default_rng([seed % 2**63, first + k])
         if name == HEADS:
             heads = np.empty(shape)
             heads[A_LOG] = np.log(rng.uniform(*A_RANGE, dims.n_heads))
@@ -118,28 +148,35 @@ def init_params(dims: Mamba2Dims, seed: int) -> dict[str, np.ndarray]:
 class Mamba2Block:
     """Forward and backward of the block for `samples` windows (module header); buffers allocated once."""
 
-    def __init__(self, dims: Mamba2Dims, samples: int, *, dense: str = "auto", stream: Any) -> None:
-        if samples < 1:
-            raise ValueError(f"Mamba2Block: samples must be >= 1, got {samples}")
+    def __init__(self, dims: Mamba2Dims, samples: int, *, dense: str = "auto", stream: Any,
+                 grad_samples: int | None = None) -> None:
+        grad_samples = samples if grad_samples is None else grad_samples
+        if not 1 <= grad_samples <= samples:
+            raise ValueError(f"Mamba2Block: need 1 <= grad_samples <= samples, got {grad_samples}, {samples}")
         self.dims, self.samples, self.dense = dims, samples, dense_kind(dense, "Mamba2Block")
         rows, hp = samples * dims.seq_len, dims.inner
-        self.rows = rows
+        grows = grad_samples * dims.seq_len  # the backward's rows: the first grad_samples windows
+        self.rows, self.grad_rows = rows, grows
         self.zxbcdt = device_empty((rows, dims.width), np.float32)  # z | x | B | C | dt_raw
         self.y = device_empty((rows, hp), np.float32)  # the scan's output, before the gate
         self.gated = device_empty((rows, hp), np.float32)
         self.out = device_empty((rows, dims.d_out), np.float32)
-        self.dgated = device_empty((rows, hp), np.float32)
-        self.dy = device_empty((rows, hp), np.float32)
-        self.carry = device_empty((rows, hp), np.float32)  # the scan backward's carried readout
-        self.dzxbcdt = device_empty((rows, dims.width), np.float32)
-        self.du = device_empty((rows, dims.n_features), np.float32)
-        self.part = device_empty((samples, N_HEAD_PARAMS * dims.n_heads), np.float32)  # per-sample head grads
+        self.dgated = device_empty((grows, hp), np.float32)
+        self.dy = device_empty((grows, hp), np.float32)
+        self.carry = device_empty((grows, hp), np.float32)  # the scan backward's carried readout
+        self.dzxbcdt = device_empty((grows, dims.width), np.float32)
+        self.du = device_empty((grows, dims.n_features), np.float32)
+        self.part = device_empty((grad_samples, N_HEAD_PARAMS * dims.n_heads), np.float32)  # per-sample head grads
         self._zero_in = device_zeros(dims.width, np.float32, stream=stream)  # the projections' (absent) biases
         self._zero_out = device_zeros(dims.d_out, np.float32, stream=stream)
         self._db_in = device_empty(dims.width, np.float32)  # their gradients, discarded
         self._db_out = device_empty(dims.d_out, np.float32)
-        self._wgrad_in = WeightGrad(self.dense, rows, dims.n_features, dims.width)
-        self._wgrad_out = WeightGrad(self.dense, rows, hp, dims.d_out)
+        self._wgrad_in = WeightGrad(self.dense, grows, dims.n_features, dims.width)
+        self._wgrad_out = WeightGrad(self.dense, grows, hp, dims.d_out)
+
+    def _kept(self, arr: Any) -> Any:
+        """The backward's rows of a forward buffer."""
+        return arr if self.grad_rows == self.rows else arr[: self.grad_rows]
 
     def forward(self, p: dict[str, Any], u: Any, *, stream: Any) -> Any:
         """out [S T, E] of the windows u [S T, F] (row s T + t: window s, bar t), kept in `out`; the intermediate
@@ -151,18 +188,64 @@ class Mamba2Block:
         dense_forward(self.dense, self.gated, p[OUT_W], self._zero_out, self.out, relu=False, stream=stream)
         return self.out
 
-    def backward(self, p: dict[str, Any], u: Any, dout: Any, g: dict[str, Any], *, stream: Any) -> Any:
-        """After `forward(p, u)`: from dout [S T, E] = dL/d(out), the parameter gradients into the views `g` (same
-        names and shapes as `p`) and du = dL/du [S T, F], returned (kept in `du`)."""
+    def backward(self, p: dict[str, Any], u: Any, dout: Any, g: dict[str, Any], *, stream: Any,
+                 input_grad: bool = True) -> Any:
+        """After `forward(p, u)`: from dout [G T, E] = dL/d(out) of the first G = grad_samples windows, the parameter
+        gradients into the views `g` (same names and shapes as `p`) and, with `input_grad`, du = dL/du [G T, F],
+        returned (kept in `du`; else None). `u` is the forward's input, all its rows or the first G T."""
         d = self.dims
-        self._wgrad_out(self.gated, dout, g[OUT_W], self._db_out, stream=stream)
+        zxbcdt, y, u = self._kept(self.zxbcdt), self._kept(self.y), u[: self.grad_rows]
+        self._wgrad_out(self._kept(self.gated), dout, g[OUT_W], self._db_out, stream=stream)
         dense_backward_input(self.dense, dout, p[OUT_W], self.dgated, act=None, stream=stream)
-        mamba2_gate_backward(self.zxbcdt, self.y, self.dgated, self.dy, self.dzxbcdt, stream=stream)
-        mamba2_scan_backward(self.zxbcdt, p[HEADS], self.dy, self.carry, self.dzxbcdt, seq_len=d.seq_len,
+        mamba2_gate_backward(zxbcdt, y, self.dgated, self.dy, self.dzxbcdt, stream=stream)
+        mamba2_scan_backward(zxbcdt, p[HEADS], self.dy, self.carry, self.dzxbcdt, seq_len=d.seq_len,
                              state_dim=d.state_dim, stream=stream)
-        mamba2_dt_grad(self.zxbcdt, p[HEADS], self.carry, self.dy, self.dzxbcdt, self.part, seq_len=d.seq_len,
+        mamba2_dt_grad(zxbcdt, p[HEADS], self.carry, self.dy, self.dzxbcdt, self.part, seq_len=d.seq_len,
                        state_dim=d.state_dim, stream=stream)
         mamba2_head_grad(self.part, g[HEADS], stream=stream)
         self._wgrad_in(u, self.dzxbcdt, g[IN_W], self._db_in, stream=stream)
+        if not input_grad:
+            return None
         dense_backward_input(self.dense, self.dzxbcdt, p[IN_W], self.du, act=None, stream=stream)
         return self.du
+
+
+class Mamba2Encoder:
+    """The block over each sample's window of the market, its last bar's output beside the observation: the input
+    x [batch, D + E] of a network's first layer (network.mamba2_window; composed by agent/network.py)."""
+
+    def __init__(self, dims: Mamba2Dims, batch: int, grad_rows: int, obs_dim: int, *, dense: str,
+                 stream: Any) -> None:
+        self.dims = dims
+        self.block = Mamba2Block(dims, batch, dense=dense, stream=stream, grad_samples=grad_rows)
+        self.u = device_empty((batch * dims.seq_len, dims.n_features), np.float32)  # the windows
+        self.x = device_empty((batch, obs_dim + dims.d_out), np.float32)  # [obs | the last bars' output]
+        self.dx = device_empty((grad_rows, dims.d_out), np.float32)  # dL/d(the E columns), written by the network
+        self._dout = device_empty((grad_rows * dims.seq_len, dims.d_out), np.float32)
+        self._market: tuple[Any, Any] | None = None
+
+    def bind_market(self, market_obs: Any, day_first: Any) -> None:
+        """The fold's market rows the windows read: market_obs [R, C >= F] and day_first [R] (fold_market.py)."""
+        check_array("market_obs", market_obs, "[R, C]", None)
+        n_rows, n_cols = (int(d) for d in market_obs.shape)
+        check_array("day_first", day_first, "[R]", (n_rows,), np.int32)
+        if n_cols < self.dims.n_features:
+            raise ValueError(f"market_obs has {n_cols} columns, the encoder reads the first {self.dims.n_features}")
+        self._market = (market_obs, day_first)
+
+    def forward(self, p: dict[str, Any], obs: Any, rows: Any, *, stream: Any) -> Any:
+        """x [batch, D + E] of obs [batch, D] and the samples' market rows `rows` [batch] (int32); kept in `x`."""
+        if self._market is None:
+            raise RuntimeError("the Mamba2 encoder (network.mamba2_window) needs the fold's market: call "
+                               "Network.bind_market(market_obs, day_first) first")
+        market_obs, day_first = self._market
+        gather_windows(market_obs, rows, day_first, self.u, seq_len=self.dims.seq_len, stream=stream)
+        out = self.block.forward(p, self.u, stream=stream)
+        concat_last(obs, out, self.x, seq_len=self.dims.seq_len, stream=stream)
+        return self.x
+
+    def backward(self, p: dict[str, Any], g: dict[str, Any], *, stream: Any) -> None:
+        """The block's parameter gradients into `g` from `dx` [grad_rows, E] (the windows are data: no input
+        gradient)."""
+        scatter_last(self.dx, self._dout, seq_len=self.dims.seq_len, stream=stream)
+        self.block.backward(p, self.u, self._dout, g, stream=stream, input_grad=False)

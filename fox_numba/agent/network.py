@@ -4,6 +4,7 @@
     params = stager.upload_new(init_params(layout, seed))  # one flat float32 buffer [layout.size]
     net = Network(layout, batch, stream=s)                 # activation buffers, allocated once
     net.forward(params, obs, logits, stream=s)             # obs [batch, D] -> logits [batch, 13, Z]
+                                                           # (Mamba2: net.bind_market(...) per fold, rows= per call)
     net.backward(params, dlogits, grads, stream=s)         # dlogits [G, 13, Z] -> grads [layout.size]
 
 Architecture: `n_layers` Linear+ReLU layers of width `hidden` (the trunk; with n_layers = 0, the default,
@@ -79,6 +80,18 @@ reduces the gate's usage over the first grad_rows rows, which the backward's loa
 ISV[MOE_LAMBDA_EFF]) and the learner's `moe.signals` read; the gate's input gradient joins the trunk's (or the VSN
 gate's). Noisy heads are refused with it. Off, the layout and the launches are the single head's.
 
+Mamba2 encoder (network.mamba2_window = T > 0, off by default; agent/mamba2.py, kernels/mamba2.py, kernels/windows.py):
+a layout built with it holds the block's entries mamba2.in_proj.weight, mamba2.heads, mamba2.out_proj.weight after
+the C51 head's, and its first layer (layer 0, or the head without a trunk) reads [obs | enc], obs_dim + E columns
+(layout.in_dim; E = mamba2_out). enc is the block's output at the last bar of each sample's window: the first
+N_MARKET columns of the fold's market part over the T bars ending at the sample's row (clamped to its day's first
+bar). `bind_market(market_obs, day_first)` gives the network its fold's market once per fold and `forward(...,
+rows=)` each observation's row; the backward sends the E columns' input gradient dy W^T (W: the weights layer 0 read)
+into the block's parameter gradients, and the windows take none (market features are data). The window and the
+block's sizes are in the fingerprint. Refused with VSN, MoE, IQN and NoisyNet heads (each reads or gates the input or
+the head the encoder widens; not composed yet); the trunk parts act after layer 0 and compose. Off, the network
+launches none of its kernels.
+
 Every buffer is allocated in the constructor, so forward and backward run inside a captured StepGraph. `grads` must
 be zero in the layout's gaps (allocate it with device_zeros); backward writes every entry but the IQN head's.
 """
@@ -96,6 +109,8 @@ from fox_numba.actions import N_BRANCHES, N_HEADS
 from fox_numba.agent.dense import WeightGrad, dense_backward_input, dense_forward, dense_kind
 from fox_numba.agent.depth import ResidualTrunk, StochasticDepth
 from fox_numba.agent.iqn import IQN_HEAD_PREFIX, iqn_entries
+from fox_numba.agent.mamba2 import MAMBA2_PREFIX, Mamba2Dims, Mamba2Encoder, encoder_dims, mamba2_entries
+from fox_numba.agent.mamba2 import init_params as mamba2_init
 from fox_numba.agent.moe import MOE_PREFIX, MoeHeads, moe_entries
 from fox_numba.agent.noisy import NoiseKey, NoisyHead, init_sigma, sigma_entries
 from fox_numba.agent.spectral import SpectralKey, SpectralNorm, layer_widths
@@ -110,6 +125,7 @@ from fox_numba.errors import ConfigError
 from fox_numba.kernels.dropout import dropout, keep_scale
 from fox_numba.kernels.heads import aux_column, dueling_combine_backward, dueling_combine_forward, head_width
 from fox_numba.kernels.moe import MIN_EXPERTS
+from fox_numba.observation import N_MARKET
 
 ALIGN = 32  # floats: every entry starts on a 128-byte boundary
 
@@ -148,12 +164,15 @@ class ParamLayout:
     residual: bool = False  # trunk layers 1 .. n_layers - 1 are residual blocks (agent/depth.py)
     vsn_groups: tuple[tuple[int, int], ...] = ()  # the VSN gate's column ranges [begin, end) (agent/vsn.py); () off
     moe_experts: int = 0  # > 0: the head is a mixture of this many experts under a gate (agent/moe.py)
+    mamba2: Mamba2Dims | None = None  # the Mamba2 encoder over the last bars (agent/mamba2.py); None off
 
     @classmethod
-    def build(cls, obs_dim: int, cfg: NetworkConfig,
-              vsn_groups: tuple[tuple[int, int], ...] | None = None) -> ParamLayout:
+    def build(cls, obs_dim: int, cfg: NetworkConfig, vsn_groups: tuple[tuple[int, int], ...] | None = None, *,
+              market_features: int = N_MARKET) -> ParamLayout:
         """The layout of a network over observations of `obs_dim` columns, sized by `cfg`. With cfg.vsn the gate's
-        groups are `vsn_groups` (column ranges tiling the input), by default the observation layout's."""
+        groups are `vsn_groups` (column ranges tiling the input), by default the observation layout's. With
+        cfg.mamba2_window the encoder reads the first `market_features` market columns (by default the market
+        part's N_MARKET)."""
         if (obs_dim < 1 or cfg.hidden < 1 or cfg.n_layers < 0 or cfg.n_atoms < 2 or not cfg.noisy_sigma0 >= 0
                 or cfg.iqn_quantiles < 0 or cfg.iqn_embed < 1):
             raise ValueError(
@@ -174,13 +193,14 @@ class ParamLayout:
                              "gradient reaches the gate only through the trunk")
         if cfg.moe_experts:
             check_moe(cfg)
+        mamba2 = encoder_dims(cfg, market_features)
         groups: tuple[tuple[int, int], ...] = ()
         if cfg.vsn:
             groups = (tuple((int(b), int(e)) for b, e in vsn_groups) if vsn_groups is not None
                       else tuple((g.begin, g.end) for g in observation_groups(obs_dim)))
             check_groups(groups, obs_dim)
         shapes: list[tuple[str, tuple[int, ...], bool]] = []
-        width = obs_dim
+        width = obs_dim + (mamba2.d_out if mamba2 is not None else 0)
         for layer in range(cfg.n_layers):
             shapes += [(f"trunk.{layer}.weight", (width, cfg.hidden), True), (f"trunk.{layer}.bias", (cfg.hidden,), False)]
             width = cfg.hidden
@@ -189,6 +209,8 @@ class ParamLayout:
         shapes += [("head.weight", (width, experts_out), True), ("head.bias", (experts_out,), False)]
         if cfg.noisy_sigma0 > 0:
             shapes += sigma_entries(width, head_out)
+        if mamba2 is not None:
+            shapes += mamba2_entries(mamba2)
         if groups:
             shapes += vsn_entries(obs_dim, len(groups))
         if cfg.moe_experts:
@@ -201,7 +223,7 @@ class ParamLayout:
             entries.append(ParamEntry(name, offset, shape, decay))
             offset += -(-math.prod(shape) // ALIGN) * ALIGN
         return cls(obs_dim, cfg.hidden, cfg.n_layers, cfg.n_atoms, tuple(entries), offset, float(cfg.noisy_sigma0),
-                   iqn_embed, cfg.spectral_norm, residual, groups, cfg.moe_experts)
+                   iqn_embed, cfg.spectral_norm, residual, groups, cfg.moe_experts, mamba2)
 
     @property
     def noisy(self) -> bool:
@@ -224,6 +246,11 @@ class ParamLayout:
         return self.moe_experts > 0
 
     @property
+    def in_dim(self) -> int:
+        """Width of the first layer's input: the observation, and the Mamba2 encoder's output beside it."""
+        return self.obs_dim + (self.mamba2.d_out if self.mamba2 is not None else 0)
+
+    @property
     def head_input_relu(self) -> bool:
         """The heads' input is a ReLU output (a plain last trunk layer), so its gradient is masked by its sign."""
         return self.n_layers > 0 and not self.residual
@@ -231,7 +258,7 @@ class ParamLayout:
     @property
     def head_in(self) -> int:
         """Width of the heads' input: the trunk's last layer, or the observation without a trunk."""
-        return self.hidden if self.n_layers else self.obs_dim
+        return self.hidden if self.n_layers else self.in_dim
 
     @property
     def fingerprint(self) -> str:
@@ -246,6 +273,10 @@ class ParamLayout:
             text += "vsn_groups:" + ",".join(f"{b}-{e}" for b, e in self.vsn_groups) + "\n"
         if self.moe:
             text += f"moe_experts:{self.moe_experts}\n"
+        if self.mamba2 is not None:  # the window is in no entry's shape
+            d = self.mamba2
+            text += (f"mamba2:window={d.seq_len},features={d.n_features},heads={d.n_heads},head_dim={d.head_dim},"
+                     f"state={d.state_dim},out={d.d_out}\n")
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
     def entry(self, name: str) -> ParamEntry:
@@ -300,8 +331,8 @@ def init_params(layout: ParamLayout, seed: int) -> np.ndarray:
     """Seeded, deterministic float32 parameters [layout.size] (scheme in the module header)."""
     flat = np.zeros(layout.size, np.float32)
     for index, e in enumerate(layout.entries):
-        if not e.decay or e.name.startswith((VSN_PREFIX, MOE_PREFIX)):
-            continue  # biases and the VSN and MoE gates start at 0 (uniform gates), sigma below
+        if not e.decay or e.name.startswith((VSN_PREFIX, MOE_PREFIX, MAMBA2_PREFIX)):
+            continue  # biases and the VSN and MoE gates start at 0 (uniform gates), sigma and Mamba2 below
         rng = np.random.default_rng([seed % 2**63, index])
         fan_in, fan_out = e.shape
         if e.name == "head.weight":
@@ -311,6 +342,12 @@ def init_params(layout: ParamLayout, seed: int) -> np.ndarray:
         flat[e.offset : e.stop] = rng.uniform(-bound, bound, e.size).astype(np.float32)
     if layout.noisy:
         init_sigma(flat, layout)
+    if layout.mamba2 is not None:
+        names = [e.name for e in layout.entries]
+        first = next(k for k, name in enumerate(names) if name.startswith(MAMBA2_PREFIX))
+        for name, value in mamba2_init(layout.mamba2, seed, first).items():
+            e = layout.entries[names.index(name)]
+            flat[e.offset : e.stop] = value.reshape(-1)
     return flat
 
 
@@ -354,6 +391,8 @@ class Network:
         self.residual = ResidualTrunk(layout, batch, grad_rows, depth, stream=stream) if layout.residual else None
         self.vsn = VsnGate(layout, batch, grad_rows, dense, isv=isv, stream=stream) if layout.vsn else None
         self.moe = MoeHeads(layout, batch, grad_rows, dense, isv=isv, stream=stream) if layout.moe else None
+        self.encoder = (Mamba2Encoder(layout.mamba2, batch, grad_rows, layout.obs_dim, dense=dense, stream=stream)
+                        if layout.mamba2 is not None else None)
         n_layers, hidden, z = layout.n_layers, layout.hidden, layout.n_atoms
         # Trunk outputs [layer, row, unit] in one buffer (the hidden-signal producers read it whole).
         self.activations: Any = device_empty((n_layers, batch, hidden), np.float32) if n_layers else None
@@ -361,7 +400,7 @@ class Network:
         self.dhead = device_zeros((grad_rows, head_width(z)), np.float32, stream=stream)  # aux column: 0 unless written
         self.aux_column = aux_column(z)
         self._dh = [device_empty((grad_rows, hidden), np.float32) for _ in range(min(n_layers, 2))]
-        widths = [layout.obs_dim] + [hidden] * n_layers + [head_width(z) * max(layout.moe_experts, 1)]
+        widths = [layout.in_dim] + [hidden] * n_layers + [head_width(z) * max(layout.moe_experts, 1)]
         self._wgrads = [WeightGrad(dense, grad_rows, widths[k], widths[k + 1]) for k in range(n_layers + 1)]
         self._obs: Any = None
         self._views: dict[int, dict[str, Any]] = {}
@@ -373,11 +412,20 @@ class Network:
             views = self._views[key] = self.layout.views(flat)
         return views
 
+    def bind_market(self, market_obs: Any, day_first: Any) -> None:
+        """The fold's market rows the Mamba2 encoder's windows read (once per fold): market_obs [R, C] float32 (the
+        fold's market part) and day_first [R] int32 (FoldMarketDevice.day_first); a layout without it refuses."""
+        if self.encoder is None:
+            raise ValueError("Network.bind_market: the layout has no Mamba2 encoder (network.mamba2_window = 0)")
+        self.encoder.bind_market(market_obs, day_first)
+
     def _input(self, layer: int, rows: int) -> Any:
-        """Input activation of dense layer `layer` (the observation, or its VSN gating, for layer 0), first `rows`
-        rows."""
+        """Input activation of dense layer `layer` (the observation, its VSN gating or the observation beside the
+        Mamba2 encoder's output, for layer 0), first `rows` rows."""
         if layer > 0:
             src = self.activations[layer - 1]
+        elif self.encoder is not None:
+            src = self.encoder.x
         else:
             src = self._obs if self.vsn is None else self.vsn.gated
         return src if rows == self.batch else src[:rows]
@@ -395,12 +443,20 @@ class Network:
         """Trunk layer `layer` is a residual block (layers 1 .. n_layers - 1 of a residual layout)."""
         return self.residual is not None and 1 <= layer < self.layout.n_layers
 
-    def forward(self, params: Any, obs: Any, logits: Any, *, stream: Any) -> None:
-        """logits [batch, N_HEADS, Z] of obs [batch, obs_dim]; keeps the activations for `backward`."""
+    def forward(self, params: Any, obs: Any, logits: Any, *, stream: Any, rows: Any = None) -> None:
+        """logits [batch, N_HEADS, Z] of obs [batch, obs_dim]; keeps the activations for `backward`. `rows` [batch]
+        int32: each observation's row of the bound market (`bind_market`), read by the Mamba2 encoder only (a
+        layout with it refuses a forward without them)."""
         lay = self.layout
         check_array("obs", obs, "[batch, obs_dim]", (self.batch, lay.obs_dim))
         check_array("logits", logits, "[batch, N_HEADS, Z]", (self.batch, N_HEADS, lay.n_atoms))
         p = self._params(params)
+        if self.encoder is not None:
+            if rows is None:
+                raise ValueError("Network.forward: the layout has a Mamba2 encoder (network.mamba2_window), so it "
+                                 "needs rows= (each observation's market row)")
+            check_array("rows", rows, "[batch]", (self.batch,), np.int32)
+            self.encoder.forward(p, obs, rows, stream=stream)
         self._obs = obs
         if self.vsn is not None:
             self.vsn.forward(p, obs, stream=stream)
@@ -468,6 +524,10 @@ class Network:
             if layer == 0 and self.vsn is not None:  # the gate's gradients through the gated observation
                 extra = moe.input_grad(p, act=None, stream=stream) if moe is not None else None
                 self.vsn.backward(self._obs, dy, w_used, g, stream=stream, extra=extra)
+            if layer == 0 and self.encoder is not None:  # the encoder's columns of the input gradient, then its own
+                enc = self.encoder
+                dense_backward_input(self.dense, dy, w_used[lay.obs_dim :], enc.dx, act=None, stream=stream)
+                enc.backward(p, g, stream=stream)
             if layer > 0:
                 dx = self._dh[layer % len(self._dh)]
                 relu_input = not self._is_block(layer - 1)  # x is a plain layer's ReLU output: its sign masks

@@ -40,7 +40,7 @@ WARMUP_ITERS = 20
 
 def layer_widths(layout: ParamLayout) -> list[tuple[int, int]]:
     """(in, out) of every trunk layer."""
-    return [(layout.obs_dim if k == 0 else layout.hidden, layout.hidden) for k in range(layout.n_layers)]
+    return [(layout.in_dim if k == 0 else layout.hidden, layout.hidden) for k in range(layout.n_layers)]
 
 
 def vectors_len(layout: ParamLayout) -> int:

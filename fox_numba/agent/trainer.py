@@ -87,10 +87,10 @@ class Trainer:
         aux_target = self.stager.upload_new(aux_forecast_target(market, cfg.learner.aux_horizon_bars))
         if self.learner is None:
             self.learner = Learner(cfg, self.layout, self.replay, dev.market_obs, aux_target, isv=self.bus.values,
-                                   stager=self.stager, stream=self.stream,
-                                   seed=stream_seed(seed, SEED_LEARNER))  # fmt: skip
+                                   stager=self.stager, stream=self.stream, seed=stream_seed(seed, SEED_LEARNER),
+                                   day_first=dev.day_first)  # fmt: skip
         else:
-            self.learner.set_market(dev.market_obs, aux_target)
+            self.learner.set_market(dev.market_obs, aux_target, dev.day_first)
         lrn = self.learner
         self.market, self.fold = dev, fold
         self.env = VecEnv(dev, cfg.env, cfg.features, self.bus.values, stager=self.stager, mode="collect",

@@ -48,6 +48,7 @@ def test_tensors_are_the_fold_rows_normalised_on_the_training_rows(fs):
     np.testing.assert_array_equal(fm.stats.mean, stats.mean)
     z = apply_normaliser(fs.values[rows], stats, FEATURES.clip_sigma)
     np.testing.assert_array_equal(fm.day_start, [0, 12, 16, 27, 37, 45, 52])
+    np.testing.assert_array_equal(fm.day_first[[0, 11, 12, 15, 16, 51]], [0, 0, 12, 12, 16, 45])
     np.testing.assert_array_equal(fm.market_obs, market_part(z, fm.day_start))
     assert fm.market_obs.shape == (52, N_MARKET) and fm.market_obs.dtype == np.float32
     raw = fs.raw

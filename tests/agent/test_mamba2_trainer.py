@@ -1,0 +1,59 @@
+"""The Mamba2 encoder in a real trainer (network.mamba2_window): the collector's, the learner's (s and s') and the
+direction signal's windows end at the rows they act on, training moves the encoder's parameters, evaluation runs,
+and the registry audit finds no unregistered state. The network with the encoder: tests/agent/test_mamba2_network.py.
+"""
+
+import numpy as np
+import pytest
+from real_trainer import SMALL, real_trainer
+
+from fox_numba.agent.direction_signal import DirectionSignal
+from fox_numba.agent.evaluator import eval_network
+from fox_numba.agent.mamba2 import MAMBA2_PREFIX
+from fox_numba.observation import N_MARKET
+from fox_numba.walkforward.trainer_state import audit_trainer
+
+T = 3
+SIZES = [f"network.mamba2_window={T}", "network.mamba2_heads=1", "network.mamba2_head_dim=4", "network.mamba2_state=4",
+         "network.mamba2_out=4"]
+
+
+def windows(market, rows):
+    """[S T, N_MARKET]: the bars rows - T + 1 .. rows of each row's day (kernels/windows.py), from the host market."""
+    first = market.day_first
+    return np.concatenate([market.market_obs[np.maximum(np.arange(r - T + 1, r + 1), first[r]), :N_MARKET]
+                           for r in rows])
+
+
+def test_a_mamba2_trainer_reads_the_windows_of_the_rows_it_acts_on(half_hour_store):
+    rt = real_trainer(half_hour_store, [*SMALL, "env.collect_steps=2", "learner.steps_per_epoch=2", *SIZES])
+    trainer, cfg = rt.trainer, rt.cfg
+    assert audit_trainer(rt.registry, trainer, rt.kills, rt.best) == []
+    host, dl = trainer.market.host, trainer.stager.download
+    trainer.collect()
+    n = cfg.env.n_envs
+    last_rows = dl(trainer.replay.row)[n : 2 * n]  # the second (last) collect step's rows
+    np.testing.assert_array_equal(dl(trainer.collector.net.encoder.u), windows(host, last_rows))
+    lay = trainer.layout
+    before = dl(trainer.learner.params)
+    trainer.train(lambda: None)
+    after = dl(trainer.learner.params)
+    learner, b = trainer.learner, cfg.learner.batch_size
+    rows = dl(learner.batch.rows)  # the last step's s rows, then its s' rows
+    np.testing.assert_array_equal(dl(learner.online.encoder.u), windows(host, rows))
+    np.testing.assert_array_equal(dl(learner.target_net.encoder.u), windows(host, rows[b:]))
+    assert np.isfinite(after).all()
+    for e in lay.entries:
+        if e.name.startswith(MAMBA2_PREFIX):
+            assert not np.array_equal(after[e.offset : e.stop], before[e.offset : e.stop]), e.name
+    days = trainer.evaluate()[0]
+    assert len(days) > 0 and all(np.isfinite(pnl).all() for pnl, _ in days)
+    state = learner.state_arrays()
+    params, supports = (state[name] for name in eval_network(cfg.evaluation.network))
+    dev = trainer.market
+    signals = [DirectionSignal(lay, stager=trainer.stager, chunk=c).compute(dev.market_obs, params, supports,
+                                                                            dev.day_first) for c in (16, 48)]
+    assert np.isfinite(signals[0]).all() and np.ptp(signals[0]) > 0
+    np.testing.assert_allclose(signals[0], signals[1], rtol=1e-6, atol=1e-7)  # each row's window, whatever its chunk
+    with pytest.raises(ValueError, match="needs day_first"):
+        DirectionSignal(lay, stager=trainer.stager, chunk=16).compute(dev.market_obs, params, supports)
