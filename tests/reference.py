@@ -570,3 +570,16 @@ def moe_backward64(dout, e, w, lam, n_atoms):
 def moe_balance64(u):
     """The balance term mean_b K sum_k u_bk**2 of the usage u [4, K] (1 balanced, K collapsed)."""
     return float(np.mean(u.shape[1] * np.sum(np.asarray(u, np.float64) ** 2, axis=1)))
+
+
+def central_differences64(objective, flat, entries, eps=1e-6):
+    """float64 [flat.size]: (objective(flat + eps e_k) - objective(flat - eps e_k)) / 2 eps at every index k of the
+    layout `entries` (0 in the gaps between them): the gradient a network's backward must match."""
+    grad = np.zeros(flat.size)
+    for e in entries:
+        for k in range(e.offset, e.stop):
+            up, down = flat.copy(), flat.copy()
+            up[k] += eps
+            down[k] -= eps
+            grad[k] = (objective(up) - objective(down)) / (2 * eps)
+    return grad

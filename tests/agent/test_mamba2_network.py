@@ -148,14 +148,9 @@ def test_forward_and_backward_match_float64(stream, stager, rng, dense, cfg):
               for k, (u, v) in enumerate(vector_views(lay, vectors))]
     ref_logits, _ = objective64(lay, p0.astype(np.float64), host_market, obs, np.zeros_like(logits), uv)
     np.testing.assert_allclose(logits, ref_logits, rtol=1e-5, atol=1e-5 * np.abs(ref_logits).max())
-    flat, dl64, fd = p0.astype(np.float64), dl.astype(np.float64), np.zeros(lay.size)
-    for e in lay.entries:
-        for k in range(e.offset, e.stop):
-            up, down = flat.copy(), flat.copy()
-            up[k] += 1e-6
-            down[k] -= 1e-6
-            fd[k] = (objective64(lay, up, host_market, obs[:GRAD_ROWS], dl64, uv)[1]
-                     - objective64(lay, down, host_market, obs[:GRAD_ROWS], dl64, uv)[1]) / 2e-6
+    dl64 = dl.astype(np.float64)
+    fd = reference.central_differences64(lambda f: objective64(lay, f, host_market, obs[:GRAD_ROWS], dl64, uv)[1],
+                                         p0.astype(np.float64), lay.entries)  # fmt: skip
     for e in lay.entries:
         got, want = grads[e.offset : e.stop].reshape(e.shape), fd[e.offset : e.stop].reshape(e.shape)
         for g_part, w_part in zip(*((got, want) if e.name == HEADS else ([got], [want])), strict=True):

@@ -122,13 +122,9 @@ def test_forward_and_backward_against_finite_differences(stream, stager, rng, de
     np.testing.assert_allclose(stager.download(net.moe.usage), np.concatenate([u.ravel(), h]), rtol=1e-5)
     ref_logits = reference.dueling64(head, lay.n_atoms)
     np.testing.assert_allclose(logits, ref_logits, rtol=1e-5, atol=1e-5 * np.abs(ref_logits).max())
-    flat, dl64, fd = p0.astype(np.float64), dl.astype(np.float64), np.zeros(lay.size)
-    for e in lay.entries:
-        for k in range(e.offset, e.stop):
-            up, down = flat.copy(), flat.copy()
-            up[k] += 1e-6
-            down[k] -= 1e-6
-            fd[k] = (objective64(lay, up, obs[:GRAD_ROWS], dl64) - objective64(lay, down, obs[:GRAD_ROWS], dl64)) / 2e-6
+    dl64 = dl.astype(np.float64)
+    fd = reference.central_differences64(lambda f: objective64(lay, f, obs[:GRAD_ROWS], dl64), p0.astype(np.float64),
+                                         lay.entries)  # fmt: skip
     np.testing.assert_allclose(grads, fd, rtol=1e-4, atol=2e-5 * np.abs(fd).max())
     for e in lay.entries:  # every entry takes a gradient
         assert np.abs(grads[e.offset : e.stop]).max() > 0, e.name
