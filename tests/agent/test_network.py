@@ -107,14 +107,7 @@ def finite_difference(lay, p0, obs, dl, daux, h=1e-6, keep=None):
         _, head = reference.net_head64(lay.unpack(f), lay.n_layers, obs, keep)
         return float(np.sum(dl * reference.dueling64(head, lay.n_atoms)) + np.sum(daux * head[:, -1]))
 
-    grad = np.zeros(lay.size)
-    for e in lay.entries:
-        for k in range(e.offset, e.stop):
-            up, down = flat.copy(), flat.copy()
-            up[k] += h
-            down[k] -= h
-            grad[k] = (objective(up) - objective(down)) / (2 * h)
-    return grad
+    return reference.central_differences64(objective, flat, lay.entries, eps=h)
 
 
 @pytest.mark.parametrize("dense, cfg", [("strided", TINY), ("tiled", TINY), ("tiled", LINEAR), ("strided", LINEAR)])
