@@ -400,6 +400,15 @@ class LearnerConfig:
         1.0,
         "Weight of the IQN head's quantile Huber loss beside the C51 cross-entropy (network.iqn_quantiles > 0).",
     )
+    counterfactual: bool = opt(
+        False,
+        "Counterfactual direction targets: each step draws batch_size / 4 transitions and trains all four direction "
+        "heads on each, the untaken directions' rewards and next states computed from the stored state with the "
+        "environment's own fill rules (kernels/counterfactual.py), so no head learns only where the policy already "
+        "favours it. Only the direction branch trains. Needs env.fixed_bins with a fixed magnitude and order type "
+        "Market (0), learner.n_step = 1, every env.w_* shaping weight 0, no prioritised replay, no hindsight "
+        "relabelling and no IQN head; batch_size a multiple of 4.",
+    )
 
 
 @dataclass

@@ -78,7 +78,7 @@ def bench_n(n: int, market: Any, env_cfg: EnvConfig, stager: Stager, args: argpa
     def collect(s: Any) -> None:
         env.observe(obs, stream=s)
         random_actions(states, actions, stream=s)
-        replay.put_obs(env.row, env.port, actions, stream=s)
+        replay.put_obs(env.row, env.port, actions, env.entry, stream=s)
         env.step(actions, stream=s)
         replay.put_result(env.reward, env.done, env.next_row, env.next_port, stream=s)
         env.rollout_stats(actions, stream=s)
@@ -94,7 +94,7 @@ def bench_n(n: int, market: Any, env_cfg: EnvConfig, stager: Stager, args: argpa
         "random_actions": lambda s: random_actions(states, actions, stream=s),
         "env_step": lambda s: env.step(actions, stream=s),
         "replay put_obs + put_result + advance": lambda s: (
-            replay.put_obs(env.row, env.port, actions, stream=s),
+            replay.put_obs(env.row, env.port, actions, env.entry, stream=s),
             replay.put_result(env.reward, env.done, env.next_row, env.next_port, stream=s),
         ),
         "rollout_isv": lambda s: env.rollout_stats(actions, stream=s),

@@ -111,6 +111,7 @@ def make_learner(args: argparse.Namespace, stager: Stager, stream: Any, graphs: 
         "done": (rng.random(cap) < 0.01).astype(np.float32),
         "next_row": rng.integers(0, bars, cap).astype(np.int32),
         "next_port": rng.standard_normal((cap, N_PORT)).astype(np.float32),
+        "entry": np.zeros(cap),
         "meta": np.array([0, cap], np.int32),
     }
     stride = cfg.env.n_envs  # each transition continues into its environment's next slot (n-step chains)

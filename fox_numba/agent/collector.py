@@ -11,7 +11,7 @@ One collect step is one StepGraph (captured on the GPU, eager under the simulato
                                                           magnitude/order/urgency
     (relabel_directions(labels, row, port, actions)       env.hindsight_fraction > 0 only: the first
                                                           n_relabel environments take the hindsight direction)
-    replay.put_obs(row, port, actions)                    the transition's s and a
+    replay.put_obs(row, port, actions, entry)             the transition's s and a (and the entry price)
     env.step(actions)                                     fills, marks, reward, done, auto-reset
     replay.put_result(reward, done, next_row, next_port)  the transition's r, done and s'; cursor advance
     env.rollout_stats(actions)                            rollout ISV slots (action shares, reward split ...)
@@ -111,7 +111,7 @@ class Collector:
                        iqn=None if self.iqn is None else self.iqn.values)  # fmt: skip
         if self.labels is not None:
             relabel_directions(self.labels, env.row, env.port, self.actions, self.n_relabel, stream=s)
-        replay.put_obs(env.row, env.port, self.actions, stream=s)
+        replay.put_obs(env.row, env.port, self.actions, env.entry, stream=s)
         env.step(self.actions, stream=s)
         replay.put_result(env.reward, env.done, env.next_row, env.next_port, stream=s)
         env.rollout_stats(self.actions, stream=s)

@@ -14,6 +14,7 @@ kernels on the given stream, so a collect step (observe -> network + action sele
 -> step -> replay put_result -> rollout_stats) can be captured as one StepGraph (agent/replay.py shows the
 sequence). The arrays a step body passes around are attributes:
   row int32 [N]                current bar of each environment (a view of the state)
+  entry float64 [N]            its position's average entry price (a view of the state; the replay keeps it)
   port float32 [N, P]          portfolio part of the current observation (P = observation.N_PORTFOLIO)
   reward, done float32 [N]     of the last step (done = 1 on an episode's terminal transition)
   next_row int32 [N], next_port float32 [N, P]   the transition's next observation (the terminal one when
@@ -65,6 +66,7 @@ from fox_numba.kernels.env import (
     PRM_W_REGIME,
     PRM_W_STABLE,
     PRM_W_TIMING,
+    SF_AVG,
     SI_ROW,
     curriculum_reach,
     env_reset,
@@ -165,6 +167,7 @@ class VecEnv:
         self.dir_ema = device_zeros((4, n), np.float32, stream=stream)
         self.port = device_zeros((n, N_PORTFOLIO), np.float32, stream=stream)
         self.row = self.si[SI_ROW]
+        self.entry = self.sf[SF_AVG]
         self.reward = device_zeros(n, np.float32, stream=stream)
         self.done = device_zeros(n, np.float32, stream=stream)
         self.next_row = device_zeros(n, np.int32, stream=stream)

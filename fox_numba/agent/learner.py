@@ -43,6 +43,14 @@ Acting uses the logits alone. Measured on the default market it did worse than o
 default; its in-sample fit (epoch stat loss_aux, 0.5 = no skill) is the evidence that the trunk memorises
 the training window (tools/results/learner_ablation_h200.md section 7).
 
+Counterfactual direction targets (learner.counterfactual; kernels/counterfactual.py): the step draws B / 4
+transitions into `draw` and expands each into four rows of the batch, one per direction, right after the gather:
+the taken direction keeps its stored reward and next state, the others get the reward and next portfolio the
+environment's fill rules give them from the stored state (market orders of env.fixed_bins' magnitude). The rest
+of the step runs unchanged on the B rows, with the branch weights of magnitude, order type and urgency at 0, so
+every direction head gets a target on every drawn transition, not only where the policy chose it. The learner
+holds the fold's book and environment parameters for it (`book=`, set_market's `book`).
+
 Nothing in a step is written from the host: the schedule constants go into a ControlBlock once per epoch
 (`train_epoch`), so the K replays queue back to back. The replay buffer and market_obs are bound at
 construction; `set_market` binds another fold's market_obs (the step is captured again, once).
@@ -102,9 +110,11 @@ from typing import Any
 
 import numpy as np
 
-from fox_numba.actions import N_BRANCHES, N_HEADS
+from fox_numba.actions import N_BRANCHES, N_DIRECTIONS, N_HEADS, OrderType
 from fox_numba.agent.dense import precision_dense
 from fox_numba.agent.depth import StochasticDepth
+from fox_numba.agent.environment import env_params
+from fox_numba.agent.fold_market import FoldMarketDevice
 from fox_numba.agent.iqn import IqnStep
 from fox_numba.agent.network import Dropout, Network, ParamLayout, init_params
 from fox_numba.agent.noisy import STREAM_ONLINE, STREAM_TARGET, NoiseKey
@@ -118,7 +128,9 @@ from fox_numba.device.launch import i32, launch
 from fox_numba.device.memory import device_empty, device_zeros, words
 from fox_numba.device.rng import xoroshiro_states
 from fox_numba.device.staging import Stager
-from fox_numba.kernels.env import gather_obs
+from fox_numba.errors import ConfigError
+from fox_numba.kernels.counterfactual import counterfactual_batch
+from fox_numba.kernels.env import N_PARAMS, gather_obs
 from fox_numba.kernels.heads import base_support, refresh_supports
 from fox_numba.kernels.noisy import tick_noise
 from fox_numba.kernels.learner import (
@@ -160,6 +172,27 @@ from fox_numba.kernels.spectral import spectral_epoch_stat
 SHRINK_KEEP = 0.8  # fold boundary: theta = 0.8 theta + 0.2 theta_fresh (the seed's shrink-and-perturb)
 
 
+def check_counterfactual(cfg: FoxConfig) -> None:
+    """learner.counterfactual's requirements (config.py), a ConfigError naming the first key that breaks one: the
+    untaken directions are priced as market orders of one size from a state with no resting order, with the
+    environment's PnL reward, one step on (kernels/counterfactual.py)."""
+    env, lc = cfg.env, cfg.learner
+    problems = (
+        (env.fixed_bins[0] < 0, "env.fixed_bins must fix the magnitude (its first entry >= 0)"),
+        (env.fixed_bins[1] != int(OrderType.MARKET), "env.fixed_bins must fix the order type to Market (0)"),
+        (lc.n_step != 1, "learner.n_step must be 1"),
+        (any(w != 0 for w in (env.w_timing, env.w_persist, env.w_regime, env.w_novelty, env.w_stable)),
+         "every env.w_* shaping weight must be 0"),
+        (lc.priority_alpha > 0, "learner.priority_alpha must be 0 (no prioritised replay)"),
+        (env.hindsight_fraction > 0, "env.hindsight_fraction must be 0"),
+        (cfg.network.iqn_quantiles > 0, "network.iqn_quantiles must be 0"),
+        (lc.batch_size % N_DIRECTIONS != 0, f"learner.batch_size must be a multiple of {N_DIRECTIONS}"),
+    )
+    for broken, what in problems:
+        if broken:
+            raise ConfigError(f"learner.counterfactual: {what}")
+
+
 class Learner:
     """The train stage around one fold's replay buffer and market observations (module header)."""
 
@@ -171,16 +204,20 @@ class Learner:
         "online", "target_net", "graph", "batch", "obs", "obs_next", "rows", "logits", "logits_tgt", "q", "entropy",
         "util", "dlogits", "grads", "aux_target", "norm_partials", "adam_partials", "polyak_partials", "loss_partials",
         "q_partials", "hidden_partials", "decay_mask", "branch_weights", "schedule", "epoch",
-        "is_weights", "iqn",
+        "is_weights", "iqn", "draw", "book", "env_params",
     )
 
     def __init__(
         self, cfg: FoxConfig, layout: ParamLayout, replay: ReplayBuffer, market_obs: Any, aux_target: Any, *,
         isv: Any, stager: Stager, stream: Any, seed: int | None = None, dense: str = "auto", day_first: Any = None,
+        book: FoldMarketDevice | None = None,
     ) -> None:
         """`day_first` [fold rows] (FoldMarketDevice.day_first): where the Mamba2 encoder's windows stop (a layout
-        with network.mamba2_window needs it; the windows read market_obs, so learner.obs_noise does not reach them)."""
+        with network.mamba2_window needs it; the windows read market_obs, so learner.obs_noise does not reach them).
+        `book`: the fold's market on the device, which learner.counterfactual prices the untaken directions on."""
         lc = cfg.learner
+        if lc.counterfactual:
+            check_counterfactual(cfg)
         if len(lc.branch_weights) != N_BRANCHES or min(lc.branch_weights) < 0:
             raise ValueError(f"learner.branch_weights needs {N_BRANCHES} weights >= 0, got {lc.branch_weights}")
         if not (0.0 <= lc.gamma < 1.0 and 0.0 <= lc.lr_min_frac <= 1.0 and 0.0 <= lc.tau_min_frac <= 1.0
@@ -224,7 +261,10 @@ class Learner:
         self.average = device_zeros(n, np.float32, stream=stream)  # the fold's running mean of epoch-end params
         self.optim_state = device_zeros(1, OPTIM_STATE_DTYPE, stream=stream)
         self.schedule = ControlBlock(SCHEDULE_DTYPE)
-        self.branch_weights = stager.upload_new(np.asarray(lc.branch_weights, np.float32))
+        weights = np.asarray(lc.branch_weights, np.float32)
+        if lc.counterfactual:  # only the direction branch trains (its four rows per transition)
+            weights[1:] = 0.0
+        self.branch_weights = stager.upload_new(weights)
         self.rng_states = xoroshiro_states(b, self.seed, stager)
         self.epoch = device_zeros(N_EPOCH_STATS, np.float64, stream=stream)
         k = norm_partials_len(n)
@@ -241,8 +281,12 @@ class Learner:
         self.support_average = stager.upload_new(base)
         self.restart_average()
 
-        # the step's buffers
+        # the step's buffers; counterfactual targets draw B / 4 transitions (`draw`) and train on their B rows
         self.batch = ReplayBatch(b, stream=stream, n_port=n_port)
+        self.draw = ReplayBatch(b // N_DIRECTIONS, stream=stream, n_port=n_port) if lc.counterfactual else self.batch
+        self.env_params = device_zeros(N_PARAMS, np.float64, stream=stream) if lc.counterfactual else None
+        self.book: FoldMarketDevice | None = None
+        self._bind_book(book)
         self.is_weights: Any = None  # the batch's importance weights [B] (prioritised replay only)
         if lc.priority_alpha > 0:
             replay.prioritise(stream=stream)
@@ -299,6 +343,15 @@ class Learner:
         self.online.bind_market(market_obs, day_first)
         self.target_net.bind_market(market_obs, day_first)
 
+    def _bind_book(self, book: FoldMarketDevice | None) -> None:
+        """The fold's book and environment parameters for counterfactual targets (nothing without them)."""
+        if self.env_params is None:
+            return
+        if book is None:
+            raise ValueError("Learner: learner.counterfactual needs book= (the fold's FoldMarketDevice)")
+        self.book = book
+        self.stager.upload(env_params(book.host, self.cfg.env, self.cfg.features), self.env_params)
+
     def _check_market(self, market_obs: Any, aux_target: Any, n_port: int) -> None:
         if tuple(aux_target.shape) != (int(market_obs.shape[0]),):
             raise ValueError(f"aux_target has shape {tuple(aux_target.shape)}, market_obs {market_obs.shape[0]} rows")
@@ -312,16 +365,19 @@ class Learner:
     # ---- one gradient step (the StepGraph body) ---------------------------------------------------------
 
     def _step(self, s: Any) -> None:
-        lc, bt, rows, n = self.cfg.learner, self.batch, self.rows, self.layout.size
+        lc, bt, draw, rows, n = self.cfg.learner, self.batch, self.draw, self.rows, self.layout.size
         schedule_step(self.schedule.device, self.optim_state, self.isv, stream=s)
         if self.noise_step is not None:
             tick_noise(self.noise_step, stream=s)
         prio = self.replay.priorities if lc.priority_alpha > 0 else None
         if prio is not None:
-            prio.sample(self.rng_states, bt.idx, stream=s)
+            prio.sample(self.rng_states, draw.idx, stream=s)
         else:
-            self.replay.sample(self.rng_states, bt.idx, stream=s)
-        self.replay.gather(bt, stride=self.cfg.env.n_envs, n_step=lc.n_step, gamma=lc.gamma, stream=s)
+            self.replay.sample(self.rng_states, draw.idx, stream=s)
+        self.replay.gather(draw, stride=self.cfg.env.n_envs, n_step=lc.n_step, gamma=lc.gamma, stream=s)
+        if draw is not bt:
+            counterfactual_batch(self.book, self.env_params, self.replay.entry, self.cfg.env.fixed_bins[0], draw, bt,
+                                 stream=s)
         gather_obs(self.market_obs, bt.rows, bt.port, self.obs, stream=s)
         if lc.obs_noise > 0:
             add_obs_noise(self.obs, self.rng_states, lc.obs_noise, int(self.market_obs.shape[1]), stream=s)
@@ -490,12 +546,14 @@ class Learner:
         """The schedule's step and Adam's t restart at 0 (the cosine and the bias correction start again)."""
         reset_counters(self.optim_state, stream=self.stream)
 
-    def set_market(self, market_obs: Any, aux_target: Any, day_first: Any = None) -> None:
-        """Bind another fold's market observations, auxiliary targets and (the Mamba2 encoder) day_first (the step
-        is captured again at its next replays)."""
+    def set_market(self, market_obs: Any, aux_target: Any, day_first: Any = None,
+                   book: FoldMarketDevice | None = None) -> None:
+        """Bind another fold's market observations, auxiliary targets, (the Mamba2 encoder) day_first and
+        (counterfactual targets) book (the step is captured again at its next replays)."""
         self._check_market(market_obs, aux_target, self.replay.n_port)
         self.market_obs, self.aux_target = market_obs, aux_target
         self._bind_encoders(market_obs, day_first)
+        self._bind_book(book)
         self.graph = StepGraph("learner.step", self._step, self.stream, use_graph=self.cfg.run.graphs)
 
     # ---- state ----------------------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ A collect step, with env an agent.environment.VecEnv and `actions` its [N, 4] ac
 
     env.observe(obs, stream=s)                                     # obs [N, obs_dim]
     ... network forward + action selection -> actions ...
-    replay.put_obs(env.row, env.port, actions, stream=s)           # before the step
+    replay.put_obs(env.row, env.port, actions, env.entry, stream=s)   # before the step
     env.step(actions, stream=s)
     replay.put_result(env.reward, env.done, env.next_row, env.next_port, stream=s)   # + cursor advance
     env.rollout_stats(actions, stream=s)
@@ -59,6 +59,8 @@ from fox_numba.observation import N_PORTFOLIO
 
 FIELDS: tuple[str, ...] = ("row", "port", "action", "reward", "done", "next_row", "next_port")
 """The transition arrays, in the order the gather kernel takes them."""
+STORED: tuple[str, ...] = (*FIELDS, "entry")
+"""Every per-slot array of the ring (checkpoints, upload, download): the transitions and each state's entry price."""
 
 
 class ReplayBatch:
@@ -127,7 +129,8 @@ class ReplayBuffer:
     """A ring of `capacity` transitions on the device (struct of arrays, zeroed) with meta = (cursor, size).
 
     row int32 [C], port float32 [C, P], action int32 [C, 4], reward float32 [C], done float32 [C] (0 or 1),
-    next_row int32 [C], next_port float32 [C, P]; meta int32 [2]. P = n_port: N_PORTFOLIO, the observation's
+    next_row int32 [C], next_port float32 [C, P], entry float64 [C] (the state's average entry price); meta int32
+    [2]. P = n_port: N_PORTFOLIO, the observation's
     portfolio part (tests of the learner use narrower rings).
     """
 
@@ -146,6 +149,7 @@ class ReplayBuffer:
         self.done = device_zeros(capacity, np.float32, stream=stream)
         self.next_row = device_zeros(capacity, np.int32, stream=stream)
         self.next_port = device_zeros((capacity, n_port), np.float32, stream=stream)
+        self.entry = device_zeros(capacity, np.float64, stream=stream)
         self.meta = device_zeros(2, np.int32, stream=stream)
         self.priorities: Priorities | None = None  # prioritised replay only (`prioritise`)
 
@@ -168,10 +172,12 @@ class ReplayBuffer:
         if self.priorities is not None:
             self.priorities.clear(stream=stream)
 
-    def put_obs(self, row: Any, port: Any, actions: Any, *, stream: Any) -> None:
+    def put_obs(self, row: Any, port: Any, actions: Any, entry: Any, *, stream: Any) -> None:
         """The observed half of N transitions (before the environment step): rows int32 [N], portfolio
-        features [N, N_PORTFOLIO], actions int32 [N, 4]; prioritised, their slots get the running max priority."""
-        replay_put_obs(self.meta, row, port, actions, self.row, self.port, self.action, stream=stream)
+        features [N, N_PORTFOLIO], actions int32 [N, 4], the positions' average entry prices float64 [N];
+        prioritised, their slots get the running max priority."""
+        replay_put_obs(self.meta, row, port, actions, entry, self.row, self.port, self.action, self.entry,
+                       stream=stream)
         if self.priorities is not None:
             self.priorities.put(self.meta, int(row.shape[0]), stream=stream)
 
@@ -199,11 +205,11 @@ class ReplayBuffer:
 
     def upload(self, arrays: dict[str, np.ndarray], stager: Stager) -> None:
         """Write host copies of every array and meta (the keys of `download`; tests, benchmarks)."""
-        for name in (*FIELDS, "meta"):
+        for name in (*STORED, "meta"):
             stager.upload(np.ascontiguousarray(arrays[name]), getattr(self, name))
 
     def download(self, stager: Stager) -> dict[str, np.ndarray]:
         """Host copies of every array and meta (tests, diagnostics)."""
-        out = {f: stager.download(getattr(self, f)) for f in FIELDS}
+        out = {f: stager.download(getattr(self, f)) for f in STORED}
         out["meta"] = stager.download(self.meta)
         return out

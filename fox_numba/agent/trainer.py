@@ -30,7 +30,7 @@ from fox_numba.agent.fold_market import FoldMarket, FoldMarketDevice, aux_foreca
 from fox_numba.agent.health import HealthDiag
 from fox_numba.agent.learner import Learner
 from fox_numba.agent.network import ParamLayout
-from fox_numba.agent.replay import FIELDS as REPLAY_FIELDS
+from fox_numba.agent.replay import STORED as REPLAY_FIELDS
 from fox_numba.agent.replay import ReplayBuffer
 from fox_numba.config import FoxConfig
 from fox_numba.device.isv import IsvBus
@@ -88,9 +88,9 @@ class Trainer:
         if self.learner is None:
             self.learner = Learner(cfg, self.layout, self.replay, dev.market_obs, aux_target, isv=self.bus.values,
                                    stager=self.stager, stream=self.stream, seed=stream_seed(seed, SEED_LEARNER),
-                                   day_first=dev.day_first)  # fmt: skip
+                                   day_first=dev.day_first, book=dev)  # fmt: skip
         else:
-            self.learner.set_market(dev.market_obs, aux_target, dev.day_first)
+            self.learner.set_market(dev.market_obs, aux_target, dev.day_first, dev)
         lrn = self.learner
         self.market, self.fold = dev, fold
         self.env = VecEnv(dev, cfg.env, cfg.features, self.bus.values, stager=self.stager, mode="collect",

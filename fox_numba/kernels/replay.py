@@ -1,14 +1,16 @@
 """The replay ring on the device: writes from the collector, uniform sampling and batch gathers for the learner.
 
 A ring of C transitions as a struct of arrays: row int32 [C], port float32 [C, P], action int32 [C, 4],
-reward float32 [C], done float32 [C], next_row int32 [C], next_port float32 [C, P] (P = N_PORTFOLIO in
+reward float32 [C], done float32 [C], next_row int32 [C], next_port float32 [C, P], entry float64 [C] (the
+average entry price of the state's position: counterfactual targets price the untaken directions from it,
+kernels/counterfactual.py; the clipped upnl column cannot give it back) (P = N_PORTFOLIO in
 the package, narrower in some learner tests: kernels read it from the arrays; the observation is rebuilt
 from the fold's market_obs rows by kernels/env.py `gather_obs`); meta int32 [2] = (cursor, size) on the
 device, so a captured graph advances it.
 
 One collect step of N environments writes N transitions at slots (cursor + i) % C, i = 0 .. N - 1, in
 three launches: replay_put_obs (before the environment step: the observed row and portfolio features and
-the action), replay_put_result (after it: reward, done, next_row, next_port), then replay_advance (one
+the action, and the entry price), replay_put_result (after it: reward, done, next_row, next_port), then replay_advance (one
 thread: cursor = (cursor + N) % C, size = min(size + N, C)). The two puts read the cursor and only the
 advance writes it, so no thread reads a cursor another thread is changing. N <= C (checked).
 
@@ -49,7 +51,7 @@ import math
 from typing import Any
 
 import numpy as np
-from numba import cuda, float32, int32, uint64
+from numba import cuda, float32, float64, int32, uint64
 from numba.cuda.random import xoroshiro128p_type
 
 from fox_numba.actions import N_BRANCHES
@@ -62,18 +64,20 @@ META_CURSOR, META_SIZE = 0, 1
 REPLAY_BLOCK = 128
 
 F32_1D, F32_2D = float32[::1], float32[:, ::1]
+F64_1D = float64[::1]
 I32_1D, I32_2D = int32[::1], int32[:, ::1]
 
 
-@register((I32_1D, I32_1D, F32_2D, I32_2D, I32_1D, F32_2D, I32_2D))
+@register((I32_1D, I32_1D, F32_2D, I32_2D, F64_1D, I32_1D, F32_2D, I32_2D, F64_1D))
 @cuda.jit
-def replay_put_obs_kernel(meta, row, port, actions, r_row, r_port, r_action):
-    """Slot (cursor + i) % C gets row[i], port[i], actions[i]."""
+def replay_put_obs_kernel(meta, row, port, actions, entry, r_row, r_port, r_action, r_entry):
+    """Slot (cursor + i) % C gets row[i], port[i], actions[i], entry[i]."""
     i = cuda.grid(1)
     if i >= row.shape[0]:
         return
     slot = (meta[META_CURSOR] + i) % r_row.shape[0]
     r_row[slot] = row[i]
+    r_entry[slot] = entry[i]
     for j in range(r_port.shape[1]):
         r_port[slot, j] = port[i, j]
     for k in range(N_BRANCHES):
@@ -191,9 +195,10 @@ def check_ring(ring: tuple[Any, ...]) -> tuple[int, int]:
     return cap, n_port
 
 
-def replay_put_obs(meta: Any, row: Any, port: Any, actions: Any, r_row: Any, r_port: Any, r_action: Any,
-                   *, stream: Any) -> None:  # fmt: skip
-    """Write the observed halves of N transitions (row int32 [N], port [N, P], actions int32 [N, 4])."""
+def replay_put_obs(meta: Any, row: Any, port: Any, actions: Any, entry: Any, r_row: Any, r_port: Any,
+                   r_action: Any, r_entry: Any, *, stream: Any) -> None:  # fmt: skip
+    """Write the observed halves of N transitions (row int32 [N], port [N, P], actions int32 [N, 4], entry float64
+    [N]: the position's average entry price)."""
     n = row.shape[0]
     cap = r_row.shape[0]
     n_port = _width(r_port)
@@ -204,10 +209,12 @@ def replay_put_obs(meta: Any, row: Any, port: Any, actions: Any, r_row: Any, r_p
     check_array("r_row", r_row, "[C]", (cap,), np.int32)
     check_array("r_port", r_port, "[C, P]", (cap, n_port))
     check_array("r_action", r_action, f"[C, {N_BRANCHES}]", (cap, N_BRANCHES), np.int32)
+    check_array("entry", entry, "[N]", (n,), np.float64)
+    check_array("r_entry", r_entry, "[C]", (cap,), np.float64)
     if not 1 <= n <= cap:
         raise ValueError(f"{n} transitions per step do not fit a ring of {cap}")
-    launch(replay_put_obs_kernel, n, meta, row, port, actions, r_row, r_port, r_action, stream=stream,
-           block=thread_block(n, REPLAY_BLOCK))
+    launch(replay_put_obs_kernel, n, meta, row, port, actions, entry, r_row, r_port, r_action, r_entry,
+           stream=stream, block=thread_block(n, REPLAY_BLOCK))
 
 
 def replay_put_result(meta: Any, reward: Any, done: Any, next_row: Any, next_port: Any, r_reward: Any, r_done: Any,

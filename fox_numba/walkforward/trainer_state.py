@@ -45,7 +45,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fox_numba.agent.replay import FIELDS as REPLAY_FIELDS
+from fox_numba.agent.replay import STORED as REPLAY_FIELDS
 from fox_numba.agent.trainer import Trainer
 from fox_numba.walkforward.kill import KillCriteria
 from fox_numba.walkforward.reset_registry import FoldReset, ResetContext, StateResetRegistry, register_isv

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from fox_numba.agent.fold_market import FoldMarket
-from fox_numba.agent.replay import FIELDS
+from fox_numba.agent.replay import STORED
 from fox_numba.agent.trainer import Trainer
 from fox_numba.config import load_config
 from fox_numba.device.runtime import SIMULATOR
@@ -38,7 +38,7 @@ def collect_run(cfg, market):
     trainer.learner.refresh_supports()
     trainer.env.reset(stream=trainer.stream)
     trainer.collector.collect(STEPS)
-    replay = {name: trainer.stager.download(getattr(trainer.replay, name)) for name in (*FIELDS, "meta")}
+    replay = {name: trainer.stager.download(getattr(trainer.replay, name)) for name in (*STORED, "meta")}
     return replay, trainer.bus.read(), trainer.collector.graph.mode
 
 
@@ -48,7 +48,7 @@ def test_two_runs_of_the_same_seed_fill_identical_buffers(fold_market):
     assert mode == ("eager" if SIMULATOR else "graph")
     n = cfg.env.n_envs * STEPS
     assert a["meta"][1] == min(n, cfg.learner.buffer_size)
-    for name in (*FIELDS, "meta"):
+    for name in (*STORED, "meta"):
         assert a[name].tobytes() == b[name].tobytes(), name
     assert isv_a.tobytes() == isv_b.tobytes()
     assert len(np.unique(a["action"][:, 0])) > 1  # Thompson sampling explored more than one direction

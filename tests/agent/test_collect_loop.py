@@ -12,7 +12,7 @@ from reference_env import Windows, env_config, random_feature_set
 
 from fox_numba.agent.environment import VecEnv
 from fox_numba.agent.fold_market import FoldMarket
-from fox_numba.agent.replay import FIELDS, ReplayBuffer
+from fox_numba.agent.replay import STORED, ReplayBuffer
 from fox_numba.config import FeatureConfig
 from fox_numba.device.graphs import StepGraph
 from fox_numba.device.isv import Isv, IsvBus
@@ -41,7 +41,7 @@ def collect(stager, seed: int, steps: int = STEPS):
     def body(s):
         env.observe(obs, stream=s)
         random_actions(action_states, actions, stream=s)  # the network forward + action selection go here
-        replay.put_obs(env.row, env.port, actions, stream=s)
+        replay.put_obs(env.row, env.port, actions, env.entry, stream=s)
         env.step(actions, stream=s)
         replay.put_result(env.reward, env.done, env.next_row, env.next_port, stream=s)
         env.rollout_stats(actions, stream=s)
@@ -60,7 +60,7 @@ def test_collect_loop_is_deterministic_and_chains_its_transitions(stager):
     second = collect(stager, seed=21)
     buf, isv, metrics, last_obs, market, graph = first
     assert len(graph.launches) == 7 and graph.replays == STEPS
-    for k in (*FIELDS, "meta"):
+    for k in (*STORED, "meta"):
         np.testing.assert_array_equal(second[0][k], buf[k], err_msg=k)
     np.testing.assert_array_equal(second[1], isv)
     assert second[2] == metrics

@@ -53,6 +53,7 @@ def random_replay(rng, capacity=20, n_bars=12):
         "done": (rng.random(capacity) < 0.25).astype(np.float32),
         "next_row": rng.integers(0, n_bars, capacity).astype(np.int32),
         "next_port": rng.standard_normal((capacity, P)).astype(np.float32),
+        "entry": rng.uniform(4000.0, 6000.0, capacity),
         "meta": np.array([5, capacity - 3], np.int32),  # the last 3 slots are not filled yet
     }
     # every other transition continues into the slot STRIDE on (its next_row is that slot's row), so n-step
@@ -447,7 +448,7 @@ def bandit_replay():
     c = len(combos)
     return {"row": rows, "port": np.zeros((c, 1), np.float32), "action": actions, "reward": reward,
             "done": np.ones(c, np.float32), "next_row": rows, "next_port": np.zeros((c, 1), np.float32),
-            "meta": np.array([0, c], np.int32)}
+            "entry": np.zeros(c), "meta": np.array([0, c], np.int32)}
 
 
 def bandit_answer():

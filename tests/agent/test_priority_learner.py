@@ -185,7 +185,7 @@ def test_new_transitions_get_the_max_priority_and_clear_empties(stream, stager, 
     stager.upload(np.array([6, 8], np.int32), ring.meta)
     n = 3
     ring.put_obs(stager.upload_new(np.arange(n, dtype=np.int32)), stager.upload_new(np.ones((n, 2), np.float32)),
-                 stager.upload_new(np.zeros((n, 4), np.int32)), stream=stream)
+                 stager.upload_new(np.zeros((n, 4), np.int32)), stager.upload_new(np.zeros(n)), stream=stream)
     got, top = prio.download(stager)
     want = leaves.copy()
     want[[6, 7, 0]] = 3.5

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import reference
 
-from fox_numba.agent.replay import FIELDS, ReplayBatch, ReplayBuffer
+from fox_numba.agent.replay import STORED, ReplayBatch, ReplayBuffer
 from fox_numba.device.rng import xoroshiro_states_host
 from fox_numba.observation import N_PORTFOLIO
 
@@ -28,12 +28,13 @@ def random_step(rng, n, n_port=N_PORTFOLIO):
         "done": (rng.random(n) < 0.3).astype(np.float32),
         "next_row": rng.integers(0, 1000, n).astype(np.int32),
         "next_port": rng.normal(size=(n, n_port)).astype(np.float32),
+        "entry": rng.uniform(4000.0, 6000.0, n),
     }
 
 
 def write(replay, stager, stream, step):
     d = {k: stager.upload_new(v) for k, v in step.items()}
-    replay.put_obs(d["row"], d["port"], d["action"], stream=stream)
+    replay.put_obs(d["row"], d["port"], d["action"], d["entry"], stream=stream)
     replay.put_result(d["reward"], d["done"], d["next_row"], d["next_port"], stream=stream)
 
 
@@ -48,11 +49,11 @@ def test_ring_wraps_around_and_caps_its_size(stream, stager, rng):
         data = random_step(rng, n)
         write(replay, stager, stream, data)
         for i in range(n):
-            for k in FIELDS:
+            for k in STORED:
                 ring[k][(cursor + i) % cap] = data[k][i]
         cursor, size = (cursor + n) % cap, min(size + n, cap)
         got = replay.download(stager)
-        for k in FIELDS:
+        for k in STORED:
             np.testing.assert_array_equal(got[k], ring[k], err_msg=f"step {step}: {k}")
         assert replay.read_meta(stager) == (cursor, size)
     replay.clear(stream=stream)
@@ -71,7 +72,7 @@ def test_narrow_rings_take_their_width_from_the_arrays(stream, stager, rng):
     data = random_step(rng, 3, n_port=2)
     write(replay, stager, stream, data)
     got = replay.download(stager)
-    for k in FIELDS:
+    for k in STORED:
         np.testing.assert_array_equal(got[k][:3], data[k], err_msg=k)
     host = {**{k: v.copy() for k, v in got.items()}, "meta": np.array([4, 5], np.int32)}
     host["port"][4] = [1.5, -2.5]

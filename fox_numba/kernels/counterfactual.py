@@ -1,0 +1,181 @@
+"""Counterfactual direction targets (learner.counterfactual): every sampled transition trains all four direction heads.
+
+Why: the greedy policy's data gives each direction head a target only where the current values already favour that
+direction, so each head is fitted on the tails of its own choices (tools/results/learner_ablation_h200.md section
+22: a linear TD fit of the same inputs trades well from every transition and badly from the greedy policy's share).
+With market orders at one fixed size and no resting order (env.fixed_bins fixes the magnitude and order type
+Market), the environment's step from a state depends on the chosen direction alone and on data the replay holds:
+the bar, the position, its average entry price (the replay's `entry`), bars in position, and whether the episode
+ends at the next bar. So the reward and the next portfolio of every direction are computed here with the step's own
+device functions (kernels/env.py `_walk_cost`, `_apply_fill`, `_write_port`).
+
+counterfactual_batch: one thread per (sample i, direction d) of n drawn transitions, output row j = 4 i + d of a batch
+of B = 4 n pseudo-transitions in the learner's layout (s rows 0..B-1, s' rows B..2B-1):
+  rows[j] = the s row, rows[B + j] = the s' row (the next bar: the same for every direction);
+  port[j] = the s portfolio; actions[j] = (d, magnitude if d is Short or Long else 0, the taken order type and
+  urgency); discounts[j] = the stored discount (gamma (1 - done): whether the episode ends does not depend on d);
+  d = the taken direction: rewards[j] and port[B + j] are the stored reward and next portfolio (what happened);
+  d != taken: target = the position for Hold, 0 for Flat, +-targets[magnitude] for Long / Short; a market order for
+  target - position walks bar b's close book; the position is marked at b + 1's close mid; at the episode's last bar
+  the position is closed at market on b + 1's book; commissions on every contract filled; reward = (equity change)
+  / risk unit (the environment's PnL reward: counterfactual mode needs every shaping weight at 0); the next
+  portfolio from the resulting position, entry and bars in position, no resting order, and the stored next
+  portfolio's bars-left column.
+A stored transition this model cannot price (a resting order in its state, or a taken order type other than Market)
+gets NaN rewards on its untaken rows, so the learner's non-finite guard skips the step instead of training on a
+wrong target; the config checks (agent/learner.py) keep such transitions out of the replay.
+
+Launch shape: 1-D, one thread per output row (`thread_block`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+from numba import cuda, float32, float64, int32
+
+from fox_numba.actions import FLAT, HOLD, N_BRANCHES, N_DIRECTIONS, OrderType
+from fox_numba.device.launch import check_array, launch
+from fox_numba.device.registry import register
+from fox_numba.kernels.env import (
+    N_PARAMS,
+    PRM_BEYOND_TICKS,
+    PRM_COMMISSION,
+    PRM_EPISODE_BARS,
+    PRM_MAX_POSITION,
+    PRM_POINT_VALUE,
+    PRM_RISK_UNIT,
+    PRM_TARGET_0,
+    PRM_TICK,
+    _apply_fill,
+    _walk_cost,
+    _write_port,
+    thread_block,
+)
+from fox_numba.market.schema import N_LEVELS
+from fox_numba.observation import N_PORTFOLIO, PORT_BARS_IN_POS, PORT_BARS_LEFT, PORT_ORDER_SIDE, PORT_POSITION
+
+_MARKET = int(OrderType.MARKET)
+_LONG = 2  # Direction.LONG (SHORT = 0)
+
+_F32_1D, _F32_2D = float32[::1], float32[:, ::1]
+_F64_1D, _F64_2D = float64[::1], float64[:, ::1]
+_I32_1D, _I32_2D = int32[::1], int32[:, ::1]
+
+
+@register((_F64_2D, _F64_2D, _F32_2D, _F32_2D, _F64_1D, _F64_1D, _F64_1D, int32,
+           _I32_1D, _I32_1D, _F32_2D, _I32_2D, _F32_1D, _F32_1D,
+           _I32_1D, _F32_2D, _I32_2D, _F32_1D, _F32_1D))  # fmt: skip
+@cuda.jit
+def counterfactual_batch_kernel(bid_px, ask_px, bid_sz, ask_sz, mid, params, entry, magnitude,
+                                idx, rows_in, port_in, actions_in, rewards_in, discounts_in,
+                                rows, port, actions, rewards, discounts):  # fmt: skip
+    """Output row j = 4 i + d of the pseudo-batch (module header)."""
+    j = cuda.grid(1)
+    n_out = actions.shape[0]
+    if j >= n_out:
+        return
+    n = actions_in.shape[0]
+    i = j // N_DIRECTIONS
+    d = j - i * N_DIRECTIONS
+    b = rows_in[i]
+    nb = rows_in[n + i]
+    rows[j] = b
+    rows[n_out + j] = nb
+    for c in range(N_PORTFOLIO):
+        port[j, c] = port_in[i, c]
+    actions[j, 0] = d
+    actions[j, 1] = magnitude if (d != HOLD and d != FLAT) else 0
+    actions[j, 2] = actions_in[i, 2]
+    actions[j, 3] = actions_in[i, 3]
+    discounts[j] = discounts_in[i]
+    if d == actions_in[i, 0]:
+        rewards[j] = rewards_in[i]
+        for c in range(N_PORTFOLIO):
+            port[n_out + j, c] = port_in[n + i, c]
+        return
+    if port_in[i, PORT_ORDER_SIDE] != float32(0.0) or actions_in[i, 2] != _MARKET:
+        rewards[j] = float32(math.nan)
+        for c in range(N_PORTFOLIO):
+            port[n_out + j, c] = port_in[n + i, c]
+        return
+
+    max_pos = params[PRM_MAX_POSITION]
+    episode_bars = params[PRM_EPISODE_BARS]
+    pv = params[PRM_POINT_VALUE]
+    beyond = params[PRM_BEYOND_TICKS] * params[PRM_TICK]
+    pos0 = int32(round(float64(port_in[i, PORT_POSITION]) * max_pos))
+    bars0 = int32(round(float64(port_in[i, PORT_BARS_IN_POS]) * episode_bars))
+    end = port_in[n + i, PORT_BARS_LEFT] <= float32(0.0)
+
+    target = pos0
+    if d == FLAT:
+        target = 0
+    elif d != HOLD:
+        target = int32(params[PRM_TARGET_0 + magnitude])
+        if d != _LONG:
+            target = -target
+    pos = pos0
+    avg = entry[idx[i]] if pos0 != 0 else 0.0
+    cash = 0.0
+    realised = 0.0
+    traded = 0
+    delta = target - pos0
+    if delta != 0:
+        if delta > 0:
+            cost = _walk_cost(ask_px, ask_sz, b, delta, beyond)
+        else:
+            cost = _walk_cost(bid_px, bid_sz, b, -delta, -beyond)
+        pos, avg, cash, realised = _apply_fill(pos, avg, cash, realised, delta, cost, pv)
+        traded += abs(delta)
+    mid1 = mid[nb]
+    if end and pos != 0:
+        if pos < 0:
+            cost = _walk_cost(ask_px, ask_sz, nb, -pos, beyond)
+        else:
+            cost = _walk_cost(bid_px, bid_sz, nb, pos, -beyond)
+        traded += abs(pos)
+        pos, avg, cash, realised = _apply_fill(pos, avg, cash, realised, -pos, cost, pv)
+    cash -= params[PRM_COMMISSION] * traded
+    rewards[j] = float32((cash + pos * mid1 * pv - pos0 * mid[b] * pv) / params[PRM_RISK_UNIT])
+    bars = 0
+    if pos != 0:
+        bars = bars0 + 1 if (pos0 != 0 and (pos > 0) == (pos0 > 0)) else 1
+    _write_port(port, n_out + j, pos, avg, bars, 0, 0.0, mid1, nb, nb, params)
+    port[n_out + j, PORT_BARS_LEFT] = port_in[n + i, PORT_BARS_LEFT]
+
+
+def counterfactual_batch(market: Any, params: Any, entry: Any, magnitude: int, batch: Any, out: Any, *,
+                         stream: Any) -> None:  # fmt: skip
+    """The pseudo-batch `out` (B = 4 n rows, agent/replay.py ReplayBatch) of the n transitions in `batch` (its idx,
+    rows, port, actions, rewards, discounts; one-step: s' is the next bar), rules in the module header. market: the
+    fold's device book (FoldMarketDevice: bid_px, ask_px, bid_sz, ask_sz, mid); params float64 [N_PARAMS] (the
+    environment's, kernels/env.py); entry float64 [C] (the replay's average entry prices, by slot); magnitude: the
+    fixed magnitude bin of Short and Long."""
+    n, n_out = batch.size, out.size
+    if n_out != N_DIRECTIONS * n:
+        raise ValueError(f"the counterfactual batch holds {N_DIRECTIONS} rows per transition: {n_out} for {n}")
+    if not 0 <= magnitude < 3:
+        raise ValueError(f"magnitude must be a bin 0..2, got {magnitude}")
+    n_bars = market.mid.shape[0]
+    for name in ("bid_px", "ask_px"):
+        check_array(name, getattr(market, name), f"[n_bars, {N_LEVELS}]", (n_bars, N_LEVELS), np.float64)
+    for name in ("bid_sz", "ask_sz"):
+        check_array(name, getattr(market, name), f"[n_bars, {N_LEVELS}]", (n_bars, N_LEVELS), np.float32)
+    check_array("mid", market.mid, "[n_bars]", (n_bars,), np.float64)
+    check_array("params", params, f"[{N_PARAMS}]", (N_PARAMS,), np.float64)
+    check_array("entry", entry, "[C]", (entry.shape[0],), np.float64)
+    for name, size in (("batch", n), ("out", n_out)):
+        b = batch if name == "batch" else out
+        check_array(f"{name}.rows", b.rows, "[2B]", (2 * size,), np.int32)
+        check_array(f"{name}.port", b.port, f"[2B, {N_PORTFOLIO}]", (2 * size, N_PORTFOLIO))
+        check_array(f"{name}.actions", b.actions, f"[B, {N_BRANCHES}]", (size, N_BRANCHES), np.int32)
+        check_array(f"{name}.rewards", b.rewards, "[B]", (size,))
+        check_array(f"{name}.discounts", b.discounts, "[B]", (size,))
+    check_array("batch.idx", batch.idx, "[B]", (n,), np.int32)
+    launch(counterfactual_batch_kernel, n_out, market.bid_px, market.ask_px, market.bid_sz, market.ask_sz, market.mid,
+           params, entry, np.int32(magnitude), batch.idx, batch.rows, batch.port, batch.actions, batch.rewards,
+           batch.discounts, out.rows, out.port, out.actions, out.rewards, out.discounts,
+           stream=stream, block=thread_block(n_out))  # fmt: skip

@@ -1,0 +1,70 @@
+"""learner.counterfactual through a real Trainer: the replay keeps each state's entry price, the step expands its B / 4
+drawn transitions into four direction rows each (kernels/counterfactual.py, checked against the reference environment
+in tests/kernels/test_counterfactual.py), and only the direction heads get gradients, every one of them on every
+drawn transition. The config checks name the key that breaks a requirement."""
+
+import numpy as np
+import pytest
+from real_trainer import SMALL, real_trainer
+
+from fox_numba.agent.learner import check_counterfactual
+from fox_numba.config import load_config
+from fox_numba.errors import ConfigError
+from fox_numba.observation import PORT_POSITION, PORT_UPNL, UPNL_CLIP
+
+ON = ["learner.counterfactual=true", "env.fixed_bins=[2, 0, 0]"]
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    ("env.fixed_bins=[-1, 0, 0]", "fix the magnitude"),
+    ("env.fixed_bins=[2, 1, 0]", "order type to Market"),
+    ("learner.n_step=3", "learner.n_step must be 1"),
+    ("env.w_persist=0.5", "shaping weight"),
+    ("learner.priority_alpha=0.5", "priority_alpha"),
+    ("env.hindsight_fraction=0.25", "hindsight_fraction"),
+    ("network.iqn_quantiles=8", "iqn_quantiles"),
+    ("learner.batch_size=10", "multiple of 4"),
+])  # fmt: skip
+def test_each_requirement_is_checked_by_name(override, message):
+    check_counterfactual(load_config("smoke", overrides=ON))
+    with pytest.raises(ConfigError, match=f"learner.counterfactual: .*{message}"):
+        check_counterfactual(load_config("smoke", overrides=[*ON, override]))
+
+
+def test_a_counterfactual_trainer_trains_every_direction_head_on_every_draw(four_day_store):
+    rt = real_trainer(four_day_store, [*SMALL, "learner.batch_size=8", *ON])
+    trainer, stager = rt.trainer, rt.trainer.stager
+    learner = trainer.learner
+    assert learner.draw.size == 2 and learner.batch.size == 8
+    trainer.collect()
+    ring = trainer.replay.download(stager)
+    n = rt.cfg.env.n_envs * rt.cfg.env.collect_steps
+    host = trainer.market.host
+    pos = np.round(ring["port"][:n, PORT_POSITION] * rt.cfg.env.max_position)
+    upnl = ring["port"][:n, PORT_UPNL]
+    held = (pos != 0) & (np.abs(upnl) < UPNL_CLIP)
+    assert held.any() and (ring["entry"][:n][pos == 0] == 0).all()
+    mid = host.mid[ring["row"][:n]]
+    np.testing.assert_allclose(upnl[held], (mid[held] - ring["entry"][:n][held]) * pos[held] * host.point_value
+                               / host.risk_unit, rtol=1e-5, atol=1e-5)  # fmt: skip
+
+    stats = trainer.train(lambda: None)
+    assert stats["applied_steps"] == rt.cfg.learner.steps_per_epoch and np.isfinite(stats["loss"])
+    assert stats["loss_direction"] > 0
+    assert stats["loss_magnitude"] == stats["loss_order"] == stats["loss_urgency"] == 0
+    draw = {k: stager.download(getattr(learner.draw, k)) for k in ("rows", "actions", "rewards", "discounts")}
+    batch = {k: stager.download(getattr(learner.batch, k)) for k in ("rows", "actions", "rewards", "discounts")}
+    i = np.repeat(np.arange(2), 4)
+    np.testing.assert_array_equal(batch["rows"], np.concatenate([draw["rows"][:2][i], draw["rows"][2:][i]]))
+    np.testing.assert_array_equal(batch["actions"][:, 0], np.tile(np.arange(4), 2))
+    np.testing.assert_array_equal(batch["discounts"], draw["discounts"][i])
+    taken = batch["actions"][:, 0] == draw["actions"][i, 0]
+    np.testing.assert_array_equal(batch["rewards"][taken], draw["rewards"])
+    assert np.isfinite(batch["rewards"]).all()
+    dlogits = stager.download(learner.dlogits)  # the last step's: row j trains direction head j % 4 alone
+    touched = np.abs(dlogits).sum(axis=2) > 0
+    expected = np.zeros_like(touched)
+    expected[np.arange(8), np.arange(8) % 4] = True
+    np.testing.assert_array_equal(touched, expected)
+    days, metrics = trainer.evaluate()
+    assert len(days) > 0 and np.isfinite(metrics["steps"])

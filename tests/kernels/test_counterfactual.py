@@ -1,0 +1,131 @@
+"""kernels/counterfactual.py against the float64 reference environment (tests/reference_env.py).
+
+Transitions come from reference environments stepped with random directions, market orders of one fixed size and
+random urgencies on random books (small sizes, so orders walk several levels and past the shown depth), in collect
+mode with five-bar episodes (forced closes and auto-resets). Before every step each environment's state is copied
+and stepped once with each of the four directions: those are the expected rows of the pseudo-batch. Every output
+element is checked: the copied ones exactly, the computed rewards and next portfolios to float32 tolerance.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+from reference_env import F32_TOL, Params, ReferenceEnv, Windows, env_config, random_feature_set
+
+from fox_numba.agent.environment import env_params
+from fox_numba.agent.fold_market import FoldMarket
+from fox_numba.agent.replay import ReplayBatch
+from fox_numba.config import FeatureConfig
+from fox_numba.device.rng import xoroshiro_states_host
+from fox_numba.kernels.counterfactual import counterfactual_batch
+from fox_numba.observation import PORT_ORDER_SIDE
+
+SHORT, HOLD, LONG, FLAT = range(4)
+GAMMA = 0.9
+N_ENVS, STEPS = 8, 12
+pytestmark = pytest.mark.usefixtures("long_switch_interval")
+
+
+def _action(d: int, magnitude: int, urgency: int) -> list[int]:
+    return [d, magnitude if d in (SHORT, LONG) else 0, 0, urgency]
+
+
+def reference_transitions(seed: int, magnitude: int) -> tuple[FoldMarket, object, dict[str, np.ndarray]]:
+    """The market, its env config and the stored transitions with every direction's expected outcome."""
+    rng = np.random.default_rng(seed)
+    fs = random_feature_set(rng, [12, 9, 3, 10, 8])
+    env = env_config(episode_bars=5)
+    market = FoldMarket.build(fs, Windows(0, 4, 4, 5, 2), FeatureConfig(), env)
+    ref = ReferenceEnv(market, Params.of(market, env, FeatureConfig()), "collect", xoroshiro_states_host(N_ENVS, seed))
+    ref.reset()
+    rec: dict[str, list] = {k: [] for k in ("row", "port", "entry", "action", "reward", "done", "next_row",
+                                            "next_port", "cf_reward", "cf_port")}  # fmt: skip
+    for _ in range(STEPS):
+        for i, e in enumerate(ref.envs):
+            urgency = int(rng.integers(0, 3))
+            outs = [ref.step_one(i, copy.deepcopy(e), _action(d, magnitude, urgency), 0.05) for d in range(4)]
+            rec["row"].append(e.row)
+            rec["port"].append(list(e.port))
+            rec["entry"].append(e.avg)
+            taken = _action(int(rng.integers(0, 4)), magnitude, urgency)
+            out = ref.step_one(i, e, taken, 0.05)
+            assert out.reward == outs[taken[0]].reward  # the copies step as the environment does
+            rec["action"].append(taken)
+            rec["reward"].append(out.reward)
+            rec["done"].append(out.done)
+            rec["next_row"].append(out.next_row)
+            rec["next_port"].append(out.next_port)
+            rec["cf_reward"].append([o.reward for o in outs])
+            rec["cf_port"].append([o.next_port for o in outs])
+    arrays = {k: np.asarray(v) for k, v in rec.items()}
+    return market, env, arrays
+
+
+def run_kernel(stager, market, env, t: dict[str, np.ndarray], magnitude: int) -> dict[str, np.ndarray]:
+    n = len(t["row"])
+    batch, out = ReplayBatch(n, stream=stager.stream), ReplayBatch(4 * n, stream=stager.stream)
+    stager.upload(np.arange(n, dtype=np.int32), batch.idx)
+    stager.upload(np.concatenate([t["row"], t["next_row"]]).astype(np.int32), batch.rows)
+    stager.upload(np.concatenate([t["port"], t["next_port"]]).astype(np.float32), batch.port)
+    stager.upload(t["action"].astype(np.int32), batch.actions)
+    stager.upload(t["reward"].astype(np.float32), batch.rewards)
+    stager.upload((GAMMA * (1.0 - t["done"])).astype(np.float32), batch.discounts)
+    params = stager.upload_new(env_params(market, env, FeatureConfig()))
+    entry = stager.upload_new(t["entry"].astype(np.float64))
+    counterfactual_batch(market.upload(stager), params, entry, magnitude, batch, out, stream=stager.stream)
+    return {k: stager.download(getattr(out, k)) for k in ("rows", "port", "actions", "rewards", "discounts")}
+
+
+@pytest.mark.parametrize("magnitude", [1, 2])
+def test_every_direction_matches_the_reference_environment(stager, magnitude):
+    market, env, t = reference_transitions(11 + magnitude, magnitude)
+    n = len(t["row"])
+    got = run_kernel(stager, market, env, t, magnitude)
+    d = np.tile(np.arange(4), n)
+    i = np.repeat(np.arange(n), 4)
+    taken = d == t["action"][i, 0]
+    assert taken.sum() == n and (~taken).sum() == 3 * n
+    moved = np.array([[a != b for a, b in zip(r, r[1:], strict=False)] for r in t["cf_reward"]]).any()
+    assert moved  # the directions' rewards differ somewhere: the comparison below can fail
+    np.testing.assert_array_equal(got["rows"], np.concatenate([t["row"][i], t["next_row"][i]]))
+    np.testing.assert_array_equal(got["port"][: 4 * n], t["port"][i].astype(np.float32))
+    expected_actions = np.stack([d, np.where((d == SHORT) | (d == LONG), magnitude, 0), np.zeros_like(d),
+                                 t["action"][i, 3]], axis=1)  # fmt: skip
+    np.testing.assert_array_equal(got["actions"], expected_actions)
+    np.testing.assert_array_equal(got["discounts"], (GAMMA * (1.0 - t["done"][i])).astype(np.float32))
+    cf_reward = t["cf_reward"][i, d].astype(np.float32)
+    cf_port = t["cf_port"][i, d].astype(np.float32)
+    np.testing.assert_array_equal(got["rewards"][taken], t["reward"].astype(np.float32))
+    np.testing.assert_array_equal(got["port"][4 * n :][taken], t["next_port"].astype(np.float32))
+    np.testing.assert_allclose(got["rewards"][~taken], cf_reward[~taken], **F32_TOL)
+    np.testing.assert_allclose(got["port"][4 * n :][~taken], cf_port[~taken], **F32_TOL)
+    assert t["done"].any() and (t["port"][:, 0] != 0).any()  # forced closes and held positions were priced
+
+
+def test_a_transition_it_cannot_price_makes_its_untaken_rows_nan(stager):
+    """A resting order in the state, or a taken order type other than Market: NaN rewards on the untaken rows (the
+    learner's non-finite guard then skips the step); the taken row keeps what happened."""
+    market, env, t = reference_transitions(5, 2)
+    t["port"][0, PORT_ORDER_SIDE] = 1.0
+    t["action"][1, 2] = 1
+    n = len(t["row"])
+    got = run_kernel(stager, market, env, t, 2)
+    rewards = got["rewards"].reshape(n, 4)
+    for k in (0, 1):
+        taken = t["action"][k, 0]
+        assert rewards[k, taken] == np.float32(t["reward"][k])
+        assert np.isnan(np.delete(rewards[k], taken)).all()
+    assert np.isfinite(rewards[2:]).all()
+
+
+def test_the_wrapper_refuses_a_batch_of_another_size(stager):
+    market, env, t = reference_transitions(3, 2)
+    n = len(t["row"])
+    batch, out = ReplayBatch(n, stream=stager.stream), ReplayBatch(4 * n - 4, stream=stager.stream)
+    params = stager.upload_new(env_params(market, env, FeatureConfig()))
+    entry = stager.upload_new(np.zeros(n))
+    with pytest.raises(ValueError, match="4 rows per transition"):
+        counterfactual_batch(market.upload(stager), params, entry, 2, batch, out, stream=stager.stream)
