@@ -7,7 +7,7 @@ With market orders at one fixed size and no resting order (env.fixed_bins fixes 
 Market), the environment's step from a state depends on the chosen direction alone and on data the replay holds:
 the bar, the position, its average entry price (the replay's `entry`), bars in position, and whether the episode
 ends at the next bar. So the reward and the next portfolio of every direction are computed here with the step's own
-device functions (kernels/env.py `_walk_cost`, `_apply_fill`, `_write_port`).
+device functions (kernels/env.py `_market_order`, `_write_port`).
 
 counterfactual_batch: one thread per (sample i, direction d) of n drawn transitions, output row j = 4 i + d of a batch
 of B = 4 n pseudo-transitions in the learner's layout (s rows 0..B-1, s' rows B..2B-1):
@@ -49,8 +49,7 @@ from fox_numba.kernels.env import (
     PRM_RISK_UNIT,
     PRM_TARGET_0,
     PRM_TICK,
-    _apply_fill,
-    _walk_cost,
+    _market_order,
     _write_port,
     thread_block,
 )
@@ -124,20 +123,14 @@ def counterfactual_batch_kernel(bid_px, ask_px, bid_sz, ask_sz, mid, params, ent
     traded = 0
     delta = target - pos0
     if delta != 0:
-        if delta > 0:
-            cost = _walk_cost(ask_px, ask_sz, b, delta, beyond)
-        else:
-            cost = _walk_cost(bid_px, bid_sz, b, -delta, -beyond)
-        pos, avg, cash, realised = _apply_fill(pos, avg, cash, realised, delta, cost, pv)
+        pos, avg, cash, realised = _market_order(pos, avg, cash, realised, delta, bid_px, ask_px, bid_sz, ask_sz, b,
+                                                 beyond, pv)  # fmt: skip
         traded += abs(delta)
     mid1 = mid[nb]
     if end and pos != 0:
-        if pos < 0:
-            cost = _walk_cost(ask_px, ask_sz, nb, -pos, beyond)
-        else:
-            cost = _walk_cost(bid_px, bid_sz, nb, pos, -beyond)
         traded += abs(pos)
-        pos, avg, cash, realised = _apply_fill(pos, avg, cash, realised, -pos, cost, pv)
+        pos, avg, cash, realised = _market_order(pos, avg, cash, realised, -pos, bid_px, ask_px, bid_sz, ask_sz, nb,
+                                                 beyond, pv)  # fmt: skip
     cash -= params[PRM_COMMISSION] * traded
     rewards[j] = float32((cash + pos * mid1 * pv - pos0 * mid[b] * pv) / params[PRM_RISK_UNIT])
     bars = 0

@@ -243,6 +243,17 @@ def _apply_fill(pos, avg, cash, realised, dq, cost, pv):
 
 
 @cuda.jit(device=True)
+def _market_order(pos, avg, cash, realised, dq, bid_px, ask_px, bid_sz, ask_sz, b, beyond, pv):
+    """A market order of dq contracts (signed, != 0) at bar b's close book: walks the far side (the asks for a buy)
+    with `_walk_cost` and books the fill with `_apply_fill`: new (position, average entry, cash, realised PnL)."""
+    if dq > 0:
+        cost = _walk_cost(ask_px, ask_sz, b, dq, beyond)
+    else:
+        cost = _walk_cost(bid_px, bid_sz, b, -dq, -beyond)
+    return _apply_fill(pos, avg, cash, realised, dq, cost, pv)
+
+
+@cuda.jit(device=True)
 def _write_port(port, i, pos, avg, bars_in_pos, oside, oprice, mid, row, last, params):
     """The portfolio features of a state (observation.PORTFOLIO) into port[i, :]."""
     max_pos = params[PRM_MAX_POSITION]
@@ -440,11 +451,8 @@ def env_step_kernel(
         elif order == _MARKET:
             oside = 0
             osize = 0
-            if delta > 0:
-                cost = _walk_cost(ask_px, ask_sz, b, delta, beyond)
-            else:
-                cost = _walk_cost(bid_px, bid_sz, b, -delta, -beyond)
-            pos, avg, cash, realised = _apply_fill(pos, avg, cash, realised, delta, cost, pv)
+            pos, avg, cash, realised = _market_order(pos, avg, cash, realised, delta, bid_px, ask_px, bid_sz, ask_sz,
+                                                     b, beyond, pv)  # fmt: skip
             traded += abs(delta)
         else:
             side = 1 if delta > 0 else -1
@@ -512,12 +520,9 @@ def env_step_kernel(
         oprice = 0.0
         oqueue = 0.0
         if pos != 0:
-            if pos < 0:
-                cost = _walk_cost(ask_px, ask_sz, nb, -pos, beyond)
-            else:
-                cost = _walk_cost(bid_px, bid_sz, nb, pos, -beyond)
             traded += abs(pos)
-            pos, avg, cash, realised = _apply_fill(pos, avg, cash, realised, -pos, cost, pv)
+            pos, avg, cash, realised = _market_order(pos, avg, cash, realised, -pos, bid_px, ask_px, bid_sz, ask_sz,
+                                                     nb, beyond, pv)  # fmt: skip
     cash -= commission * traded
     equity1 = cash + pos * mid1 * pv
 
