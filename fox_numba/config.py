@@ -298,6 +298,26 @@ class NetworkConfig:
         16, "State width N of the Mamba2 encoder's scan (its B and C columns, shared by the heads), 1 .. 64."
     )
     mamba2_out: int = opt(32, "Output columns E of the Mamba2 encoder, appended to the observation.")
+    tlob_window: int = opt(
+        0,
+        "TLOB dual-attention encoder over the last T close-book snapshots (0: off, else 2 .. 64; Berti & Kasneci "
+        "2025; agent/tlob.py, kernels/tlob.py, kernels/windows.py, features/book.py): per sample, the book snapshots "
+        "of the T bars ending at its own bar (a bar before its day's first reads that first bar: no look across days "
+        "or ahead), 40 columns each (10 levels x bid/ask x price in ticks from the close mid / log1p size, normalised "
+        "on the fold's training rows, a missing level 0), pass tlob_blocks blocks of attention over time then over "
+        "features, and the encoder's tlob_out columns are appended to the observation the trunk (or the heads) read. "
+        "T must be a multiple of tlob_heads. Refused with vsn, moe_experts, iqn_quantiles, noisy_sigma0 and "
+        "mamba2_window. Off by default; not yet measured on the suite.",
+    )
+    tlob_width: int = opt(
+        16, "Model width D of the TLOB encoder: each snapshot's embedding, and the feature view's tokens (at most 64, "
+        "a multiple of tlob_heads)."
+    )
+    tlob_blocks: int = opt(1, "Blocks of the TLOB encoder, each an attention over time then one over features (>= 1).")
+    tlob_heads: int = opt(
+        2, "Attention heads of both TLOB views (the time view's width D and the feature view's width T divide by it)."
+    )
+    tlob_out: int = opt(16, "Output columns of the TLOB encoder, appended to the observation.")
 
 
 @dataclass

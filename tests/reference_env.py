@@ -22,6 +22,7 @@ from fox_numba.agent.fold_market import FoldMarket
 from fox_numba.config import EnvConfig, FeatureConfig
 from fox_numba.device.isv import Isv, IsvBus
 from fox_numba.device.rng import xoroshiro_states_host
+from fox_numba.features.book import BOOK_FEATURES
 from fox_numba.features.feature_set import FeatureSet, RawMarket
 from fox_numba.features.names import FEATURE_INDEX, FEATURE_NAMES
 from fox_numba.features.normalise import NormStats
@@ -496,6 +497,7 @@ def hand_market(
         ask_px=np.array([s[1][0] for s in sides]),
         bid_sz=np.array([s[0][1] for s in sides], np.float32),
         ask_sz=np.array([s[1][1] for s in sides], np.float32),
+        book_obs=np.zeros((n, BOOK_FEATURES), np.float32),  # the environment reads no snapshot
         mid=np.array([(b.bid + b.ask) / 2 for b in bars]),
         trade_lo=np.array([t[0] for t in trades], np.float64),
         trade_hi=np.array([t[2] for t in trades], np.float64),
@@ -510,6 +512,7 @@ def hand_market(
         train_stop=n,
         val_start=0,
         stats=NormStats(np.zeros(N_FEATURES), np.ones(N_FEATURES), n),
+        book_stats=None,
         forecast=(),
         risk_unit=risk_unit,
         tick_size=TICK,

@@ -9,6 +9,7 @@
     python3 tools/bench_learner.py --out /tmp/bench_vsn --vsn  # the variable-selection gate on the observation
     python3 tools/bench_learner.py --out tools/results/bench_learner_moe4_h200 --moe-experts 4  # MoE heads
     python3 tools/bench_learner.py --out /tmp/bench_mamba2 --mamba2-window 32  # the Mamba2 encoder, 32 bars
+    python3 tools/bench_learner.py --out /tmp/bench_tlob --tlob-window 32  # the TLOB encoder, 32 book snapshots
 
 One gradient step of the default network (obs_dim -> 256 -> 256 -> 13 dueling C51 heads x 51 atoms,
 network.* of the default config), at each batch of --batch (default 8192, then smaller ones where the
@@ -63,6 +64,7 @@ from fox_numba.device.registry import register
 from fox_numba.device.runtime import SIMULATOR, new_stream, sync_event
 from fox_numba.device.staging import Stager
 from fox_numba.device.timing import Timings
+from fox_numba.features.book import BOOK_FEATURES
 from fox_numba.io import atomic_write_text
 from fox_numba.kernels.nn import PRECISIONS
 from fox_numba.kernels.priority import PRIORITY_START
@@ -94,7 +96,7 @@ def make_learner(args: argparse.Namespace, stager: Stager, stream: Any, graphs: 
     cfg.network.iqn_quantiles = args.iqn_quantiles
     cfg.network.spectral_norm, cfg.network.stochastic_depth = args.spectral_norm, args.stochastic_depth
     cfg.network.vsn, cfg.network.moe_experts = args.vsn, args.moe_experts
-    cfg.network.mamba2_window = args.mamba2_window
+    cfg.network.mamba2_window, cfg.network.tlob_window = args.mamba2_window, args.tlob_window
     if args.layers is not None:
         cfg.network.n_layers, cfg.network.hidden = args.layers, args.hidden
     cfg.run.precision = args.precision
@@ -125,8 +127,9 @@ def make_learner(args: argparse.Namespace, stager: Stager, stream: Any, graphs: 
     layout = ParamLayout.build(args.obs_dim, cfg.network, vsn_groups=groups, market_features=min(m, N_MARKET))
     aux_target = stager.upload_new(rng.standard_normal(bars).astype(np.float32))
     day_first = stager.upload_new((np.arange(bars) // BENCH_DAY_BARS * BENCH_DAY_BARS).astype(np.int32))
+    book_obs = stager.upload_new(rng.standard_normal((bars, BOOK_FEATURES)).astype(np.float32))  # normalised snapshots
     learner = Learner(cfg, layout, replay, market, aux_target, isv=isv, stager=stager, stream=stream, seed=0,
-                      day_first=day_first)  # fmt: skip
+                      day_first=day_first, book_obs=book_obs)  # fmt: skip
     if replay.priorities is not None:  # as collected: every slot at the running max priority
         replay.priorities.upload(np.full(cap, PRIORITY_START), float(PRIORITY_START), stager)
     return learner, isv
@@ -245,7 +248,7 @@ def markdown_batch(modes: dict[str, Any], kernels: dict[str, Any], args: argpars
         f"({'an IQN head beside C51' if args.iqn_quantiles > 0 else 'no IQN head'}), "
         f"network.spectral_norm {args.spectral_norm}, network.stochastic_depth {args.stochastic_depth}, "
         f"network.vsn {args.vsn}, network.moe_experts {args.moe_experts}, network.mamba2_window "
-        f"{args.mamba2_window}. "
+        f"{args.mamba2_window}, network.tlob_window {args.tlob_window}. "
         f"Replay of {args.capacity} random transitions "
         f"over {args.bars} market rows. Best of {args.windows} windows of {args.steps} steps after "
         f"{args.warmup} warm-up steps."
@@ -334,6 +337,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="network.moe_experts of the measured step (0: one head; else 2 .. 8 experts)")
     parser.add_argument("--mamba2-window", type=int, default=0,
                         help="network.mamba2_window: the Mamba2 encoder over the last T bars (0: off)")
+    parser.add_argument("--tlob-window", type=int, default=0,
+                        help="network.tlob_window: the TLOB encoder over the last T book snapshots (0: off)")
     parser.add_argument("--layers", type=int, default=None, help="network.n_layers (default: the config's)")
     parser.add_argument("--hidden", type=int, default=256, help="network.hidden with --layers")
     parser.add_argument("--precision", choices=PRECISIONS, default="fp32", help="run.precision of the dense layers")

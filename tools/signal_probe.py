@@ -69,7 +69,7 @@ def run_folds(run: Path) -> list[dict[str, Any]]:
         reader = DirectionSignal(layout, stager=stager, chunk=min(SIGNAL_CHUNK, market.n_rows),
                                  iqn_quantiles=cfg.network.iqn_quantiles, spectral_uv=vectors)
         signal = reader.compute(stager.upload_new(market.market_obs), params, supports,
-                                stager.upload_new(market.day_first))
+                                stager.upload_new(market.day_first), stager.upload_new(market.book_obs))
         kw = dict(horizon=ev.probe_horizon_bars, tick_size=market.tick_size, point_value=market.point_value,
                   commission=cfg.env.commission, annualisation_days=ev.annualisation_days)
         days, train = scored_days(market), slice(0, market.train_stop)

@@ -84,8 +84,8 @@ class Collector:
         self.noise_step = device_zeros(1, np.int64, stream=self.stream) if layout.noisy else None
         noise = NoiseKey(self.noise_step, seed, STREAM_COLLECT) if self.noise_step is not None else None
         self.net = Network(layout, n, stream=self.stream, noise=noise, spectral=read_only(spectral_uv), dense=dense)
-        if layout.mamba2 is not None:  # the encoder's windows end at each environment's row
-            self.net.bind_market(env.market.market_obs, env.market.day_first)
+        if layout.windowed:  # the encoder's windows end at each environment's row
+            self.net.bind_market(env.market.market_obs, env.market.day_first, env.market.book_obs)
         self.obs = device_empty((n, layout.obs_dim), np.float32)
         self.logits = device_empty((n, N_HEADS, z), np.float32)
         self.support_rows = device_empty((n, N_HEADS, 3), np.float32)

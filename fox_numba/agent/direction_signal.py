@@ -73,15 +73,18 @@ class DirectionSignal:
                     if layout.iqn else None)
         self.rng_states = xoroshiro_states(chunk, 0, stager) if layout.iqn else None  # the midpoints draw nothing
 
-    def compute(self, market_obs: Any, params: Any, supports: Any, day_first: Any = None) -> np.ndarray:
+    def compute(self, market_obs: Any, params: Any, supports: Any, day_first: Any = None,
+                book_obs: Any = None) -> np.ndarray:
         """float64 [n]: the signal of every row of market_obs [n, M] (device) under `params` and the per-head
-        `supports` [N_HEADS, 3]; `day_first` [n] (device, FoldMarketDevice.day_first): where the Mamba2 encoder's
-        windows stop, needed with network.mamba2_window."""
+        `supports` [N_HEADS, 3]; `day_first` [n] (device, FoldMarketDevice.day_first): where the encoders' windows
+        stop, needed with network.mamba2_window or tlob_window; `book_obs` [n, BOOK_FEATURES] (device,
+        FoldMarketDevice.book_obs): the TLOB encoder's snapshots, needed with network.tlob_window."""
         n, c, s = int(market_obs.shape[0]), self.chunk, self.stream
-        if self.layout.mamba2 is not None:
+        if self.layout.windowed:
             if day_first is None:
-                raise ValueError("DirectionSignal.compute: the Mamba2 encoder (network.mamba2_window) needs day_first")
-            self.net.bind_market(market_obs, day_first)
+                raise ValueError("DirectionSignal.compute: the Mamba2 or TLOB encoder (network.mamba2_window, "
+                                 "tlob_window) needs day_first")
+            self.net.bind_market(market_obs, day_first, book_obs)
         broadcast_supports(supports, self.support_rows, stream=s)
         out = np.empty(n, np.float64)
         for start in range(0, n, c):

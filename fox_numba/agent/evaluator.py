@@ -94,8 +94,8 @@ class Evaluator:
         self.stager, self.stream = stager, stager.stream
         self.net = Network(layout, n, stream=self.stream, spectral=read_only(spectral_uv),
                            dense=precision_dense(cfg.run.precision))
-        if layout.mamba2 is not None:  # the encoder's windows end at each environment's row
-            self.net.bind_market(market.market_obs, market.day_first)
+        if layout.windowed:  # the encoder's windows end at each environment's row
+            self.net.bind_market(market.market_obs, market.day_first, market.book_obs)
         self.obs = device_empty((n, layout.obs_dim), np.float32)
         self.logits = device_empty((n, N_HEADS, z), np.float32)
         self.support_rows = device_empty((n, N_HEADS, 3), np.float32)

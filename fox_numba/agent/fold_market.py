@@ -12,6 +12,9 @@ Built once per fold:
   no statistic on any bar after the training window's purge start;
 - the close book (10 levels x 2 sides, price float64 / size float32), the close mid, the per-bar trade
   summary for limit fills;
+- `book_obs`, the TLOB encoder's input (network.tlob_window; features/book.py): each bar's close-book snapshot
+  (prices in ticks from the close mid, log1p sizes), normalised with `book_stats`, fitted on the same training rows
+  as the features (missing levels 0);
 - fold-local `day_start`, `day_first[r]` (the first row of r's day), and `row_stop[r]`: the row after the last
   bar an episode through row r may use (the end of r's day; on the last training day the purge start, so no
   episode enters the purged tail);
@@ -46,6 +49,7 @@ import numpy as np
 from fox_numba.config import EnvConfig, FeatureConfig
 from fox_numba.device.staging import Stager
 from fox_numba.errors import ConfigError
+from fox_numba.features.book import apply_book_normaliser, book_snapshot, fit_book_normaliser
 from fox_numba.features.feature_set import FeatureSet
 from fox_numba.features.forecast import ForecastColumn, cross_fitted_column, forward_change
 from fox_numba.features.normalise import NormStats, apply_normaliser, fit_normaliser
@@ -90,6 +94,9 @@ class FoldMarket:
     """float32 [n, 10]: close-book bid sizes (0: empty level)."""
     ask_sz: np.ndarray
     """float32 [n, 10]: close-book ask sizes."""
+    book_obs: np.ndarray
+    """float32 [n, BOOK_FEATURES]: the normalised close-book snapshot of every bar (features/book.py; zeros where no
+    statistics exist: a market built from a checkpoint without BOOK_ARRAYS, which no TLOB network reads)."""
     mid: np.ndarray
     """float64 [n]: close mid."""
     trade_lo: np.ndarray
@@ -117,6 +124,8 @@ class FoldMarket:
     val_start: int
     """Fold row of the first validation bar."""
     stats: NormStats
+    book_stats: NormStats | None
+    """The book snapshot's statistics (`fit_book_normaliser` on the training rows, or a checkpoint's)."""
     forecast: tuple[ForecastColumn, ...]
     """The forecast columns' fits, one per features.forecast_horizons entry."""
     risk_unit: float
@@ -131,13 +140,14 @@ class FoldMarket:
 
     @property
     def day_first(self) -> np.ndarray:
-        """int32 [n]: the first row of each row's day (`day_first_rows`; the Mamba2 encoder's windows stop there)."""
+        """int32 [n]: the first row of each row's day (`day_first_rows`; the encoders' windows stop there)."""
         return day_first_rows(self.day_start)
 
     @classmethod
     def build(
         cls, fs: FeatureSet, fold: FoldWindows, features: FeatureConfig, env: EnvConfig, *,
         stats: NormStats | None = None, risk_unit: float | None = None, forecast: tuple[ForecastColumn, ...] = (),
+        book_stats: NormStats | None = None,
     ) -> FoldMarket:
         """The fold's tensors from the run's FeatureSet (ConfigError when the fold cannot hold an episode).
 
@@ -145,7 +155,9 @@ class FoldMarket:
         when features.forecast_horizons is set) are used instead of being fitted on the training window, which
         may then be empty: `fox evaluate` backtests a checkpoint on
         any days this way, every selected day a validation day (the market then has no collect starts:
-        `train_starts` holds the single row 0, which an evaluation environment never reads).
+        `train_starts` holds the single row 0, which an evaluation environment never reads). `book_stats` given
+        (a checkpoint's BOOK_ARRAYS) normalise the book snapshot; else they are fitted on the training rows, and
+        without any the snapshot is zeros.
         """
         raw = fs.raw
         given = stats is not None and risk_unit is not None
@@ -230,6 +242,13 @@ class FoldMarket:
                 )
             risk_unit = float(env.max_position * raw.point_value * np.std(moves))
 
+        raw_book = book_snapshot(raw.bid_px[rows], raw.ask_px[rows], raw.bid_sz[rows], raw.ask_sz[rows], mid,
+                                 float(raw.tick_size))
+        if book_stats is None and train_stop > 0:
+            book_stats = fit_book_normaliser(raw_book, slice(0, train_stop))
+        book_obs = (apply_book_normaliser(raw_book, book_stats, features.clip_sigma) if book_stats is not None
+                    else np.zeros(raw_book.shape, np.float32))  # fmt: skip
+
         def f64(a: np.ndarray) -> np.ndarray:
             return np.ascontiguousarray(a[rows], np.float64)
 
@@ -245,6 +264,7 @@ class FoldMarket:
             ask_px=f64(raw.ask_px),
             bid_sz=f32(raw.bid_sz),
             ask_sz=f32(raw.ask_sz),
+            book_obs=np.ascontiguousarray(book_obs, np.float32),
             mid=mid,
             trade_lo=f64(raw.trade_lo),
             trade_hi=f64(raw.trade_hi),
@@ -259,6 +279,7 @@ class FoldMarket:
             train_stop=train_stop,
             val_start=val_start,
             stats=stats,
+            book_stats=book_stats,
             forecast=tuple(forecast),
             risk_unit=float(risk_unit),
             tick_size=float(raw.tick_size),
@@ -269,7 +290,8 @@ class FoldMarket:
     def checkpoint_arrays(self) -> dict[str, np.ndarray]:
         """What a checkpoint keeps of the fold's market so that its network can be evaluated on other days:
         the normalisation statistics and the risk unit (CHECKPOINT_ARRAYS), and the forecast columns' fits
-        (FORECAST_ARRAYS) where the run has them."""
+        (FORECAST_ARRAYS) where the run has them, and the book snapshot's statistics (BOOK_ARRAYS) where the market
+        has them."""
         out = {
             "market.norm_mean": np.asarray(self.stats.mean, np.float64),
             "market.norm_std": np.asarray(self.stats.std, np.float64),
@@ -278,6 +300,9 @@ class FoldMarket:
         if self.forecast:
             out["market.forecast_weights"] = np.stack([c.weights for c in self.forecast]).astype(np.float64)
             out["market.forecast_offset"] = np.array([c.offset for c in self.forecast], np.float64)
+        if self.book_stats is not None:
+            out["market.book_mean"] = np.asarray(self.book_stats.mean, np.float64)
+            out["market.book_std"] = np.asarray(self.book_stats.std, np.float64)
         return out
 
     def upload(self, stager: Stager) -> FoldMarketDevice:
@@ -290,6 +315,9 @@ CHECKPOINT_ARRAYS: tuple[str, ...] = ("market.norm_mean", "market.norm_std", "ma
 """The names `FoldMarket.checkpoint_arrays` always writes."""
 FORECAST_ARRAYS: tuple[str, ...] = ("market.forecast_weights", "market.forecast_offset")
 """The names it adds for a run with forecast columns (weights [k, N_MARKET], offsets [k])."""
+BOOK_ARRAYS: tuple[str, ...] = ("market.book_mean", "market.book_std")
+"""The names it adds for a market with book statistics (every trained fold's; [BOOK_FEATURES] each), which a
+checkpoint of a TLOB network (network.tlob_window) needs."""
 
 
 def forecast_from_checkpoint(arrays: dict[str, np.ndarray]) -> tuple[ForecastColumn, ...]:
@@ -298,6 +326,14 @@ def forecast_from_checkpoint(arrays: dict[str, np.ndarray]) -> tuple[ForecastCol
         return ()
     weights, offsets = (np.asarray(arrays[name], np.float64) for name in FORECAST_ARRAYS)
     return tuple(ForecastColumn(w, float(b)) for w, b in zip(weights, offsets, strict=True))
+
+
+def book_stats_from_checkpoint(arrays: dict[str, np.ndarray]) -> NormStats | None:
+    """The book snapshot's statistics a checkpoint's arrays keep (None where it has no BOOK_ARRAYS)."""
+    if BOOK_ARRAYS[0] not in arrays:
+        return None
+    mean, std = (np.asarray(arrays[name], np.float64) for name in BOOK_ARRAYS)
+    return NormStats(mean=mean, std=std, n_rows=0)
 
 
 def fit_forecast_columns(feature_obs: np.ndarray, mid: np.ndarray, day_start: np.ndarray, train_stop: int,
@@ -325,6 +361,7 @@ DEVICE_TENSORS: tuple[str, ...] = (
     "ask_px",
     "bid_sz",
     "ask_sz",
+    "book_obs",
     "mid",
     "trade_lo",
     "trade_hi",
@@ -349,6 +386,7 @@ class FoldMarketDevice:
     ask_px: Any
     bid_sz: Any
     ask_sz: Any
+    book_obs: Any
     mid: Any
     trade_lo: Any
     trade_hi: Any

@@ -1,8 +1,9 @@
 """The learner: the train stage. One gradient step is one StepGraph; an epoch replays it K times.
 
     learner = Learner(cfg, layout, replay, market_obs, aux_target, isv=bus.values, stager=stager, stream=stream)
-                (and day_first= with network.mamba2_window: the online and target networks' encoders read the windows
-                of the s and s' rows; set_market(market_obs, aux_target, day_first) per later fold)
+                (and day_first= with network.mamba2_window, also book_obs= with network.tlob_window: the online and
+                target networks' encoders read the windows of the s and s' rows; set_market(market_obs, aux_target,
+                day_first, book_obs=book_obs) per later fold)
     per fold:   learner.shrink_adam(); learner.reset_step_counter(); learner.shrink_perturb(seed);
                 learner.sync_target(); learner.restart_average()   the fold reset's learner entries, in its order
                                                            (walkforward/trainer_state.py); the driver runs
@@ -210,11 +211,12 @@ class Learner:
     def __init__(
         self, cfg: FoxConfig, layout: ParamLayout, replay: ReplayBuffer, market_obs: Any, aux_target: Any, *,
         isv: Any, stager: Stager, stream: Any, seed: int | None = None, dense: str = "auto", day_first: Any = None,
-        book: FoldMarketDevice | None = None,
+        book: FoldMarketDevice | None = None, book_obs: Any = None,
     ) -> None:
         """`day_first` [fold rows] (FoldMarketDevice.day_first): where the Mamba2 encoder's windows stop (a layout
         with network.mamba2_window needs it; the windows read market_obs, so learner.obs_noise does not reach them).
-        `book`: the fold's market on the device, which learner.counterfactual prices the untaken directions on."""
+        `book`: the fold's market on the device, which learner.counterfactual prices the untaken directions on.
+        `book_obs` [fold rows, BOOK_FEATURES] (FoldMarketDevice.book_obs): the TLOB encoder's snapshots."""
         lc = cfg.learner
         if lc.counterfactual:
             check_counterfactual(cfg)
@@ -310,7 +312,7 @@ class Learner:
         self.online = Network(layout, 2 * b, stream=stream, grad_rows=b, dense=dense, dropout=drop, noise=noise_on,
                               spectral=spec_on, depth=depth, isv=isv)  # isv: the VSN and MoE gates' signals of s
         self.target_net = Network(layout, b, stream=stream, dense=dense, noise=noise_tgt, spectral=spec_tgt)
-        self._bind_encoders(market_obs, day_first)
+        self._bind_encoders(market_obs, day_first, book_obs)
         self.logits = device_empty((2 * b, N_HEADS, z), np.float32)
         self.logits_tgt = device_empty((b, N_HEADS, z), np.float32)
         self.q = device_empty((2 * b, N_HEADS), np.float32)
@@ -333,15 +335,16 @@ class Learner:
         self.sync_target()
         self.graph = StepGraph("learner.step", self._step, stream, use_graph=cfg.run.graphs)
 
-    def _bind_encoders(self, market_obs: Any, day_first: Any) -> None:
-        """The fold's market for both networks' Mamba2 encoders (network.mamba2_window; nothing without one)."""
-        if self.layout.mamba2 is None:
+    def _bind_encoders(self, market_obs: Any, day_first: Any, book_obs: Any) -> None:
+        """The fold's market for both networks' Mamba2 or TLOB encoders (network.mamba2_window, tlob_window; nothing
+        without one)."""
+        if not self.layout.windowed:
             return
         if day_first is None:
-            raise ValueError("Learner: a layout with the Mamba2 encoder (network.mamba2_window) needs day_first= "
-                             "(FoldMarketDevice.day_first)")
-        self.online.bind_market(market_obs, day_first)
-        self.target_net.bind_market(market_obs, day_first)
+            raise ValueError("Learner: a layout with the Mamba2 or TLOB encoder (network.mamba2_window, tlob_window) "
+                             "needs day_first= (FoldMarketDevice.day_first)")
+        self.online.bind_market(market_obs, day_first, book_obs)
+        self.target_net.bind_market(market_obs, day_first, book_obs)
 
     def _bind_book(self, book: FoldMarketDevice | None) -> None:
         """The fold's book and environment parameters for counterfactual targets (nothing without them)."""
@@ -547,12 +550,13 @@ class Learner:
         reset_counters(self.optim_state, stream=self.stream)
 
     def set_market(self, market_obs: Any, aux_target: Any, day_first: Any = None,
-                   book: FoldMarketDevice | None = None) -> None:
-        """Bind another fold's market observations, auxiliary targets, (the Mamba2 encoder) day_first and
-        (counterfactual targets) book (the step is captured again at its next replays)."""
+                   book: FoldMarketDevice | None = None, book_obs: Any = None) -> None:
+        """Bind another fold's market observations, auxiliary targets, (the Mamba2 and TLOB encoders) day_first,
+        (counterfactual targets) book and (the TLOB encoder) book_obs (the step is captured again at its next
+        replays)."""
         self._check_market(market_obs, aux_target, self.replay.n_port)
         self.market_obs, self.aux_target = market_obs, aux_target
-        self._bind_encoders(market_obs, day_first)
+        self._bind_encoders(market_obs, day_first, book_obs)
         self._bind_book(book)
         self.graph = StepGraph("learner.step", self._step, self.stream, use_graph=self.cfg.run.graphs)
 

@@ -4,7 +4,7 @@
     params = stager.upload_new(init_params(layout, seed))  # one flat float32 buffer [layout.size]
     net = Network(layout, batch, stream=s)                 # activation buffers, allocated once
     net.forward(params, obs, logits, stream=s)             # obs [batch, D] -> logits [batch, 13, Z]
-                                                           # (Mamba2: net.bind_market(...) per fold, rows= per call)
+                                                           # (Mamba2, TLOB: net.bind_market(...) per fold, rows=)
     net.backward(params, dlogits, grads, stream=s)         # dlogits [G, 13, Z] -> grads [layout.size]
 
 Architecture: `n_layers` Linear+ReLU layers of width `hidden` (the trunk; with n_layers = 0, the default,
@@ -92,6 +92,15 @@ block's sizes are in the fingerprint. Refused with VSN, MoE, IQN and NoisyNet he
 the head the encoder widens; not composed yet); the trunk parts act after layer 0 and compose. Off, the network
 launches none of its kernels.
 
+TLOB encoder (network.tlob_window = T > 0, off by default; agent/tlob.py, kernels/tlob.py, kernels/windows.py,
+features/book.py): the same composition over the fold's close-book snapshots instead of its market part. A layout
+built with it holds the encoder's tlob.* entries after the C51 head's, and its first layer reads [obs | enc], obs_dim
++ O columns (O = tlob_out): enc is the encoder's output for the window of the T book snapshots (BOOK_FEATURES columns
+each, FoldMarketDevice.book_obs) ending at the sample's row, clamped to its day's first bar.
+`bind_market(market_obs, day_first, book_obs)` and `forward(..., rows=)` as with Mamba2; the backward sends the O
+columns' input gradient dy W^T into every encoder parameter's gradient, and the book takes none. The window and the
+encoder's sizes are in the fingerprint. Refused with VSN, MoE, IQN, NoisyNet heads and the Mamba2 encoder.
+
 Every buffer is allocated in the constructor, so forward and backward run inside a captured StepGraph. `grads` must
 be zero in the layout's gaps (allocate it with device_zeros); backward writes every entry but the IQN head's.
 """
@@ -113,7 +122,10 @@ from fox_numba.agent.mamba2 import MAMBA2_PREFIX, Mamba2Dims, Mamba2Encoder, enc
 from fox_numba.agent.mamba2 import init_params as mamba2_init
 from fox_numba.agent.moe import MOE_PREFIX, MoeHeads, moe_entries
 from fox_numba.agent.noisy import NoiseKey, NoisyHead, init_sigma, sigma_entries
+from fox_numba.agent.param_entry import ParamEntry
 from fox_numba.agent.spectral import SpectralKey, SpectralNorm, layer_widths
+from fox_numba.agent.tlob import TLOB_PREFIX, TlobLayout, TlobShape, TlobWindowEncoder, init_tlob_params, tlob_entries
+from fox_numba.agent.tlob import tlob_shape as tlob_config_shape
 from fox_numba.agent.vsn import VSN_PREFIX, VsnGate, check_groups, observation_groups, vsn_entries
 from fox_numba.config import NetworkConfig
 from fox_numba.device.elementwise import axpy_f32, scale_f32
@@ -128,24 +140,6 @@ from fox_numba.kernels.moe import MIN_EXPERTS
 from fox_numba.observation import N_MARKET
 
 ALIGN = 32  # floats: every entry starts on a 128-byte boundary
-
-
-@dataclass(frozen=True)
-class ParamEntry:
-    """One tensor of the flat parameter buffer."""
-
-    name: str
-    offset: int
-    shape: tuple[int, ...]
-    decay: bool  # weight decay applies (weights) or not (biases)
-
-    @property
-    def size(self) -> int:
-        return math.prod(self.shape)
-
-    @property
-    def stop(self) -> int:
-        return self.offset + self.size
 
 
 @dataclass(frozen=True)
@@ -165,6 +159,7 @@ class ParamLayout:
     vsn_groups: tuple[tuple[int, int], ...] = ()  # the VSN gate's column ranges [begin, end) (agent/vsn.py); () off
     moe_experts: int = 0  # > 0: the head is a mixture of this many experts under a gate (agent/moe.py)
     mamba2: Mamba2Dims | None = None  # the Mamba2 encoder over the last bars (agent/mamba2.py); None off
+    tlob: TlobShape | None = None  # the TLOB encoder over the last book snapshots (agent/tlob.py); None off
 
     @classmethod
     def build(cls, obs_dim: int, cfg: NetworkConfig, vsn_groups: tuple[tuple[int, int], ...] | None = None, *,
@@ -194,13 +189,14 @@ class ParamLayout:
         if cfg.moe_experts:
             check_moe(cfg)
         mamba2 = encoder_dims(cfg, market_features)
+        tlob = tlob_config_shape(cfg)
         groups: tuple[tuple[int, int], ...] = ()
         if cfg.vsn:
             groups = (tuple((int(b), int(e)) for b, e in vsn_groups) if vsn_groups is not None
                       else tuple((g.begin, g.end) for g in observation_groups(obs_dim)))
             check_groups(groups, obs_dim)
         shapes: list[tuple[str, tuple[int, ...], bool]] = []
-        width = obs_dim + (mamba2.d_out if mamba2 is not None else 0)
+        width = obs_dim + (mamba2.d_out if mamba2 is not None else 0) + (tlob.n_out if tlob is not None else 0)
         for layer in range(cfg.n_layers):
             shapes += [(f"trunk.{layer}.weight", (width, cfg.hidden), True), (f"trunk.{layer}.bias", (cfg.hidden,), False)]
             width = cfg.hidden
@@ -211,6 +207,8 @@ class ParamLayout:
             shapes += sigma_entries(width, head_out)
         if mamba2 is not None:
             shapes += mamba2_entries(mamba2)
+        if tlob is not None:
+            shapes += tlob_entries(tlob)
         if groups:
             shapes += vsn_entries(obs_dim, len(groups))
         if cfg.moe_experts:
@@ -223,7 +221,7 @@ class ParamLayout:
             entries.append(ParamEntry(name, offset, shape, decay))
             offset += -(-math.prod(shape) // ALIGN) * ALIGN
         return cls(obs_dim, cfg.hidden, cfg.n_layers, cfg.n_atoms, tuple(entries), offset, float(cfg.noisy_sigma0),
-                   iqn_embed, cfg.spectral_norm, residual, groups, cfg.moe_experts, mamba2)
+                   iqn_embed, cfg.spectral_norm, residual, groups, cfg.moe_experts, mamba2, tlob)
 
     @property
     def noisy(self) -> bool:
@@ -246,9 +244,16 @@ class ParamLayout:
         return self.moe_experts > 0
 
     @property
+    def windowed(self) -> bool:
+        """The network has an encoder over windows of past bars (Mamba2 or TLOB): it needs `Network.bind_market`
+        once per fold and the observations' rows at every forward."""
+        return self.mamba2 is not None or self.tlob is not None
+
+    @property
     def in_dim(self) -> int:
-        """Width of the first layer's input: the observation, and the Mamba2 encoder's output beside it."""
-        return self.obs_dim + (self.mamba2.d_out if self.mamba2 is not None else 0)
+        """Width of the first layer's input: the observation, and the Mamba2 or TLOB encoder's output beside it."""
+        extra = self.mamba2.d_out if self.mamba2 is not None else self.tlob.n_out if self.tlob is not None else 0
+        return self.obs_dim + extra
 
     @property
     def head_input_relu(self) -> bool:
@@ -277,6 +282,10 @@ class ParamLayout:
             d = self.mamba2
             text += (f"mamba2:window={d.seq_len},features={d.n_features},heads={d.n_heads},head_dim={d.head_dim},"
                      f"state={d.state_dim},out={d.d_out}\n")
+        if self.tlob is not None:  # the window is in the shapes of the feature view and the head; all sizes, alike
+            t = self.tlob
+            text += (f"tlob:window={t.seq},features={t.n_in},width={t.width},blocks={t.n_blocks},heads={t.heads_time}+"
+                     f"{t.heads_feature},out={t.n_out}\n")
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
     def entry(self, name: str) -> ParamEntry:
@@ -331,8 +340,8 @@ def init_params(layout: ParamLayout, seed: int) -> np.ndarray:
     """Seeded, deterministic float32 parameters [layout.size] (scheme in the module header)."""
     flat = np.zeros(layout.size, np.float32)
     for index, e in enumerate(layout.entries):
-        if not e.decay or e.name.startswith((VSN_PREFIX, MOE_PREFIX, MAMBA2_PREFIX)):
-            continue  # biases and the VSN and MoE gates start at 0 (uniform gates), sigma and Mamba2 below
+        if not e.decay or e.name.startswith((VSN_PREFIX, MOE_PREFIX, MAMBA2_PREFIX, TLOB_PREFIX)):
+            continue  # biases and the VSN and MoE gates start at 0 (uniform gates), sigma, Mamba2 and TLOB below
         rng = np.random.default_rng([seed % 2**63, index])
         fan_in, fan_out = e.shape
         if e.name == "head.weight":
@@ -348,6 +357,14 @@ def init_params(layout: ParamLayout, seed: int) -> np.ndarray:
         for name, value in mamba2_init(layout.mamba2, seed, first).items():
             e = layout.entries[names.index(name)]
             flat[e.offset : e.stop] = value.reshape(-1)
+    if layout.tlob is not None:
+        names = [e.name for e in layout.entries]
+        first = next(k for k, name in enumerate(names) if name.startswith(TLOB_PREFIX))
+        own = TlobLayout.build(layout.tlob)
+        values = init_tlob_params(own, seed, first)
+        for t in own.entries:
+            e = layout.entry(t.name)
+            flat[e.offset : e.stop] = values[t.offset : t.stop]
     return flat
 
 
@@ -391,8 +408,11 @@ class Network:
         self.residual = ResidualTrunk(layout, batch, grad_rows, depth, stream=stream) if layout.residual else None
         self.vsn = VsnGate(layout, batch, grad_rows, dense, isv=isv, stream=stream) if layout.vsn else None
         self.moe = MoeHeads(layout, batch, grad_rows, dense, isv=isv, stream=stream) if layout.moe else None
-        self.encoder = (Mamba2Encoder(layout.mamba2, batch, grad_rows, layout.obs_dim, dense=dense, stream=stream)
-                        if layout.mamba2 is not None else None)
+        self.encoder: Mamba2Encoder | TlobWindowEncoder | None = None  # [obs | enc] for layer 0 (both: x, dx)
+        if layout.mamba2 is not None:
+            self.encoder = Mamba2Encoder(layout.mamba2, batch, grad_rows, layout.obs_dim, dense=dense, stream=stream)
+        elif layout.tlob is not None:
+            self.encoder = TlobWindowEncoder(layout.tlob, batch, grad_rows, layout.obs_dim, dense=dense)
         n_layers, hidden, z = layout.n_layers, layout.hidden, layout.n_atoms
         # Trunk outputs [layer, row, unit] in one buffer (the hidden-signal producers read it whole).
         self.activations: Any = device_empty((n_layers, batch, hidden), np.float32) if n_layers else None
@@ -412,16 +432,24 @@ class Network:
             views = self._views[key] = self.layout.views(flat)
         return views
 
-    def bind_market(self, market_obs: Any, day_first: Any) -> None:
-        """The fold's market rows the Mamba2 encoder's windows read (once per fold): market_obs [R, C] float32 (the
-        fold's market part) and day_first [R] int32 (FoldMarketDevice.day_first); a layout without it refuses."""
+    def bind_market(self, market_obs: Any, day_first: Any, book_obs: Any = None) -> None:
+        """The fold's rows the encoder's windows read (once per fold): market_obs [R, C] float32 (the fold's market
+        part; the Mamba2 encoder's), book_obs [R, BOOK_FEATURES] float32 (its book snapshots; the TLOB encoder's)
+        and day_first [R] int32 (FoldMarketDevice's); a layout without an encoder refuses."""
         if self.encoder is None:
-            raise ValueError("Network.bind_market: the layout has no Mamba2 encoder (network.mamba2_window = 0)")
-        self.encoder.bind_market(market_obs, day_first)
+            raise ValueError("Network.bind_market: the layout has no Mamba2 encoder (network.mamba2_window = 0) and "
+                             "no TLOB encoder (network.tlob_window = 0)")
+        if self.layout.tlob is None:
+            self.encoder.bind_market(market_obs, day_first)
+        elif book_obs is None:
+            raise ValueError("Network.bind_market: the TLOB encoder (network.tlob_window) needs book_obs= "
+                             "(FoldMarketDevice.book_obs)")
+        else:
+            self.encoder.bind_market(book_obs, day_first)
 
     def _input(self, layer: int, rows: int) -> Any:
         """Input activation of dense layer `layer` (the observation, its VSN gating or the observation beside the
-        Mamba2 encoder's output, for layer 0), first `rows` rows."""
+        Mamba2 or TLOB encoder's output, for layer 0), first `rows` rows."""
         if layer > 0:
             src = self.activations[layer - 1]
         elif self.encoder is not None:
@@ -445,16 +473,16 @@ class Network:
 
     def forward(self, params: Any, obs: Any, logits: Any, *, stream: Any, rows: Any = None) -> None:
         """logits [batch, N_HEADS, Z] of obs [batch, obs_dim]; keeps the activations for `backward`. `rows` [batch]
-        int32: each observation's row of the bound market (`bind_market`), read by the Mamba2 encoder only (a
-        layout with it refuses a forward without them)."""
+        int32: each observation's row of the bound market (`bind_market`), read by the Mamba2 or TLOB encoder only (a
+        layout with one refuses a forward without them)."""
         lay = self.layout
         check_array("obs", obs, "[batch, obs_dim]", (self.batch, lay.obs_dim))
         check_array("logits", logits, "[batch, N_HEADS, Z]", (self.batch, N_HEADS, lay.n_atoms))
         p = self._params(params)
         if self.encoder is not None:
             if rows is None:
-                raise ValueError("Network.forward: the layout has a Mamba2 encoder (network.mamba2_window), so it "
-                                 "needs rows= (each observation's market row)")
+                raise ValueError("Network.forward: the layout has an encoder over past bars (network.mamba2_window or "
+                                 "tlob_window), so it needs rows= (each observation's market row)")
             check_array("rows", rows, "[batch]", (self.batch,), np.int32)
             self.encoder.forward(p, obs, rows, stream=stream)
         self._obs = obs

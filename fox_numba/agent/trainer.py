@@ -88,9 +88,9 @@ class Trainer:
         if self.learner is None:
             self.learner = Learner(cfg, self.layout, self.replay, dev.market_obs, aux_target, isv=self.bus.values,
                                    stager=self.stager, stream=self.stream, seed=stream_seed(seed, SEED_LEARNER),
-                                   day_first=dev.day_first, book=dev)  # fmt: skip
+                                   day_first=dev.day_first, book=dev, book_obs=dev.book_obs)  # fmt: skip
         else:
-            self.learner.set_market(dev.market_obs, aux_target, dev.day_first, dev)
+            self.learner.set_market(dev.market_obs, aux_target, dev.day_first, dev, book_obs=dev.book_obs)
         lrn = self.learner
         self.market, self.fold = dev, fold
         self.env = VecEnv(dev, cfg.env, cfg.features, self.bus.values, stager=self.stager, mode="collect",

@@ -1,16 +1,18 @@
-"""Windows of the last T bars for the Mamba2 encoder (network.mamba2_window; agent/mamba2.py): the gather of each
-sample's window, the concat of the encoder's last-bar output onto the observation, and that concat's backward.
+"""Windows of the last T bars for the network's encoders (agent/mamba2.py over the market part, network.mamba2_window;
+agent/tlob.py over the book snapshots, network.tlob_window): the gather of each sample's window from a per-bar source
+tensor, the concat of the encoder's last-bar output onto the observation, and that concat's backward.
 
-    gather_windows(market_obs, rows, day_first, u, seq_len=T, stream=s)    u [S T, F] = the windows of S samples
+    gather_windows(source, rows, day_first, u, seq_len=T, stream=s)        u [S T, F] = the windows of S samples
     concat_last(obs, enc, x, seq_len=T, stream=s)                          x [B, D + E] = [obs | enc's last bars]
     scatter_last(dx, dout, seq_len=T, stream=s)                            dout [G T, E]: dx at last bars, else 0
 
-Window s holds bars t = 0 .. T - 1 of the market rows r_s - T + 1 + t (r_s = rows[s], the sample's own bar last),
-the first F = u.shape[1] columns of market_obs [R, C]: u[s T + t, c] = market_obs[max(r_s - T + 1 + t,
-day_first[r_s]), c]. A bar before its day's first bar reads the day's first bar instead: the window neither looks
-across days nor ahead (day_first [R]: the first row of each row's day). The encoder's output enc [B T, E] is read at
-each window's last bar: x[b] = [obs[b] | enc[b T + T - 1]]; the backward sends dx [G, E] (the E columns' input
-gradient) to those bars and zero to the others.
+Window s holds bars t = 0 .. T - 1 of the fold rows r_s - T + 1 + t (r_s = rows[s], the sample's own bar last),
+the first F = u.shape[1] columns of source [R, C] (the market part market_obs, or the book snapshots book_obs):
+u[s T + t, c] = source[max(r_s - T + 1 + t, day_first[r_s]), c]. A bar before its day's first bar reads the day's
+first bar instead: the window neither looks across days nor ahead (day_first [R]: the first row of each row's day).
+The encoder's output enc [B T, E] is read at each window's last bar: x[b] = [obs[b] | enc[b T + T - 1]] (an encoder
+with one output row per sample, TLOB's, passes T = 1); the backward sends dx [G, E] (the E columns' input gradient)
+to those bars and zero to the others.
 
 Launch shapes: one thread per output element. Plain copies: the outputs equal their inputs bit for bit.
 """
@@ -31,8 +33,8 @@ _I1 = int32[::1]
 
 @register((_F2, _I1, _I1, int32, _F2))
 @cuda.jit
-def gather_windows_kernel(market_obs, rows, day_first, seq_len, u):
-    """u[s T + t, c] = market_obs[max(rows[s] - T + 1 + t, day_first[rows[s]]), c]; one thread per element of u."""
+def gather_windows_kernel(source, rows, day_first, seq_len, u):
+    """u[s T + t, c] = source[max(rows[s] - T + 1 + t, day_first[rows[s]]), c]; one thread per element of u."""
     i = cuda.grid(1)
     cols = u.shape[1]
     if i < u.shape[0] * cols:
@@ -41,7 +43,7 @@ def gather_windows_kernel(market_obs, rows, day_first, seq_len, u):
         s = r // seq_len
         last = rows[s]
         src = max(last - seq_len + 1 + (r - s * seq_len), day_first[last])
-        u[r, c] = market_obs[src, c]
+        u[r, c] = source[src, c]
 
 
 @register((_F2, _F2, _F2, int32))
@@ -70,10 +72,10 @@ def scatter_last_kernel(dx, dout, seq_len):
         dout[r, e] = dx[s, e] if r - s * seq_len == seq_len - 1 else float32(0.0)
 
 
-def gather_windows(market_obs: Any, rows: Any, day_first: Any, u: Any, *, seq_len: int, stream: Any) -> None:
-    """u [S T, F] = the windows of T bars ending at the market rows `rows` [S] (module header); F <= C."""
-    n_rows, n_cols = (int(d) for d in market_obs.shape)
-    check_array("market_obs", market_obs, "[R, C]", (n_rows, n_cols))
+def gather_windows(source: Any, rows: Any, day_first: Any, u: Any, *, seq_len: int, stream: Any) -> None:
+    """u [S T, F] = the windows of T bars of source [R, C] ending at the fold rows `rows` [S] (module header)."""
+    n_rows, n_cols = (int(d) for d in source.shape)
+    check_array("source", source, "[R, C]", (n_rows, n_cols))
     check_array("day_first", day_first, "[R]", (n_rows,), np.int32)
     samples = int(rows.shape[0])
     check_array("rows", rows, "[S]", (samples,), np.int32)
@@ -81,7 +83,7 @@ def gather_windows(market_obs: Any, rows: Any, day_first: Any, u: Any, *, seq_le
     if seq_len < 1 or not 1 <= width <= n_cols:
         raise ValueError(f"gather_windows: need T = {seq_len} >= 1 and 1 <= F = {width} <= C = {n_cols}")
     check_array("u", u, "[S T, F]", (samples * seq_len, width))
-    launch(gather_windows_kernel, samples * seq_len * width, market_obs, rows, day_first, i32(seq_len), u,
+    launch(gather_windows_kernel, samples * seq_len * width, source, rows, day_first, i32(seq_len), u,
            stream=stream)
 
 

@@ -20,7 +20,14 @@ from typing import Any
 import numpy as np
 
 from fox_numba.agent.evaluator import Evaluator, eval_network
-from fox_numba.agent.fold_market import CHECKPOINT_ARRAYS, FORECAST_ARRAYS, FoldMarket, forecast_from_checkpoint
+from fox_numba.agent.fold_market import (
+    BOOK_ARRAYS,
+    CHECKPOINT_ARRAYS,
+    FORECAST_ARRAYS,
+    FoldMarket,
+    book_stats_from_checkpoint,
+    forecast_from_checkpoint,
+)
 from fox_numba.agent.network import ParamLayout
 from fox_numba.checkpoint import load_checkpoint, require_checkpoint
 from fox_numba.config import FoxConfig, load_config, parse_override, set_value
@@ -72,7 +79,8 @@ def evaluate_checkpoint(checkpoint: Path, *, store: str | None, overrides: list[
     net = [f"learner.{name}" for name in eval_network(cfg.evaluation.network)]
     spectral = ["learner.spectral_uv"] if layout.spectral_norm else []
     forecast = FORECAST_ARRAYS if cfg.features.forecast_horizons else ()
-    missing = [n for n in (*CHECKPOINT_ARRAYS, *forecast, *net, *spectral, "isv") if n not in ck.arrays]
+    book = BOOK_ARRAYS if layout.tlob is not None else ()  # the TLOB encoder reads the book normalised as trained
+    missing = [n for n in (*CHECKPOINT_ARRAYS, *forecast, *book, *net, *spectral, "isv") if n not in ck.arrays]
     if missing:
         raise InputError(checkpoint, f"not a training checkpoint of this build: it lacks {missing}")
     log(f"evaluating fold {int(ck.meta['fold'])} epoch {int(ck.meta['epoch'])} of {run_dir} on {len(selection.days)} "
@@ -81,7 +89,8 @@ def evaluate_checkpoint(checkpoint: Path, *, store: str | None, overrides: list[
     stats = NormStats(ck.arrays["market.norm_mean"], ck.arrays["market.norm_std"], 0)
     market = FoldMarket.build(features, AllValidation(int(ck.meta["fold"]), features.n_days), cfg.features, cfg.env,
                               stats=stats, risk_unit=float(ck.arrays["market.risk_unit"]),
-                              forecast=forecast_from_checkpoint(ck.arrays))  # fmt: skip
+                              forecast=forecast_from_checkpoint(ck.arrays),
+                              book_stats=book_stats_from_checkpoint(ck.arrays))  # fmt: skip
     stager = Stager(new_stream())
     dev = market.upload(stager)
     params, supports = (stager.upload_new(ck.arrays[name]) for name in net)

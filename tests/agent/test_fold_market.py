@@ -11,15 +11,18 @@ from reference_env import Windows, random_feature_set
 
 from fox_numba.agent.fold_market import (
     AUX_CLIP_SIGMA,
+    BOOK_ARRAYS,
     CHECKPOINT_ARRAYS,
     DEVICE_TENSORS,
     FORECAST_ARRAYS,
     FoldMarket,
     aux_forecast_target,
+    book_stats_from_checkpoint,
     forecast_from_checkpoint,
 )
 from fox_numba.config import EnvConfig, FeatureConfig, FoldConfig
 from fox_numba.errors import ConfigError
+from fox_numba.features.book import BOOK_FEATURES
 from fox_numba.features.feature_set import FeatureSet
 from fox_numba.features.forecast import cross_fitted_column
 from fox_numba.features.normalise import apply_normaliser, fit_normaliser
@@ -207,8 +210,9 @@ def test_forecast_columns_follow_the_feature_blocks_and_survive_a_checkpoint(fs)
         np.testing.assert_array_equal(fm.market_obs[:, N_MARKET + k], col)
         np.testing.assert_array_equal(fm.forecast[k].weights, fit.weights)
     arrays = fm.checkpoint_arrays()
-    assert set(arrays) == {*CHECKPOINT_ARRAYS, *FORECAST_ARRAYS} and arrays["market.forecast_weights"].shape == (2, N_MARKET)
-    assert set(plain.checkpoint_arrays()) == set(CHECKPOINT_ARRAYS)
+    assert set(arrays) == {*CHECKPOINT_ARRAYS, *FORECAST_ARRAYS, *BOOK_ARRAYS}
+    assert arrays["market.forecast_weights"].shape == (2, N_MARKET)
+    assert set(plain.checkpoint_arrays()) == {*CHECKPOINT_ARRAYS, *BOOK_ARRAYS}
     given = forecast_from_checkpoint(arrays)
     again = FoldMarket.build(fs, WINDOWS, features, ENV, stats=fm.stats, risk_unit=fm.risk_unit, forecast=given)
     ts = fm.train_stop
@@ -224,3 +228,74 @@ def test_forecast_columns_follow_the_feature_blocks_and_survive_a_checkpoint(fs)
         FoldMarket.build(fs, WINDOWS, FeatureConfig(forecast_horizons=[12], forecast_blocks=1), ENV)  # no 13-bar day
     with pytest.raises(ConfigError, match="5 cross-fitting blocks need as many training days; there are 4"):
         FoldMarket.build(fs, WINDOWS, FeatureConfig(forecast_horizons=[2]), ENV)
+
+
+def book_snapshot64(fs, rows, tick):
+    """float64 [n, BOOK_FEATURES] written from features/book.py's header, level by level (NaN: missing)."""
+    raw = fs.raw
+    out = np.full((rows.stop - rows.start, BOOK_FEATURES), np.nan)
+    for i, r in enumerate(range(rows.start, rows.stop)):
+        for side, (px, sz) in enumerate(((raw.bid_px, raw.bid_sz), (raw.ask_px, raw.ask_sz))):
+            for k in range(10):
+                if np.isfinite(px[r, k]) and sz[r, k] > 0:
+                    out[i, side * 10 + k] = (px[r, k] - raw.mid[r]) / tick
+                    out[i, 20 + side * 10 + k] = np.log1p(float(sz[r, k]))
+    return out
+
+
+def test_the_book_snapshot_is_normalised_on_the_training_rows_only(fs):
+    """book_obs: prices in ticks from the close mid and log1p sizes, each column's mean and std over the present
+    values of the training rows before the purge, clipped; missing levels (the random books have 1..10 levels) 0
+    and every value finite; changing the book after the purge start changes no statistic and no earlier row."""
+    fm = FoldMarket.build(fs, WINDOWS, FEATURES, ENV)
+    rows, ts = slice(fm.row0, fm.row0 + fm.n_rows), fm.train_stop
+    raw = book_snapshot64(fs, rows, fs.raw.tick_size)
+    missing = ~np.isfinite(raw)
+    assert missing.any() and (~missing).any(axis=0).all()  # missing levels, and every column present somewhere
+    train = raw[:ts]
+    mean = np.array([c[np.isfinite(c)].mean() for c in train.T])
+    std = np.maximum(np.array([c[np.isfinite(c)].std() for c in train.T]), 1e-8)
+    np.testing.assert_allclose(fm.book_stats.mean, mean, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(fm.book_stats.std, std, rtol=1e-12, atol=1e-12)
+    want = np.where(missing, 0.0, np.clip((raw - mean) / std, -FEATURES.clip_sigma, FEATURES.clip_sigma))
+    assert fm.book_obs.shape == (fm.n_rows, BOOK_FEATURES) and fm.book_obs.dtype == np.float32
+    np.testing.assert_allclose(fm.book_obs, want, rtol=1e-6, atol=1e-6)
+    assert np.isfinite(fm.book_obs).all() and (fm.book_obs[missing] == 0).all()
+
+    raw_changed = dataclasses.replace(fs.raw, bid_px=fs.raw.bid_px.copy(), bid_sz=fs.raw.bid_sz.copy())
+    later = slice(fm.row0 + ts, None)  # the purged tail and the validation days
+    raw_changed.bid_px[later] -= 7 * fs.raw.tick_size
+    raw_changed.bid_sz[later] = 0  # every later bid level missing
+    changed = FoldMarket.build(dataclasses.replace(fs, raw=raw_changed), WINDOWS, FEATURES, ENV)
+    np.testing.assert_array_equal(changed.book_stats.mean, fm.book_stats.mean)
+    np.testing.assert_array_equal(changed.book_obs[:ts], fm.book_obs[:ts])
+    assert (changed.book_obs[ts:, :10] == 0).all() and (changed.book_obs[ts:, 20:30] == 0).all()
+
+
+def test_a_book_with_empty_levels_and_columns_stays_finite(fs):
+    """A level never present in the training rows (its column normalises with mean 0, std 1) and a bar whose whole
+    book is empty give finite inputs; the book statistics survive a checkpoint, and a market built from them with
+    no training rows (fox evaluate's path) has the same book rows; without them its book is zeros."""
+    raw = dataclasses.replace(fs.raw, bid_px=fs.raw.bid_px.copy(), bid_sz=fs.raw.bid_sz.copy(),
+                              ask_px=fs.raw.ask_px.copy(), ask_sz=fs.raw.ask_sz.copy())
+    raw.bid_px[:, 9] = np.nan  # the tenth bid level never shows
+    raw.bid_sz[:, 9] = 0
+    bar = 9 + 20  # a training bar with an empty book
+    raw.bid_px[bar], raw.ask_px[bar], raw.bid_sz[bar], raw.ask_sz[bar] = np.nan, np.nan, 0, 0
+    changed = dataclasses.replace(fs, raw=raw)
+    fm = FoldMarket.build(changed, WINDOWS, FEATURES, ENV)
+    assert np.isfinite(fm.book_obs).all()
+    assert (fm.book_obs[:, [9, 29]] == 0).all() and (fm.book_obs[bar - 9] == 0).all()
+    np.testing.assert_array_equal(fm.book_stats.mean[[9, 29]], [0, 0])
+    np.testing.assert_array_equal(fm.book_stats.std[[9, 29]], [1, 1])
+    arrays = fm.checkpoint_arrays()
+    given = book_stats_from_checkpoint(arrays)
+    np.testing.assert_array_equal(given.mean, fm.book_stats.mean)
+    assert book_stats_from_checkpoint({k: v for k, v in arrays.items() if k not in BOOK_ARRAYS}) is None
+    days = fs.n_days
+    all_val = Windows(train_first=0, train_stop=0, val_first=0, val_stop=days, purge_bars=0)
+    evaluated = FoldMarket.build(changed, all_val, FEATURES, ENV, stats=fm.stats, risk_unit=fm.risk_unit,
+                                 book_stats=given)
+    np.testing.assert_array_equal(evaluated.book_obs[9 : 9 + fm.n_rows], fm.book_obs)
+    bare = FoldMarket.build(changed, all_val, FEATURES, ENV, stats=fm.stats, risk_unit=fm.risk_unit)
+    assert bare.book_stats is None and not bare.book_obs.any() and not set(BOOK_ARRAYS) & set(bare.checkpoint_arrays())

@@ -1,0 +1,71 @@
+"""The TLOB encoder in a real trainer (network.tlob_window): the collector's, the learner's (s and s') and the
+direction signal's book windows end at the rows they act on, training moves every encoder parameter, evaluation runs,
+the registry audit finds no unregistered state, and the next fold's book replaces the first's. The network with the
+encoder: tests/agent/test_tlob_network.py.
+"""
+
+import numpy as np
+import pytest
+from real_trainer import SMALL, real_trainer
+
+from fox_numba.agent.direction_signal import DirectionSignal
+from fox_numba.agent.evaluator import eval_network
+from fox_numba.agent.fold_market import FoldMarket
+from fox_numba.agent.tlob import TLOB_PREFIX
+from fox_numba.walkforward.trainer_state import audit_trainer
+
+T = 3
+SIGNAL_FROM, SIGNAL_ROWS = 24, 12
+SIZES = [f"network.tlob_window={T}", "network.tlob_width=4", "network.tlob_heads=1", "network.tlob_out=4"]
+
+
+def windows(market, rows):
+    """[S T, BOOK_FEATURES]: the book snapshots of bars rows - T + 1 .. rows of each row's day (kernels/windows.py),
+    from the host market."""
+    first = market.day_first
+    return np.concatenate([market.book_obs[np.maximum(np.arange(r - T + 1, r + 1), first[r])] for r in rows])
+
+
+def test_a_tlob_trainer_reads_the_book_windows_of_the_rows_it_acts_on(half_hour_store):
+    rt = real_trainer(half_hour_store, [*SMALL, "env.collect_steps=2", "learner.steps_per_epoch=2", *SIZES])
+    trainer, cfg = rt.trainer, rt.cfg
+    assert audit_trainer(rt.registry, trainer, rt.kills, rt.best) == []
+    host, dl = trainer.market.host, trainer.stager.download
+    assert np.isfinite(host.book_obs).all() and np.ptp(host.book_obs) > 0
+    trainer.collect()
+    n = cfg.env.n_envs
+    last_rows = dl(trainer.replay.row)[n : 2 * n]  # the second (last) collect step's rows
+    np.testing.assert_array_equal(dl(trainer.collector.net.encoder.u), windows(host, last_rows))
+    lay = trainer.layout
+    before = dl(trainer.learner.params)
+    trainer.train(lambda: None)
+    after = dl(trainer.learner.params)
+    learner, b = trainer.learner, cfg.learner.batch_size
+    rows = dl(learner.batch.rows)  # the last step's s rows, then its s' rows
+    np.testing.assert_array_equal(dl(learner.online.encoder.u), windows(host, rows))
+    np.testing.assert_array_equal(dl(learner.target_net.encoder.u), windows(host, rows[b:]))
+    assert np.isfinite(after).all()
+    for e in lay.entries:
+        if e.name.startswith(TLOB_PREFIX):
+            assert not np.array_equal(after[e.offset : e.stop], before[e.offset : e.stop]), e.name
+    days = trainer.evaluate()[0]
+    assert len(days) > 0 and all(np.isfinite(pnl).all() for pnl, _ in days)
+    state = learner.state_arrays()
+    params, supports = (state[name] for name in eval_network(cfg.evaluation.network))
+    dev, stager = trainer.market, trainer.stager
+    # Rows 24 .. 35 only (the simulator pays per row), as a market of their own: its first day is rows 24 .. 29 (the
+    # windows clamp at 24), its second starts at row 30. In chunks of 5: two chunk boundaries and a padded tail; in
+    # one chunk of 12, none.
+    part = slice(SIGNAL_FROM, SIGNAL_FROM + SIGNAL_ROWS)
+    obs, book = dev.market_obs[part], dev.book_obs[part]
+    day_first = stager.upload_new(np.maximum(host.day_first[part] - SIGNAL_FROM, 0).astype(np.int32))
+    assert host.day_first[part.stop - 1] == 30 > host.day_first[part.start]
+    signals = [DirectionSignal(lay, stager=stager, chunk=c).compute(obs, params, supports, day_first, book)
+               for c in (5, SIGNAL_ROWS)]
+    assert np.isfinite(signals[0]).all() and np.ptp(signals[0]) > 0
+    np.testing.assert_allclose(signals[0], signals[1], rtol=1e-6, atol=1e-7)  # each row's window, whatever its chunk
+    with pytest.raises(ValueError, match="needs book_obs"):
+        DirectionSignal(lay, stager=stager, chunk=5).compute(obs, params, supports, day_first)
+    trainer.bind_fold(FoldMarket.build(rt.features, rt.folds[1], cfg.features, cfg.env), 1)  # the learner's set_market
+    for net in (learner.online, learner.target_net, trainer.collector.net, trainer.evaluator.net):
+        assert net.encoder._market[0] is trainer.market.book_obs
