@@ -151,3 +151,41 @@ def test_table_trades_each_signal_as_probe_baseline_does(td_probe, four_day_stor
     assert td_row["sharpe"] == td_probe.mean_se([r.sharpe_daily for r in per_seed], 2)
     assert td_row["trips"] == td_probe.mean_se([r.round_trips / r.n_days for r in per_seed], 1, "")
     assert all(np.isfinite(float(td_row[k].split()[0])) for k in ("corr_val", "corr_train", "sharpe", "trips"))
+
+
+def test_qlearn_without_costs_finds_the_next_reward_in_its_value_difference(td_probe):
+    """`qlearn` at zero cost: the future after a bar does not depend on the position held over it, so the three
+    position values share it and V(x, +1) - V(x, -1) = 2 E[r | x] = 2 x . beta exactly, the next reward's read (not
+    the discounted value's beta / 0.6, which `td` finds): the difference of the fitted weights must be beta within
+    0.08 (the tolerance of the test above; a fit that let the max term leak into the difference would be off by
+    the 0.53 between beta and beta / 0.6)."""
+    n, m, rho = 16_000, 3, 0.8
+    beta = np.array([0.6, -0.8, 0.0])
+    x, mid, day_start = ar1_walk(n, m, rho, beta, seed=7)
+    rows = replace(td_probe.fold_rows(mid, day_start, stop=n, gamma=0.5), cost=np.zeros(n + 1))
+    lc = replace(load_config("default").learner, epochs=1, steps_per_epoch=4000, batch_size=256, lr=0.01, gamma=0.5)
+    w = td_probe.learn_value(x, rows, "qlearn", lc, seed=0)
+    assert w.shape == (m + 1, 3)
+    assert np.allclose((w[:m, 2] - w[:m, 0]) / 2, beta, atol=0.08)
+
+
+def test_qlearn_at_a_prohibitive_cost_finds_the_value_of_holding(td_probe):
+    """At a cost of 50 per contract (rewards of about 1) no change of position ever pays, so each value is that of
+    holding its position: V(x, +1) - V(x, -1) = 2 x . beta / (1 - gamma rho), `td`'s answer (the forced closes at
+    the days' ends cost both held positions alike and cancel in the difference). The same tolerance as above; the
+    zero-cost answer beta is 0.53 away, so the cost must reach the fit through the max over the next position."""
+    n, m, rho = 16_000, 3, 0.8
+    beta = np.array([0.6, -0.8, 0.0])
+    x, mid, day_start = ar1_walk(n, m, rho, beta, seed=7)
+    rows = replace(td_probe.fold_rows(mid, day_start, stop=n, gamma=0.5), cost=np.full(n + 1, 50.0))
+    lc = replace(load_config("default").learner, epochs=1, steps_per_epoch=4000, batch_size=256, lr=0.01, gamma=0.5)
+    w = td_probe.learn_value(x, rows, "qlearn", lc, seed=0)
+    assert np.allclose((w[:m, 2] - w[:m, 0]) / 2, beta / (1 - 0.5 * rho), atol=0.08)
+
+
+def test_argmax_positions_act_on_the_values_net_of_the_change_cost(td_probe):
+    """Hand values [V(-1), V(0), V(+1)] at a cost of 0.5 per contract changed: long (1 - 0.5 beats 0), kept (0.6
+    against 0.2 - 0.5 and 0 - 1), flipped short (1.5 - 1 beats 0 - 0.5 and 0), flat at the day's last bar."""
+    values = np.array([[0.0, 0.0, 1.0], [0.0, 0.2, 0.6], [1.5, 0.0, 0.0], [9.0, 0.0, 0.0]])
+    pos = td_probe.argmax_positions(values, np.full(4, 0.5))
+    assert pos.tolist() == [1.0, 1.0, -1.0, 0.0]

@@ -25,6 +25,15 @@ the cosine schedule to lr * lr_min_frac, batch, steps = epochs x steps_per_epoch
   an EXPLORE share of the rest at random, as the agent's greedy policy with exploration does. The signal is
   (V_long - V_short) / 2. A full-information `td` against these tells how much of the read the agent loses by
   seeing only the reward of the position it took;
+- `qlearn`: the agent's own decision problem at one contract, linear and with full information: three values
+  V(x, q) of holding q = -1, 0, +1 contract over the next bar, learned by one-step Q-learning with the trade costs
+  inside, target q r + gamma max_q'' [V_target(x', q'') - c' |q'' - q|] (at a day's last transition the forced
+  close, q r - c' |q|; c' the next bar's half spread + commission in price units), every transition training all
+  three (the market is exogenous, so every position's outcome is known: counterfactual targets). Its signal is
+  (V(x, +1) - V(x, -1)) / 2, traded by the probe's rule like the others, and a second row, `qlearn argmax`, trades
+  the values themselves as the agent does: from flat at each day's start, each bar the q' of the largest
+  V(x, q') - c |q' - q|, flat at the day's last bar (correlation columns n/a). Against `td`, it tells whether
+  Q-learning with costs and a max over the next position, acted on by argmax, keeps the read;
 
 and the probe's ridge fit of the probe_horizon-bar change is fitted on the same rows. Each signal is scored by its
 correlation with the probe_horizon-bar move on the validation days (and on the training rows). If `td` reaches the
@@ -44,6 +53,7 @@ batches; the probe has none). CPU only.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import statistics
 import sys
@@ -64,9 +74,12 @@ from fox_numba.market.select import select_market  # noqa: E402
 from fox_numba.observation import N_MARKET  # noqa: E402
 from fox_numba.walkforward.driver import half_spread, load_features, scored_days  # noqa: E402
 from fox_numba.walkforward.folds import make_folds  # noqa: E402
+from fox_numba.walkforward.metrics import compute_metrics, positions_to_days  # noqa: E402
 from fox_numba.walkforward.probe import probe_baseline  # noqa: E402
 
-TARGETS = ("td", "mc", "c51", "split", "greedy")
+TARGETS = ("td", "mc", "c51", "split", "greedy", "qlearn")
+POSITIONS = np.array([-1.0, 0.0, 1.0])
+"""`qlearn`: the positions (contracts) its three values hold."""
 PARTIAL = ("split", "greedy")
 """Targets that learn a long and a short value, each only from the transitions a behaviour policy took it on."""
 TAKEN = 0.15
@@ -86,6 +99,9 @@ class Rows:
     reward: np.ndarray
     last: np.ndarray
     ret: np.ndarray
+    cost: np.ndarray | None = None
+    """`qlearn`: per row, what changing the position by one contract at that bar costs (half spread + commission,
+    price units)."""
 
 
 def fold_rows(mid: np.ndarray, day_start: np.ndarray, stop: int, gamma: float) -> Rows:
@@ -162,9 +178,13 @@ def learn_value(x: np.ndarray, rows: Rows, target: str, lc: LearnerConfig, seed:
         half = 3 * np.mean(np.abs(rows.ret[rows.idx])) + 2 * np.mean(np.abs(rows.reward[rows.idx])) / math.sqrt(
             1 - lc.gamma**2)
         z = np.linspace(-half, half, atoms)
+    if target == "qlearn":
+        w, w_tgt = np.zeros((xb.shape[1], len(POSITIONS))), np.zeros((xb.shape[1], len(POSITIONS)))
     for step in range(steps):
         i = rng.choice(rows.idx, size=lc.batch_size)
-        if target in PARTIAL:
+        if target == "qlearn":
+            grad = qlearn_grad(xb, rows, i, w, w_tgt, lc.gamma)
+        elif target in PARTIAL:
             grad = partial_grad(xb, rows, i, w, w_tgt, discount, target, rng)
         elif target == "c51":
             m = project(softmax(xb[i + 1] @ w_tgt), rows.reward[i], discount[i], z)
@@ -176,7 +196,46 @@ def learn_value(x: np.ndarray, rows: Rows, target: str, lc: LearnerConfig, seed:
         w_tgt = (1 - lc.tau) * w_tgt + lc.tau * w
     if target in PARTIAL:
         return (w[:, 0] - w[:, 1]) / 2
+    if target == "qlearn":
+        return w
     return w if target != "c51" else np.vstack([w, z[None, :]])
+
+
+def qlearn_grad(xb: np.ndarray, rows: Rows, i: np.ndarray, w: np.ndarray, w_tgt: np.ndarray,
+                gamma: float) -> np.ndarray:
+    """The squared TD error's gradient for the three position values w [M + 1, 3] on batch rows i, every row training
+    every position (`qlearn` in the module header)."""
+    assert rows.cost is not None
+    q = POSITIONS[None, :]
+    change = np.abs(POSITIONS[None, :, None] - POSITIONS[None, None, :])  # [1, q, q'']
+    nxt = (xb[i + 1] @ w_tgt)[:, None, :] - rows.cost[i + 1][:, None, None] * change
+    future = np.where(rows.last[i][:, None], -rows.cost[i + 1][:, None] * np.abs(q), gamma * nxt.max(axis=2))
+    y = q * rows.reward[i][:, None] + future
+    return 2.0 * xb[i].T @ (xb[i] @ w - y) / len(i)
+
+
+def argmax_positions(values: np.ndarray, cost: np.ndarray) -> np.ndarray:
+    """float64 [bars]: one day traded on position values [bars, 3] as the agent acts, from flat: each bar the
+    position q' of the largest V(x, q') - cost |q' - q| given the held q, flat at the day's last bar."""
+    pos = np.zeros(len(values))
+    held = 0.0
+    for t in range(len(values) - 1):
+        held = float(POSITIONS[np.argmax(values[t] - cost[t] * np.abs(POSITIONS - held))])
+        pos[t] = held
+    return pos
+
+
+def traded_argmax(values: np.ndarray, m: FoldMarket, cfg: FoxConfig) -> tuple[float, float]:
+    """Validation daily Sharpe and round trips per day of `argmax_positions` on the scored validation days, with the
+    probe's cost model (walkforward/metrics.py positions_to_days)."""
+    half, commission = half_spread(m), cfg.env.commission
+    cost = half + commission / m.point_value
+    windows = [(int(m.day_start[d]), int(m.day_start[d + 1])) for d in scored_days(m)]
+    days = positions_to_days([argmax_positions(values[a:b], cost[a:b]) for a, b in windows],
+                             [m.mid[a:b] for a, b in windows], [half[a:b] for a, b in windows],
+                             point_value=m.point_value, commission=commission)  # fmt: skip
+    metrics = compute_metrics(days, annualisation_days=cfg.evaluation.annualisation_days)
+    return metrics.sharpe_daily, metrics.round_trips / metrics.n_days
 
 
 def partial_grad(xb: np.ndarray, rows: Rows, i: np.ndarray, w: np.ndarray, w_tgt: np.ndarray, discount: np.ndarray,
@@ -260,15 +319,22 @@ def main(argv: list[str] | None = None) -> int:
         lines.append(f"| {fold.index} | probe (ridge, {horizon}-bar change) | {correlation(signal, move, val):+.3f} | "
                      f"{correlation(signal, move, train):+.3f} | {sharpe:+.2f} | {trips:.1f} |")
         rows = fold_rows(np.asarray(m.mid, dtype=np.float64), m.day_start, m.train_stop, lc.gamma)
+        rows = dataclasses.replace(rows, cost=half_spread(m) + cfg.env.commission / m.point_value)
         xb = np.hstack([x, np.ones((len(x), 1))])
         for target in args.targets:
-            fits = [value(xb, learn_value(x, rows, target, lc, seed, cfg.network.n_atoms)) for seed in args.seeds]
+            fits = [learn_value(x, rows, target, lc, seed, cfg.network.n_atoms) for seed in args.seeds]
+            signals = [(xb @ w[:, 2] - xb @ w[:, 0]) / 2 if target == "qlearn" else value(xb, w) for w in fits]
             scores = [(correlation(v, move, val), correlation(v, move, train), *traded(v[:, None], m, 0.0, cfg))
-                      for v in fits]  # fmt: skip
+                      for v in signals]  # fmt: skip
             lines.append(f"| {fold.index} | {target} | {mean_se([s[0] for s in scores])} | "
                          f"{mean_se([s[1] for s in scores])} | {mean_se([s[2] for s in scores], 2)} | "
                          f"{mean_se([s[3] for s in scores], 1, '')} |")
             print(lines[-1], flush=True)
+            if target == "qlearn":
+                acts = [traded_argmax(xb @ w, m, cfg) for w in fits]
+                lines.append(f"| {fold.index} | qlearn argmax | n/a | n/a | {mean_se([a[0] for a in acts], 2)} | "
+                             f"{mean_se([a[1] for a in acts], 1, '')} |")
+                print(lines[-1], flush=True)
     table = "\n".join(lines) + "\n"
     print(table, end="")
     if args.out is not None:
