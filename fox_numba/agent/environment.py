@@ -176,11 +176,20 @@ class VecEnv:
         self.stats = device_zeros((N_STATS, n), np.float32, stream=stream)
         self.acc = device_zeros((N_ACC, n), np.float64, stream=stream)
         self.metrics = Mapped(N_METRICS, np.float64)
-        windows = host.val_windows[:n]
-        self.eval_steps = int((windows[:, 1] - windows[:, 0]).max()) - 1 if mode == "eval" else 0
+        self._windows = host.val_windows[:n]
+        self.eval_steps = int((self._windows[:, 1] - self._windows[:, 0]).max()) - 1 if mode == "eval" else 0
         """Steps after which every evaluation environment is done (0 in collect mode)."""
         self.reset(stream=stream)
         stream.synchronize()
+
+    def eval_rows(self, steps: int) -> np.ndarray:
+        """int32 [steps, N]: the row each evaluation environment observes at steps 0 .. steps - 1 after `reset`,
+        known in advance (kernels/env.py: it starts at its window's first bar, moves one bar per step and stays
+        frozen at the window's last, min(first + k, stop - 1)); the evaluator's encoder cache reads them."""
+        if self.mode != "eval":
+            raise ValueError("VecEnv.eval_rows: the rows are known in advance in eval mode only")
+        first, stop = (self._windows[:, j].astype(np.int64) for j in (0, 1))
+        return np.minimum(first[None, :] + np.arange(steps)[:, None], stop[None, :] - 1).astype(np.int32)
 
     def reset(self, *, stream: Any) -> None:
         """Start every environment flat: collect mode at freshly drawn starts, each first episode staggered

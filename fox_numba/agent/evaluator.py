@@ -5,7 +5,8 @@ trades with the same fill model as training, is closed at market on the day's la
 frozen). Every step, for all days at once:
 
     env.observe(obs)                                   the portfolio part exact at every step
-    net.forward(params, obs, logits)                   the online network
+    net.forward(params, obs, logits)                   the online network (with an encoder over past bars, Mamba2
+                                                       or TLOB: encoded= the step's rows of the chunk's cache, below)
     (iqn.run(head input)                               network.iqn_quantiles > 0 only: E_IQN per direction over
                                                        fixed midpoint levels, agent/iqn.py IqnActor)
     select_actions(logits, supports, explore=False)    argmax E[Q] in every branch (no RNG; the direction's
@@ -18,9 +19,19 @@ The network is the online one or, with evaluation.network = 'target', the target
 online weights): `eval_network` names the learner state arrays (and checkpoint arrays) it reads.
 
 The steps run in chunks of `evaluation.chunk_bars`: one StepGraph holds a whole chunk of steps (a second
-one the remainder), so a validation pass is a handful of graph launches and one download of the per-step records at the end; the
-step index the records are written at lives in a device counter. The records become one
+one the remainder), so a validation pass is a handful of graph launches and one download of the per-step records at
+the end; the step index the records are written at lives in a device counter. The records become one
 `walkforward.metrics.DaySeries`-shaped (pnl, position) pair per day for the metrics.
+
+A network with an encoder over past bars (network.mamba2_window, network.tlob_window) encodes each chunk's rows
+once, as the seed's backtest does: an environment's encoder output depends only on its row, and the row of day d at
+step k is known in advance (min(first_d + k, last_d): one bar per step, then frozen; VecEnv.eval_rows). The rows of
+every chunk, step-major [chunk steps x days] (the last chunk's padded with the frozen rows), are uploaded once at
+construction; each chunk's graph first runs the encoder alone over its chunk_bars x days rows (Network.encode into
+the network's encoder cache), then its steps join their slice of the cache (forward(..., encoded=net.encoded(k))):
+the same numbers, bit for bit, as encoding each step's rows. The chunks' rows differ, so each chunk is a StepGraph
+of its own (replayed once per pass). The cache's buffers grow with chunk_bars x days (the encoder's activations of
+that many windows): evaluation.chunk_bars bounds them.
 """
 
 from __future__ import annotations
@@ -92,10 +103,16 @@ class Evaluator:
         """Steps of each validation day (one per bar but the last, where the day is closed)."""
         self.params, self.supports, self.health = params, supports, health
         self.stager, self.stream = stager, stager.stream
+        chunk = min(cfg.evaluation.chunk_bars, self.steps)
+        starts = range(0, self.steps, chunk)
         self.net = Network(layout, n, stream=self.stream, spectral=read_only(spectral_uv),
-                           dense=precision_dense(cfg.run.precision))
+                           dense=precision_dense(cfg.run.precision), cache_samples=chunk * n if layout.windowed else 0)
+        self.chunk_rows: Any = None
+        """int32 [chunks, chunk x days]: each chunk's rows, step-major (a layout with an encoder only)."""
         if layout.windowed:  # the encoder's windows end at each environment's row
             self.net.bind_market(market.market_obs, market.day_first, market.book_obs)
+            rows = self.env.eval_rows(len(starts) * chunk)
+            self.chunk_rows = stager.upload_new(rows.reshape(len(starts), chunk * n))
         self.obs = device_empty((n, layout.obs_dim), np.float32)
         self.logits = device_empty((n, N_HEADS, z), np.float32)
         self.support_rows = device_empty((n, N_HEADS, 3), np.float32)
@@ -109,16 +126,26 @@ class Evaluator:
         self.pos = device_zeros((self.steps, n), np.int32, stream=self.stream)
         self.counter = device_zeros(1, np.int32, stream=self.stream)
         self.counts = HealthDiag.eval_counts(n, stream=self.stream) if health is not None else None
-        chunk = min(cfg.evaluation.chunk_bars, self.steps)
-        full, rest = divmod(self.steps, chunk)
-        self.chunks = [(StepGraph("evaluate.chunk", self._steps(chunk), self.stream, use_graph=use_graph), full)]
-        if rest:
-            self.chunks.append((StepGraph("evaluate.rest", self._steps(rest), self.stream, use_graph=use_graph), 1))
+        if layout.windowed:  # each chunk encodes its own rows first: one graph per chunk
+            self.chunks = [(StepGraph(f"evaluate.chunk{c}", self._steps(min(chunk, self.steps - k0), c), self.stream,
+                                      use_graph=use_graph), 1) for c, k0 in enumerate(starts)]
+        else:  # the same steps every chunk: one graph replayed, a second for the remainder
+            full, rest = divmod(self.steps, chunk)
+            self.chunks = [(StepGraph("evaluate.chunk", self._steps(chunk), self.stream, use_graph=use_graph), full)]
+            if rest:
+                self.chunks.append((StepGraph("evaluate.rest", self._steps(rest), self.stream, use_graph=use_graph),
+                                    1))
 
-    def _step(self, s: Any) -> None:
+    def _forward(self, s: Any, k: int) -> None:
+        """The logits of the observations of step `k` of a chunk (the encoder's part from the chunk's cache)."""
+        encoded = self.net.encoded(k) if self.chunk_rows is not None else None
+        self.net.forward(self.params, self.obs, self.logits, stream=s, encoded=encoded)
+
+    def _step(self, s: Any, k: int) -> None:
+        """Step `k` of its chunk."""
         env = self.env
         env.observe(self.obs, stream=s)
-        self.net.forward(self.params, self.obs, self.logits, stream=s, rows=env.row)
+        self._forward(s, k)
         if self.iqn is not None:
             self.iqn.run(self.params, self.net.head_input(env.n), self.rng_states, stream=s)
         select_actions(self.logits, self.support_rows, self.rng_states, self.actions, self.conviction,
@@ -129,12 +156,15 @@ class Evaluator:
         if self.health is not None:
             self.health.eval_step(self.actions, self.counts, stream=s)
 
-    def _steps(self, n: int) -> Any:
-        """A step body of `n` evaluation steps (one captured graph)."""
+    def _steps(self, n: int, chunk: int | None = None) -> Any:
+        """A step body of `n` evaluation steps (one captured graph); with `chunk` (a layout with an encoder), the
+        encoder over that chunk's rows first."""
 
         def body(s: Any) -> None:
-            for _ in range(n):
-                self._step(s)
+            if chunk is not None:
+                self.net.encode(self.params, self.chunk_rows[chunk], stream=s)
+            for k in range(n):
+                self._step(s, k)
 
         return body
 

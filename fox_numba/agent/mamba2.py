@@ -8,9 +8,10 @@ kernels/mamba2.py), and the encoder a network composes from it (network.mamba2_w
     out = block.forward(p, u, stream=s)          u [S T, F] -> out [S T, E]  (row s T + t: window s, bar t)
     du = block.backward(p, u, dout, g, stream=s)  dL/d(params) into the views g, returns du = dL/du [S T, F]
                                                  (grad_samples=G: the backward covers the first G windows)
-    enc = Mamba2Encoder(dims, batch, G, obs_dim, dense=d, stream=s)   the encoder of a network's input
+    enc = Mamba2Encoder(dims, batch, G, dense=d, stream=s)   the encoder of a network's input
     enc.bind_market(market_obs, day_first)       per fold: the FoldMarketDevice's (agent/fold_market.py)
-    x = enc.forward(p, obs, rows, stream=s)      x [B, D + E] = [obs | the block's output at each window's last bar]
+    out = enc.encode(p, rows, stream=s)          out [B T, E] = the block over the windows ending at rows [B]; the
+                                                 network reads each window's last bar (enc.rows_per_sample = T)
     enc.backward(p, g, stream=s)                 the block's gradients from enc.dx [G, E]; the windows take none
 
 The block, per window (no causal conv1d and no gated RMSNorm: the paper's block has both; this increment is the
@@ -61,7 +62,7 @@ from fox_numba.kernels.mamba2 import (
     mamba2_scan_backward,
     mamba2_scan_forward,
 )
-from fox_numba.kernels.windows import concat_last, gather_windows, scatter_last
+from fox_numba.kernels.windows import gather_windows, scatter_last
 
 MAMBA2_PREFIX = "mamba2."
 IN_W, HEADS, OUT_W = f"{MAMBA2_PREFIX}in_proj.weight", f"{MAMBA2_PREFIX}heads", f"{MAMBA2_PREFIX}out_proj.weight"
@@ -211,15 +212,16 @@ class Mamba2Block:
 
 
 class Mamba2Encoder:
-    """The block over each sample's window of the market, its last bar's output beside the observation: the input
-    x [batch, D + E] of a network's first layer (network.mamba2_window; composed by agent/network.py)."""
+    """The block over each sample's window of the market: the output whose last bar per window a network's first layer
+    reads beside the observation (network.mamba2_window; composed by agent/network.py)."""
 
-    def __init__(self, dims: Mamba2Dims, batch: int, grad_rows: int, obs_dim: int, *, dense: str,
-                 stream: Any) -> None:
+    def __init__(self, dims: Mamba2Dims, batch: int, grad_rows: int, *, dense: str, stream: Any) -> None:
         self.dims = dims
+        self.samples = batch
+        self.rows_per_sample = dims.seq_len  # output rows per sample: one per bar of its window
         self.block = Mamba2Block(dims, batch, dense=dense, stream=stream, grad_samples=grad_rows)
+        self.out = self.block.out  # [batch T, E]
         self.u = device_empty((batch * dims.seq_len, dims.n_features), np.float32)  # the windows
-        self.x = device_empty((batch, obs_dim + dims.d_out), np.float32)  # [obs | the last bars' output]
         self.dx = device_empty((grad_rows, dims.d_out), np.float32)  # dL/d(the E columns), written by the network
         self._dout = device_empty((grad_rows * dims.seq_len, dims.d_out), np.float32)
         self._market: tuple[Any, Any] | None = None
@@ -233,16 +235,14 @@ class Mamba2Encoder:
             raise ValueError(f"market_obs has {n_cols} columns, the encoder reads the first {self.dims.n_features}")
         self._market = (market_obs, day_first)
 
-    def forward(self, p: dict[str, Any], obs: Any, rows: Any, *, stream: Any) -> Any:
-        """x [batch, D + E] of obs [batch, D] and the samples' market rows `rows` [batch] (int32); kept in `x`."""
+    def encode(self, p: dict[str, Any], rows: Any, *, stream: Any) -> Any:
+        """out [batch T, E]: the block over the windows ending at the samples' market rows `rows` [batch] (int32)."""
         if self._market is None:
             raise RuntimeError("the Mamba2 encoder (network.mamba2_window) needs the fold's market: call "
                                "Network.bind_market(market_obs, day_first) first")
         market_obs, day_first = self._market
         gather_windows(market_obs, rows, day_first, self.u, seq_len=self.dims.seq_len, stream=stream)
-        out = self.block.forward(p, self.u, stream=stream)
-        concat_last(obs, out, self.x, seq_len=self.dims.seq_len, stream=stream)
-        return self.x
+        return self.block.forward(p, self.u, stream=stream)
 
     def backward(self, p: dict[str, Any], g: dict[str, Any], *, stream: Any) -> None:
         """The block's parameter gradients into `g` from `dx` [grad_rows, E] (the windows are data: no input

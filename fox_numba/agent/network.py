@@ -4,7 +4,8 @@
     params = stager.upload_new(init_params(layout, seed))  # one flat float32 buffer [layout.size]
     net = Network(layout, batch, stream=s)                 # activation buffers, allocated once
     net.forward(params, obs, logits, stream=s)             # obs [batch, D] -> logits [batch, 13, Z]
-                                                           # (Mamba2, TLOB: net.bind_market(...) per fold, rows=)
+                                                           # (Mamba2, TLOB: net.bind_market(...) per fold, rows=,
+                                                           # or encoded= of a cache: net.encode(...), net.encoded(k))
     net.backward(params, dlogits, grads, stream=s)         # dlogits [G, 13, Z] -> grads [layout.size]
 
 Architecture: `n_layers` Linear+ReLU layers of width `hidden` (the trunk; with n_layers = 0, the default,
@@ -86,9 +87,10 @@ the C51 head's, and its first layer (layer 0, or the head without a trunk) reads
 (layout.in_dim; E = mamba2_out). enc is the block's output at the last bar of each sample's window: the first
 N_MARKET columns of the fold's market part over the T bars ending at the sample's row (clamped to its day's first
 bar). `bind_market(market_obs, day_first)` gives the network its fold's market once per fold and `forward(...,
-rows=)` each observation's row; the backward sends the E columns' input gradient dy W^T (W: the weights layer 0 read)
-into the block's parameter gradients, and the windows take none (market features are data). The window and the
-block's sizes are in the fingerprint. Refused with VSN, MoE, IQN and NoisyNet heads (each reads or gates the input or
+rows=)` each observation's row (the block's output: [batch T, E], the network joins each window's last bar); the
+backward sends the E columns' input gradient dy W^T (W: the weights layer 0 read) into the block's parameter
+gradients, and the windows take none (market features are data). The window and the block's sizes are in the
+fingerprint. Refused with VSN, MoE, IQN and NoisyNet heads (each reads or gates the input or
 the head the encoder widens; not composed yet); the trunk parts act after layer 0 and compose. Off, the network
 launches none of its kernels.
 
@@ -100,6 +102,13 @@ each, FoldMarketDevice.book_obs) ending at the sample's row, clamped to its day'
 `bind_market(market_obs, day_first, book_obs)` and `forward(..., rows=)` as with Mamba2; the backward sends the O
 columns' input gradient dy W^T into every encoder parameter's gradient, and the book takes none. The window and the
 encoder's sizes are in the fingerprint. Refused with VSN, MoE, IQN, NoisyNet heads and the Mamba2 encoder.
+
+Encoder cache (either encoder; evaluation, agent/evaluator.py): a sample's encoder output depends on its market row
+alone, so where the rows are known in advance `Network(..., cache_samples=M)` holds a second encoder of M samples:
+`encode(params, rows)` runs it alone over rows [M] (int32, e.g. every (step, environment) row of an evaluation
+chunk, step-major), and `forward(..., encoded=net.encoded(k))` joins the outputs of samples k batch .. (k + 1) batch
+of it instead of encoding (the same kernels on the same numbers, per sample: the logits are bit for bit those of
+`forward(..., rows=)` on the same rows). The backward needs rows= (it reads the network's own encoder).
 
 Every buffer is allocated in the constructor, so forward and backward run inside a captured StepGraph. `grads` must
 be zero in the layout's gaps (allocate it with device_zeros); backward writes every entry but the IQN head's.
@@ -137,6 +146,7 @@ from fox_numba.errors import ConfigError
 from fox_numba.kernels.dropout import dropout, keep_scale
 from fox_numba.kernels.heads import aux_column, dueling_combine_backward, dueling_combine_forward, head_width
 from fox_numba.kernels.moe import MIN_EXPERTS
+from fox_numba.kernels.windows import concat_last
 from fox_numba.observation import N_MARKET
 
 ALIGN = 32  # floats: every entry starts on a 128-byte boundary
@@ -368,6 +378,17 @@ def init_params(layout: ParamLayout, seed: int) -> np.ndarray:
     return flat
 
 
+def window_encoder(layout: ParamLayout, samples: int, grad_rows: int, *, dense: str,
+                   stream: Any) -> Mamba2Encoder | TlobWindowEncoder | None:
+    """The layout's encoder over windows of past bars for `samples` samples (its backward over the first
+    `grad_rows`), None for a layout without one."""
+    if layout.mamba2 is not None:
+        return Mamba2Encoder(layout.mamba2, samples, grad_rows, dense=dense, stream=stream)
+    if layout.tlob is not None:
+        return TlobWindowEncoder(layout.tlob, samples, grad_rows, dense=dense)
+    return None
+
+
 @dataclass(frozen=True)
 class Dropout:
     """Training dropout of the trunk's hidden units: the rate, the optimiser state whose step keys the mask
@@ -384,8 +405,9 @@ class Network:
     def __init__(
         self, layout: ParamLayout, batch: int, *, stream: Any, grad_rows: int | None = None, dense: str = "auto",
         dropout: Dropout | None = None, noise: NoiseKey | None = None, spectral: SpectralKey | None = None,
-        depth: StochasticDepth | None = None, isv: Any = None,
+        depth: StochasticDepth | None = None, isv: Any = None, cache_samples: int = 0,
     ) -> None:
+        """`cache_samples` > 0 (a layout with an encoder): the encoder cache's samples (module header)."""
         grad_rows = batch if grad_rows is None else grad_rows
         if not 1 <= grad_rows <= batch:
             raise ValueError(f"Network: need 1 <= grad_rows <= batch, got grad_rows={grad_rows}, batch={batch}")
@@ -408,11 +430,14 @@ class Network:
         self.residual = ResidualTrunk(layout, batch, grad_rows, depth, stream=stream) if layout.residual else None
         self.vsn = VsnGate(layout, batch, grad_rows, dense, isv=isv, stream=stream) if layout.vsn else None
         self.moe = MoeHeads(layout, batch, grad_rows, dense, isv=isv, stream=stream) if layout.moe else None
-        self.encoder: Mamba2Encoder | TlobWindowEncoder | None = None  # [obs | enc] for layer 0 (both: x, dx)
-        if layout.mamba2 is not None:
-            self.encoder = Mamba2Encoder(layout.mamba2, batch, grad_rows, layout.obs_dim, dense=dense, stream=stream)
-        elif layout.tlob is not None:
-            self.encoder = TlobWindowEncoder(layout.tlob, batch, grad_rows, layout.obs_dim, dense=dense)
+        if cache_samples < 0 or (cache_samples > 0 and not layout.windowed):
+            raise ValueError(f"Network: cache_samples = {cache_samples} needs a layout with an encoder over past bars "
+                             "(network.mamba2_window or tlob_window) and must be >= 0")
+        self.encoder = window_encoder(layout, batch, grad_rows, dense=dense, stream=stream)  # its output beside obs
+        self.cache = (window_encoder(layout, cache_samples, 1, dense=dense, stream=stream) if cache_samples
+                      else None)  # the encoder cache: forward only (one gradient row, the least it allocates)
+        self._joined = device_empty((batch, layout.in_dim), np.float32) if self.encoder is not None else None
+        self._from_cache = False  # the last forward read the cache (its encoder kept nothing for the backward)
         n_layers, hidden, z = layout.n_layers, layout.hidden, layout.n_atoms
         # Trunk outputs [layer, row, unit] in one buffer (the hidden-signal producers read it whole).
         self.activations: Any = device_empty((n_layers, batch, hidden), np.float32) if n_layers else None
@@ -439,21 +464,39 @@ class Network:
         if self.encoder is None:
             raise ValueError("Network.bind_market: the layout has no Mamba2 encoder (network.mamba2_window = 0) and "
                              "no TLOB encoder (network.tlob_window = 0)")
-        if self.layout.tlob is None:
-            self.encoder.bind_market(market_obs, day_first)
-        elif book_obs is None:
+        if self.layout.tlob is not None and book_obs is None:
             raise ValueError("Network.bind_market: the TLOB encoder (network.tlob_window) needs book_obs= "
                              "(FoldMarketDevice.book_obs)")
-        else:
-            self.encoder.bind_market(book_obs, day_first)
+        source = market_obs if self.layout.tlob is None else book_obs
+        for enc in (self.encoder, self.cache):
+            if enc is not None:
+                enc.bind_market(source, day_first)
+
+    def encode(self, params: Any, rows: Any, *, stream: Any) -> None:
+        """Run the encoder cache alone over the market rows `rows` [cache_samples] (int32), for `encoded` to read."""
+        if self.cache is None:
+            raise ValueError("Network.encode needs an encoder cache (Network(..., cache_samples=M))")
+        check_array("rows", rows, "[cache_samples]", (self.cache.samples,), np.int32)
+        self.cache.encode(self._params(params), rows, stream=stream)
+
+    def encoded(self, k: int) -> Any:
+        """The encoder cache's outputs of samples k batch .. (k + 1) batch of the last `encode`: forward's
+        `encoded` for the observations of those rows."""
+        if self.cache is None:
+            raise ValueError("Network.encoded needs an encoder cache (Network(..., cache_samples=M))")
+        if not 0 <= k < self.cache.samples // self.batch:
+            raise ValueError(f"Network.encoded: k = {k} is outside the cache's {self.cache.samples} samples in blocks "
+                             f"of batch = {self.batch}")
+        per = self.batch * self.cache.rows_per_sample
+        return self.cache.out[k * per : (k + 1) * per]
 
     def _input(self, layer: int, rows: int) -> Any:
         """Input activation of dense layer `layer` (the observation, its VSN gating or the observation beside the
         Mamba2 or TLOB encoder's output, for layer 0), first `rows` rows."""
         if layer > 0:
             src = self.activations[layer - 1]
-        elif self.encoder is not None:
-            src = self.encoder.x
+        elif self._joined is not None:
+            src = self._joined
         else:
             src = self._obs if self.vsn is None else self.vsn.gated
         return src if rows == self.batch else src[:rows]
@@ -471,20 +514,26 @@ class Network:
         """Trunk layer `layer` is a residual block (layers 1 .. n_layers - 1 of a residual layout)."""
         return self.residual is not None and 1 <= layer < self.layout.n_layers
 
-    def forward(self, params: Any, obs: Any, logits: Any, *, stream: Any, rows: Any = None) -> None:
-        """logits [batch, N_HEADS, Z] of obs [batch, obs_dim]; keeps the activations for `backward`. `rows` [batch]
-        int32: each observation's row of the bound market (`bind_market`), read by the Mamba2 or TLOB encoder only (a
-        layout with one refuses a forward without them)."""
+    def forward(self, params: Any, obs: Any, logits: Any, *, stream: Any, rows: Any = None,
+                encoded: Any = None) -> None:
+        """logits [batch, N_HEADS, Z] of obs [batch, obs_dim]; keeps the activations for `backward`. A layout with a
+        Mamba2 or TLOB encoder needs one of `rows` [batch] int32 (each observation's row of the bound market,
+        `bind_market`: the encoder runs on their windows) and `encoded` (`encoded(k)`: the encoder cache's outputs
+        for the observations' rows); a layout without one reads neither."""
         lay = self.layout
         check_array("obs", obs, "[batch, obs_dim]", (self.batch, lay.obs_dim))
         check_array("logits", logits, "[batch, N_HEADS, Z]", (self.batch, N_HEADS, lay.n_atoms))
         p = self._params(params)
         if self.encoder is not None:
-            if rows is None:
+            if (rows is None) == (encoded is None):
                 raise ValueError("Network.forward: the layout has an encoder over past bars (network.mamba2_window or "
-                                 "tlob_window), so it needs rows= (each observation's market row)")
-            check_array("rows", rows, "[batch]", (self.batch,), np.int32)
-            self.encoder.forward(p, obs, rows, stream=stream)
+                                 "tlob_window), so it needs rows= (each observation's market row) or encoded= (the "
+                                 "encoder cache's outputs of those rows), one of them")
+            if rows is not None:
+                check_array("rows", rows, "[batch]", (self.batch,), np.int32)
+                encoded = self.encoder.encode(p, rows, stream=stream)
+            self._from_cache = rows is None
+            concat_last(obs, encoded, self._joined, seq_len=self.encoder.rows_per_sample, stream=stream)
         self._obs = obs
         if self.vsn is not None:
             self.vsn.forward(p, obs, stream=stream)
@@ -515,8 +564,9 @@ class Network:
         gradient another head reading the same input (IQN) sends into the trunk's last layer, already masked by
         its ReLU (layout.head_input_relu); it is added to the C51 head's before the trunk's backward."""
         lay, rows = self.layout, self.grad_rows
-        if self._obs is None:
-            raise RuntimeError("Network.backward needs a forward first (it reads the kept activations)")
+        if self._obs is None or self._from_cache:
+            raise RuntimeError("Network.backward needs a forward first, with rows= for an encoder (it reads the kept "
+                               "activations)")
         if lay.noisy and self.noisy is None:
             raise RuntimeError("Network.backward of a noisy layout needs noise= (sigma's gradient is the noise's)")
         check_array("dlogits", dlogits, "[grad_rows, N_HEADS, Z]", (rows, N_HEADS, lay.n_atoms))

@@ -8,9 +8,10 @@ fold's close book (network.tlob_window; agent/network.py).
     out = enc.forward(layout.views(p_flat), x, stream=s)       x [B, T*F] (snapshot t at columns t*F ..), out [B, O]
     enc.backward(layout.views(p_flat), x, dout, layout.views(g_flat), stream=s)   every dL/dp from dout = dL/dout
                                                                (grad_samples=G: dout [G, O], the first G samples)
-    win = TlobWindowEncoder(shape, batch, G, obs_dim, dense=d)  the encoder of a network's input
+    win = TlobWindowEncoder(shape, batch, G, dense=d)          the encoder of a network's input
     win.bind_market(book_obs, day_first)                       per fold: FoldMarketDevice's (agent/fold_market.py)
-    x = win.forward(p, obs, rows, stream=s)                    x [B, D_obs + O] = [obs | the encoder's output]
+    out = win.encode(p, rows, stream=s)                        out [B, O]: the encoder over the windows ending at
+                                                               rows [B], which the network reads beside the obs
     win.backward(p, g, stream=s)                               every dL/dp from win.dx [G, O]; the book takes none
 
 The encoder, per sample (x_t the snapshot t, rows of the time view [T, D]):
@@ -65,7 +66,7 @@ from fox_numba.kernels.tlob import (
     attention_forward,
     batch_transpose,
 )
-from fox_numba.kernels.windows import concat_last, gather_windows
+from fox_numba.kernels.windows import gather_windows
 
 TLOB_PREFIX = "tlob."
 VIEWS = ("time", "feature")
@@ -307,14 +308,16 @@ class TlobEncoder:
 
 
 class TlobWindowEncoder:
-    """The encoder over each sample's window of the fold's book snapshots, its output beside the observation: the
-    input x [batch, D_obs + O] of a network's first layer (network.tlob_window; composed by agent/network.py)."""
+    """The encoder over each sample's window of the fold's book snapshots: the output a network's first layer reads
+    beside the observation (network.tlob_window; composed by agent/network.py)."""
 
-    def __init__(self, shape: TlobShape, batch: int, grad_rows: int, obs_dim: int, *, dense: str) -> None:
-        self.shape = shape
+    rows_per_sample = 1  # output rows per sample (the network reads each sample's last, its only one)
+
+    def __init__(self, shape: TlobShape, batch: int, grad_rows: int, *, dense: str) -> None:
+        self.shape, self.samples = shape, batch
         self.encoder = TlobEncoder(TlobLayout.build(shape), batch, dense=dense, grad_samples=grad_rows)
+        self.out = self.encoder.out  # [batch, O]
         self.u = device_empty((batch * shape.seq, shape.n_in), np.float32)  # the windows, snapshot t of s at s T + t
-        self.x = device_empty((batch, obs_dim + shape.n_out), np.float32)  # [obs | the encoder's output]
         self.dx = device_empty((grad_rows, shape.n_out), np.float32)  # dL/d(the O columns), written by the network
         self._market: tuple[Any, Any] | None = None
 
@@ -327,17 +330,16 @@ class TlobWindowEncoder:
             raise ValueError(f"book_obs has {n_cols} columns, the TLOB encoder reads {self.shape.n_in}")
         self._market = (book_obs, day_first)
 
-    def forward(self, p: dict[str, Any], obs: Any, rows: Any, *, stream: Any) -> Any:
-        """x [batch, D_obs + O] of obs [batch, D_obs] and the samples' market rows `rows` [batch] (int32); kept in x."""
+    def encode(self, p: dict[str, Any], rows: Any, *, stream: Any) -> Any:
+        """out [batch, O]: the encoder over the book windows ending at the samples' market rows `rows` [batch]
+        (int32)."""
         if self._market is None:
             raise RuntimeError("the TLOB encoder (network.tlob_window) needs the fold's book: call "
                                "Network.bind_market(market_obs, day_first, book_obs) first")
         book_obs, day_first = self._market
         sh = self.shape
         gather_windows(book_obs, rows, day_first, self.u, seq_len=sh.seq, stream=stream)
-        out = self.encoder.forward(p, self.u.reshape((self.encoder.batch, sh.seq * sh.n_in)), stream=stream)
-        concat_last(obs, out, self.x, seq_len=1, stream=stream)  # one output row per sample: its "last bar"
-        return self.x
+        return self.encoder.forward(p, self.u.reshape((self.encoder.batch, sh.seq * sh.n_in)), stream=stream)
 
     def backward(self, p: dict[str, Any], g: dict[str, Any], *, stream: Any) -> None:
         """Every encoder parameter gradient into `g` from `dx` [grad_rows, O] (the book is data: no input gradient)."""
