@@ -27,6 +27,10 @@ from fox_numba.market.synthetic import generate
 from fox_numba.market.synthetic_definition import load_definition
 
 ON_SIMULATOR = os.environ["NUMBA_ENABLE_CUDASIM"] not in ("", "0")
+if ON_SIMULATOR:
+    import simulator_blocks
+
+    simulator_blocks.install()  # a block runner that waits instead of spinning (tests/simulator_blocks.py)
 
 
 def pytest_configure(config: pytest.Config) -> None:
