@@ -116,9 +116,9 @@ STAGES = [["collect"], ["train"], ["profile"]]
 
 def test_profile_prints_the_stage_and_kernel_tables(half_hour_store, tmp_path):
     """One smoke warm-up epoch, one timed epoch, the same with run.graphs flipped, 2 eager steps per stage for
-    the kernel tables. Half the smoke preset's environments and network width and fewer atoms: the tables'
-    rows and steps do not depend on the sizes, the simulator's time does."""
-    small = ["env.n_envs=8", "network.hidden=8", "network.n_atoms=5", "learner.batch_size=8", "learner.buffer_size=64"]
+    the kernel tables. A quarter of the smoke preset's environments, half its network width and fewer atoms: the
+    tables' rows and steps do not depend on the sizes, the simulator's time does."""
+    small = ["env.n_envs=4", "network.hidden=8", "network.n_atoms=5", "learner.batch_size=4", "learner.buffer_size=64"]
     proc = run_fox("profile", "--preset", "smoke", "--store", str(half_hour_store), "--epochs", "1", "--steps", "2",
                    "--set", f"run.out_dir={json.dumps(str(tmp_path))}", "--set", 'run.name="prof"',
                    *(a for s in small for a in ("--set", s)))

@@ -14,6 +14,7 @@ from fox_numba.observation import N_MARKET
 from fox_numba.walkforward.trainer_state import audit_trainer
 
 T = 3
+SIGNAL_ROWS = 36
 SIZES = [f"network.mamba2_window={T}", "network.mamba2_heads=1", "network.mamba2_head_dim=4", "network.mamba2_state=4",
          "network.mamba2_out=4"]
 
@@ -51,9 +52,13 @@ def test_a_mamba2_trainer_reads_the_windows_of_the_rows_it_acts_on(half_hour_sto
     state = learner.state_arrays()
     params, supports = (state[name] for name in eval_network(cfg.evaluation.network))
     dev = trainer.market
-    signals = [DirectionSignal(lay, stager=trainer.stager, chunk=c).compute(dev.market_obs, params, supports,
-                                                                            dev.day_first) for c in (16, 48)]
+    # The first SIGNAL_ROWS rows (the simulator pays per row): they cross the day boundary at row 30 and, in chunks
+    # of 16, two chunk boundaries and a padded tail; in one chunk of 36, none.
+    obs, day_first = dev.market_obs[:SIGNAL_ROWS], dev.day_first[:SIGNAL_ROWS]
+    assert host.day_first[SIGNAL_ROWS - 1] > 0
+    signals = [DirectionSignal(lay, stager=trainer.stager, chunk=c).compute(obs, params, supports, day_first)
+               for c in (16, SIGNAL_ROWS)]
     assert np.isfinite(signals[0]).all() and np.ptp(signals[0]) > 0
     np.testing.assert_allclose(signals[0], signals[1], rtol=1e-6, atol=1e-7)  # each row's window, whatever its chunk
     with pytest.raises(ValueError, match="needs day_first"):
-        DirectionSignal(lay, stager=trainer.stager, chunk=16).compute(dev.market_obs, params, supports)
+        DirectionSignal(lay, stager=trainer.stager, chunk=16).compute(obs, params, supports)

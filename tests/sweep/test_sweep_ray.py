@@ -26,8 +26,8 @@ import pytest
 
 
 TRIAL_SETS = ("folds.n_folds=1", "folds.train_days=2", "folds.val_days=2", "folds.purge_bars=5", "learner.epochs=2",
-              "learner.steps_per_epoch=1", "learner.batch_size=8", "learner.buffer_size=64", "env.n_envs=8",
-              "env.collect_steps=8", "env.episode_bars=16", "network.hidden=8", "network.n_atoms=5")
+              "learner.steps_per_epoch=1", "learner.batch_size=4", "learner.buffer_size=64", "env.n_envs=4",
+              "env.collect_steps=2", "env.episode_bars=16", "network.hidden=8", "network.n_atoms=5")
 SPEC = '[sweep]\nseeds = [0, 1]\n[grid]\n"learner.lr" = [3e-4]\n'
 TRIALS = ("c00-seed0", "c00-seed1")
 KILLED, RERUN = "c00-seed1", "c00-seed0"  # the trial killed mid-way, and the one that runs beside it

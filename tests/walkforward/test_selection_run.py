@@ -17,8 +17,8 @@ def test_selection_days_are_backtested_and_choose_the_best_epoch(half_hour_store
     cfg = load_config("smoke", overrides=[
         f"market.store={json.dumps(str(half_hour_store))}", f"run.out_dir={json.dumps(str(tmp_path))}",
         "run.name=sel", "folds.n_folds=1", "folds.train_days=3", "folds.select_days=2", "folds.purge_bars=5",
-        "learner.epochs=3", "learner.steps_per_epoch=1", "env.collect_steps=4", "env.n_envs=8", "network.hidden=8",
-        "network.n_atoms=5", "learner.batch_size=8", "learner.buffer_size=64"])
+        "learner.epochs=3", "learner.steps_per_epoch=1", "env.collect_steps=2", "env.n_envs=4", "network.hidden=8",
+        "network.n_atoms=5", "learner.batch_size=4", "learner.buffer_size=64"])
     logged: list[str] = []
     bar: list[tuple[str, int]] = []
     run_dir, summary = train_run(cfg, select_market(cfg.market), log=logged.append, verbose=True,

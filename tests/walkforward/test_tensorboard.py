@@ -89,7 +89,7 @@ def test_a_run_writes_its_records_as_events(half_hour_store, tmp_path):
     cfg = load_config("smoke", overrides=[
         f"market.store={json.dumps(str(half_hour_store))}", f"run.out_dir={json.dumps(str(tmp_path))}",
         "run.name=tb", "run.tensorboard=true", "folds.n_folds=1", "learner.epochs=2", "learner.steps_per_epoch=2",
-        "env.collect_steps=4", "env.n_envs=8", "network.hidden=8", "network.n_atoms=5", "learner.batch_size=8",
+        "env.collect_steps=2", "env.n_envs=4", "network.hidden=8", "network.n_atoms=5", "learner.batch_size=4",
         "learner.buffer_size=64"])
     run_dir, _ = train_run(cfg, select_market(cfg.market), log=lambda line: None)
     got = read_scalars(run_dir / EVENTS_DIR)

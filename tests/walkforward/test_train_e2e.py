@@ -2,9 +2,9 @@
 that read a finished run (`fox evaluate`, `fox report`).
 
 The store is four synthetic days of half-hour sessions (the smoke preset's 2 folds of 2 training + 1
-validation days). Every run is the smoke preset with SETS: half its environments and network width, fewer
-atoms and a smaller replay, which leave every stage of the run as it is and shrink only the arrays the
-simulator pays for, thread by thread. One uninterrupted run is the reference. A second run is SIGKILLed
+validation days). Every run is the smoke preset with SETS: a quarter of its environments, half its network
+width, fewer atoms and a smaller replay, which leave every stage of the run as it is and shrink only the
+arrays the simulator pays for, thread by thread. One uninterrupted run is the reference. A second run is SIGKILLed
 early (where depends on the machine's speed: fold 0's second epoch under the simulator), resumed with
 `fox train --resume`, and must end with the same metrics lines, HEALTH_DIAG lines and final parameters; so
 must a copy of the reference cut back to the end of fold 0 (a resume across a fold boundary, wherever the
@@ -42,9 +42,9 @@ from fox_numba.walkforward.report import FIGURES, equity_figure, write_report
 EPOCHS, FOLDS = PRESETS["smoke"]["learner.epochs"], PRESETS["smoke"]["folds.n_folds"]
 STEPS, DIAG_EVERY = PRESETS["smoke"]["learner.steps_per_epoch"], PRESETS["smoke"]["run.diag_every"]
 ROOT = Path(__file__).resolve().parents[2]
-N_ENVS = 8
-SETS = (f"env.n_envs={N_ENVS}", "network.hidden=8", "network.n_atoms=5", "learner.batch_size=8",
-        "learner.buffer_size=64")  # the replay holds a fold's 2 epochs x 4 collect steps x 8 environments
+N_ENVS = 4
+SETS = (f"env.n_envs={N_ENVS}", "network.hidden=8", "network.n_atoms=5", "learner.batch_size=4",
+        "learner.buffer_size=32")  # the replay holds a fold's 2 epochs x 4 collect steps x 4 environments
 
 
 @pytest.fixture(scope="module")
