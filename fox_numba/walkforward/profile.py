@@ -159,7 +159,10 @@ def profile(cfg: FoxConfig, selection: MarketSelection, *, epochs: int, steps: i
     epoch_ms = sum(st.mean_ms for st in stages.values())
     ev = trainer.evaluator
     stage_steps = {"collect": cfg.env.collect_steps, "train": cfg.learner.steps_per_epoch, "evaluate": ev.steps}
-    bodies = {"collect": trainer.collector._step, "train": trainer.learner._step, "evaluate": ev._step}
+    if ev.chunk_rows is not None:  # an encoder over past bars: the cache a step reads, filled once per chunk
+        ev.net.encode(ev.params, ev.chunk_rows[0], stream=s)
+    bodies = {"collect": trainer.collector._step, "train": trainer.learner._step,
+              "evaluate": lambda st: ev._step(st, 0)}
     kernels, launches = {}, {}
     for name, body in bodies.items():
         kernels[name], launches[name] = kernel_table(body, s, steps)

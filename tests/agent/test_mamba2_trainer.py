@@ -6,9 +6,9 @@ and the registry audit finds no unregistered state. The network with the encoder
 import numpy as np
 import pytest
 from real_trainer import SMALL, real_trainer
+from windowed_network import collect_train_evaluate
 
 from fox_numba.agent.direction_signal import DirectionSignal
-from fox_numba.agent.evaluator import eval_network
 from fox_numba.agent.mamba2 import MAMBA2_PREFIX
 from fox_numba.observation import N_MARKET
 from fox_numba.walkforward.trainer_state import audit_trainer
@@ -28,29 +28,11 @@ def windows(market, rows):
 
 def test_a_mamba2_trainer_reads_the_windows_of_the_rows_it_acts_on(half_hour_store):
     rt = real_trainer(half_hour_store, [*SMALL, "env.collect_steps=2", "learner.steps_per_epoch=2", *SIZES])
-    trainer, cfg = rt.trainer, rt.cfg
+    trainer = rt.trainer
     assert audit_trainer(rt.registry, trainer, rt.kills, rt.best) == []
-    host, dl = trainer.market.host, trainer.stager.download
-    trainer.collect()
-    n = cfg.env.n_envs
-    last_rows = dl(trainer.replay.row)[n : 2 * n]  # the second (last) collect step's rows
-    np.testing.assert_array_equal(dl(trainer.collector.net.encoder.u), windows(host, last_rows))
+    host = trainer.market.host
+    params, supports = collect_train_evaluate(rt, windows, MAMBA2_PREFIX)
     lay = trainer.layout
-    before = dl(trainer.learner.params)
-    trainer.train(lambda: None)
-    after = dl(trainer.learner.params)
-    learner, b = trainer.learner, cfg.learner.batch_size
-    rows = dl(learner.batch.rows)  # the last step's s rows, then its s' rows
-    np.testing.assert_array_equal(dl(learner.online.encoder.u), windows(host, rows))
-    np.testing.assert_array_equal(dl(learner.target_net.encoder.u), windows(host, rows[b:]))
-    assert np.isfinite(after).all()
-    for e in lay.entries:
-        if e.name.startswith(MAMBA2_PREFIX):
-            assert not np.array_equal(after[e.offset : e.stop], before[e.offset : e.stop]), e.name
-    days = trainer.evaluate()[0]
-    assert len(days) > 0 and all(np.isfinite(pnl).all() for pnl, _ in days)
-    state = learner.state_arrays()
-    params, supports = (state[name] for name in eval_network(cfg.evaluation.network))
     dev = trainer.market
     # The first SIGNAL_ROWS rows (the simulator pays per row): they cross the day boundary at row 30 and, in chunks
     # of 16, two chunk boundaries and a padded tail; in one chunk of 36, none.

@@ -13,15 +13,14 @@ plus 2e-5 of each entry's largest element, as test_tlob.py's.
 import numpy as np
 import pytest
 import reference
+from windowed_network import ENCODER_CONFLICTS, run_windowed, unbound_network
 import reference_tlob as ref
 
 from fox_numba.actions import N_HEADS
 from fox_numba.agent.fold_market import day_first_rows
 from fox_numba.agent.network import Network, ParamLayout, init_params
-from fox_numba.agent.spectral import SpectralKey, init_vectors, vector_views
 from fox_numba.agent.tlob import TLOB_PREFIX, TlobLayout, tlob_entries
 from fox_numba.config import NetworkConfig
-from fox_numba.device.memory import device_zeros
 from fox_numba.errors import ConfigError
 from fox_numba.features.book import BOOK_FEATURES
 from fox_numba.observation import OBS_DIM
@@ -71,10 +70,7 @@ def test_layout_entries_width_and_fingerprint():
 
 @pytest.mark.parametrize("change, match", [
     ({"tlob_window": 1}, "tlob_window must be 0"),
-    ({"vsn": True}, "network.vsn"),
-    ({"moe_experts": 2}, "network.moe_experts"),
-    ({"iqn_quantiles": 4}, "network.iqn_quantiles"),
-    ({"noisy_sigma0": 0.5}, "network.noisy_sigma0"),
+    *ENCODER_CONFLICTS,
     ({"mamba2_window": 4}, "network.mamba2_window"),
     ({"tlob_window": 5}, "multiple of the heads"),
     ({"tlob_width": 6, "tlob_heads": 4, "tlob_window": 4}, "multiple of the heads"),
@@ -94,16 +90,7 @@ def market(stager, rng):
 
 
 def test_forward_needs_the_book_and_rows(stream, stager, rng):
-    lay = build(LINEAR)
-    net = Network(lay, ROWS, stream=stream, dense="strided")
-    params = stager.upload_new(init_params(lay, 1))
-    obs = stager.upload_new(np.zeros((ROWS, OBS), np.float32))
-    logits = device_zeros((ROWS, N_HEADS, lay.n_atoms), np.float32, stream=stream)
-    rows = stager.upload_new(SAMPLE_ROWS)
-    with pytest.raises(ValueError, match="needs rows="):
-        net.forward(params, obs, logits, stream=stream)
-    with pytest.raises(RuntimeError, match="bind_market"):
-        net.forward(params, obs, logits, stream=stream, rows=rows)
+    net = unbound_network(stream, stager, build(LINEAR), SAMPLE_ROWS)
     _, book_obs, market_obs, day_first = market(stager, rng)
     with pytest.raises(ValueError, match="needs book_obs="):
         net.bind_market(market_obs, day_first)
@@ -148,21 +135,8 @@ def test_forward_and_backward_match_float64(stream, stager, rng, dense, cfg):
     host_book, book_obs, market_obs, day_first = market(stager, rng)
     obs = rng.standard_normal((ROWS, OBS)).astype(np.float32)
     dl = rng.standard_normal((GRAD_ROWS, N_HEADS, lay.n_atoms)).astype(np.float32)
-    vectors = init_vectors(lay, 11) if lay.spectral_norm else None
-    spectral = SpectralKey(stager.upload_new(vectors), 1) if vectors is not None else None
-    net = Network(lay, ROWS, stream=stream, grad_rows=GRAD_ROWS, dense=dense, spectral=spectral)
-    net.bind_market(market_obs, day_first, book_obs)
-    params = stager.upload_new(p0)
-    logits = stager.upload_new(np.full((ROWS, N_HEADS, lay.n_atoms), np.nan, np.float32))
-    grads = device_zeros(lay.size, np.float32, stream=stream)
-    net.forward(params, stager.upload_new(obs), logits, stream=stream, rows=stager.upload_new(SAMPLE_ROWS))
-    net.backward(params, stager.upload_new(dl), grads, stream=stream)
-    logits, grads = stager.download(logits), stager.download(grads)
-    uv = None
-    if lay.spectral_norm:  # one power iteration in the forward, the vectors then held constant
-        p = lay.unpack(p0)
-        uv = [reference.spectral_power64(p[f"trunk.{k}.weight"], u, v, 1)[:2]
-              for k, (u, v) in enumerate(vector_views(lay, vectors))]
+    bound = (market_obs, day_first, book_obs)
+    logits, grads, uv = run_windowed(stager, stream, lay, p0, obs, dl, SAMPLE_ROWS, bound, dense)
     ref_logits, _ = objective64(lay, p0.astype(np.float64), host_book, obs, np.zeros_like(logits), uv)
     np.testing.assert_allclose(logits, ref_logits, rtol=2e-5, atol=2e-5 * np.abs(ref_logits).max())
     dl64 = dl.astype(np.float64)

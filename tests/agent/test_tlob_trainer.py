@@ -7,9 +7,9 @@ encoder: tests/agent/test_tlob_network.py.
 import numpy as np
 import pytest
 from real_trainer import SMALL, real_trainer
+from windowed_network import collect_train_evaluate
 
 from fox_numba.agent.direction_signal import DirectionSignal
-from fox_numba.agent.evaluator import eval_network
 from fox_numba.agent.fold_market import FoldMarket
 from fox_numba.agent.tlob import TLOB_PREFIX
 from fox_numba.walkforward.trainer_state import audit_trainer
@@ -30,28 +30,10 @@ def test_a_tlob_trainer_reads_the_book_windows_of_the_rows_it_acts_on(half_hour_
     rt = real_trainer(half_hour_store, [*SMALL, "env.collect_steps=2", "learner.steps_per_epoch=2", *SIZES])
     trainer, cfg = rt.trainer, rt.cfg
     assert audit_trainer(rt.registry, trainer, rt.kills, rt.best) == []
-    host, dl = trainer.market.host, trainer.stager.download
+    host = trainer.market.host
     assert np.isfinite(host.book_obs).all() and np.ptp(host.book_obs) > 0
-    trainer.collect()
-    n = cfg.env.n_envs
-    last_rows = dl(trainer.replay.row)[n : 2 * n]  # the second (last) collect step's rows
-    np.testing.assert_array_equal(dl(trainer.collector.net.encoder.u), windows(host, last_rows))
+    params, supports = collect_train_evaluate(rt, windows, TLOB_PREFIX)
     lay = trainer.layout
-    before = dl(trainer.learner.params)
-    trainer.train(lambda: None)
-    after = dl(trainer.learner.params)
-    learner, b = trainer.learner, cfg.learner.batch_size
-    rows = dl(learner.batch.rows)  # the last step's s rows, then its s' rows
-    np.testing.assert_array_equal(dl(learner.online.encoder.u), windows(host, rows))
-    np.testing.assert_array_equal(dl(learner.target_net.encoder.u), windows(host, rows[b:]))
-    assert np.isfinite(after).all()
-    for e in lay.entries:
-        if e.name.startswith(TLOB_PREFIX):
-            assert not np.array_equal(after[e.offset : e.stop], before[e.offset : e.stop]), e.name
-    days = trainer.evaluate()[0]
-    assert len(days) > 0 and all(np.isfinite(pnl).all() for pnl, _ in days)
-    state = learner.state_arrays()
-    params, supports = (state[name] for name in eval_network(cfg.evaluation.network))
     dev, stager = trainer.market, trainer.stager
     # Rows 24 .. 35 only (the simulator pays per row), as a market of their own: its first day is rows 24 .. 29 (the
     # windows clamp at 24), its second starts at row 30. In chunks of 5: two chunk boundaries and a padded tail; in
@@ -67,5 +49,6 @@ def test_a_tlob_trainer_reads_the_book_windows_of_the_rows_it_acts_on(half_hour_
     with pytest.raises(ValueError, match="needs book_obs"):
         DirectionSignal(lay, stager=stager, chunk=5).compute(obs, params, supports, day_first)
     trainer.bind_fold(FoldMarket.build(rt.features, rt.folds[1], cfg.features, cfg.env), 1)  # the learner's set_market
+    learner = trainer.learner
     for net in (learner.online, learner.target_net, trainer.collector.net, trainer.evaluator.net):
         assert net.encoder._market[0] is trainer.market.book_obs
