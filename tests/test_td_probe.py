@@ -189,3 +189,35 @@ def test_argmax_positions_act_on_the_values_net_of_the_change_cost(td_probe):
     values = np.array([[0.0, 0.0, 1.0], [0.0, 0.2, 0.6], [1.5, 0.0, 0.0], [9.0, 0.0, 0.0]])
     pos = td_probe.argmax_positions(values, np.full(4, 0.5))
     assert pos.tolist() == [1.0, 1.0, -1.0, 0.0]
+
+
+@pytest.mark.parametrize("cross", [False, True])
+def test_direction_values_are_the_features_times_the_weights(td_probe, cross):
+    """`direction_values` (the fast form the fit's targets use) equals the explicit features times the weights for
+    every row, position and direction, on seeded random weights."""
+    rng = np.random.default_rng(2)
+    xb = np.hstack([rng.standard_normal((9, 3)), np.ones((9, 1))])
+    q = rng.choice(td_probe.POSITIONS, 9)
+    phi = np.stack([td_probe.direction_features(xb[k : k + 1], q[k], cross)[0] for k in range(9)])
+    w = rng.standard_normal((phi.shape[1], 4))
+    np.testing.assert_allclose(td_probe.direction_values(xb, q, w, cross), phi @ w, rtol=1e-12, atol=1e-12)
+
+
+def test_qdir_cross_without_costs_finds_the_next_reward_in_long_minus_short(td_probe):
+    """`qdir_cross` at zero cost on the AR(1) market: from flat, Long and Short differ only in the next bar's reward
+    (the future after a bar does not depend on the position held over it), so (Q_long - Q_short) / 2 at q = 0 must be
+    x . beta within 0.08, as `qlearn`'s value difference is (test above); its argmax trader from flat goes long where
+    x . beta is well above 0."""
+    n, m, rho = 16_000, 3, 0.8
+    beta = np.array([0.6, -0.8, 0.0])
+    x, mid, day_start = ar1_walk(n, m, rho, beta, seed=7)
+    rows = replace(td_probe.fold_rows(mid, day_start, stop=n, gamma=0.5), cost=np.zeros(n + 1))
+    lc = replace(load_config("default").learner, epochs=1, steps_per_epoch=3000, batch_size=256, lr=0.01, gamma=0.5)
+    w = td_probe.learn_value(x, rows, "qdir_cross", lc, seed=0)
+    xb = np.hstack([x, np.ones((n + 1, 1))])
+    assert np.allclose((w[:m, 2] - w[:m, 0]) / 2, beta, atol=0.08)
+    signal = td_probe.signal_of("qdir_cross", xb, w)
+    assert np.corrcoef(signal[:n], x[:n] @ beta)[0, 1] > 0.98
+    pos = td_probe.direction_positions(xb[:400], w, cross=True)
+    up = x[:399] @ beta > 0.5
+    assert (pos[:399][up] == 1.0).mean() > 0.9

@@ -34,6 +34,13 @@ the cosine schedule to lr * lr_min_frac, batch, steps = epochs x steps_per_epoch
   the values themselves as the agent does: from flat at each day's start, each bar the q' of the largest
   V(x, q') - c |q' - q|, flat at the day's last bar (correlation columns n/a). Against `td`, it tells whether
   Q-learning with costs and a max over the next position, acted on by argmax, keeps the read;
+- `qdir` and `qdir_cross`: the same problem in the agent's own parametrisation: four direction values (Short,
+  Hold, Long, Flat: target position -1, the held q, +1, 0) linear in features of the market columns and the held
+  position, as the default network's linear heads read [market | portfolio]: `qdir` on [x, 1, q] (no term in which
+  the market and the position interact, which is all a linear head on the observation has), `qdir_cross` on
+  [x, 1, q, q x]. Q_d(x, q) = -c |q' - q| + q' r + gamma max_d' Q_target,d'(x', q'), every transition training every
+  direction from every held position; traded by argmax from flat (`... argmax` rows). Against `qlearn argmax`, they
+  tell whether the linear head's missing interaction costs the read (the value of Hold is q x . beta: bilinear);
 
 and the probe's ridge fit of the probe_horizon-bar change is fitted on the same rows. Each signal is scored by its
 correlation with the probe_horizon-bar move on the validation days (and on the training rows). If `td` reaches the
@@ -66,6 +73,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from fox_numba.actions import N_DIRECTIONS  # noqa: E402
 from fox_numba.agent.fold_market import FoldMarket  # noqa: E402
 from fox_numba.config import FeatureConfig, FoxConfig, LearnerConfig, load_config  # noqa: E402
 from fox_numba.features.forecast import fit_probe, forward_change  # noqa: E402
@@ -77,7 +85,9 @@ from fox_numba.walkforward.folds import make_folds  # noqa: E402
 from fox_numba.walkforward.metrics import compute_metrics, positions_to_days  # noqa: E402
 from fox_numba.walkforward.probe import probe_baseline  # noqa: E402
 
-TARGETS = ("td", "mc", "c51", "split", "greedy", "qlearn")
+TARGETS = ("td", "mc", "c51", "split", "greedy", "qlearn", "qdir", "qdir_cross")
+DIRECTED = ("qdir", "qdir_cross")
+"""Targets that learn the agent's four direction values on [x, position] features (module header)."""
 POSITIONS = np.array([-1.0, 0.0, 1.0])
 """`qlearn`: the positions (contracts) its three values hold."""
 PARTIAL = ("split", "greedy")
@@ -180,10 +190,15 @@ def learn_value(x: np.ndarray, rows: Rows, target: str, lc: LearnerConfig, seed:
         z = np.linspace(-half, half, atoms)
     if target == "qlearn":
         w, w_tgt = np.zeros((xb.shape[1], len(POSITIONS))), np.zeros((xb.shape[1], len(POSITIONS)))
+    if target in DIRECTED:
+        width = direction_features(xb[:1], 0.0, target == "qdir_cross").shape[1]
+        w, w_tgt = np.zeros((width, N_DIRECTIONS)), np.zeros((width, N_DIRECTIONS))
     for step in range(steps):
         i = rng.choice(rows.idx, size=lc.batch_size)
         if target == "qlearn":
             grad = qlearn_grad(xb, rows, i, w, w_tgt, lc.gamma)
+        elif target in DIRECTED:
+            grad = qdir_grad(xb, rows, i, w, w_tgt, lc.gamma, target == "qdir_cross")
         elif target in PARTIAL:
             grad = partial_grad(xb, rows, i, w, w_tgt, discount, target, rng)
         elif target == "c51":
@@ -196,9 +211,60 @@ def learn_value(x: np.ndarray, rows: Rows, target: str, lc: LearnerConfig, seed:
         w_tgt = (1 - lc.tau) * w_tgt + lc.tau * w
     if target in PARTIAL:
         return (w[:, 0] - w[:, 1]) / 2
-    if target == "qlearn":
+    if target == "qlearn" or target in DIRECTED:
         return w
     return w if target != "c51" else np.vstack([w, z[None, :]])
+
+
+def direction_features(xb: np.ndarray, q: float | np.ndarray, cross: bool) -> np.ndarray:
+    """[n, F]: the features of rows xb [n, M + 1] (bias last) at held position q: [x, 1, q], and q x with `cross`."""
+    qcol = np.broadcast_to(np.asarray(q, np.float64), (len(xb),))[:, None]
+    parts = [xb, qcol] + ([qcol * xb[:, :-1]] if cross else [])
+    return np.hstack(parts)
+
+
+def next_position(q: float | np.ndarray) -> np.ndarray:
+    """[..., 4]: the position each direction (Short, Hold, Long, Flat) targets from the held q (one contract)."""
+    q = np.asarray(q, np.float64)[..., None]
+    return np.concatenate(np.broadcast_arrays(-1.0 + 0 * q, q, 1.0 + 0 * q, 0 * q), axis=-1)
+
+
+def direction_values(xb: np.ndarray, q: np.ndarray, w: np.ndarray, cross: bool) -> np.ndarray:
+    """[n, 4]: the four direction values of rows xb [n, M + 1] at held positions q [n], without building the features:
+    xb @ W_x + q (u + x @ W_qx) for the weights' blocks [x, 1 | q | q x]."""
+    m1 = xb.shape[1]
+    slope = w[m1] + (xb[:, :-1] @ w[m1 + 1 :] if cross else 0.0)
+    return xb @ w[:m1] + q[:, None] * slope
+
+
+def qdir_grad(xb: np.ndarray, rows: Rows, i: np.ndarray, w: np.ndarray, w_tgt: np.ndarray, gamma: float,
+              cross: bool) -> np.ndarray:
+    """The squared TD error's gradient for the four direction values w [F, 4] on batch rows i, from every held
+    position (`qdir` in the module header), averaged over the rows and the three positions."""
+    assert rows.cost is not None
+    grad = np.zeros_like(w)
+    nxt = xb[i + 1]
+    for q in POSITIONS:
+        target = next_position(np.full(len(i), q))  # [B, 4]: the position each direction leaves held
+        future = np.empty_like(target)
+        for d in range(N_DIRECTIONS):
+            best = direction_values(nxt, target[:, d], w_tgt, cross).max(axis=1)
+            future[:, d] = np.where(rows.last[i], -rows.cost[i + 1] * np.abs(target[:, d]), gamma * best)
+        y = -rows.cost[i][:, None] * np.abs(target - q) + target * rows.reward[i][:, None] + future
+        phi = direction_features(xb[i], q, cross)
+        grad += 2.0 * phi.T @ (phi @ w - y) / (len(i) * len(POSITIONS))
+    return grad
+
+
+def direction_positions(xb: np.ndarray, w: np.ndarray, cross: bool) -> np.ndarray:
+    """float64 [bars]: one day traded by argmax over the four direction values from flat, flat at the last bar."""
+    pos = np.zeros(len(xb))
+    held = 0.0
+    for t in range(len(xb) - 1):
+        d = int(np.argmax(direction_features(xb[t : t + 1], held, cross) @ w))
+        held = float(next_position(held)[d])
+        pos[t] = held
+    return pos
 
 
 def qlearn_grad(xb: np.ndarray, rows: Rows, i: np.ndarray, w: np.ndarray, w_tgt: np.ndarray,
@@ -225,13 +291,12 @@ def argmax_positions(values: np.ndarray, cost: np.ndarray) -> np.ndarray:
     return pos
 
 
-def traded_argmax(values: np.ndarray, m: FoldMarket, cfg: FoxConfig) -> tuple[float, float]:
-    """Validation daily Sharpe and round trips per day of `argmax_positions` on the scored validation days, with the
-    probe's cost model (walkforward/metrics.py positions_to_days)."""
+def traded_argmax(act: Callable[[int, int], np.ndarray], m: FoldMarket, cfg: FoxConfig) -> tuple[float, float]:
+    """Validation daily Sharpe and round trips per day of the positions act(first, stop) takes on each scored
+    validation day's rows, with the probe's cost model (walkforward/metrics.py positions_to_days)."""
     half, commission = half_spread(m), cfg.env.commission
-    cost = half + commission / m.point_value
     windows = [(int(m.day_start[d]), int(m.day_start[d + 1])) for d in scored_days(m)]
-    days = positions_to_days([argmax_positions(values[a:b], cost[a:b]) for a, b in windows],
+    days = positions_to_days([act(a, b) for a, b in windows],
                              [m.mid[a:b] for a, b in windows], [half[a:b] for a, b in windows],
                              point_value=m.point_value, commission=commission)  # fmt: skip
     metrics = compute_metrics(days, annualisation_days=cfg.evaluation.annualisation_days)
@@ -285,6 +350,24 @@ def traded(cols: np.ndarray, m: FoldMarket, ridge: float, cfg: FoxConfig) -> tup
     return r.metrics.sharpe_daily, r.metrics.round_trips / r.metrics.n_days
 
 
+def signal_of(target: str, xb: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """Each row's scalar signal of a fit: the value, or for the position and direction values half the long one
+    minus the short one (flat held)."""
+    if target == "qlearn":
+        return (xb @ w[:, 2] - xb @ w[:, 0]) / 2
+    if target in DIRECTED:
+        phi = direction_features(xb, 0.0, target == "qdir_cross")
+        return (phi @ w[:, 2] - phi @ w[:, 0]) / 2
+    return value(xb, w)
+
+
+def acting(target: str, xb: np.ndarray, w: np.ndarray, cost: np.ndarray) -> Callable[[int, int], np.ndarray]:
+    """The argmax trader of a Q fit: (first, stop) -> the positions it takes on those rows."""
+    if target == "qlearn":
+        return lambda a, b: argmax_positions(xb[a:b] @ w, cost[a:b])
+    return lambda a, b: direction_positions(xb[a:b], w, target == "qdir_cross")
+
+
 def mean_se(values: list[float], digits: int = 3, sign: str = "+") -> str:
     se = statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else float("nan")
     return f"{statistics.fmean(values):{sign}.{digits}f} ({se:.{digits}f})"
@@ -323,16 +406,16 @@ def main(argv: list[str] | None = None) -> int:
         xb = np.hstack([x, np.ones((len(x), 1))])
         for target in args.targets:
             fits = [learn_value(x, rows, target, lc, seed, cfg.network.n_atoms) for seed in args.seeds]
-            signals = [(xb @ w[:, 2] - xb @ w[:, 0]) / 2 if target == "qlearn" else value(xb, w) for w in fits]
+            signals = [signal_of(target, xb, w) for w in fits]
             scores = [(correlation(v, move, val), correlation(v, move, train), *traded(v[:, None], m, 0.0, cfg))
                       for v in signals]  # fmt: skip
             lines.append(f"| {fold.index} | {target} | {mean_se([s[0] for s in scores])} | "
                          f"{mean_se([s[1] for s in scores])} | {mean_se([s[2] for s in scores], 2)} | "
                          f"{mean_se([s[3] for s in scores], 1, '')} |")
             print(lines[-1], flush=True)
-            if target == "qlearn":
-                acts = [traded_argmax(xb @ w, m, cfg) for w in fits]
-                lines.append(f"| {fold.index} | qlearn argmax | n/a | n/a | {mean_se([a[0] for a in acts], 2)} | "
+            if target == "qlearn" or target in DIRECTED:
+                acts = [traded_argmax(acting(target, xb, w, rows.cost), m, cfg) for w in fits]
+                lines.append(f"| {fold.index} | {target} argmax | n/a | n/a | {mean_se([a[0] for a in acts], 2)} | "
                              f"{mean_se([a[1] for a in acts], 1, '')} |")
                 print(lines[-1], flush=True)
     table = "\n".join(lines) + "\n"
