@@ -43,8 +43,8 @@ def run_windowed(stager: Any, stream: Any, lay: ParamLayout, p0: np.ndarray, obs
 def collect_train_evaluate(rt: Any, windows: Any, prefix: str) -> tuple[Any, Any]:
     """Through a real trainer with an encoder (tests/real_trainer.py's `rt`): one collect, whose last step's encoder
     input must be `windows(host market, rows)` of the rows it acted on; one train, whose last step's online and target
-    encoder inputs must be those of its s and s' rows, and which must move every parameter whose name starts with `prefix`; one
-    evaluation with finite PnL. Returns the (parameters, supports) evaluation trades with, on the device."""
+    encoder inputs must be those of its s and s' rows, and which must move every parameter whose name starts with
+    `prefix`; one evaluation with finite PnL. Returns the (parameters, supports) evaluation trades with, on the device."""
     trainer, cfg = rt.trainer, rt.cfg
     host, dl = trainer.market.host, trainer.stager.download
     trainer.collect()

@@ -9,10 +9,11 @@ from the fold's market_obs rows by kernels/env.py `gather_obs`); meta int32 [2] 
 device, so a captured graph advances it.
 
 One collect step of N environments writes N transitions at slots (cursor + i) % C, i = 0 .. N - 1, in
-three launches: replay_put_obs (before the environment step: the observed row and portfolio features and
-the action, and the entry price), replay_put_result (after it: reward, done, next_row, next_port), then replay_advance (one
-thread: cursor = (cursor + N) % C, size = min(size + N, C)). The two puts read the cursor and only the
-advance writes it, so no thread reads a cursor another thread is changing. N <= C (checked).
+three launches: replay_put_obs (before the environment step: the observed row and portfolio features, the
+action and the entry price), replay_put_result (after it: reward, done, next_row, next_port), then
+replay_advance (one thread: cursor = (cursor + N) % C, size = min(size + N, C)). The two puts read the
+cursor and only the advance writes it, so no thread reads a cursor another thread is changing. N <= C
+(checked).
 
 One training step of B samples: replay_sample draws B slots, replay_gather copies them into the learner's
 batch layout: rows2 [2B] and port2 [2B, P] hold s in rows 0..B-1 and s' in rows B..2B-1 (so one gather_obs
