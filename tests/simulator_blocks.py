@@ -5,8 +5,8 @@ numba-cuda's simulator runs a block's threads as Python threads; its BlockManage
 the work. `run` below is the same loop with one change: while some thread is still running, the manager waits up to
 POLL_S on that thread (`join` with a timeout waits without holding the GIL) before looking again. Barriers are
 released and exceptions raised by the same rules, so kernels compute the same values; only the cadence of the
-checks changes. Measured on the 2-core CI machine under load: barrier-heavy kernel tests 20-30% less wall time
-(tests/kernels/test_nn_kernels.py's tiled weight-gradient tests 52-55 s -> 39-44 s).
+checks changes. Measured on the 2-core CI machine under load: barrier-heavy kernel tests 16-29% less wall time
+(tools/results/simulator_blocks_cpu.md).
 
 `install` replaces BlockManager.run only when the installed one is the version this was written against (its source
 digest); any other numba-cuda keeps its own runner.
