@@ -204,6 +204,14 @@ class NetworkConfig:
         "256 memorised the default market's training window and traded worse out of sample "
         "(tools/results/learner_ablation_h200.md sections 7-9).",
     )
+    position_cross: bool = opt(
+        False,
+        "The network's first layer (the heads, without a trunk) also reads the held position times each market "
+        "column (kernels/position_cross.py): a linear head's value of an action is then w . x + q (x . u) + ..., "
+        "so the value of holding can be q x . beta, which is bilinear in the position q and the market x. Without "
+        "it a linear head cannot tell holding long from holding short on the market's read "
+        "(tools/results/learner_ablation_h200.md section 27). Refused with vsn.",
+    )
     n_atoms: int = opt(51, "Atoms of the C51 value distribution of each action.")
     v_min: float = opt(-1.0, "Lower end of the base C51 support (rewards are scaled into it).")
     v_max: float = opt(1.0, "Upper end of the base C51 support.")

@@ -235,6 +235,13 @@ def depth_factors64(rows, *, seed, step, layer, rate):
     return np.where(u < rate, 0.0, 1.0 / (1.0 - rate))
 
 
+def position_cross64(obs, n_cross, pos_col):
+    """[B, D + n_cross] float64: obs beside its position column times its first n_cross columns
+    (kernels/position_cross.py)."""
+    o = np.asarray(obs, np.float64)
+    return np.concatenate([o, o[:, pos_col : pos_col + 1] * o[:, :n_cross]], axis=1)
+
+
 def net_forward64(p, n_layers, obs, n_atoms, keep=None):
     """(trunk activations [list of [B, H]], logits [B, 13, Z]) of the network (`net_head64`, then the combine)."""
     acts, head = net_head64(p, n_layers, obs, keep)

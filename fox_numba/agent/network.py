@@ -103,6 +103,13 @@ each, FoldMarketDevice.book_obs) ending at the sample's row, clamped to its day'
 columns' input gradient dy W^T into every encoder parameter's gradient, and the book takes none. The window and the
 encoder's sizes are in the fingerprint. Refused with VSN, MoE, IQN, NoisyNet heads and the Mamba2 encoder.
 
+Position x market (network.position_cross, off by default; kernels/position_cross.py): layer 0 (the heads, without a
+trunk) reads [obs | q obs[:, :M] | enc], q the observation's position column (layout.position_col) and M = layout.cross
+its market columns (all columns before the portfolio part), so a linear head's value of holding can be q x . beta, the
+bilinear form the plain observation cannot give it (tools/results/learner_ablation_h200.md section 27). The crossed
+columns are data (no gradient flows back through them); an encoder's columns start at layout.encoder_col. Refused with
+VSN. Off, the network launches none of its kernels.
+
 Encoder cache (either encoder; evaluation, agent/evaluator.py): a sample's encoder output depends on its market row
 alone, so where the rows are known in advance `Network(..., cache_samples=M)` holds a second encoder of M samples:
 `encode(params, rows)` runs it alone over rows [M] (int32, e.g. every (step, environment) row of an evaluation
@@ -147,7 +154,8 @@ from fox_numba.kernels.dropout import dropout, keep_scale
 from fox_numba.kernels.heads import aux_column, dueling_combine_backward, dueling_combine_forward, head_width
 from fox_numba.kernels.moe import MIN_EXPERTS
 from fox_numba.kernels.windows import concat_last
-from fox_numba.observation import N_MARKET
+from fox_numba.kernels.position_cross import position_cross
+from fox_numba.observation import N_MARKET, N_PORTFOLIO, PORT_POSITION
 
 ALIGN = 32  # floats: every entry starts on a 128-byte boundary
 
@@ -170,6 +178,7 @@ class ParamLayout:
     moe_experts: int = 0  # > 0: the head is a mixture of this many experts under a gate (agent/moe.py)
     mamba2: Mamba2Dims | None = None  # the Mamba2 encoder over the last bars (agent/mamba2.py); None off
     tlob: TlobShape | None = None  # the TLOB encoder over the last book snapshots (agent/tlob.py); None off
+    cross: int = 0  # > 0: layer 0 also reads the position times the first `cross` (market) columns; 0 off
 
     @classmethod
     def build(cls, obs_dim: int, cfg: NetworkConfig, vsn_groups: tuple[tuple[int, int], ...] | None = None, *,
@@ -198,6 +207,7 @@ class ParamLayout:
                              "gradient reaches the gate only through the trunk")
         if cfg.moe_experts:
             check_moe(cfg)
+        cross = cross_columns(cfg, obs_dim)
         mamba2 = encoder_dims(cfg, market_features)
         tlob = tlob_config_shape(cfg)
         groups: tuple[tuple[int, int], ...] = ()
@@ -206,7 +216,8 @@ class ParamLayout:
                       else tuple((g.begin, g.end) for g in observation_groups(obs_dim)))
             check_groups(groups, obs_dim)
         shapes: list[tuple[str, tuple[int, ...], bool]] = []
-        width = obs_dim + (mamba2.d_out if mamba2 is not None else 0) + (tlob.n_out if tlob is not None else 0)
+        width = (obs_dim + cross + (mamba2.d_out if mamba2 is not None else 0)
+                 + (tlob.n_out if tlob is not None else 0))
         for layer in range(cfg.n_layers):
             shapes += [(f"trunk.{layer}.weight", (width, cfg.hidden), True), (f"trunk.{layer}.bias", (cfg.hidden,), False)]
             width = cfg.hidden
@@ -231,7 +242,7 @@ class ParamLayout:
             entries.append(ParamEntry(name, offset, shape, decay))
             offset += -(-math.prod(shape) // ALIGN) * ALIGN
         return cls(obs_dim, cfg.hidden, cfg.n_layers, cfg.n_atoms, tuple(entries), offset, float(cfg.noisy_sigma0),
-                   iqn_embed, cfg.spectral_norm, residual, groups, cfg.moe_experts, mamba2, tlob)
+                   iqn_embed, cfg.spectral_norm, residual, groups, cfg.moe_experts, mamba2, tlob, cross)
 
     @property
     def noisy(self) -> bool:
@@ -260,10 +271,23 @@ class ParamLayout:
         return self.mamba2 is not None or self.tlob is not None
 
     @property
+    def position_col(self) -> int:
+        """The observation's held-position column (the portfolio part's first), which network.position_cross
+        multiplies into the market columns."""
+        return self.obs_dim - N_PORTFOLIO + PORT_POSITION
+
+    @property
+    def encoder_col(self) -> int:
+        """First column of the Mamba2 or TLOB encoder's output in the first layer's input: after the observation and
+        its position x market columns."""
+        return self.obs_dim + self.cross
+
+    @property
     def in_dim(self) -> int:
-        """Width of the first layer's input: the observation, and the Mamba2 or TLOB encoder's output beside it."""
+        """Width of the first layer's input: the observation, its position x market columns
+        (network.position_cross) and the Mamba2 or TLOB encoder's output, in that order."""
         extra = self.mamba2.d_out if self.mamba2 is not None else self.tlob.n_out if self.tlob is not None else 0
-        return self.obs_dim + extra
+        return self.encoder_col + extra
 
     @property
     def head_input_relu(self) -> bool:
@@ -288,6 +312,8 @@ class ParamLayout:
             text += "vsn_groups:" + ",".join(f"{b}-{e}" for b, e in self.vsn_groups) + "\n"
         if self.moe:
             text += f"moe_experts:{self.moe_experts}\n"
+        if self.cross:  # which columns multiply is in no entry's shape
+            text += f"position_cross:{self.cross}x{self.position_col}\n"
         if self.mamba2 is not None:  # the window is in no entry's shape
             d = self.mamba2
             text += (f"mamba2:window={d.seq_len},features={d.n_features},heads={d.n_heads},head_dim={d.head_dim},"
@@ -344,6 +370,20 @@ def check_moe(cfg: NetworkConfig) -> None:
     if cfg.noisy_sigma0 > 0:
         raise ConfigError("network.moe_experts does not combine with NoisyNet heads (network.noisy_sigma0 > 0): the "
                           "factorised noise is laid out over one head's columns")
+
+
+def cross_columns(cfg: NetworkConfig, obs_dim: int) -> int:
+    """The market columns network.position_cross multiplies by the position (all of the observation's market part,
+    forecast columns included), 0 when off; a ConfigError for a part it does not compose with."""
+    if not cfg.position_cross:
+        return 0
+    if cfg.vsn:
+        raise ConfigError("network.position_cross does not combine with network.vsn (the gate's groups tile the "
+                          "observation; the crossed columns would sit outside them)")
+    if obs_dim <= N_PORTFOLIO:
+        raise ConfigError(f"network.position_cross needs market columns before the {N_PORTFOLIO} portfolio columns; "
+                          f"the observation has {obs_dim}")
+    return obs_dim - N_PORTFOLIO
 
 
 def init_params(layout: ParamLayout, seed: int) -> np.ndarray:
@@ -437,6 +477,8 @@ class Network:
         self.cache = (window_encoder(layout, cache_samples, 1, dense=dense, stream=stream) if cache_samples
                       else None)  # the encoder cache: forward only (one gradient row, the least it allocates)
         self._joined = device_empty((batch, layout.in_dim), np.float32) if self.encoder is not None else None
+        self._crossed = (device_empty((batch, layout.encoder_col), np.float32) if layout.cross
+                         else None)  # [obs | position x market]; the encoder's columns follow it in _joined
         self._from_cache = False  # the last forward read the cache (its encoder kept nothing for the backward)
         n_layers, hidden, z = layout.n_layers, layout.hidden, layout.n_atoms
         # Trunk outputs [layer, row, unit] in one buffer (the hidden-signal producers read it whole).
@@ -497,6 +539,8 @@ class Network:
             src = self.activations[layer - 1]
         elif self._joined is not None:
             src = self._joined
+        elif self._crossed is not None:
+            src = self._crossed
         else:
             src = self._obs if self.vsn is None else self.vsn.gated
         return src if rows == self.batch else src[:rows]
@@ -524,6 +568,10 @@ class Network:
         check_array("obs", obs, "[batch, obs_dim]", (self.batch, lay.obs_dim))
         check_array("logits", logits, "[batch, N_HEADS, Z]", (self.batch, N_HEADS, lay.n_atoms))
         p = self._params(params)
+        base = obs
+        if self._crossed is not None:
+            position_cross(obs, self._crossed, n_cross=lay.cross, pos_col=lay.position_col, stream=stream)
+            base = self._crossed
         if self.encoder is not None:
             if (rows is None) == (encoded is None):
                 raise ValueError("Network.forward: the layout has an encoder over past bars (network.mamba2_window or "
@@ -533,7 +581,7 @@ class Network:
                 check_array("rows", rows, "[batch]", (self.batch,), np.int32)
                 encoded = self.encoder.encode(p, rows, stream=stream)
             self._from_cache = rows is None
-            concat_last(obs, encoded, self._joined, seq_len=self.encoder.rows_per_sample, stream=stream)
+            concat_last(base, encoded, self._joined, seq_len=self.encoder.rows_per_sample, stream=stream)
         self._obs = obs
         if self.vsn is not None:
             self.vsn.forward(p, obs, stream=stream)
@@ -604,7 +652,7 @@ class Network:
                 self.vsn.backward(self._obs, dy, w_used, g, stream=stream, extra=extra)
             if layer == 0 and self.encoder is not None:  # the encoder's columns of the input gradient, then its own
                 enc = self.encoder
-                dense_backward_input(self.dense, dy, w_used[lay.obs_dim :], enc.dx, act=None, stream=stream)
+                dense_backward_input(self.dense, dy, w_used[lay.encoder_col :], enc.dx, act=None, stream=stream)
                 enc.backward(p, g, stream=stream)
             if layer > 0:
                 dx = self._dh[layer % len(self._dh)]

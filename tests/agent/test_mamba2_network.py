@@ -32,6 +32,7 @@ SIZES = dict(mamba2_window=4, mamba2_heads=2, mamba2_head_dim=4, mamba2_state=3,
 LINEAR = NetworkConfig(hidden=5, n_layers=0, n_atoms=3, **SIZES)
 TRUNK = NetworkConfig(hidden=5, n_layers=2, n_atoms=3, **SIZES)
 SPECTRAL = NetworkConfig(hidden=5, n_layers=2, n_atoms=3, spectral_norm=True, **SIZES)
+CROSS = NetworkConfig(hidden=5, n_layers=0, n_atoms=3, position_cross=True, **SIZES)  # [obs | q x market | enc]
 
 
 def build(cfg):
@@ -105,13 +106,14 @@ def objective64(lay, flat, market_obs, obs, dl, spectral):
     u = np.concatenate([market_obs[np.maximum(np.arange(r - d.seq_len + 1, r + 1), day_first_rows(DAY_START)[r]), :F]
                         for r in rows]).astype(np.float64)
     out = ref.block64(u, p[IN_W], p[OUT_W], p[HEADS], d.seq_len, d.n_heads, d.head_dim, d.state_dim)[0]
-    x = np.concatenate([obs, out[d.seq_len - 1 :: d.seq_len]], axis=1)
+    crossed = reference.position_cross64(obs, lay.cross, lay.position_col) if lay.cross else obs
+    x = np.concatenate([crossed, out[d.seq_len - 1 :: d.seq_len]], axis=1)
     _, head = reference.net_head64(p, lay.n_layers, x, spectral=spectral)
     return reference.dueling64(head, lay.n_atoms), float(np.sum(dl * reference.dueling64(head, lay.n_atoms)))
 
 
 @pytest.mark.parametrize("dense, cfg", [("strided", LINEAR), ("strided", TRUNK), ("strided", SPECTRAL),
-                                        ("tiled", TRUNK)])
+                                        ("tiled", TRUNK), ("strided", CROSS)])
 def test_forward_and_backward_match_float64(stream, stager, rng, dense, cfg):
     lay = build(cfg)
     p0 = random_params(lay, rng)
