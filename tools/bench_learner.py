@@ -10,6 +10,7 @@
     python3 tools/bench_learner.py --out tools/results/bench_learner_moe4_h200 --moe-experts 4  # MoE heads
     python3 tools/bench_learner.py --out /tmp/bench_mamba2 --mamba2-window 32  # the Mamba2 encoder, 32 bars
     python3 tools/bench_learner.py --out /tmp/bench_tlob --tlob-window 32  # the TLOB encoder, 32 book snapshots
+    python3 tools/bench_learner.py --out /tmp/bench_cross --position-cross  # the heads read position x market too
 
 One gradient step of the default network (obs_dim -> 256 -> 256 -> 13 dueling C51 heads x 51 atoms,
 network.* of the default config), at each batch of --batch (default 8192, then smaller ones where the
@@ -97,6 +98,7 @@ def make_learner(args: argparse.Namespace, stager: Stager, stream: Any, graphs: 
     cfg.network.spectral_norm, cfg.network.stochastic_depth = args.spectral_norm, args.stochastic_depth
     cfg.network.vsn, cfg.network.moe_experts = args.vsn, args.moe_experts
     cfg.network.mamba2_window, cfg.network.tlob_window = args.mamba2_window, args.tlob_window
+    cfg.network.position_cross = args.position_cross
     if args.layers is not None:
         cfg.network.n_layers, cfg.network.hidden = args.layers, args.hidden
     cfg.run.precision = args.precision
@@ -248,7 +250,8 @@ def markdown_batch(modes: dict[str, Any], kernels: dict[str, Any], args: argpars
         f"({'an IQN head beside C51' if args.iqn_quantiles > 0 else 'no IQN head'}), "
         f"network.spectral_norm {args.spectral_norm}, network.stochastic_depth {args.stochastic_depth}, "
         f"network.vsn {args.vsn}, network.moe_experts {args.moe_experts}, network.mamba2_window "
-        f"{args.mamba2_window}, network.tlob_window {args.tlob_window}. "
+        f"{args.mamba2_window}, network.tlob_window {args.tlob_window}, network.position_cross "
+        f"{args.position_cross}. "
         f"Replay of {args.capacity} random transitions "
         f"over {args.bars} market rows. Best of {args.windows} windows of {args.steps} steps after "
         f"{args.warmup} warm-up steps."
@@ -339,6 +342,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="network.mamba2_window: the Mamba2 encoder over the last T bars (0: off)")
     parser.add_argument("--tlob-window", type=int, default=0,
                         help="network.tlob_window: the TLOB encoder over the last T book snapshots (0: off)")
+    parser.add_argument("--position-cross", action="store_true",
+                        help="network.position_cross: the first layer also reads the position x the market columns")
     parser.add_argument("--layers", type=int, default=None, help="network.n_layers (default: the config's)")
     parser.add_argument("--hidden", type=int, default=256, help="network.hidden with --layers")
     parser.add_argument("--precision", choices=PRECISIONS, default="fp32", help="run.precision of the dense layers")
