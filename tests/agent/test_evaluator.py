@@ -75,8 +75,8 @@ def reference_days(market: FoldMarket, cfg: FoxConfig, steps: int) -> list[tuple
 def test_each_day_records_its_own_steps_exactly(stager):
     """Each day's record holds exactly its own steps (3, 5, 2), with the reference's positions and dollars: a
     step too many or too few on any day changes a length or the closing step's record."""
-    cfg = FoxConfig(env=env_config(episode_bars=8), network=NetworkConfig(n_layers=0, n_atoms=2),
-                    evaluation=EvaluationConfig(chunk_bars=2))  # fmt: skip
+    cfg = FoxConfig(env=env_config(episode_bars=8, fixed_bins=[-1, -1, -1]),  # the network's Full, as the reference
+                    network=NetworkConfig(n_layers=0, n_atoms=2), evaluation=EvaluationConfig(chunk_bars=2))  # fmt: skip
     fs = random_feature_set(np.random.default_rng(20), DAY_BARS)
     market = FoldMarket.build(fs, WINDOWS, cfg.features, cfg.env)
     layout = ParamLayout.build(OBS_DIM, cfg.network)
