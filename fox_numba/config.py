@@ -439,6 +439,15 @@ class LearnerConfig:
         "Market (0), learner.n_step = 1, every env.w_* shaping weight 0, no prioritised replay, no hindsight "
         "relabelling and no IQN head; batch_size a multiple of 4.",
     )
+    counterfactual_held: bool = opt(
+        False,
+        "With counterfactual targets: three of every four drawn transitions are also re-held at -T, 0 and +T "
+        "contracts (T: env.fixed_bins' magnitude), entered at the bar's mid one bar earlier, and all four "
+        "directions are priced from that state (kernels/counterfactual.py), so the direction values see every "
+        "position in every market state and not only the ones the policy held. For the position x market input "
+        "(network.position_cross): the value of holding is bilinear in the two (tools/results/"
+        "learner_ablation_h200.md sections 27, 29). Needs learner.counterfactual.",
+    )
 
 
 @dataclass

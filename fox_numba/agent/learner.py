@@ -50,7 +50,9 @@ the taken direction keeps its stored reward and next state, the others get the r
 environment's fill rules give them from the stored state (market orders of env.fixed_bins' magnitude). The rest
 of the step runs unchanged on the B rows, with the branch weights of magnitude, order type and urgency at 0, so
 every direction head gets a target on every drawn transition, not only where the policy chose it. The learner
-holds the fold's book and environment parameters for it (`book=`, set_market's `book`).
+holds the fold's book and environment parameters for it (`book=`, set_market's `book`). With
+learner.counterfactual_held, three of every four drawn transitions are priced from a re-held position instead
+(short, flat, long), so every direction trains from every position (kernels/counterfactual.py).
 
 Nothing in a step is written from the host: the schedule constants go into a ControlBlock once per epoch
 (`train_epoch`), so the K replays queue back to back. The replay buffer and market_obs are bound at
@@ -176,8 +178,13 @@ SHRINK_KEEP = 0.8  # fold boundary: theta = 0.8 theta + 0.2 theta_fresh (the see
 def check_counterfactual(cfg: FoxConfig) -> None:
     """learner.counterfactual's requirements (config.py), a ConfigError naming the first key that breaks one: the
     untaken directions are priced as market orders of one size from a state with no resting order, with the
-    environment's PnL reward, one step on (kernels/counterfactual.py)."""
+    environment's PnL reward, one step on (kernels/counterfactual.py). Off, only learner.counterfactual_held (which
+    needs it) is refused."""
     env, lc = cfg.env, cfg.learner
+    if not lc.counterfactual:
+        if lc.counterfactual_held:
+            raise ConfigError("learner.counterfactual_held needs learner.counterfactual = true")
+        return
     problems = (
         (env.fixed_bins[0] < 0, "env.fixed_bins must fix the magnitude (its first entry >= 0)"),
         (env.fixed_bins[1] != int(OrderType.MARKET), "env.fixed_bins must fix the order type to Market (0)"),
@@ -218,8 +225,7 @@ class Learner:
         `book`: the fold's market on the device, which learner.counterfactual prices the untaken directions on.
         `book_obs` [fold rows, BOOK_FEATURES] (FoldMarketDevice.book_obs): the TLOB encoder's snapshots."""
         lc = cfg.learner
-        if lc.counterfactual:
-            check_counterfactual(cfg)
+        check_counterfactual(cfg)
         if len(lc.branch_weights) != N_BRANCHES or min(lc.branch_weights) < 0:
             raise ValueError(f"learner.branch_weights needs {N_BRANCHES} weights >= 0, got {lc.branch_weights}")
         if not (0.0 <= lc.gamma < 1.0 and 0.0 <= lc.lr_min_frac <= 1.0 and 0.0 <= lc.tau_min_frac <= 1.0
@@ -380,7 +386,7 @@ class Learner:
         self.replay.gather(draw, stride=self.cfg.env.n_envs, n_step=lc.n_step, gamma=lc.gamma, stream=s)
         if draw is not bt:
             counterfactual_batch(self.book, self.env_params, self.replay.entry, self.cfg.env.fixed_bins[0], draw, bt,
-                                 stream=s)
+                                 held=lc.counterfactual_held, stream=s)
         gather_obs(self.market_obs, bt.rows, bt.port, self.obs, stream=s)
         if lc.obs_noise > 0:
             add_obs_noise(self.obs, self.rng_states, lc.obs_noise, int(self.market_obs.shape[1]), stream=s)

@@ -21,6 +21,15 @@ of B = 4 n pseudo-transitions in the learner's layout (s rows 0..B-1, s' rows B.
   / risk unit (the environment's PnL reward: counterfactual mode needs every shaping weight at 0); the next
   portfolio from the resulting position, entry and bars in position, no resting order, and the stored next
   portfolio's bars-left column.
+Held positions (learner.counterfactual_held, `held=True`): the four rows of a transition also train from positions
+its policy did not hold, since the market does not depend on them. Transition i keeps its stored state for
+i = 0 mod 4; for i = 1, 2, 3 mod 4 its state is re-held at position (i mod 4 - 2) T (short, flat, long; T =
+targets[magnitude] contracts), entered at bar b's mid one bar earlier (average entry mid[b], one bar in position, or
+flat) with no resting order and the stored bars-left column: port[j] is that state's portfolio, and every direction,
+the taken one included, is priced from it as above (the draws are uniform, so which transitions are re-held is
+independent of their content). The value of holding is bilinear in the position and the market; the policy's own
+positions alone leave that term fitted on one side of q per market state (tools/results/learner_ablation_h200.md
+section 29).
 A stored transition this model cannot price (a resting order in its state, or a taken order type other than Market)
 gets NaN rewards on its untaken rows, so the learner's non-finite guard skips the step instead of training on a
 wrong target; the config checks (agent/learner.py) keep such transitions out of the replay.
@@ -64,11 +73,11 @@ _F64_1D, _F64_2D = float64[::1], float64[:, ::1]
 _I32_1D, _I32_2D = int32[::1], int32[:, ::1]
 
 
-@register((_F64_2D, _F64_2D, _F32_2D, _F32_2D, _F64_1D, _F64_1D, _F64_1D, int32,
+@register((_F64_2D, _F64_2D, _F32_2D, _F32_2D, _F64_1D, _F64_1D, _F64_1D, int32, int32,
            _I32_1D, _I32_1D, _F32_2D, _I32_2D, _F32_1D, _F32_1D,
            _I32_1D, _F32_2D, _I32_2D, _F32_1D, _F32_1D))  # fmt: skip
 @cuda.jit
-def counterfactual_batch_kernel(bid_px, ask_px, bid_sz, ask_sz, mid, params, entry, magnitude,
+def counterfactual_batch_kernel(bid_px, ask_px, bid_sz, ask_sz, mid, params, entry, magnitude, held,
                                 idx, rows_in, port_in, actions_in, rewards_in, discounts_in,
                                 rows, port, actions, rewards, discounts):  # fmt: skip
     """Output row j = 4 i + d of the pseudo-batch (module header)."""
@@ -90,12 +99,13 @@ def counterfactual_batch_kernel(bid_px, ask_px, bid_sz, ask_sz, mid, params, ent
     actions[j, 2] = actions_in[i, 2]
     actions[j, 3] = actions_in[i, 3]
     discounts[j] = discounts_in[i]
-    if d == actions_in[i, 0]:
+    rehold = held != 0 and i % N_DIRECTIONS != 0
+    if d == actions_in[i, 0] and not rehold:
         rewards[j] = rewards_in[i]
         for c in range(N_PORTFOLIO):
             port[n_out + j, c] = port_in[n + i, c]
         return
-    if port_in[i, PORT_ORDER_SIDE] != float32(0.0) or actions_in[i, 2] != _MARKET:
+    if not rehold and (port_in[i, PORT_ORDER_SIDE] != float32(0.0) or actions_in[i, 2] != _MARKET):
         rewards[j] = float32(math.nan)
         for c in range(N_PORTFOLIO):
             port[n_out + j, c] = port_in[n + i, c]
@@ -107,6 +117,13 @@ def counterfactual_batch_kernel(bid_px, ask_px, bid_sz, ask_sz, mid, params, ent
     beyond = params[PRM_BEYOND_TICKS] * params[PRM_TICK]
     pos0 = int32(round(float64(port_in[i, PORT_POSITION]) * max_pos))
     bars0 = int32(round(float64(port_in[i, PORT_BARS_IN_POS]) * episode_bars))
+    avg = entry[idx[i]] if pos0 != 0 else 0.0
+    if rehold:  # short, flat or long T contracts, entered at this bar's mid one bar ago
+        pos0 = (i % N_DIRECTIONS - 2) * int32(params[PRM_TARGET_0 + magnitude])
+        bars0 = 1 if pos0 != 0 else 0
+        avg = mid[b] if pos0 != 0 else 0.0
+        _write_port(port, j, pos0, avg, bars0, 0, 0.0, mid[b], b, b, params)
+        port[j, PORT_BARS_LEFT] = port_in[i, PORT_BARS_LEFT]
     end = port_in[n + i, PORT_BARS_LEFT] <= float32(0.0)
 
     target = pos0
@@ -117,7 +134,6 @@ def counterfactual_batch_kernel(bid_px, ask_px, bid_sz, ask_sz, mid, params, ent
         if d != _LONG:
             target = -target
     pos = pos0
-    avg = entry[idx[i]] if pos0 != 0 else 0.0
     cash = 0.0
     realised = 0.0
     traded = 0
@@ -141,12 +157,12 @@ def counterfactual_batch_kernel(bid_px, ask_px, bid_sz, ask_sz, mid, params, ent
 
 
 def counterfactual_batch(market: Any, params: Any, entry: Any, magnitude: int, batch: Any, out: Any, *,
-                         stream: Any) -> None:  # fmt: skip
+                         held: bool = False, stream: Any) -> None:  # fmt: skip
     """The pseudo-batch `out` (B = 4 n rows, agent/replay.py ReplayBatch) of the n transitions in `batch` (its idx,
     rows, port, actions, rewards, discounts; one-step: s' is the next bar), rules in the module header. market: the
     fold's device book (FoldMarketDevice: bid_px, ask_px, bid_sz, ask_sz, mid); params float64 [N_PARAMS] (the
     environment's, kernels/env.py); entry float64 [C] (the replay's average entry prices, by slot); magnitude: the
-    fixed magnitude bin of Short and Long."""
+    fixed magnitude bin of Short and Long; `held`: re-hold three of every four transitions at -T, 0, +T."""
     n, n_out = batch.size, out.size
     if n_out != N_DIRECTIONS * n:
         raise ValueError(f"the counterfactual batch holds {N_DIRECTIONS} rows per transition: {n_out} for {n}")
@@ -169,6 +185,6 @@ def counterfactual_batch(market: Any, params: Any, entry: Any, magnitude: int, b
         check_array(f"{name}.discounts", b.discounts, "[B]", (size,))
     check_array("batch.idx", batch.idx, "[B]", (n,), np.int32)
     launch(counterfactual_batch_kernel, n_out, market.bid_px, market.ask_px, market.bid_sz, market.ask_sz, market.mid,
-           params, entry, np.int32(magnitude), batch.idx, batch.rows, batch.port, batch.actions, batch.rewards,
-           batch.discounts, out.rows, out.port, out.actions, out.rewards, out.discounts,
+           params, entry, np.int32(magnitude), np.int32(held), batch.idx, batch.rows, batch.port, batch.actions,
+           batch.rewards, batch.discounts, out.rows, out.port, out.actions, out.rewards, out.discounts,
            stream=stream, block=thread_block(n_out))  # fmt: skip

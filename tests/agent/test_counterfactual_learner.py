@@ -31,6 +31,12 @@ def test_each_requirement_is_checked_by_name(override, message):
         check_counterfactual(load_config("smoke", overrides=[*ON, override]))
 
 
+def test_held_positions_need_counterfactual_targets():
+    with pytest.raises(ConfigError, match="learner.counterfactual_held needs learner.counterfactual"):
+        check_counterfactual(load_config("smoke", overrides=["learner.counterfactual_held=true"]))
+    check_counterfactual(load_config("smoke", overrides=[*ON, "learner.counterfactual_held=true"]))
+
+
 def test_a_counterfactual_trainer_trains_every_direction_head_on_every_draw(four_day_store):
     rt = real_trainer(four_day_store, [*SMALL, "learner.batch_size=8", *ON])
     trainer, stager = rt.trainer, rt.trainer.stager

@@ -1,12 +1,14 @@
-"""network.position_cross through a real Trainer (with counterfactual targets at one contract, the configuration it
-was built for): the learner's online network reads its s and s' observations beside their position x market
-columns (a linear network, so the heads read them) and training moves the head's crossed rows; the collect before
-it acts on the same wider input. The network itself against float64: tests/agent/test_position_cross_network.py."""
+"""network.position_cross through a real Trainer (with counterfactual targets from re-held positions at one
+contract, the configuration it was built for): the learner's online network reads its s and s' observations beside
+their position x market columns (a linear network, so the heads read them), the re-held transitions' s rows hold
+their new positions, and training moves the head's crossed rows; the collect before it acts on the same wider input.
+The network itself against float64: tests/agent/test_position_cross_network.py."""
 
 import numpy as np
 from real_trainer import SMALL, real_trainer
 
-ON = ["network.n_layers=0", "network.position_cross=true", "learner.counterfactual=true", "env.fixed_bins=[0, 0, 0]"]
+ON = ["network.n_layers=0", "network.position_cross=true", "learner.counterfactual=true",
+      "learner.counterfactual_held=true", "env.fixed_bins=[0, 0, 0]"]
 
 
 def test_a_trainer_reads_and_trains_the_crossed_columns(four_day_store):
@@ -24,4 +26,7 @@ def test_a_trainer_reads_and_trains_the_crossed_columns(four_day_store):
     x = stager.download(learner.online.head_input(learner.online.batch))
     np.testing.assert_array_equal(x[:, : lay.obs_dim], obs)
     np.testing.assert_array_equal(x[:, lay.obs_dim :], obs[:, lay.position_col, None] * obs[:, : lay.cross])
-    assert (obs[:, lay.position_col] != 0).any()  # some rows hold a position, so the products are not all 0
+    b = learner.batch.size
+    transition = np.arange(b) // 4  # rows 4 i .. 4 i + 3 are transition i's directions
+    reheld = transition % 4 != 0  # re-held at -1, 0, +1 contract (one Quarter of env.max_position = 4)
+    np.testing.assert_array_equal(obs[:b, lay.position_col][reheld], ((transition % 4 - 2) / 4.0)[reheld])

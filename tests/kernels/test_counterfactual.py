@@ -4,7 +4,9 @@ Transitions come from reference environments stepped with random directions, mar
 random urgencies on random books (small sizes, so orders walk several levels and past the shown depth), in collect
 mode with five-bar episodes (forced closes and auto-resets). Before every step each environment's state is copied
 and stepped once with each of the four directions: those are the expected rows of the pseudo-batch. Every output
-element is checked: the copied ones exactly, the computed rewards and next portfolios to float32 tolerance.
+element is checked: the copied ones exactly, the computed rewards and next portfolios to float32 tolerance. With
+held positions (`held=True`), transitions k = 1, 2, 3 mod 4 are also stepped from a copy re-held at (k mod 4 - 2) T
+contracts, entered at the bar's mid one bar earlier, with no resting order: those are their expected rows.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from fox_numba.agent.replay import ReplayBatch
 from fox_numba.config import FeatureConfig
 from fox_numba.device.rng import xoroshiro_states_host
 from fox_numba.kernels.counterfactual import counterfactual_batch
-from fox_numba.observation import PORT_ORDER_SIDE
+from fox_numba.observation import PORT_BARS_LEFT, PORT_ORDER_SIDE, PORT_POSITION
 
 SHORT, HOLD, LONG, FLAT = range(4)
 GAMMA = 0.9
@@ -42,11 +44,17 @@ def reference_transitions(seed: int, magnitude: int) -> tuple[FoldMarket, object
     ref = ReferenceEnv(market, Params.of(market, env, FeatureConfig()), "collect", xoroshiro_states_host(N_ENVS, seed))
     ref.reset()
     rec: dict[str, list] = {k: [] for k in ("row", "port", "entry", "action", "reward", "done", "next_row",
-                                            "next_port", "cf_reward", "cf_port")}  # fmt: skip
+                                            "next_port", "cf_reward", "cf_port", "held_port", "held_reward",
+                                            "held_next_port")}  # fmt: skip
     for _ in range(STEPS):
         for i, e in enumerate(ref.envs):
             urgency = int(rng.integers(0, 3))
             outs = [ref.step_one(i, copy.deepcopy(e), _action(d, magnitude, urgency), 0.05) for d in range(4)]
+            held = reheld(ref, e, (len(rec["row"]) % 4 - 2) * ref.p.targets[magnitude])
+            held_outs = [ref.step_one(i, copy.deepcopy(held), _action(d, magnitude, urgency), 0.05) for d in range(4)]
+            rec["held_port"].append(list(held.port))
+            rec["held_reward"].append([o.reward for o in held_outs])
+            rec["held_next_port"].append([o.next_port for o in held_outs])
             rec["row"].append(e.row)
             rec["port"].append(list(e.port))
             rec["entry"].append(e.avg)
@@ -64,7 +72,21 @@ def reference_transitions(seed: int, magnitude: int) -> tuple[FoldMarket, object
     return market, env, arrays
 
 
-def run_kernel(stager, market, env, t: dict[str, np.ndarray], magnitude: int) -> dict[str, np.ndarray]:
+def reheld(ref: ReferenceEnv, e, pos: int):
+    """A copy of environment state e holding `pos` contracts entered at its bar's mid one bar ago, no resting order."""
+    h = copy.deepcopy(e)
+    mid = float(ref.m.mid[h.row])
+    h.pos, h.bars_in_pos, h.avg = pos, int(pos != 0), mid if pos != 0 else 0.0
+    h.oside = h.osize = h.olife = 0
+    h.oprice = h.oqueue = 0.0
+    bars_left = h.port[PORT_BARS_LEFT]
+    h.port = ref.portfolio(pos, h.avg, h.bars_in_pos, 0, 0.0, mid, h.row, h.last)
+    assert h.port[PORT_BARS_LEFT] == bars_left
+    return h
+
+
+def run_kernel(stager, market, env, t: dict[str, np.ndarray], magnitude: int,
+               held: bool = False) -> dict[str, np.ndarray]:  # fmt: skip
     n = len(t["row"])
     batch, out = ReplayBatch(n, stream=stager.stream), ReplayBatch(4 * n, stream=stager.stream)
     stager.upload(np.arange(n, dtype=np.int32), batch.idx)
@@ -75,7 +97,7 @@ def run_kernel(stager, market, env, t: dict[str, np.ndarray], magnitude: int) ->
     stager.upload((GAMMA * (1.0 - t["done"])).astype(np.float32), batch.discounts)
     params = stager.upload_new(env_params(market, env, FeatureConfig()))
     entry = stager.upload_new(t["entry"].astype(np.float64))
-    counterfactual_batch(market.upload(stager), params, entry, magnitude, batch, out, stream=stager.stream)
+    counterfactual_batch(market.upload(stager), params, entry, magnitude, batch, out, held=held, stream=stager.stream)
     return {k: stager.download(getattr(out, k)) for k in ("rows", "port", "actions", "rewards", "discounts")}
 
 
@@ -103,6 +125,35 @@ def test_every_direction_matches_the_reference_environment(stager, magnitude):
     np.testing.assert_allclose(got["rewards"][~taken], cf_reward[~taken], **F32_TOL)
     np.testing.assert_allclose(got["port"][4 * n :][~taken], cf_port[~taken], **F32_TOL)
     assert t["done"].any() and (t["port"][:, 0] != 0).any()  # forced closes and held positions were priced
+
+
+@pytest.mark.parametrize("magnitude", [0, 2])
+def test_held_positions_match_the_reference_environment(stager, magnitude):
+    """held=True: transition k = 0 mod 4 as without it; the others from their re-held state, every direction priced
+    (the taken one too), the s rows' portfolio that state's."""
+    market, env, t = reference_transitions(21 + magnitude, magnitude)
+    n = len(t["row"])
+    got = run_kernel(stager, market, env, t, magnitude, held=True)
+    plain = run_kernel(stager, market, env, t, magnitude)
+    i = np.repeat(np.arange(n), 4)
+    d = np.tile(np.arange(4), n)
+    kept = i % 4 == 0
+    for k in ("rows", "actions", "discounts"):
+        np.testing.assert_array_equal(got[k], plain[k])
+    np.testing.assert_array_equal(got["rewards"][kept], plain["rewards"][kept])
+    both = np.concatenate([kept, kept])
+    np.testing.assert_array_equal(got["port"][both], plain["port"][both])
+    held = ~kept
+    np.testing.assert_allclose(got["port"][: 4 * n][held], t["held_port"][i][held].astype(np.float32), **F32_TOL)
+    np.testing.assert_allclose(got["rewards"][held], t["held_reward"][i, d][held].astype(np.float32), **F32_TOL)
+    np.testing.assert_allclose(got["port"][4 * n :][held], t["held_next_port"][i, d][held].astype(np.float32),
+                               **F32_TOL)  # fmt: skip
+    positions = np.round(got["port"][: 4 * n, PORT_POSITION] * env.max_position)
+    target = Params.of(market, env, FeatureConfig()).targets[magnitude]
+    np.testing.assert_array_equal(positions[held], ((i % 4 - 2) * target)[held])
+    stored = np.round(t["port"][i, PORT_POSITION] * env.max_position)
+    assert (positions[held] != stored[held]).mean() > 0.3  # most re-held states differ from the stored ones
+    assert not np.allclose(got["rewards"][held], plain["rewards"][held])  # and so do their rewards
 
 
 def test_a_transition_it_cannot_price_makes_its_untaken_rows_nan(stager):
