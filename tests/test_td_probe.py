@@ -221,3 +221,24 @@ def test_qdir_cross_without_costs_finds_the_next_reward_in_long_minus_short(td_p
     pos = td_probe.direction_positions(xb[:400], w, cross=True)
     up = x[:399] @ beta > 0.5
     assert (pos[:399][up] == 1.0).mean() > 0.9
+
+
+def test_visited_positions_follow_the_greedy_policy_from_flat_each_day(td_probe):
+    """`qdir_cross_visited`'s behaviour positions on a three-day market: every day starts flat; with no values yet
+    every bar's direction is random (all three positions visited); with values whose bias favours Long by 10 the
+    position after a bar is long unless that bar explored (probability EXPLORE = 0.1, so > 0.8 long at 1,000+ bars:
+    4 standard deviations above chance, which would give ~0.33)."""
+    n, m = 1200, 3
+    x, mid, day_start = ar1_walk(n, m, 0.8, np.array([0.6, -0.8, 0.0]), seed=3)
+    rows = replace(td_probe.fold_rows(mid, day_start, stop=n, gamma=0.5), cost=np.zeros(n + 1))
+    xb = np.hstack([x, np.ones((n + 1, 1))])
+    firsts = [d[0] for d in np.split(rows.idx, np.flatnonzero(np.diff(rows.idx) > 1) + 1)]
+    assert len(firsts) >= 2
+    rng = np.random.default_rng(0)
+    random_held = td_probe.visited_positions(xb, rows, None, rng)
+    assert set(np.unique(random_held[rows.idx])) == {-1.0, 0.0, 1.0} and not random_held[firsts].any()
+    w = np.zeros((2 * m + 2, 4))
+    w[m, 2] = 10.0  # the bias row, Long
+    held = td_probe.visited_positions(xb, rows, w, rng)
+    later = np.setdiff1d(rows.idx, firsts)
+    assert not held[firsts].any() and (held[later] == 1.0).mean() > 0.8

@@ -41,6 +41,11 @@ the cosine schedule to lr * lr_min_frac, batch, steps = epochs x steps_per_epoch
   [x, 1, q, q x]. Q_d(x, q) = -c |q' - q| + q' r + gamma max_d' Q_target,d'(x', q'), every transition training every
   direction from every held position; traded by argmax from flat (`... argmax` rows). Against `qlearn argmax`, they
   tell whether the linear head's missing interaction costs the read (the value of Hold is q x . beta: bilinear);
+- `qdir_cross_visited`: `qdir_cross` trained as the agent's replay trains it: each transition from the one position
+  its behaviour policy held there (every direction still priced, as learner.counterfactual does), the policy being
+  the current values' argmax traded over every training day from flat, a random direction with probability EXPLORE,
+  re-run once per epoch (steps_per_epoch steps; the first epoch's collect random). Against `qdir_cross`, it tells
+  whether the positions a policy visits are enough to fit the interaction (learner_ablation_h200.md section 29);
 
 and the probe's ridge fit of the probe_horizon-bar change is fitted on the same rows. Each signal is scored by its
 correlation with the probe_horizon-bar move on the validation days (and on the training rows). If `td` reaches the
@@ -85,9 +90,11 @@ from fox_numba.walkforward.folds import make_folds  # noqa: E402
 from fox_numba.walkforward.metrics import compute_metrics, positions_to_days  # noqa: E402
 from fox_numba.walkforward.probe import probe_baseline  # noqa: E402
 
-TARGETS = ("td", "mc", "c51", "split", "greedy", "qlearn", "qdir", "qdir_cross")
-DIRECTED = ("qdir", "qdir_cross")
+TARGETS = ("td", "mc", "c51", "split", "greedy", "qlearn", "qdir", "qdir_cross", "qdir_cross_visited")
+DIRECTED = ("qdir", "qdir_cross", "qdir_cross_visited")
 """Targets that learn the agent's four direction values on [x, position] features (module header)."""
+CROSSED = ("qdir_cross", "qdir_cross_visited")
+"""Direction-value targets whose features hold the position x market columns."""
 POSITIONS = np.array([-1.0, 0.0, 1.0])
 """`qlearn`: the positions (contracts) its three values hold."""
 PARTIAL = ("split", "greedy")
@@ -191,14 +198,18 @@ def learn_value(x: np.ndarray, rows: Rows, target: str, lc: LearnerConfig, seed:
     if target == "qlearn":
         w, w_tgt = np.zeros((xb.shape[1], len(POSITIONS))), np.zeros((xb.shape[1], len(POSITIONS)))
     if target in DIRECTED:
-        width = direction_features(xb[:1], 0.0, target == "qdir_cross").shape[1]
+        width = direction_features(xb[:1], 0.0, target in CROSSED).shape[1]
         w, w_tgt = np.zeros((width, N_DIRECTIONS)), np.zeros((width, N_DIRECTIONS))
+    visited = None
     for step in range(steps):
+        if target == "qdir_cross_visited" and step % lc.steps_per_epoch == 0:  # the epoch's collect
+            visited = visited_positions(xb, rows, w if step else None, rng)
         i = rng.choice(rows.idx, size=lc.batch_size)
         if target == "qlearn":
             grad = qlearn_grad(xb, rows, i, w, w_tgt, lc.gamma)
         elif target in DIRECTED:
-            grad = qdir_grad(xb, rows, i, w, w_tgt, lc.gamma, target == "qdir_cross")
+            grad = qdir_grad(xb, rows, i, w, w_tgt, lc.gamma, target in CROSSED,
+                             held=visited[i] if visited is not None else None)
         elif target in PARTIAL:
             grad = partial_grad(xb, rows, i, w, w_tgt, discount, target, rng)
         elif target == "c51":
@@ -238,22 +249,45 @@ def direction_values(xb: np.ndarray, q: np.ndarray, w: np.ndarray, cross: bool) 
 
 
 def qdir_grad(xb: np.ndarray, rows: Rows, i: np.ndarray, w: np.ndarray, w_tgt: np.ndarray, gamma: float,
-              cross: bool) -> np.ndarray:
+              cross: bool, held: np.ndarray | None = None) -> np.ndarray:
     """The squared TD error's gradient for the four direction values w [F, 4] on batch rows i, from every held
-    position (`qdir` in the module header), averaged over the rows and the three positions."""
+    position (`qdir` in the module header), averaged over the rows and the three positions; with `held` [B], from
+    that position of each row alone (`qdir_cross_visited`)."""
     assert rows.cost is not None
     grad = np.zeros_like(w)
     nxt = xb[i + 1]
-    for q in POSITIONS:
-        target = next_position(np.full(len(i), q))  # [B, 4]: the position each direction leaves held
+    positions = [np.full(len(i), q) for q in POSITIONS] if held is None else [held]
+    for q in positions:
+        target = next_position(q)  # [B, 4]: the position each direction leaves held
         future = np.empty_like(target)
         for d in range(N_DIRECTIONS):
             best = direction_values(nxt, target[:, d], w_tgt, cross).max(axis=1)
             future[:, d] = np.where(rows.last[i], -rows.cost[i + 1] * np.abs(target[:, d]), gamma * best)
-        y = -rows.cost[i][:, None] * np.abs(target - q) + target * rows.reward[i][:, None] + future
+        y = -rows.cost[i][:, None] * np.abs(target - q[:, None]) + target * rows.reward[i][:, None] + future
         phi = direction_features(xb[i], q, cross)
-        grad += 2.0 * phi.T @ (phi @ w - y) / (len(i) * len(POSITIONS))
+        grad += 2.0 * phi.T @ (phi @ w - y) / (len(i) * len(positions))
     return grad
+
+
+def visited_positions(xb: np.ndarray, rows: Rows, w: np.ndarray | None, rng: np.random.Generator) -> np.ndarray:
+    """float64 [rows]: the position held entering each training row when the direction values w (`qdir_cross`'s
+    features) trade every training day from flat: each bar the argmax direction, a uniformly random one with
+    probability EXPLORE (every bar when w is None: the first epoch's collect). Rows outside the training days
+    hold 0."""
+    held = np.zeros(len(xb))
+    days = np.split(rows.idx, np.flatnonzero(np.diff(rows.idx) > 1) + 1)
+    m1 = xb.shape[1]
+    for day in days:
+        q = 0.0
+        explore = rng.random(len(day)) < EXPLORE if w is not None else np.ones(len(day), bool)
+        random_d = rng.integers(0, N_DIRECTIONS, len(day))
+        if w is not None:  # direction values at held q: base + q slope (direction_values' blocks)
+            base, slope = xb[day] @ w[:m1], w[m1] + xb[day][:, :-1] @ w[m1 + 1 :]
+        for k, t in enumerate(day):
+            held[t] = q
+            d = random_d[k] if explore[k] else int(np.argmax(base[k] + q * slope[k]))
+            q = float(next_position(q)[d])
+    return held
 
 
 def direction_positions(xb: np.ndarray, w: np.ndarray, cross: bool) -> np.ndarray:
@@ -356,7 +390,7 @@ def signal_of(target: str, xb: np.ndarray, w: np.ndarray) -> np.ndarray:
     if target == "qlearn":
         return (xb @ w[:, 2] - xb @ w[:, 0]) / 2
     if target in DIRECTED:
-        phi = direction_features(xb, 0.0, target == "qdir_cross")
+        phi = direction_features(xb, 0.0, target in CROSSED)
         return (phi @ w[:, 2] - phi @ w[:, 0]) / 2
     return value(xb, w)
 
@@ -365,7 +399,7 @@ def acting(target: str, xb: np.ndarray, w: np.ndarray, cost: np.ndarray) -> Call
     """The argmax trader of a Q fit: (first, stop) -> the positions it takes on those rows."""
     if target == "qlearn":
         return lambda a, b: argmax_positions(xb[a:b] @ w, cost[a:b])
-    return lambda a, b: direction_positions(xb[a:b], w, target == "qdir_cross")
+    return lambda a, b: direction_positions(xb[a:b], w, target in CROSSED)
 
 
 def mean_se(values: list[float], digits: int = 3, sign: str = "+") -> str:
