@@ -44,14 +44,19 @@ recurrence is checked in float64 (tests/reference_mamba2.py), should long-window
 
 Launch shapes. Thread tile: each thread owns a TILE x TILE block of the state (rows p0 .. p0+3, columns n0 .. n0+3
 of h or g, in registers: constant-trip loops over local arrays, which NVVM unrolls and keeps out of local memory); a
-block has ceil(P / TILE) x ceil(N / TILE) threads (at most 256), thread (pi, ni) = tid // n_tiles, tid % n_tiles.
-The sums over n (y, the carried readout, a g B) and over p (dC, dB) go through shared memory, double-buffered by
-step parity: one barrier per bar. mamba2_scan_forward: one block per (sample, head) (`launch_rows`, B H rows).
-mamba2_scan_backward: one block per sample, the heads in turn, so the heads' shares of dB and dC (shared columns)
-are added in head order by the same thread: no atomics, the same bits on every run. mamba2_dt_grad: one thread per
-(sample, head), reverse in time. mamba2_head_grad: one block per element of dheads, a float64 shared-memory tree
-over the samples. The gate kernels: one thread per element of [R, HP]. float32 literals throughout; out-of-range
-tile rows and columns read 0.
+unit of work has ceil(P / TILE) x ceil(N / TILE) threads (at most 256), thread (pi, ni) = tid // n_tiles, tid %
+n_tiles. The sums over n (y, the carried readout, a g B) and over p (dC, dB) go through shared memory,
+double-buffered by step parity: one barrier per bar. A unit is one (sample, head) in mamba2_scan_forward and one
+sample in mamba2_scan_backward (the heads in turn, so the heads' shares of dB and dC, shared columns, are added in
+head order by the same thread: no atomics, the same bits on every run). A block packs K units (`scan_units`: as many
+as fit in MAX_BLOCK threads and in the SHARED_SLOTS floats of each shared buffer, at most the units there are), each
+with its own slice of the shared partials. At the default P = N = 16 a unit is 16 threads: one unit per block would
+cap an SM at 32 blocks of 16 threads, a quarter of its 2,048 resident threads, with half of every warp idle. A unit
+computes the same sums in the same order whatever K is, so the packing changes no bit; the threads of a last
+block's missing units run the bars' barriers on unit 0's inputs and write nothing outside their shared slices.
+mamba2_dt_grad: one thread per (sample, head), reverse in time. mamba2_head_grad: one block per element of dheads, a
+float64 shared-memory tree over the samples. The gate kernels: one thread per element of [R, HP]. float32 literals
+throughout; out-of-range tile rows and columns read 0.
 """
 
 from __future__ import annotations
@@ -72,6 +77,10 @@ MAX_HEAD_DIM = 64
 MAX_STATE_DIM = 64
 """Largest state width N."""
 _MAX_TILES = 16  # MAX_HEAD_DIM // TILE == MAX_STATE_DIM // TILE
+SHARED_SLOTS = MAX_HEAD_DIM * _MAX_TILES
+"""Floats per buffer of a scan block's shared partials, split between its units."""
+MAX_BLOCK = 256
+"""Most threads of a scan block."""
 N_HEAD_PARAMS = 3
 """Rows of the per-head parameter block heads [3, H]: a_log, D, dt_bias."""
 A_LOG, D_SKIP, DT_BIAS = 0, 1, 2
@@ -85,8 +94,17 @@ def in_width(n_heads: int, head_dim: int, state_dim: int) -> int:
 
 
 def tiles(head_dim: int, state_dim: int) -> tuple[int, int]:
-    """(p tiles, n tiles) of a scan block: its threads are their product."""
+    """(p tiles, n tiles) of a scan unit: its threads are their product."""
     return -(-head_dim // TILE), -(-state_dim // TILE)
+
+
+def scan_units(head_dim: int, state_dim: int, units: int) -> int:
+    """K, the scan units a block packs (module header): within MAX_BLOCK threads and SHARED_SLOTS floats of the
+    partials over n [P, n tiles] and over p [p tiles, N] per unit, and no more than `units`."""
+    p_tiles, n_tiles = tiles(head_dim, state_dim)
+    fit = min(MAX_BLOCK // (p_tiles * n_tiles), SHARED_SLOTS // (head_dim * n_tiles),
+              SHARED_SLOTS // (p_tiles * state_dim))
+    return max(1, min(fit, units))
 
 
 @cuda.jit(device=True)
@@ -107,14 +125,21 @@ def _sigmoid(v):
 @register((_F2, _F2, _F2, int32, int32))
 @cuda.jit
 def mamba2_scan_fwd_kernel(zxbcdt, heads, y, seq_len, state_dim):
-    """y[r, hP + p] = (h_t C_t)[p] + D x_t[p] for the block's (sample, head) = divmod(blockIdx, H) (module header)."""
+    """y[r, hP + p] = (h_t C_t)[p] + D x_t[p] for each unit (sample, head) = divmod(unit, H) (module header)."""
     n_heads = heads.shape[1]
     hp = y.shape[1]
     head_dim = hp // n_heads
-    b = cuda.blockIdx.x // n_heads
-    hd = cuda.blockIdx.x - b * n_heads
-    tid = cuda.threadIdx.x
     n_tiles = (state_dim + TILE - 1) // TILE
+    per = ((head_dim + TILE - 1) // TILE) * n_tiles  # threads per unit
+    k = cuda.threadIdx.x // per  # the unit's place in the block
+    tid = cuda.threadIdx.x - k * per
+    unit = cuda.blockIdx.x * (cuda.blockDim.x // per) + k
+    active = unit < (y.shape[0] // seq_len) * n_heads
+    if not active:
+        unit = 0  # a missing unit: runs the barriers on unit 0's inputs, writes nothing outside its shared slice
+    b = unit // n_heads
+    hd = unit - b * n_heads
+    base = k * head_dim * n_tiles  # the unit's slice of the partials over n
     pt = tid // n_tiles
     nt = tid - pt * n_tiles
     p0 = pt * TILE
@@ -127,7 +152,7 @@ def mamba2_scan_fwd_kernel(zxbcdt, heads, y, seq_len, state_dim):
     a = -math.exp(heads[A_LOG, hd])
     d_skip = heads[D_SKIP, hd]
     dt_bias = heads[DT_BIAS, hd]
-    over_n = cuda.shared.array((2, MAX_HEAD_DIM, _MAX_TILES), float32)
+    over_n = cuda.shared.array((2, SHARED_SLOTS), float32)
     st = cuda.local.array((TILE, TILE), float32)
     xv = cuda.local.array(TILE, float32)
     bv = cuda.local.array(TILE, float32)
@@ -151,15 +176,15 @@ def mamba2_scan_fwd_kernel(zxbcdt, heads, y, seq_len, state_dim):
                 st[i, j] = decay * st[i, j] + xv[i] * bv[j]
                 acc += cv[j] * st[i, j]
             if p0 + i < head_dim:
-                over_n[buf, p0 + i, nt] = acc
+                over_n[buf, base + (p0 + i) * n_tiles + nt] = acc
         cuda.syncthreads()  # one barrier per bar: the next bar writes the other buffer
         p = tid
-        while p < head_dim:
+        while active and p < head_dim:
             s = float32(0.0)
-            for k in range(n_tiles):
-                s += over_n[buf, p, k]
+            for kk in range(n_tiles):
+                s += over_n[buf, base + p * n_tiles + kk]
             y[row, y_col + p] = s + d_skip * zxbcdt[row, x_col + p]
-            p += cuda.blockDim.x
+            p += per
 
 
 @register((_F2, _F2, _F2, _F2, _F2, int32, int32))
@@ -171,18 +196,25 @@ def mamba2_scan_bwd_kernel(zxbcdt, heads, dy, carry, dzxbcdt, seq_len, state_dim
     n_heads = heads.shape[1]
     hp = dy.shape[1]
     head_dim = hp // n_heads
-    b = cuda.blockIdx.x
-    tid = cuda.threadIdx.x
     p_tiles = (head_dim + TILE - 1) // TILE
     n_tiles = (state_dim + TILE - 1) // TILE
+    per = p_tiles * n_tiles  # threads per unit (one sample)
+    k = cuda.threadIdx.x // per
+    tid = cuda.threadIdx.x - k * per
+    b = cuda.blockIdx.x * (cuda.blockDim.x // per) + k
+    active = b < dy.shape[0] // seq_len
+    if not active:
+        b = 0  # a missing unit: runs the barriers on sample 0's inputs, writes nothing outside its shared slices
+    base_n = k * head_dim * n_tiles  # the unit's slices of the partials over n and over p
+    base_p = k * p_tiles * state_dim
     pt = tid // n_tiles
     nt = tid - pt * n_tiles
     p0 = pt * TILE
     n0 = nt * TILE
     b_col = 2 * hp
     c_col = b_col + state_dim
-    over_n = cuda.shared.array((2, MAX_HEAD_DIM, _MAX_TILES), float32)
-    over_p = cuda.shared.array((2, _MAX_TILES, MAX_STATE_DIM), float32)
+    over_n = cuda.shared.array((2, SHARED_SLOTS), float32)
+    over_p = cuda.shared.array((2, SHARED_SLOTS), float32)
     st = cuda.local.array((TILE, TILE), float32)
     xv = cuda.local.array(TILE, float32)
     dyv = cuda.local.array(TILE, float32)
@@ -214,32 +246,32 @@ def mamba2_scan_bwd_kernel(zxbcdt, heads, dy, carry, dzxbcdt, seq_len, state_dim
                 for j in range(TILE):
                     acc += st[i, j] * cv[j]
                 if p0 + i < head_dim:
-                    over_n[buf, p0 + i, nt] = decay * acc
+                    over_n[buf, base_n + (p0 + i) * n_tiles + nt] = decay * acc
             for j in range(TILE):
                 acc = float32(0.0)
                 for i in range(TILE):
                     st[i, j] = decay * st[i, j] + xv[i] * bv[j]
                     acc += dyv[i] * st[i, j]
                 if n0 + j < state_dim:
-                    over_p[buf, pt, n0 + j] = acc
+                    over_p[buf, base_p + pt * state_dim + n0 + j] = acc
             cuda.syncthreads()
             p = tid
-            while p < head_dim:
+            while active and p < head_dim:
                 s = float32(0.0)
-                for k in range(n_tiles):
-                    s += over_n[buf, p, k]
+                for kk in range(n_tiles):
+                    s += over_n[buf, base_n + p * n_tiles + kk]
                 carry[row, y_col + p] = s
-                p += cuda.blockDim.x
+                p += per
             n = tid
-            while n < state_dim:
+            while active and n < state_dim:
                 s = float32(0.0)
-                for k in range(p_tiles):
-                    s += over_p[buf, k, n]
+                for kk in range(p_tiles):
+                    s += over_p[buf, base_p + kk * state_dim + n]
                 if hd == 0:
                     dzxbcdt[row, c_col + n] = s
                 else:
                     dzxbcdt[row, c_col + n] += s
-                n += cuda.blockDim.x
+                n += per
             step += 1
         for i in range(TILE):
             for j in range(TILE):
@@ -262,7 +294,7 @@ def mamba2_scan_bwd_kernel(zxbcdt, heads, dy, carry, dzxbcdt, seq_len, state_dim
                     st[i, j] = decay_next * st[i, j]
                     acc += st[i, j] * bv[j]
                 if p0 + i < head_dim:
-                    over_n[buf, p0 + i, nt] = acc
+                    over_n[buf, base_n + (p0 + i) * n_tiles + nt] = acc
             for i in range(TILE):
                 for j in range(TILE):
                     st[i, j] += dyv[i] * cv[j]
@@ -271,25 +303,25 @@ def mamba2_scan_bwd_kernel(zxbcdt, heads, dy, carry, dzxbcdt, seq_len, state_dim
                 for i in range(TILE):
                     acc += st[i, j] * xv[i]
                 if n0 + j < state_dim:
-                    over_p[buf, pt, n0 + j] = acc
+                    over_p[buf, base_p + pt * state_dim + n0 + j] = acc
             cuda.syncthreads()
             p = tid
-            while p < head_dim:
+            while active and p < head_dim:
                 s = float32(0.0)
-                for k in range(n_tiles):
-                    s += over_n[buf, p, k]
+                for kk in range(n_tiles):
+                    s += over_n[buf, base_n + p * n_tiles + kk]
                 dzxbcdt[row, x_col + p] = s
-                p += cuda.blockDim.x
+                p += per
             n = tid
-            while n < state_dim:
+            while active and n < state_dim:
                 s = float32(0.0)
-                for k in range(p_tiles):
-                    s += over_p[buf, k, n]
+                for kk in range(p_tiles):
+                    s += over_p[buf, base_p + kk * state_dim + n]
                 if hd == 0:
                     dzxbcdt[row, b_col + n] = dt * s
                 else:
                     dzxbcdt[row, b_col + n] += dt * s
-                n += cuda.blockDim.x
+                n += per
             decay_next = math.exp(dt * a)
             step += 1
 
@@ -418,7 +450,9 @@ def mamba2_scan_forward(zxbcdt: Any, heads: Any, y: Any, *, seq_len: int, state_
     """y [R, HP] = the SSM output h_t C_t + D x_t of the windows of T = seq_len bars in zxbcdt (module header)."""
     samples, n_heads, head_dim = _scan_dims(zxbcdt, heads, y, seq_len, state_dim)
     p_tiles, n_tiles = tiles(head_dim, state_dim)
-    launch_rows(mamba2_scan_fwd_kernel, samples * n_heads, p_tiles * n_tiles, zxbcdt, heads, y, i32(seq_len),
+    units = samples * n_heads
+    k = scan_units(head_dim, state_dim, units)
+    launch_rows(mamba2_scan_fwd_kernel, -(-units // k), k * p_tiles * n_tiles, zxbcdt, heads, y, i32(seq_len),
                 i32(state_dim), stream=stream)
 
 
@@ -430,7 +464,8 @@ def mamba2_scan_backward(zxbcdt: Any, heads: Any, dy: Any, carry: Any, dzxbcdt: 
     check_array("carry", carry, "[R, HP]", tuple(int(d) for d in dy.shape))
     check_array("dzxbcdt", dzxbcdt, "[R, 2HP + 2N + H]", tuple(int(d) for d in zxbcdt.shape))
     p_tiles, n_tiles = tiles(head_dim, state_dim)
-    launch_rows(mamba2_scan_bwd_kernel, samples, p_tiles * n_tiles, zxbcdt, heads, dy, carry, dzxbcdt,
+    k = scan_units(head_dim, state_dim, samples)
+    launch_rows(mamba2_scan_bwd_kernel, -(-samples // k), k * p_tiles * n_tiles, zxbcdt, heads, dy, carry, dzxbcdt,
                 i32(seq_len), i32(state_dim), stream=stream)
 
 

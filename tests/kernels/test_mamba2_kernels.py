@@ -26,6 +26,7 @@ from fox_numba.kernels.mamba2 import (
     mamba2_head_grad,
     mamba2_scan_backward,
     mamba2_scan_forward,
+    scan_units,
 )
 
 S, T, H = 3, 7, 2
@@ -184,3 +185,35 @@ def test_wrappers_refuse_bad_shapes(stream, stager, rng):
     with pytest.raises(ValueError, match="part"):
         mamba2_dt_grad(dzx, dh, y, y, dzx, upload(stager, np.zeros((S, 3)))[0], seq_len=T, state_dim=8,
                        stream=stream)
+
+
+def test_packed_blocks_change_no_bit_and_leave_missing_units_idle(stream, stager, rng):
+    """At P = N = 16 a block packs 16 units (scan_units): 17 windows of 2 heads make forward blocks of 16, 16 and 2
+    units (sample, head) and backward blocks of 16 and 1 (sample), so the last blocks run threads with no unit. Every
+    output against float64 as above, and the first 5 windows bit for bit those of a run on those 5 alone (other
+    packings: one block of 10 units forward, of 5 backward): a unit's sums do not depend on its block."""
+    p, n, t, samples = 16, 16, 3, 17
+    assert scan_units(p, n, 10**6) == 16 and scan_units(p, n, 5) == 5
+    zx, heads = inputs(rng, p, n, samples=samples, seq_len=t)
+    hp = H * p
+    dy = rng.standard_normal((samples * t, hp)).astype(np.float32)
+
+    def run(k):
+        rows = k * t
+        dzx, dh, ddy, y, carry, grad = upload(stager, zx[:rows], heads, dy[:rows], np.full((rows, hp), np.nan),
+                                              np.full((rows, hp), np.nan), np.full((rows, zx.shape[1]), np.nan))
+        mamba2_scan_forward(dzx, dh, y, seq_len=t, state_dim=n, stream=stream)
+        mamba2_scan_backward(dzx, dh, ddy, carry, grad, seq_len=t, state_dim=n, stream=stream)
+        return stager.download(y), stager.download(carry), stager.download(grad)[:, hp:]
+
+    y, carry, grad = run(samples)
+    _, x, b, c, dt_raw = ref.split64(zx, t, H, p, n)
+    want, _ = ref.scan64(x, b, c, dt_raw, heads.astype(np.float64))
+    close(y, want.reshape(samples * t, -1), 1e-5, 2e-6)
+    _, db, dc, _, _ = ref.scan_backward64(x, b, c, dt_raw, heads.astype(np.float64),
+                                          dy.reshape(samples, t, H, p).astype(np.float64))
+    close(grad[:, hp : hp + n], db.reshape(samples * t, -1), 1e-4, 1e-5, "dB")  # x, B, C columns after hp
+    close(grad[:, hp + n : hp + 2 * n], dc.reshape(samples * t, -1), 1e-4, 1e-5, "dC")
+    assert np.isfinite(carry).all() and np.isfinite(grad[:, : hp + 2 * n]).all()  # every unit wrote its rows
+    for got, alone in zip((y, carry, grad), run(5), strict=True):
+        np.testing.assert_array_equal(got[: 5 * t], alone)
