@@ -242,3 +242,23 @@ def test_visited_positions_follow_the_greedy_policy_from_flat_each_day(td_probe)
     held = td_probe.visited_positions(xb, rows, w, rng)
     later = np.setdiff1d(rows.idx, firsts)
     assert not held[firsts].any() and (held[later] == 1.0).mean() > 0.8
+
+
+def test_qdir_cross_c51_without_costs_reads_the_next_reward(td_probe):
+    """`qdir_cross_c51` at zero cost on the AR(1) market of the `qdir_cross` test: from flat, (E[Z_long] - E[Z_short])
+    / 2 must follow x . beta (correlation > 0.95, slope within 0.15 of 1; a head that ignored x, or mixed up the directions,
+    gives ~0 or < 0),
+    and its argmax trader goes long where x . beta is well above 0."""
+    n, m, rho = 16_000, 3, 0.8
+    beta = np.array([0.6, -0.8, 0.0])
+    x, mid, day_start = ar1_walk(n, m, rho, beta, seed=7)
+    rows = replace(td_probe.fold_rows(mid, day_start, stop=n, gamma=0.5), cost=np.zeros(n + 1))
+    lc = replace(load_config("default").learner, epochs=1, steps_per_epoch=1500, batch_size=256, lr=0.01, gamma=0.5)
+    w = td_probe.learn_value(x, rows, "qdir_cross_c51", lc, seed=0, atoms=21)
+    xb = np.hstack([x, np.ones((n + 1, 1))])
+    signal = td_probe.signal_of("qdir_cross_c51", xb, w)
+    assert np.corrcoef(signal[:n], x[:n] @ beta)[0, 1] > 0.95
+    assert abs(np.polyfit(x[:n] @ beta, signal[:n], 1)[0] - 1.0) < 0.15  # its scale too: x . beta (measured 0.96)
+    pos = td_probe.direction_positions(xb[:400], w, cross=True)
+    up = x[:399] @ beta > 0.5
+    assert (pos[:399][up] == 1.0).mean() > 0.9

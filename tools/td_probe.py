@@ -46,6 +46,10 @@ the cosine schedule to lr * lr_min_frac, batch, steps = epochs x steps_per_epoch
   the current values' argmax traded over every training day from flat, a random direction with probability EXPLORE,
   re-run once per epoch (steps_per_epoch steps; the first epoch's collect random). Against `qdir_cross`, it tells
   whether the positions a policy visits are enough to fit the interaction (learner_ablation_h200.md section 29);
+- `qdir_cross_c51`: `qdir_cross` with a C51 head per direction, as the agent's: logits linear in [x, 1, q, q x] over
+  `c51`'s fixed support, the target distribution of -c |q' - q| + q' r + gamma Z_target(x', q', d*) (d* the next
+  direction of the largest E[Z]) projected onto it, cross-entropy; acted on by argmax E[Z]. Against `qdir_cross`, it
+  tells whether the categorical head loses the read (learner_ablation_h200.md section 31);
 
 and the probe's ridge fit of the probe_horizon-bar change is fitted on the same rows. Each signal is scored by its
 correlation with the probe_horizon-bar move on the validation days (and on the training rows). If `td` reaches the
@@ -90,10 +94,11 @@ from fox_numba.walkforward.folds import make_folds  # noqa: E402
 from fox_numba.walkforward.metrics import compute_metrics, positions_to_days  # noqa: E402
 from fox_numba.walkforward.probe import probe_baseline  # noqa: E402
 
-TARGETS = ("td", "mc", "c51", "split", "greedy", "qlearn", "qdir", "qdir_cross", "qdir_cross_visited")
-DIRECTED = ("qdir", "qdir_cross", "qdir_cross_visited")
+TARGETS = ("td", "mc", "c51", "split", "greedy", "qlearn", "qdir", "qdir_cross", "qdir_cross_visited",
+           "qdir_cross_c51")
+DIRECTED = ("qdir", "qdir_cross", "qdir_cross_visited", "qdir_cross_c51")
 """Targets that learn the agent's four direction values on [x, position] features (module header)."""
-CROSSED = ("qdir_cross", "qdir_cross_visited")
+CROSSED = ("qdir_cross", "qdir_cross_visited", "qdir_cross_c51")
 """Direction-value targets whose features hold the position x market columns."""
 POSITIONS = np.array([-1.0, 0.0, 1.0])
 """`qlearn`: the positions (contracts) its three values hold."""
@@ -191,7 +196,7 @@ def learn_value(x: np.ndarray, rows: Rows, target: str, lc: LearnerConfig, seed:
     steps = lc.epochs * lc.steps_per_epoch
     update = adam(lc, steps)
     discount = np.where(rows.last, 0.0, lc.gamma)
-    if target == "c51":
+    if target in ("c51", "qdir_cross_c51"):
         half = 3 * np.mean(np.abs(rows.ret[rows.idx])) + 2 * np.mean(np.abs(rows.reward[rows.idx])) / math.sqrt(
             1 - lc.gamma**2)
         z = np.linspace(-half, half, atoms)
@@ -199,7 +204,8 @@ def learn_value(x: np.ndarray, rows: Rows, target: str, lc: LearnerConfig, seed:
         w, w_tgt = np.zeros((xb.shape[1], len(POSITIONS))), np.zeros((xb.shape[1], len(POSITIONS)))
     if target in DIRECTED:
         width = direction_features(xb[:1], 0.0, target in CROSSED).shape[1]
-        w, w_tgt = np.zeros((width, N_DIRECTIONS)), np.zeros((width, N_DIRECTIONS))
+        shape = (width, N_DIRECTIONS, atoms) if target == "qdir_cross_c51" else (width, N_DIRECTIONS)
+        w, w_tgt = np.zeros(shape), np.zeros(shape)
     visited = None
     for step in range(steps):
         if target == "qdir_cross_visited" and step % lc.steps_per_epoch == 0:  # the epoch's collect
@@ -207,6 +213,8 @@ def learn_value(x: np.ndarray, rows: Rows, target: str, lc: LearnerConfig, seed:
         i = rng.choice(rows.idx, size=lc.batch_size)
         if target == "qlearn":
             grad = qlearn_grad(xb, rows, i, w, w_tgt, lc.gamma)
+        elif target == "qdir_cross_c51":
+            grad = qdir_c51_grad(xb, rows, i, w, w_tgt, lc.gamma, z)
         elif target in DIRECTED:
             grad = qdir_grad(xb, rows, i, w, w_tgt, lc.gamma, target in CROSSED,
                              held=visited[i] if visited is not None else None)
@@ -222,6 +230,8 @@ def learn_value(x: np.ndarray, rows: Rows, target: str, lc: LearnerConfig, seed:
         w_tgt = (1 - lc.tau) * w_tgt + lc.tau * w
     if target in PARTIAL:
         return (w[:, 0] - w[:, 1]) / 2
+    if target == "qdir_cross_c51":  # the support as a last feature row, as `c51` returns it
+        return np.concatenate([w, np.broadcast_to(z, (1, N_DIRECTIONS, atoms))])
     if target == "qlearn" or target in DIRECTED:
         return w
     return w if target != "c51" else np.vstack([w, z[None, :]])
@@ -290,12 +300,45 @@ def visited_positions(xb: np.ndarray, rows: Rows, w: np.ndarray | None, rng: np.
     return held
 
 
+def direction_scores(phi: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """[n, 4]: the four direction values of features phi [n, F]: phi @ w, or for a C51 fit (w [F + 1, 4, atoms], the
+    support as its last row) each direction's E[Z] = softmax(phi @ w_d) . z."""
+    if w.ndim == 2:
+        return phi @ w
+    return np.stack([softmax(phi @ w[:-1, d]) @ w[-1, d] for d in range(N_DIRECTIONS)], axis=1)
+
+
+def qdir_c51_grad(xb: np.ndarray, rows: Rows, i: np.ndarray, w: np.ndarray, w_tgt: np.ndarray, gamma: float,
+                  z: np.ndarray) -> np.ndarray:
+    """`qdir_cross_c51`: the cross-entropy gradient of the four directions' C51 logits w [F, 4, atoms] on batch rows
+    i, from every held position (`qdir_cross`'s problem): the target of direction d from q is the distribution of
+    -c |q' - q| + q' r + gamma Z_target(x', q', d*), d* the next direction of the largest E[Z] (at a day's last
+    transition the forced close's cost and no future), projected onto the fixed support z."""
+    assert rows.cost is not None
+    grad = np.zeros_like(w)
+    n = len(i)
+    best = {}  # per next held position: the target network's distribution of its best direction
+    for q2 in POSITIONS:
+        phi2 = direction_features(xb[i + 1], q2, True)
+        probs = np.stack([softmax(phi2 @ w_tgt[:, d]) for d in range(N_DIRECTIONS)], axis=1)
+        best[float(q2)] = probs[np.arange(n), np.argmax(probs @ z, axis=1)]
+    last = rows.last[i]
+    for q in POSITIONS:
+        phi = direction_features(xb[i], q, True)
+        for d, target in enumerate(next_position(q)):
+            reward = -rows.cost[i] * abs(target - q) + target * rows.reward[i]
+            reward = np.where(last, reward - rows.cost[i + 1] * abs(target), reward)
+            m = project(best[float(target)], reward, np.where(last, 0.0, gamma), z)
+            grad[:, d] += phi.T @ (softmax(phi @ w[:, d]) - m) / (n * len(POSITIONS))
+    return grad
+
+
 def direction_positions(xb: np.ndarray, w: np.ndarray, cross: bool) -> np.ndarray:
     """float64 [bars]: one day traded by argmax over the four direction values from flat, flat at the last bar."""
     pos = np.zeros(len(xb))
     held = 0.0
     for t in range(len(xb) - 1):
-        d = int(np.argmax(direction_features(xb[t : t + 1], held, cross) @ w))
+        d = int(np.argmax(direction_scores(direction_features(xb[t : t + 1], held, cross), w)))
         held = float(next_position(held)[d])
         pos[t] = held
     return pos
@@ -390,8 +433,8 @@ def signal_of(target: str, xb: np.ndarray, w: np.ndarray) -> np.ndarray:
     if target == "qlearn":
         return (xb @ w[:, 2] - xb @ w[:, 0]) / 2
     if target in DIRECTED:
-        phi = direction_features(xb, 0.0, target in CROSSED)
-        return (phi @ w[:, 2] - phi @ w[:, 0]) / 2
+        scores = direction_scores(direction_features(xb, 0.0, target in CROSSED), w)
+        return (scores[:, 2] - scores[:, 0]) / 2
     return value(xb, w)
 
 
