@@ -246,6 +246,18 @@ class NetworkConfig:
         "often in the market, twice the training time (tools/results/learner_ablation_h200.md section 18).",
     )
     iqn_embed: int = opt(64, "Cosine features of the IQN head's tau embedding, at most 64 (Dabney et al. 2018: 64).")
+    mean_head: bool = opt(
+        False,
+        "A squared-error value head for the direction branch beside its C51 heads (agent/mean_head.py, "
+        "kernels/mean_head.py): four linear outputs m(x, d) on the C51 heads' input x, trained towards r + discount "
+        "m_target(s', a*) with a* = argmax_d m(s', d) (weight learner.mean_weight), its gradient reaching a trunk "
+        "through x. The direction branch then acts on m: evaluation takes argmax_d m(x, d), collect's Thompson "
+        "draw is m(x, d) + env.explore_spread x (the C51 atom drawn - E_C51[d]) (the C51 distribution's shape moved "
+        "to m's mean; kernels/action_select.py), and the conviction reads m. Why: the C51 cross-entropy spends its "
+        "gradient on the return distribution's shape; the direction values' gaps are hundredths of a unit under a "
+        "spread of about one, and a C51 head per direction fitted the forward move about half as well as a squared "
+        "error did (tools/results/learner_ablation_h200.md sections 31-32). Refused with iqn_quantiles.",
+    )
     spectral_norm: bool = opt(
         False,
         "Spectral normalisation of the trunk's dense layers (Miyato et al. 2018; needs n_layers >= 1): each trunk "
@@ -429,6 +441,12 @@ class LearnerConfig:
     iqn_weight: float = opt(
         1.0,
         "Weight of the IQN head's quantile Huber loss beside the C51 cross-entropy (network.iqn_quantiles > 0).",
+    )
+    mean_weight: float = opt(
+        1.0,
+        "Weight of the direction mean head's squared error, sum_i w_i (m(s_i, a_i) - y_i)**2 / 2 with w_i the "
+        "direction row's weight (1 / B, times prioritised replay's importance weight), beside the C51 "
+        "cross-entropy (network.mean_head).",
     )
     counterfactual: bool = opt(
         False,

@@ -7,7 +7,10 @@ One collect step is one StepGraph (captured on the GPU, eager under the simulato
     net.forward(params, obs, logits)                      online network, logits [N, 13, Z]
     (iqn.run(head input, rng_states)                      network.iqn_quantiles > 0 only: E_IQN and one drawn
                                                           quantile per direction, agent/iqn.py IqnActor)
-    select_actions(logits, supports, explore=True)        Thompson direction (joint with IQN when on), Boltzmann
+    (mean.run(head input)                                 network.mean_head only: the directions' mean values,
+                                                          agent/mean_head.py MeanActor)
+    select_actions(logits, supports, explore=True)        Thompson direction (joint with IQN, or moved to the mean
+                                                          head's values, when on), Boltzmann
                                                           magnitude/order/urgency
     (relabel_directions(labels, row, port, actions)       env.hindsight_fraction > 0 only: the first
                                                           n_relabel environments take the hindsight direction)
@@ -39,6 +42,7 @@ from fox_numba.actions import N_BRANCHES, N_HEADS
 from fox_numba.agent.environment import VecEnv
 from fox_numba.agent.health import HealthDiag
 from fox_numba.agent.iqn import IqnActor
+from fox_numba.agent.mean_head import MeanActor
 from fox_numba.agent.network import Network, ParamLayout
 from fox_numba.agent.noisy import STREAM_COLLECT, NoiseKey
 from fox_numba.agent.replay import ReplayBuffer
@@ -93,6 +97,7 @@ class Collector:
         self.conviction = device_empty(n, np.float32)
         self.rng_states = xoroshiro_states(n, seed, stager)
         self.iqn = IqnActor(layout, n, iqn_quantiles, explore=True) if layout.iqn else None
+        self.mean = MeanActor(layout, n, dense=dense) if layout.mean_head else None
         self.n_relabel = relabel_count(hindsight_fraction, n)
         self.labels = self._hindsight_labels(hindsight_horizon, commission) if self.n_relabel > 0 else None
         """int32 [fold rows]: the hindsight label of every row (kernels/hindsight.py), None when off."""
@@ -106,9 +111,12 @@ class Collector:
         self.net.forward(self.params, self.obs, self.logits, stream=s, rows=env.row)
         if self.iqn is not None:
             self.iqn.run(self.params, self.net.head_input(env.n), self.rng_states, stream=s)
+        if self.mean is not None:
+            self.mean.run(self.params, self.net.head_input(env.n), stream=s)
         select_actions(self.logits, self.support_rows, self.rng_states, self.actions, self.conviction,
                        explore=True, stream=s, spread=self.spread, tau_mult=self.tau_mult, fixed=self.fixed_bins,
-                       iqn=None if self.iqn is None else self.iqn.values)  # fmt: skip
+                       iqn=None if self.iqn is None else self.iqn.values,
+                       mean=None if self.mean is None else self.mean.values)  # fmt: skip
         if self.labels is not None:
             relabel_directions(self.labels, env.row, env.port, self.actions, self.n_relabel, stream=s)
         replay.put_obs(env.row, env.port, self.actions, env.entry, stream=s)

@@ -13,10 +13,13 @@ On the device, `chunk` rows at a time (so any fold fits one allocation):
     expected_q(logits, supports, q)                   E[Q] of every head
     (iqn.run(params, head input)                      network.iqn_quantiles > 0 only: E_IQN of the directions
                                                       over the midpoint levels, agent/iqn.py IqnActor)
+    (mean.run(params, head input)                     network.mean_head only: the directions' mean values,
+                                                      agent/mean_head.py MeanActor)
     signal = q[:, LONG] - q[:, SHORT]                 downloaded once per chunk, float64 on the host
 
 With the IQN head the signal is the difference of the joint values evaluation acts on, e_d = (E_C51[d] +
-E_IQN[d]) / 2 (kernels/action_select.py): e_long - e_short.
+E_IQN[d]) / 2 (kernels/action_select.py): e_long - e_short; with the mean head, the difference of its values,
+m_long - m_short, which evaluation acts on.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import numpy as np
 
 from fox_numba.actions import DIR_OFFSET, LONG, N_DIRECTIONS, N_HEADS, SHORT
 from fox_numba.agent.iqn import IqnActor
+from fox_numba.agent.mean_head import MeanActor
 from fox_numba.agent.network import Network, ParamLayout
 from fox_numba.agent.spectral import read_only
 from fox_numba.device.memory import device_empty
@@ -72,6 +76,7 @@ class DirectionSignal:
         self.iqn = (IqnActor(layout, chunk, iqn_quantiles, explore=False)
                     if layout.iqn else None)
         self.rng_states = xoroshiro_states(chunk, 0, stager) if layout.iqn else None  # the midpoints draw nothing
+        self.mean = MeanActor(layout, chunk, dense="auto") if layout.mean_head else None
 
     def compute(self, market_obs: Any, params: Any, supports: Any, day_first: Any = None,
                 book_obs: Any = None) -> np.ndarray:
@@ -99,5 +104,8 @@ class DirectionSignal:
                 self.iqn.run(params, self.net.head_input(c), self.rng_states, stream=s)
                 e_iqn = self.stager.download(self.iqn.values)[:, 0].astype(np.float64)
                 q = float(IQN_MIX) * (q[:, DIR_OFFSET : DIR_OFFSET + N_DIRECTIONS] + e_iqn)  # the joint values
+            if self.mean is not None:
+                self.mean.run(params, self.net.head_input(c), stream=s)
+                q = self.stager.download(self.mean.values)[:, 0].astype(np.float64)  # the values evaluation reads
             out[start:stop] = (q[:, LONG] - q[:, SHORT])[: stop - start]
         return out

@@ -9,8 +9,11 @@ frozen). Every step, for all days at once:
                                                        or TLOB: encoded= the step's rows of the chunk's cache, below)
     (iqn.run(head input)                               network.iqn_quantiles > 0 only: E_IQN per direction over
                                                        fixed midpoint levels, agent/iqn.py IqnActor)
+    (mean.run(head input)                              network.mean_head only: the directions' mean values,
+                                                       agent/mean_head.py MeanActor)
     select_actions(logits, supports, explore=False)    argmax E[Q] in every branch (no RNG; the direction's
-                                                       joint with E_IQN when on; env.fixed_bins fix branches)
+                                                       joint with E_IQN, or the mean head's value, when on;
+                                                       env.fixed_bins fix branches)
     env.step(actions)
     record_eval_step(...)                              PnL (dollars) and position of the step, per day
     health.eval_step(actions, counts)                  HEALTH_DIAG's per-day action tallies (optional)
@@ -46,6 +49,7 @@ from fox_numba.agent.environment import VecEnv
 from fox_numba.agent.fold_market import FoldMarketDevice
 from fox_numba.agent.health import HealthDiag
 from fox_numba.agent.iqn import IqnActor
+from fox_numba.agent.mean_head import MeanActor
 from fox_numba.agent.network import Network, ParamLayout
 from fox_numba.agent.spectral import read_only
 from fox_numba.config import EnvConfig, FoxConfig
@@ -122,6 +126,7 @@ class Evaluator:
         self.fixed_bins = fixed_bins(cfg.env)
         self.iqn = (IqnActor(layout, n, cfg.network.iqn_quantiles, explore=False)
                     if layout.iqn else None)
+        self.mean = MeanActor(layout, n, dense=precision_dense(cfg.run.precision)) if layout.mean_head else None
         self.pnl = device_zeros((self.steps, n), np.float32, stream=self.stream)
         self.pos = device_zeros((self.steps, n), np.int32, stream=self.stream)
         self.counter = device_zeros(1, np.int32, stream=self.stream)
@@ -148,9 +153,12 @@ class Evaluator:
         self._forward(s, k)
         if self.iqn is not None:
             self.iqn.run(self.params, self.net.head_input(env.n), self.rng_states, stream=s)
+        if self.mean is not None:
+            self.mean.run(self.params, self.net.head_input(env.n), stream=s)
         select_actions(self.logits, self.support_rows, self.rng_states, self.actions, self.conviction,
                        explore=False, stream=s, fixed=self.fixed_bins,
-                       iqn=None if self.iqn is None else self.iqn.values)  # fmt: skip
+                       iqn=None if self.iqn is None else self.iqn.values,
+                       mean=None if self.mean is None else self.mean.values)  # fmt: skip
         env.step(self.actions, stream=s)
         record_eval_step(env.comps, env.si, env.params, self.counter, self.pnl, self.pos, stream=s)
         if self.health is not None:

@@ -105,6 +105,13 @@ backpropagates into the IQN entries of the gradient and, with a trunk, into the 
 (Network.backward's input_grad). The IQN parameters are entries of the one layout, so the clip, Adam, Polyak,
 shrink-and-perturb and checkpoints cover them; the head holds no other state (no registry entry). Off, the step
 launches exactly the IQN-less step's kernels. Acting on the joint values: agent/iqn.py IqnActor.
+
+Direction mean head (network.mean_head; agent/mean_head.py, kernels/mean_head.py): after the IQN head's place the
+step runs the head's dense layer on the online s and s' rows and the target's s' rows, its squared error towards
+r + discount m_target(s', argmax_d m(s', d)) on the direction rows (their rewards, discounts and weights) weighted by
+learner.mean_weight, the epoch's loss_mean and mean_gap, and its backward into the mean entries of the gradient and,
+with a trunk, into the trunk through input_grad. Off, the step launches none of its kernels. Acting on its values:
+agent/mean_head.py MeanActor.
 """
 
 from __future__ import annotations
@@ -119,6 +126,7 @@ from fox_numba.agent.depth import StochasticDepth
 from fox_numba.agent.environment import env_params
 from fox_numba.agent.fold_market import FoldMarketDevice
 from fox_numba.agent.iqn import IqnStep
+from fox_numba.agent.mean_head import MeanStep
 from fox_numba.agent.network import Dropout, Network, ParamLayout, init_params
 from fox_numba.agent.noisy import STREAM_ONLINE, STREAM_TARGET, NoiseKey
 from fox_numba.agent.replay import ReplayBatch, ReplayBuffer
@@ -212,7 +220,7 @@ class Learner:
         "online", "target_net", "graph", "batch", "obs", "obs_next", "rows", "logits", "logits_tgt", "q", "entropy",
         "util", "dlogits", "grads", "aux_target", "norm_partials", "adam_partials", "polyak_partials", "loss_partials",
         "q_partials", "hidden_partials", "decay_mask", "branch_weights", "schedule", "epoch",
-        "is_weights", "iqn", "draw", "book", "env_params",
+        "is_weights", "iqn", "mean", "draw", "book", "env_params",
     )
 
     def __init__(
@@ -246,6 +254,8 @@ class Learner:
             raise ValueError(f"learner.bootstrap must be one of {BOOTSTRAP_RULES}, got {lc.bootstrap!r}")
         if not lc.iqn_weight >= 0:
             raise ValueError(f"learner.iqn_weight must be >= 0, got {lc.iqn_weight}")
+        if not lc.mean_weight >= 0:
+            raise ValueError(f"learner.mean_weight must be >= 0, got {lc.mean_weight}")
         if cfg.run.diag_every < 1:
             raise ValueError(f"run.diag_every must be >= 1, got {cfg.run.diag_every}")
         self.cfg, self.layout, self.replay, self.isv = cfg, layout, replay, isv
@@ -336,6 +346,9 @@ class Learner:
                     grads=self.grads)
             if layout.iqn else None
         )
+        # the direction mean head (network.mean_head; agent/mean_head.py): its step buffers
+        self.mean = (MeanStep(layout, b, lc.mean_weight, params=self.params, target=self.target, grads=self.grads,
+                              dense=dense) if layout.mean_head else None)
         if self.spectral_uv is not None:
             self.reset_spectral(self.seed)
         self.sync_target()
@@ -405,13 +418,17 @@ class Learner:
         if lc.aux_weight > 0:  # off: the forecast column's dhead stays at its allocation zeros
             aux_loss(self.online.head_out, bt.rows, self.aux_target, lc.aux_weight, self.online.dhead, self.epoch,
                      stream=s)
-        iqn_dx = None
+        head_dx = None
         if self.iqn is not None:
             b = self.batch_size
             self.iqn.run(self.online.head_input(b), self.target_net.head_input(b), self.q, bt.actions, rows,
                          self.rng_states, self.isv, self.epoch, bootstrap=lc.bootstrap, stream=s)
-            iqn_dx = self.iqn.online.dx if self.layout.n_layers else None
-        self.online.backward(self.params, self.dlogits, self.grads, stream=s, input_grad=iqn_dx)
+            head_dx = self.iqn.online.dx if self.layout.n_layers else None
+        if self.mean is not None:
+            self.mean.run(self.online.head_input(2 * self.batch_size), self.target_net.head_input(self.batch_size),
+                          bt.actions, rows, self.epoch, stream=s)
+            head_dx = self.mean.dx
+        self.online.backward(self.params, self.dlogits, self.grads, stream=s, input_grad=head_dx)
         global_grad_norm(self.grads, self.norm_partials, self.isv, stream=s)
         guard_loss(self.isv, stream=s)
         update_adaptive_clip(self.isv, lc.clip_ema_mult, stream=s, warmup_rule=lc.warmup_rule)
@@ -491,6 +508,9 @@ class Learner:
             stats["loss_aux"] = float(acc[EpochStat.LOSS_AUX] / steps)
         if self.iqn is not None:
             stats["loss_iqn"] = float(acc[EpochStat.LOSS_IQN] / steps)
+        if self.mean is not None:
+            stats["loss_mean"] = float(acc[EpochStat.LOSS_MEAN] / steps)
+            stats["mean_gap"] = float(acc[EpochStat.MEAN_GAP] / steps)
         if self.spectral_uv is not None:
             stats["spectral_sigma"] = float(acc[EpochStat.SPECTRAL_SIGMA] / steps)
         if self.online.moe is not None:

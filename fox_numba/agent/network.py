@@ -45,7 +45,8 @@ kernels/noisy.py) and the backward adds sigma's gradients; without it the head r
 alone. A layout built with
 network.iqn_quantiles > 0 ends with the IQN head's entries (iqn.embed.*, iqn.head.*; agent/iqn.py): this class
 neither reads nor writes them (the learner's IqnStep does, from `head_input`, and hands the trunk its input
-gradient through backward's `input_grad`).
+gradient through backward's `input_grad`). So does a layout built with network.mean_head, whose entries
+(mean.head.*; agent/mean_head.py) come last: the learner's MeanStep reads and writes them.
 
 Two trunk parts, each off by default (then the network launches exactly the plain trunk's kernels) and refused
 without the trunk they act on:
@@ -118,7 +119,7 @@ of it instead of encoding (the same kernels on the same numbers, per sample: the
 `forward(..., rows=)` on the same rows). The backward needs rows= (it reads the network's own encoder).
 
 Every buffer is allocated in the constructor, so forward and backward run inside a captured StepGraph. `grads` must
-be zero in the layout's gaps (allocate it with device_zeros); backward writes every entry but the IQN head's.
+be zero in the layout's gaps (allocate it with device_zeros); backward writes every entry but the IQN and mean heads'.
 """
 
 from __future__ import annotations
@@ -134,6 +135,7 @@ from fox_numba.actions import N_BRANCHES, N_HEADS
 from fox_numba.agent.dense import WeightGrad, dense_backward_input, dense_forward, dense_kind
 from fox_numba.agent.depth import ResidualTrunk, StochasticDepth
 from fox_numba.agent.iqn import IQN_HEAD_PREFIX, iqn_entries
+from fox_numba.agent.mean_head import MEAN_HEAD_PREFIX, mean_entries
 from fox_numba.agent.mamba2 import MAMBA2_PREFIX, Mamba2Dims, Mamba2Encoder, encoder_dims, mamba2_entries
 from fox_numba.agent.mamba2 import init_params as mamba2_init
 from fox_numba.agent.moe import MOE_PREFIX, MoeHeads, moe_entries
@@ -179,6 +181,7 @@ class ParamLayout:
     mamba2: Mamba2Dims | None = None  # the Mamba2 encoder over the last bars (agent/mamba2.py); None off
     tlob: TlobShape | None = None  # the TLOB encoder over the last book snapshots (agent/tlob.py); None off
     cross: int = 0  # > 0: layer 0 also reads the position times the first `cross` (market) columns; 0 off
+    mean_head: bool = False  # a squared-error value head of the directions beside C51 (agent/mean_head.py)
 
     @classmethod
     def build(cls, obs_dim: int, cfg: NetworkConfig, vsn_groups: tuple[tuple[int, int], ...] | None = None, *,
@@ -207,6 +210,9 @@ class ParamLayout:
                              "gradient reaches the gate only through the trunk")
         if cfg.moe_experts:
             check_moe(cfg)
+        if cfg.mean_head and cfg.iqn_quantiles > 0:
+            raise ConfigError("network.mean_head does not combine with an IQN head (network.iqn_quantiles > 0): both "
+                              "set the values the direction branch acts on")
         cross = cross_columns(cfg, obs_dim)
         mamba2 = encoder_dims(cfg, market_features)
         tlob = tlob_config_shape(cfg)
@@ -237,12 +243,15 @@ class ParamLayout:
         iqn_embed = cfg.iqn_embed if cfg.iqn_quantiles > 0 else 0
         if iqn_embed:
             shapes += iqn_entries(iqn_embed, width)
+        if cfg.mean_head:
+            shapes += mean_entries(width)
         entries, offset = [], 0
         for name, shape, decay in shapes:
             entries.append(ParamEntry(name, offset, shape, decay))
             offset += -(-math.prod(shape) // ALIGN) * ALIGN
         return cls(obs_dim, cfg.hidden, cfg.n_layers, cfg.n_atoms, tuple(entries), offset, float(cfg.noisy_sigma0),
-                   iqn_embed, cfg.spectral_norm, residual, groups, cfg.moe_experts, mamba2, tlob, cross)
+                   iqn_embed, cfg.spectral_norm, residual, groups, cfg.moe_experts, mamba2, tlob, cross,
+                   cfg.mean_head)
 
     @property
     def noisy(self) -> bool:
@@ -396,7 +405,7 @@ def init_params(layout: ParamLayout, seed: int) -> np.ndarray:
         fan_in, fan_out = e.shape
         if e.name == "head.weight":
             fan_out = head_width(layout.n_atoms)  # per expert: each of a mixture's K experts is drawn as one head
-        xavier = e.name.startswith(("head.", IQN_HEAD_PREFIX))
+        xavier = e.name.startswith(("head.", IQN_HEAD_PREFIX, MEAN_HEAD_PREFIX))
         bound = math.sqrt(6.0 / (fan_in + fan_out)) if xavier else math.sqrt(6.0 / fan_in)
         flat[e.offset : e.stop] = rng.uniform(-bound, bound, e.size).astype(np.float32)
     if layout.noisy:

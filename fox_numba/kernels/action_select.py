@@ -57,6 +57,11 @@ Policy (the seed's Plan C), for sample i with E[Q] q_a = sum_j softmax(logits[i,
   (kappa = env.explore_spread, as the C51 draw's). The mean instead of the seed's sum picks the same direction
   and keeps the conviction in Q units: the conviction reads e_d ("Conviction stays E[Q]-based": the joint
   E[Q], never a draw). Magnitude, order type and urgency stay on the C51 E[Q].
+- With the direction mean head (network.mean_head, `mean=` [B, 1, 4]: agent/mean_head.py), each direction acts on
+  its mean value m_d in place of E_C51[d]: evaluation takes argmax_d m_d (ties to the lowest), collection's Thompson
+  draw is m_d + kappa * (z_j - E_C51[d]), the C51 draw moved to the mean head's mean (the draw's randomness, its
+  uniforms and their order are the C51 draw's), and the conviction reads m. Magnitude, order type and urgency stay
+  on the C51 E[Q].
 Random draws come from `states[i]` (numba xoroshiro128+, bit-exact between simulator and GPU) in a fixed
 order, whatever the ties and whether or not Hold/Flat later overrides the magnitude: the 4 direction
 draws (DRAW_DIRECTION + d), the tie-break (DRAW_TIE), then magnitude, order type, urgency: DRAWS = 8
@@ -106,6 +111,8 @@ from fox_numba.kernels.head_rows import carry, staged_row
 TAU_FLOOR = np.float32(1e-4)
 _NEG_INF = np.float32(-np.inf)
 IQN_MIX = np.float32(0.5)  # a direction's joint value with the IQN head: the mean of the C51 and IQN values
+# What the directions act on (the kernel's `mode`): C51 alone, the joint values with the IQN head, the mean head.
+MODE_C51, MODE_IQN, MODE_MEAN = 0, 1, 2
 FREE_BINS = (-1,) * (N_BRANCHES - 1)  # magnitude, order type and urgency all chosen by the policy
 
 LANES = 16  # threads per sample by default: one per head (13); lane 13 draws, 14 and 15 idle in phase 2
@@ -200,16 +207,27 @@ def _thompson_winner(draws, base, u):
     return winner
 
 
+@cuda.jit(device=True)
+def _direction_value(q_c51, values, mode, i, d):
+    """The value direction d of sample i acts on: its C51 E[Q] `q_c51`, joint with E_IQN, or the mean head's."""
+    if mode == MODE_IQN:
+        return IQN_MIX * (q_c51 + values[i, 0, d])
+    if mode == MODE_MEAN:
+        return values[i, 0, d]
+    return q_c51
+
+
 @register((F32_3D, F32_3D, xoroshiro128p_type[::1], int32, float32, float32, int32[:, ::1], float32[::1], int32,
            F32_3D, int32, int32, int32, int32))
 @cuda.jit
-def action_select_kernel(logits, support, states, explore, spread, tau_mult, actions, conviction, lanes, iqn,
-                         use_iqn, fix_magnitude, fix_order, fix_urgency):
+def action_select_kernel(logits, support, states, explore, spread, tau_mult, actions, conviction, lanes, values,
+                         mode, fix_magnitude, fix_order, fix_urgency):
     """actions[i] and conviction[i] for the samples of this block (launch shape and policy in the module
     header): `lanes` threads per sample, block b serving samples b * spb ... with spb = blockDim.x // lanes.
     Lane l owns heads l, l + lanes, ...; lane N_HEADS % lanes, which owns the fewest, draws the uniforms.
-    With use_iqn != 0 the directions act on their joint values with the IQN head, iqn[i] = (E_IQN [4], the
-    sampled quantiles [4]) (module header); use_iqn = 0 reads nothing from `iqn`. fix_magnitude, fix_order and
+    With mode = MODE_IQN the directions act on their joint values with the IQN head, values[i] = (E_IQN [4], the
+    sampled quantiles [4]); with MODE_MEAN on the mean head's values[i, 0] (module header); MODE_C51 reads nothing
+    from `values`. fix_magnitude, fix_order and
     fix_urgency >= 0 fix that branch's bin (-1: the policy chooses it)."""
     stage = cuda.shared.array(STAGE_WORDS, float32)
     q_sh = cuda.shared.array(_Q_WORDS, float32)
@@ -282,13 +300,15 @@ def action_select_kernel(logits, support, states, explore, spread, tau_mult, act
             if explore != 0 and h < N_DIRECTIONS:
                 atom = _sample_atom(stage, base, n_atoms, m, s, u_sh[slot * DRAWS + DRAW_DIRECTION + h])
                 draw = v_min + float32(atom) * delta_z
-                if spread != float32(1.0):
+                if mode == MODE_MEAN:
+                    draw = values[i, 0, h] + spread * (draw - tz / s)
+                elif spread != float32(1.0):
                     mean = tz / s
                     draw = mean + spread * (draw - mean)
-                if use_iqn != 0:
-                    sample = iqn[i, 1, h]
+                if mode == MODE_IQN:
+                    sample = values[i, 1, h]
                     if spread != float32(1.0):
-                        e_iqn = iqn[i, 0, h]
+                        e_iqn = values[i, 0, h]
                         sample = e_iqn + spread * (sample - e_iqn)
                     draw = IQN_MIX * (draw + sample)
                 draw_sh[slot * N_DIRECTIONS + h] = draw
@@ -302,9 +322,7 @@ def action_select_kernel(logits, support, states, explore, spread, tau_mult, act
         second_q = _NEG_INF
         best_d = 0
         for d in range(N_DIRECTIONS):
-            q = q_sh[qb + DIR_OFFSET + d]
-            if use_iqn != 0:
-                q = IQN_MIX * (q + iqn[i, 0, d])
+            q = _direction_value(q_sh[qb + DIR_OFFSET + d], values, mode, i, d)
             if q > best_q:
                 second_q = best_q
                 best_q = q
@@ -315,9 +333,7 @@ def action_select_kernel(logits, support, states, explore, spread, tau_mult, act
         conv = best_q - second_q
         if explore != 0:
             direction = _thompson_winner(draw_sh, slot * N_DIRECTIONS, u_sh[ub + DRAW_TIE])
-            chosen = q_sh[qb + DIR_OFFSET + direction]
-            if use_iqn != 0:
-                chosen = IQN_MIX * (chosen + iqn[i, 0, direction])
+            chosen = _direction_value(q_sh[qb + DIR_OFFSET + direction], values, mode, i, direction)
             conv = chosen - (second_q if direction == best_d else best_q)
         magnitude = _pick3(
             q_sh[qb + MAG_OFFSET], q_sh[qb + MAG_OFFSET + 1], q_sh[qb + MAG_OFFSET + 2], u_sh[ub + DRAW_BRANCH],
@@ -368,6 +384,7 @@ def select_actions(
     spread: float = 1.0,
     tau_mult: float = 1.0,
     iqn: Any = None,
+    mean: Any = None,
     fixed: tuple[int, ...] = FREE_BINS,
 ) -> None:
     """Choose one action per sample: logits[B, 13, Z], support[B, 13, 3], states[>= B] (xoroshiro, sample i
@@ -376,7 +393,9 @@ def select_actions(
     (argmax E[Q]). Z is at most MAX_ATOMS. `spread` (kappa) and `tau_mult` narrow the training policy
     (module header; 1 and 1: the seed's Thompson and Boltzmann). `iqn` [B, 2, 4] float32 (network.iqn_quantiles
     > 0; kernels/iqn.py `act_values`): each direction's E_IQN, then its sampled quantile (read when
-    exploring): the directions then act on their joint values with the IQN head (module header). `fixed`: the bin
+    exploring): the directions then act on their joint values with the IQN head (module header). `mean` [B, 1, 4]
+    float32 (network.mean_head; agent/mean_head.py MeanActor): the mean head's direction values, which the
+    directions then act on (module header); at most one of `iqn` and `mean`. `fixed`: the bin
     of magnitude, order type and urgency every sample takes, -1 where the policy chooses (module header).
 
     `lanes` (1 to LANES, default LANES = 16 on the GPU, 1 under the simulator) sets the threads per sample. Every head is computed by one
@@ -407,14 +426,21 @@ def select_actions(
     if not (0.0 <= spread <= 1.0 and 0.0 < tau_mult <= 1.0):
         raise ValueError(f"exploration needs 0 <= spread <= 1 and 0 < tau_mult <= 1, got {spread}, {tau_mult}")
     fixed = check_fixed_bins(fixed)
+    if iqn is not None and mean is not None:
+        raise ValueError("select_actions: the directions act on the IQN head's values or the mean head's, not both")
+    values, mode = support, MODE_C51  # MODE_C51 reads nothing from `values`
     if iqn is not None:
         check_array("iqn", iqn, f"[B, 2, {N_DIRECTIONS}]", (b, 2, N_DIRECTIONS))
+        values, mode = iqn, MODE_IQN
+    if mean is not None:
+        check_array("mean", mean, f"[B, 1, {N_DIRECTIONS}]", (b, 1, N_DIRECTIONS))
+        values, mode = mean, MODE_MEAN
     flag = np.int32(1 if explore else 0)
     spb = samples_per_block(z)
     if SIMULATOR:
         spb = min(spb, b)  # the simulator pays for every thread, idle ones included
     launch_rows(
         action_select_kernel, -(-b // spb), spb * lanes, logits, support, states, flag, np.float32(spread),
-        np.float32(tau_mult), actions, conviction, np.int32(lanes), support if iqn is None else iqn,
-        np.int32(iqn is not None), *(np.int32(f) for f in fixed), stream=stream,
+        np.float32(tau_mult), actions, conviction, np.int32(lanes), values, np.int32(mode),
+        *(np.int32(f) for f in fixed), stream=stream,
     )  # fmt: skip

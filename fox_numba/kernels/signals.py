@@ -88,9 +88,11 @@ class EpochStat(enum.IntEnum):
     LOSS_IQN = 12  # the IQN quantile Huber loss (IQN_LOSS_EMA's observation) of every finite step
     SPECTRAL_SIGMA = 13  # the online trunk's spectral norm sigma, mean over layers, every step (kernels/spectral.py)
     MOE_BALANCE = 14  # the MoE load-balance term mean_b K sum_k u_bk**2 of every finite step (kernels/moe.py)
+    LOSS_MEAN = 15  # the direction mean head's weighted mean squared error / 2, every step (kernels/mean_head.py)
+    MEAN_GAP = 16  # the mean head's top direction value less its second, batch mean of every finite step
 
 
-N_EPOCH_STATS = 15
+N_EPOCH_STATS = 17
 
 _Q_ABS_REF = int(Isv.Q_ABS_REF)
 _Q_DIR_ABS_REF = int(Isv.Q_DIR_ABS_REF)

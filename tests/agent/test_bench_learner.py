@@ -4,18 +4,22 @@ import importlib.util
 import json
 from pathlib import Path
 
+import pytest
+
 TOOL = Path(__file__).resolve().parents[2] / "tools" / "bench_learner.py"
 
 
-def test_bench_learner_tiny(tmp_path):
+@pytest.mark.parametrize("extra", [[], ["--mean-head"]])
+def test_bench_learner_tiny(tmp_path, extra):
     spec = importlib.util.spec_from_file_location("bench_learner", TOOL)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     out = tmp_path / "bench"
-    assert module.main(["--out", str(out), "--tiny"]) == 0
+    assert module.main(["--out", str(out), "--tiny", *extra]) == 0
     results = json.loads(out.with_suffix(".json").read_text())
     (only,) = results["batches"]
     assert only["modes"]["skipped_steps"] == 0 and only["modes"]["graph_equals_eager_bitwise"]
-    assert results["command"].endswith("--tiny")
+    assert results["command"].endswith(" ".join(["--tiny", *extra]))
     text = out.with_suffix(".md").read_text()
     assert "| graph, each replay waiting" in text and "learner.select_q_rows" in text
+    assert ("mean_head.mean_loss_kernel" in text) == bool(extra)

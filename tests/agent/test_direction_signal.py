@@ -53,3 +53,22 @@ def test_with_the_iqn_head_the_signal_is_the_joint_values_difference(stager, rng
     want = joint[:, LONG] - joint[:, SHORT]
     np.testing.assert_allclose(signal, want, rtol=1e-4, atol=1e-5 * np.abs(want).max())
     assert np.abs(e_iqn[:, LONG] - e_iqn[:, SHORT]).max() > 1e-3  # the IQN head moves the signal
+
+
+def test_with_the_mean_head_the_signal_is_its_values_difference(stager, rng):
+    """network.mean_head: m_long - m_short at every bar, m = x @ W_m + b_m on the trunk's output (float64 reference;
+    the same tolerance as above), which differs from the C51 E[Q]'s difference."""
+    lay = ParamLayout.build(MARKET + N_PORTFOLIO, NetworkConfig(hidden=6, n_layers=1, n_atoms=7, mean_head=True))
+    params = init_params(lay, 3) + rng.normal(0, 0.05, lay.size).astype(np.float32)
+    supports = reference.random_support(rng, (N_HEADS,), lay.n_atoms)
+    market_obs = rng.standard_normal((10, MARKET)).astype(np.float32)
+    signal = DirectionSignal(lay, stager=stager, chunk=4).compute(
+        stager.upload_new(market_obs), stager.upload_new(params), stager.upload_new(supports))
+    obs = np.hstack([market_obs.astype(np.float64), np.tile(flat_portfolio(), (10, 1))])
+    p = lay.unpack(params)
+    acts, logits = reference.net_forward64(p, 1, obs, lay.n_atoms)
+    m = acts[-1] @ p["mean.head.weight"].astype(np.float64) + p["mean.head.bias"]
+    want = m[:, LONG] - m[:, SHORT]
+    np.testing.assert_allclose(signal, want, rtol=1e-4, atol=1e-5 * np.abs(want).max())
+    q = reference.expected_q64(logits, np.broadcast_to(supports, (10, N_HEADS, 3)))
+    assert np.abs(want - (q[:, LONG] - q[:, SHORT])).max() > 1e-3

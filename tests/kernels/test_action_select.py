@@ -148,9 +148,10 @@ def shared_uniform_probs(p):
     return out
 
 
-def select64(logits, support, u, spread=1.0, tau_mult=1.0):
+def select64(logits, support, u, spread=1.0, tau_mult=1.0, mean=None):
     """The training policy replayed in float64 on the kernel's uniforms u[B, DRAWS]: (actions [B, 4], clear [B]).
-    A direction draws E[Q] + spread * (atom - E[Q]); Boltzmann runs at tau = max(tau_mult * range, TAU_FLOOR).
+    A direction draws E[Q] + spread * (atom - E[Q]), or with the mean head's values `mean` [B, 4]
+    mean + spread * (atom - E[Q]); Boltzmann runs at tau = max(tau_mult * range, TAU_FLOOR).
 
     clear is False where float32 rounding could decide the sample: a uniform within BOUNDARY_MARGIN of a
     cumulative probability or Boltzmann threshold, or two direction draws within 2 ulps but not equal."""
@@ -162,9 +163,9 @@ def select64(logits, support, u, spread=1.0, tau_mult=1.0):
     atom = np.minimum((cdf <= ud).sum(axis=-1), z - 1)  # the first atom whose cumulative probability exceeds u
     clear = ~np.any(np.abs(cdf[..., :-1] - ud) < BOUNDARY_MARGIN, axis=(1, 2))
     draws = np.take_along_axis(atoms32(support[:, :N_DIRECTIONS], z), atom[..., None], axis=-1)[..., 0]
-    if spread != 1.0:
-        mean = q[:, :N_DIRECTIONS]
-        draws = mean + spread * (draws - mean)
+    if spread != 1.0 or mean is not None:
+        centre = q[:, :N_DIRECTIONS] if mean is None else mean
+        draws = centre + spread * (draws - q[:, :N_DIRECTIONS])
         clear &= ~np.any(np.abs(draws[:, :, None] - draws[:, None, :]) + np.eye(N_DIRECTIONS) < 1e-5, axis=(1, 2))
     top = draws.max(axis=1, keepdims=True)
     tied = draws == top
@@ -814,3 +815,72 @@ def test_with_iqn_thompson_adds_the_sampled_quantile_to_the_c51_draw(stream, sta
     joint = 0.5 * (expected_q64(logits, support)[:, :N_DIRECTIONS] + iqn[:, 0])
     others = np.where(np.arange(N_DIRECTIONS) == actions[:, :1], -np.inf, joint).max(1)
     np.testing.assert_allclose(conviction, joint[np.arange(b), actions[:, 0]] - others, rtol=0, atol=CONV_TOL)
+
+
+def run_select_mean(stream, stager, logits, support, mean, explore, seed=3, spread=1.0):
+    b = logits.shape[0]
+    actions, conviction = device_empty((b, N_BRANCHES), np.int32), device_empty(b, np.float32)
+    select_actions(stager.upload_new(logits), stager.upload_new(support), xoroshiro_states(b, seed, stager), actions,
+                   conviction, explore=explore, stream=stream, lanes=TEST_LANES, spread=spread,
+                   mean=stager.upload_new(mean[:, None, :]))
+    return stager.download(actions), stager.download(conviction)
+
+
+@pytest.mark.parametrize("explore", [False, True])
+def test_with_the_mean_head_the_direction_acts_on_its_values_and_conviction_reads_them(stream, stager, rng,
+                                                                                         explore):
+    """48 samples, random C51 heads and mean-head values m: evaluation (and collection at spread 0, where the draw
+    is m itself) picks argmax_d m[d], the conviction is m's gap, and the other branches keep C51's argmax in
+    evaluation. No two top values of m lie within CONV_TOL (checked), and m's choice differs from C51's on some
+    samples, so a kernel that read E_C51 fails."""
+    b, z = 48, 11
+    logits = rng.uniform(-1, 1, (b, N_HEADS, z)).astype(np.float32)
+    support = random_support(rng, (b, N_HEADS), z)
+    mean = rng.uniform(-0.5, 0.5, (b, N_DIRECTIONS)).astype(np.float32)
+    actions, conviction = run_select_mean(stream, stager, logits, support, mean, explore, spread=0.0)
+    q = expected_q64(logits, support)
+    top2 = np.sort(mean, axis=1)[:, -2:]
+    assert (top2[:, 1] - top2[:, 0] > CONV_TOL).all()
+    q_mean = q.copy()
+    q_mean[:, :N_DIRECTIONS] = mean
+    want = eval_policy64(q_mean)
+    np.testing.assert_array_equal(actions[:, 0], want[:, 0])
+    if not explore:
+        np.testing.assert_array_equal(actions, want)
+    assert (mean.argmax(1) != q[:, :N_DIRECTIONS].argmax(1)).any()
+    np.testing.assert_allclose(conviction, top2[:, 1] - top2[:, 0], rtol=0, atol=CONV_TOL)
+
+
+@pytest.mark.parametrize("spread", [1.0, 0.4])
+def test_with_the_mean_head_thompson_moves_the_c51_draw_to_its_mean(stream, stager, rng, spread):
+    """256 samples of random C51 heads and supports and mean-head values m of the C51 E[Q]'s scale: every direction
+    draws m[d] + spread (atom - E_C51[d]) for the atom its own uniform picks; every sample clear of a threshold or a
+    near tie takes the float64 replay's action on the kernel's uniforms (the other branches by Boltzmann, as without
+    the head), and m changes the direction of a good share of samples against the plain policy. The conviction is
+    m's: m of the chosen direction minus the best other."""
+    b, z = 256, 21
+    logits = rng.uniform(-1, 1, (b, N_HEADS, z)).astype(np.float32)
+    support = linear_support(rng.uniform(-1, -0.2, (b, N_HEADS)), rng.uniform(0.2, 1, (b, N_HEADS)), z)
+    mean = rng.uniform(-0.5, 0.5, (b, N_DIRECTIONS)).astype(np.float32)
+    actions, conviction = run_select_mean(stream, stager, logits, support, mean, True, seed=5, spread=spread)
+    u = host_uniforms(xoroshiro_states_host(b, 5))
+    expected, clear = select64(logits, support, u, spread, mean=mean.astype(np.float64))
+    plain, _ = select64(logits, support, u, spread)
+    assert clear.mean() > 0.9
+    np.testing.assert_array_equal(actions[clear], expected[clear])
+    assert (plain[:, 0] != expected[:, 0]).mean() > 0.2
+    others = np.where(np.arange(N_DIRECTIONS) == actions[:, :1], -np.inf, mean).max(1)
+    np.testing.assert_allclose(conviction, mean[np.arange(b), actions[:, 0]] - others, rtol=0, atol=1e-6)
+
+
+def test_select_actions_refuses_both_iqn_and_mean_values(stream, stager):
+    b, z = 4, 5
+    logits, support = device_empty((b, N_HEADS, z), np.float32), device_empty((b, N_HEADS, 3), np.float32)
+    actions, conviction = device_empty((b, N_BRANCHES), np.int32), device_empty(b, np.float32)
+    with pytest.raises(ValueError, match="not both"):
+        select_actions(logits, support, xoroshiro_states(b, 1, stager), actions, conviction, explore=False,
+                       stream=stream, iqn=device_empty((b, 2, N_DIRECTIONS), np.float32),
+                       mean=device_empty((b, 1, N_DIRECTIONS), np.float32))
+    with pytest.raises(ValueError, match="mean"):
+        select_actions(logits, support, xoroshiro_states(b, 1, stager), actions, conviction, explore=False,
+                       stream=stream, mean=device_empty((b, N_DIRECTIONS), np.float32))

@@ -1,0 +1,145 @@
+"""The direction mean head (network.mean_head): its layout entries and initialisation, the learner's step with it
+(the head's values, its gradient entries and, with a trunk, the trunk's against float64 from the step's own batch;
+the epoch's loss_mean and mean_gap), the C51 gradient unchanged at mean_weight 0 with the launches it adds, the
+refusal beside an IQN head, and a checkpoint round trip that resumes bit for bit and refuses the mean-less layout.
+The loss kernel: tests/kernels/test_mean_head.py; acting: tests/kernels/test_action_select.py; a real trainer:
+tests/agent/test_mean_head_trainer.py.
+
+Tolerances: the learner's values and gradients, whose inputs (the batch's observations, actions and rows) are read
+back from the step, 2e-5 relative plus 2e-5 (a few float32 roundings of sums of at most W + 4 products of size ~1).
+"""
+
+import math
+
+import numpy as np
+import pytest
+import reference
+from test_learner import M, P, build, host_state, random_replay, steady_isv, tiny_config
+
+from fox_numba.actions import N_BRANCHES, N_DIRECTIONS
+from fox_numba.agent.mean_head import MEAN_B, MEAN_W
+from fox_numba.agent.network import ParamLayout, init_params
+from fox_numba.checkpoint import LayoutMismatchError, load_checkpoint, save_checkpoint
+from fox_numba.config import NetworkConfig
+from fox_numba.errors import ConfigError
+
+MEAN_KERNELS = {"mean_loss_kernel"}
+
+
+def mean_config(n_layers=1, weight=1.0):
+    cfg = tiny_config(n_layers=n_layers)
+    cfg.network.mean_head = True
+    cfg.learner.mean_weight = weight
+    return cfg
+
+
+def test_layout_appends_the_mean_entries_and_initialises_them():
+    off = ParamLayout.build(7, NetworkConfig(hidden=4, n_layers=1, n_atoms=5))
+    on = ParamLayout.build(7, NetworkConfig(hidden=4, n_layers=1, n_atoms=5, mean_head=True))
+    assert not off.mean_head and on.mean_head and on.fingerprint != off.fingerprint
+    assert on.entries[: len(off.entries)] == off.entries  # off is the on layout's prefix
+    added = [(e.name, e.shape, e.decay) for e in on.entries[len(off.entries):]]
+    assert added == [(MEAN_W, (4, N_DIRECTIONS), True), (MEAN_B, (N_DIRECTIONS,), False)]
+    flat = init_params(on, 5)
+    np.testing.assert_array_equal(flat[: off.size], init_params(off, 5))  # the shared entries' draws are kept
+    p = on.unpack(flat)
+    assert 0 < np.abs(p[MEAN_W]).max() <= math.sqrt(6 / (4 + N_DIRECTIONS))  # Xavier, as the C51 head
+    assert not p[MEAN_B].any()
+    with pytest.raises(ConfigError, match="mean_head does not combine with an IQN head"):
+        ParamLayout.build(7, NetworkConfig(n_atoms=5, mean_head=True, iqn_quantiles=2))
+
+
+def _launches(learner):
+    return [r.kernel.rsplit(".", 1)[1] for r in learner.graph.launches]
+
+
+@pytest.mark.parametrize("n_layers", [0, 1])
+def test_one_step_values_and_gradients_match_float64(stream, stager, rng, n_layers):
+    """From the state before one step and what the step read back (the batch's observations, actions and C51 rows),
+    the head's online values on s and s', the target's on s', its gradient dm, the gradient's mean entries and,
+    with a trunk, its trunk entries (C51's + the mean head's input gradient) are float64's; the epoch's loss_mean
+    and mean_gap are the step's."""
+    cfg = mean_config(n_layers=n_layers, weight=0.7)
+    replay, market, isv0 = random_replay(rng), rng.standard_normal((12, M)).astype(np.float32), steady_isv(rng)
+    learner, _ = build(stager, stream, cfg, replay, market, isv0, seed=4)
+    before = host_state(learner)
+    learner.train_epoch(1)
+    lay, b = learner.layout, cfg.learner.batch_size
+    down = stager.download
+    p, pt = lay.unpack(before["params"]), lay.unpack(before["target_params"])
+    obs = down(learner.obs).astype(np.float64)
+    acts, _ = reference.net_head64(p, lay.n_layers, obs)
+    acts_t, _ = reference.net_head64(pt, lay.n_layers, obs[b:])
+    x, x_next = (acts[-1], acts_t[-1]) if n_layers else (obs, obs[b:])
+    m = x @ p[MEAN_W].astype(np.float64) + p[MEAN_B]
+    m_tgt = x_next @ pt[MEAN_W].astype(np.float64) + pt[MEAN_B]
+    np.testing.assert_allclose(down(learner.mean.m), m, rtol=2e-5, atol=2e-5)
+    np.testing.assert_allclose(down(learner.mean.m_tgt), m_tgt, rtol=2e-5, atol=2e-5)
+    rows, taken = N_BRANCHES * np.arange(b), down(learner.batch.actions)[:, 0]
+    rewards, discounts = down(learner.rows.rewards)[rows], down(learner.rows.discounts)[rows]
+    weights = down(learner.rows.weights)[rows].astype(np.float64)
+    y = rewards + discounts * m_tgt[np.arange(b), m[b:].argmax(1)]
+    e = m[np.arange(b), taken] - y
+    dm = np.zeros((b, N_DIRECTIONS))
+    dm[np.arange(b), taken] = float(np.float32(0.7)) * weights * e
+    np.testing.assert_allclose(down(learner.mean.dm), dm, rtol=2e-5, atol=2e-5)
+    x_s = x[:b]
+    dx = dm @ p[MEAN_W].astype(np.float64).T * (x_s > 0) if n_layers else None
+    want = {MEAN_W: x_s.T @ dm, MEAN_B: dm.sum(0)}
+    trunk = reference.net_backward64(p, lay.n_layers, obs[:b], [a[:b] for a in acts],
+                                     down(learner.dlogits).astype(np.float64), dinput=dx)
+    got = lay.unpack(down(learner.grads))
+    for name, arr in {**want, **trunk}.items():
+        np.testing.assert_allclose(got[name], arr, rtol=2e-5, atol=2e-5, err_msg=name)
+    assert np.abs(want[MEAN_W]).max() > 1e-3
+    if n_layers:
+        assert np.abs(dx).max() > 1e-3  # the head does reach the trunk
+    stats = learner.epoch_stats()
+    np.testing.assert_allclose(stats["loss_mean"], (weights * e**2 / 2).sum() / weights.sum(), rtol=2e-5)
+    top2 = np.sort(m[:b], axis=1)[:, -2:]
+    np.testing.assert_allclose(stats["mean_gap"], (top2[:, 1] - top2[:, 0]).mean(), rtol=2e-5, atol=1e-7)
+
+
+def test_at_weight_zero_the_c51_gradient_is_the_mean_less_steps(stream, stager, rng):
+    """The head draws nothing, so at learner.mean_weight = 0 the step's gradient on the shared entries is the
+    mean-less learner's, bit for bit, and the mean entries get 0; off, none of its kernels is launched; on, its
+    launches sit between the C51 loss's consumers and the backward."""
+    replay, market, isv0 = random_replay(rng), rng.standard_normal((12, M)).astype(np.float32), steady_isv(rng)
+    grads, names = [], []
+    for cfg in (mean_config(weight=0.0), tiny_config(n_layers=1)):
+        learner, _ = build(stager, stream, cfg, replay, market, isv0, seed=6)
+        learner.train_epoch(1)
+        grads.append(stager.download(learner.grads))
+        names.append(_launches(learner))
+    on, off = grads
+    np.testing.assert_array_equal(on[: off.size], off)
+    assert not on[off.size:].any()
+    assert not MEAN_KERNELS & set(names[1])
+    step = names[0]
+    first, backward = step.index("mean_loss_kernel") - 2, step.index("dueling_combine_bwd")
+    assert step[first:backward] == ["dense_fwd", "dense_fwd", "mean_loss_kernel", "dense_wgrad", "dense_bwd_in"]
+    rest = step[:first] + step[backward:]
+    rest.remove("axpy_f32")  # the head's input gradient added into the trunk's
+    assert rest == names[1]  # otherwise the mean-less step's launches, in order
+
+
+def test_a_saved_mean_head_learner_resumes_bit_for_bit(stream, stager, rng, tmp_path):
+    """A learner saved mid-run through a checkpoint file and loaded into a fresh learner of the seed continues as
+    the uninterrupted one, bit for bit; the mean-less layout's fingerprint is refused; the head learned."""
+    cfg = mean_config()
+    replay, market, isv0 = random_replay(rng), rng.standard_normal((12, M)).astype(np.float32), steady_isv(rng)
+    a, isv_a = build(stager, stream, cfg, replay, market, isv0, seed=2)
+    a.train_epoch(1)
+    path = save_checkpoint(tmp_path / "ck.h5", host_state(a), fingerprints={"params": a.layout.fingerprint})
+    saved_isv = stager.download(isv_a)
+    a.train_epoch(1)
+    b, _ = build(stager, stream, cfg, replay, market, saved_isv, seed=2)
+    b.load_state(load_checkpoint(path, expected_fingerprints={"params": b.layout.fingerprint}).arrays)
+    b.train_epoch(1)
+    for name, arr in host_state(a).items():
+        np.testing.assert_array_equal(arr.view(np.uint8), host_state(b)[name].view(np.uint8), name)
+    off = ParamLayout.build(M + P, tiny_config(n_layers=1).network)
+    with pytest.raises(LayoutMismatchError, match="params layout fingerprint"):
+        load_checkpoint(path, expected_fingerprints={"params": off.fingerprint})
+    head = a.layout.unpack(host_state(a)["params"])[MEAN_W]
+    assert not np.array_equal(head, a.layout.unpack(init_params(a.layout, 2))[MEAN_W])

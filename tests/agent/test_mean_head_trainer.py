@@ -1,0 +1,35 @@
+"""The direction mean head in a real trainer (network.mean_head): collect and evaluation act on its values, the
+epoch reports its loss and value gap, and the registry audit finds no unregistered state. The loss kernel and the
+learner's step: tests/kernels/test_mean_head.py, tests/agent/test_mean_head.py."""
+
+import numpy as np
+from real_trainer import SMALL, real_trainer
+
+from fox_numba.walkforward.reset_registry import FoldReset, ResetContext
+from fox_numba.walkforward.trainer_state import audit_trainer
+
+
+def test_a_mean_head_trainer_collects_trains_and_evaluates_on_the_head_values(half_hour_store):
+    """A real trainer with the mean head: the collect step runs the head's dense layer between the forward and
+    action selection, training reports loss_mean and mean_gap, the registry audit finds no unregistered state, and
+    evaluation's last step chose, in every environment, the direction of the head's largest value with that value's
+    gap as conviction (the C51 E[Q] is not read for the direction)."""
+    rt = real_trainer(half_hour_store, [*SMALL, "env.collect_steps=2", "learner.steps_per_epoch=2",
+                                        "network.mean_head=true"])
+    trainer = rt.trainer
+    assert audit_trainer(rt.registry, trainer, rt.kills, rt.best) == []
+    rt.registry.reset(FoldReset, ResetContext(fold=0, seed=rt.cfg.run.seed, stream=trainer.stream))
+    trainer.collect()
+    step = [r.kernel.rsplit(".", 1)[1] for r in trainer.collector.graph.launches]
+    at = step.index("action_select_kernel")
+    assert step[at - 1] == "dense_fwd"
+    stats = trainer.train(lambda: None)
+    assert np.isfinite(stats["loss_mean"]) and stats["loss_mean"] > 0 and stats["mean_gap"] > 0
+    days = trainer.evaluate()[0]
+    assert len(days) > 0 and all(np.isfinite(pnl).all() for pnl, _ in days)
+    ev = trainer.evaluator
+    values = ev.stager.download(ev.mean.values)[:, 0].astype(np.float64)
+    actions, conviction = ev.stager.download(ev.actions), ev.stager.download(ev.conviction)
+    np.testing.assert_array_equal(actions[:, 0], values.argmax(1))
+    top2 = np.sort(values, axis=1)[:, -2:]
+    np.testing.assert_allclose(conviction, top2[:, 1] - top2[:, 0], rtol=0, atol=1e-6)
