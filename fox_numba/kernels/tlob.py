@@ -22,13 +22,18 @@ Layer norm over the last axis of z = x + a (the residual sum): y = (z - mu) rstd
 dz = rstd (g - mean(g) - xh mean(g xh)) (one array: dL/dx = dL/da = dz); dgamma = sum_rows dy xh, dbeta = sum_rows dy.
 
 Launch shapes and memory:
-- attention_forward / attention_backward: one block per (sequence, head), grid (N, H) (`launch_tiles`), threads
-  `attention_threads(S)` (S rounded up to a warp on the GPU, S under the simulator); thread t handles the query rows
-  (forward, backward pass 1) or key rows (backward pass 2) t, t + blockDim, ... Shared memory: two (MAX_SEQ,
-  MAX_HEAD) float32 tiles, K and V (the backward's second pass: Q pre-scaled and dO), and in the backward two
-  MAX_SEQ vectors (lse, Delta): 32 KB / 32.5 KB, under the 48 KB of static shared memory of a block; Q and the scores
-  as well (64 KB in all at S = E = 64) would not fit, so each thread keeps its own query / key row, probability row and
-  accumulators in local arrays (at most MAX_SEQ + 4 MAX_HEAD floats). In the inner loops every thread of a warp
+- attention_forward / attention_backward: a unit of work is one (sequence, head), `attention_threads(S)` threads (S
+  rounded up to a warp on the GPU, S under the simulator); thread t of a unit handles its query rows (forward,
+  backward pass 1) or key rows (backward pass 2) t, t + per, ... A block packs K units (`attention_units`: as many as
+  fit in MAX_BLOCK threads and in the SHARED_SLOTS floats of each shared tile, at most the units there are), each with
+  its own slice of the tiles: K and V (the backward's second pass: Q pre-scaled and dO), S * E floats each, and in the
+  backward two S-vectors (lse, Delta) in MAX_BLOCK floats. The tiles are 16 KB each, sized for S = E = 64 (32 KB /
+  33 KB a block, under the 48 KB of static shared memory); at the default S = 32, E = 8 one unit per block would use
+  2 KB of them and cap an SM at 7 blocks of 32 threads, a ninth of its resident threads. A unit computes the same
+  sums in the same order whatever K is, so the packing changes no bit; the threads of a last block's missing units
+  load unit 0's tiles into their own slices, pass the barriers and write nothing else. Q and the scores do not fit
+  in shared memory as well (64 KB in all at S = E = 64), so each thread keeps its own query / key row, probability row
+  and accumulators in local arrays (at most MAX_SEQ + 4 MAX_HEAD floats). In the inner loops every thread of a unit
   reads the same tile element (a broadcast, no bank conflict). Softmax subtracts the row max; every sum is one
   thread's chain in index order: no atomics, the same bits on every run and for any block size.
 - add_layer_norm_forward / _backward: one thread per row (W <= 64 columns, two passes in float32).
@@ -48,7 +53,7 @@ from typing import Any
 import numpy as np
 from numba import cuda, float32, int32
 
-from fox_numba.device.launch import check_array, i32, launch, launch_tiles
+from fox_numba.device.launch import check_array, i32, launch, launch_rows, launch_tiles
 from fox_numba.device.memory import device_empty
 from fox_numba.device.registry import register
 from fox_numba.device.runtime import SIMULATOR
@@ -58,6 +63,10 @@ MAX_SEQ = 64
 """Most tokens per sequence (T snapshots in the time view, D features in the feature view)."""
 MAX_HEAD = 64
 """Most columns per head."""
+SHARED_SLOTS = MAX_SEQ * MAX_HEAD
+"""Floats of each shared tile of an attention block, split between its units."""
+MAX_BLOCK = 256
+"""Most threads of an attention block."""
 LN_EPS = np.float32(1e-5)
 """Added to the variance before the square root (PyTorch's LayerNorm default)."""
 LN_CHUNK = 256
@@ -69,37 +78,45 @@ _F2 = float32[:, ::1]
 _F3 = float32[:, :, ::1]
 
 
-@register((_F2, _F2, _F2, int32, float32))
+@register((_F2, _F2, _F2, int32, int32, float32))
 @cuda.jit
-def attention_fwd_kernel(qkv, out, lse, seq, scale):
-    """out and lse of sequence blockIdx.x, head blockIdx.y (module header); thread t: query rows t, t + blockDim."""
-    n = cuda.blockIdx.x
-    h = cuda.blockIdx.y
-    tid = cuda.threadIdx.x
+def attention_fwd_kernel(qkv, out, lse, seq, per, scale):
+    """out and lse of each unit (sequence, head) = divmod(unit, H) of the block, `per` threads a unit (module
+    header); thread t of a unit: query rows t, t + per, ..."""
     width = out.shape[1]
-    e_dim = width // lse.shape[1]
+    n_heads = lse.shape[1]
+    e_dim = width // n_heads
+    k = cuda.threadIdx.x // per  # the unit's place in the block
+    tid = cuda.threadIdx.x - k * per
+    unit = cuda.blockIdx.x * (cuda.blockDim.x // per) + k
+    active = unit < (out.shape[0] // seq) * n_heads
+    if not active:
+        unit = 0  # a missing unit: loads unit 0's tiles into its own slice, writes nothing else
+    n = unit // n_heads
+    h = unit - n * n_heads
     q0 = h * e_dim
     base = n * seq
-    ks = cuda.shared.array((MAX_SEQ, MAX_HEAD), float32)
-    vs = cuda.shared.array((MAX_SEQ, MAX_HEAD), float32)
+    off = k * seq * e_dim  # the unit's slice of the tiles
+    ks = cuda.shared.array(SHARED_SLOTS, float32)
+    vs = cuda.shared.array(SHARED_SLOTS, float32)
     q = cuda.local.array(MAX_HEAD, float32)
     p = cuda.local.array(MAX_SEQ, float32)
     idx = tid
     while idx < seq * e_dim:
         j = idx // e_dim
         e = idx - j * e_dim
-        ks[j, e] = qkv[base + j, width + q0 + e]
-        vs[j, e] = qkv[base + j, 2 * width + q0 + e]
-        idx += cuda.blockDim.x
+        ks[off + idx] = qkv[base + j, width + q0 + e]
+        vs[off + idx] = qkv[base + j, 2 * width + q0 + e]
+        idx += per
     cuda.syncthreads()
     i = tid
-    while i < seq:
+    while active and i < seq:
         for e in range(e_dim):
             q[e] = qkv[base + i, q0 + e] * scale
         for j in range(seq):
             s = float32(0.0)
             for e in range(e_dim):
-                s += q[e] * ks[j, e]
+                s += q[e] * ks[off + j * e_dim + e]
             p[j] = s
         top = p[0]
         for j in range(1, seq):
@@ -112,28 +129,36 @@ def attention_fwd_kernel(qkv, out, lse, seq, scale):
         for e in range(e_dim):
             acc = float32(0.0)
             for j in range(seq):
-                acc += p[j] * vs[j, e]
+                acc += p[j] * vs[off + j * e_dim + e]
             out[base + i, q0 + e] = acc * inv
         lse[base + i, h] = top + math.log(total)
-        i += cuda.blockDim.x
+        i += per
 
 
-@register((_F2, _F2, _F2, _F2, _F2, int32, float32))
+@register((_F2, _F2, _F2, _F2, _F2, int32, int32, float32))
 @cuda.jit
-def attention_bwd_kernel(qkv, out, dout, lse, dqkv, seq, scale):
-    """dQ, dK, dV of sequence blockIdx.x, head blockIdx.y into dqkv (module header): pass 1 a thread per query row
-    (dQ, Delta), pass 2 a thread per key row (dK, dV), both recomputing P from lse."""
-    n = cuda.blockIdx.x
-    h = cuda.blockIdx.y
-    tid = cuda.threadIdx.x
+def attention_bwd_kernel(qkv, out, dout, lse, dqkv, seq, per, scale):
+    """dQ, dK, dV of each unit (sequence, head) of the block into dqkv (module header): pass 1 a thread per query
+    row (dQ, Delta), pass 2 a thread per key row (dK, dV), both recomputing P from lse."""
     width = out.shape[1]
-    e_dim = width // lse.shape[1]
+    n_heads = lse.shape[1]
+    e_dim = width // n_heads
+    k = cuda.threadIdx.x // per
+    tid = cuda.threadIdx.x - k * per
+    unit = cuda.blockIdx.x * (cuda.blockDim.x // per) + k
+    active = unit < (out.shape[0] // seq) * n_heads
+    if not active:
+        unit = 0  # a missing unit: loads unit 0's tiles into its own slice, writes nothing else
+    n = unit // n_heads
+    h = unit - n * n_heads
     q0 = h * e_dim
     base = n * seq
-    ta = cuda.shared.array((MAX_SEQ, MAX_HEAD), float32)  # pass 1: K; pass 2: Q * scale
-    tb = cuda.shared.array((MAX_SEQ, MAX_HEAD), float32)  # pass 1: V; pass 2: dO
-    lse_s = cuda.shared.array(MAX_SEQ, float32)
-    delta_s = cuda.shared.array(MAX_SEQ, float32)
+    off = k * seq * e_dim  # the unit's slices of the tiles and of the row vectors
+    roff = k * seq
+    ta = cuda.shared.array(SHARED_SLOTS, float32)  # pass 1: K; pass 2: Q * scale
+    tb = cuda.shared.array(SHARED_SLOTS, float32)  # pass 1: V; pass 2: dO
+    lse_s = cuda.shared.array(MAX_BLOCK, float32)
+    delta_s = cuda.shared.array(MAX_BLOCK, float32)
     ra = cuda.local.array(MAX_HEAD, float32)  # pass 1: q * scale; pass 2: k
     rb = cuda.local.array(MAX_HEAD, float32)  # pass 1: dO; pass 2: v
     ga = cuda.local.array(MAX_HEAD, float32)  # pass 1: dQ; pass 2: dK
@@ -142,12 +167,12 @@ def attention_bwd_kernel(qkv, out, dout, lse, dqkv, seq, scale):
     while idx < seq * e_dim:
         j = idx // e_dim
         e = idx - j * e_dim
-        ta[j, e] = qkv[base + j, width + q0 + e]
-        tb[j, e] = qkv[base + j, 2 * width + q0 + e]
-        idx += cuda.blockDim.x
+        ta[off + idx] = qkv[base + j, width + q0 + e]
+        tb[off + idx] = qkv[base + j, 2 * width + q0 + e]
+        idx += per
     cuda.syncthreads()
     i = tid
-    while i < seq:
+    while active and i < seq:
         delta = float32(0.0)
         for e in range(e_dim):
             ra[e] = qkv[base + i, q0 + e] * scale
@@ -155,31 +180,31 @@ def attention_bwd_kernel(qkv, out, dout, lse, dqkv, seq, scale):
             ga[e] = float32(0.0)
             delta += rb[e] * out[base + i, q0 + e]
         m = lse[base + i, h]
-        lse_s[i] = m
-        delta_s[i] = delta
+        lse_s[roff + i] = m
+        delta_s[roff + i] = delta
         for j in range(seq):
             s = float32(0.0)
             dp = float32(0.0)
             for e in range(e_dim):
-                s += ra[e] * ta[j, e]
-                dp += rb[e] * tb[j, e]
+                s += ra[e] * ta[off + j * e_dim + e]
+                dp += rb[e] * tb[off + j * e_dim + e]
             ds = math.exp(s - m) * (dp - delta)
             for e in range(e_dim):
-                ga[e] += ds * ta[j, e]
+                ga[e] += ds * ta[off + j * e_dim + e]
         for e in range(e_dim):
             dqkv[base + i, q0 + e] = ga[e] * scale
-        i += cuda.blockDim.x
+        i += per
     cuda.syncthreads()  # every thread is done with K, V before Q, dO replace them
     idx = tid
     while idx < seq * e_dim:
         j = idx // e_dim
         e = idx - j * e_dim
-        ta[j, e] = qkv[base + j, q0 + e] * scale
-        tb[j, e] = dout[base + j, q0 + e]
-        idx += cuda.blockDim.x
+        ta[off + idx] = qkv[base + j, q0 + e] * scale
+        tb[off + idx] = dout[base + j, q0 + e]
+        idx += per
     cuda.syncthreads()
     j = tid
-    while j < seq:
+    while active and j < seq:
         for e in range(e_dim):
             ra[e] = qkv[base + j, width + q0 + e]
             rb[e] = qkv[base + j, 2 * width + q0 + e]
@@ -189,17 +214,17 @@ def attention_bwd_kernel(qkv, out, dout, lse, dqkv, seq, scale):
             s = float32(0.0)
             dp = float32(0.0)
             for e in range(e_dim):
-                s += ta[r, e] * ra[e]
-                dp += tb[r, e] * rb[e]
-            pr = math.exp(s - lse_s[r])
-            ds = pr * (dp - delta_s[r])
+                s += ta[off + r * e_dim + e] * ra[e]
+                dp += tb[off + r * e_dim + e] * rb[e]
+            pr = math.exp(s - lse_s[roff + r])
+            ds = pr * (dp - delta_s[roff + r])
             for e in range(e_dim):
-                gb[e] += pr * tb[r, e]
-                ga[e] += ds * ta[r, e]
+                gb[e] += pr * tb[off + r * e_dim + e]
+                ga[e] += ds * ta[off + r * e_dim + e]
         for e in range(e_dim):
             dqkv[base + j, width + q0 + e] = ga[e]
             dqkv[base + j, 2 * width + q0 + e] = gb[e]
-        j += cuda.blockDim.x
+        j += per
 
 
 @register((_F2, _F2, _F1, _F1, _F2, _F2))
@@ -288,8 +313,21 @@ def _round_threads(n: int) -> int:
 
 
 def attention_threads(seq: int) -> int:
-    """Threads per (sequence, head) block of the attention kernels."""
+    """Threads per unit (sequence, head) of the attention kernels."""
     return _round_threads(seq)
+
+
+def attention_units(seq: int, head_dim: int, units: int) -> int:
+    """K, the units (sequence, head) an attention block packs (module header): within MAX_BLOCK threads and the
+    SHARED_SLOTS floats of each tile, and no more than `units`."""
+    fit = min(MAX_BLOCK // attention_threads(seq), SHARED_SLOTS // (seq * head_dim))
+    return max(1, min(fit, units))
+
+
+def _launch_attention(kernel: Any, n_units: int, seq: int, head_dim: int, *args: Any, stream: Any) -> None:
+    per = attention_threads(seq)
+    k = attention_units(seq, head_dim, n_units)
+    launch_rows(kernel, -(-n_units // k), k * per, *args[:-1], i32(seq), i32(per), args[-1], stream=stream)
 
 
 def _attention_shape(qkv: Any, out: Any, lse: Any, seq: int) -> tuple[int, int]:
@@ -312,8 +350,9 @@ def _scale(width: int, n_heads: int) -> np.float32:
 def attention_forward(qkv: Any, out: Any, lse: Any, seq: int, *, stream: Any) -> None:
     """out [N*S, W] = softmax(Q K^T / sqrt(E)) V per sequence and head, lse [N*S, H] its log-sum-exps."""
     n_seqs, n_heads = _attention_shape(qkv, out, lse, seq)
-    launch_tiles(attention_fwd_kernel, (n_seqs, n_heads), attention_threads(seq), qkv, out, lse, i32(seq),
-                 _scale(int(out.shape[1]), n_heads), stream=stream)
+    width = int(out.shape[1])
+    _launch_attention(attention_fwd_kernel, n_seqs * n_heads, seq, width // n_heads, qkv, out, lse,
+                      _scale(width, n_heads), stream=stream)
 
 
 def attention_backward(qkv: Any, out: Any, dout: Any, lse: Any, dqkv: Any, seq: int, *, stream: Any) -> None:
@@ -321,8 +360,9 @@ def attention_backward(qkv: Any, out: Any, dout: Any, lse: Any, dqkv: Any, seq: 
     n_seqs, n_heads = _attention_shape(qkv, out, lse, seq)
     check_array("dout", dout, "[N*S, W]", tuple(int(d) for d in out.shape))
     check_array("dqkv", dqkv, "[N*S, 3W]", tuple(int(d) for d in qkv.shape))
-    launch_tiles(attention_bwd_kernel, (n_seqs, n_heads), attention_threads(seq), qkv, out, dout, lse, dqkv,
-                 i32(seq), _scale(int(out.shape[1]), n_heads), stream=stream)
+    width = int(out.shape[1])
+    _launch_attention(attention_bwd_kernel, n_seqs * n_heads, seq, width // n_heads, qkv, out, dout, lse, dqkv,
+                      _scale(width, n_heads), stream=stream)
 
 
 def _check_norm(x: Any, a: Any, stats: Any, gamma: Any) -> tuple[int, int]:

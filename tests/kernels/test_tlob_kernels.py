@@ -19,8 +19,10 @@ import numpy as np
 import pytest
 import reference_tlob as ref
 
-from fox_numba.device.launch import i32, launch_tiles
+from fox_numba.device.launch import i32, launch_rows
 from fox_numba.kernels.tlob import (
+    MAX_BLOCK,
+    SHARED_SLOTS,
     LayerNormParamGrad,
     add_layer_norm_backward,
     add_layer_norm_forward,
@@ -28,6 +30,8 @@ from fox_numba.kernels.tlob import (
     attention_bwd_kernel,
     attention_forward,
     attention_fwd_kernel,
+    attention_threads,
+    attention_units,
     batch_transpose,
 )
 
@@ -92,11 +96,15 @@ def test_attention_backward_matches_float64_and_finite_differences(stream, stage
     assert_matches_fd(want, fd)
 
 
-@pytest.mark.parametrize("threads", [2, 8])
-def test_attention_block_size_does_not_change_the_bits(stream, stager, rng, threads):
-    """Fewer threads than tokens (a thread loops over rows) and more (idle threads pass the barriers) give the
-    bits of the wrapper's one thread per token: each row is one thread's chain whatever the block."""
+@pytest.mark.parametrize(("threads", "packed"), [(2, 1), (8, 1), (2, 3), (8, 3)])
+def test_attention_block_shape_does_not_change_the_bits(stream, stager, rng, threads, packed):
+    """Fewer threads per unit than tokens (a thread loops over rows) and more (idle threads pass the barriers), one
+    unit (sequence, head) per block or three (4 units: the second block has two missing units, whose threads pass
+    the barriers and write nothing), give the bits of the wrapper's packing of one thread per token: each row is one
+    thread's chain in its own unit's tiles whatever the block. Every output is written (NaN-filled before)."""
     seq, heads, width = 5, 2, 6
+    units = N_SEQS * heads
+    assert attention_units(seq, width // heads, units) == units  # the wrapper packs the four in one block
     qkv = f32(rng.standard_normal((N_SEQS * seq, 3 * width)))
     dout = f32(rng.standard_normal((N_SEQS * seq, width)))
     dq, ddout = upload(stager, qkv, dout)
@@ -105,11 +113,21 @@ def test_attention_block_size_does_not_change_the_bits(stream, stager, rng, thre
     attention_forward(dq, out, lse, seq, stream=stream)
     attention_backward(dq, out, ddout, lse, dqkv, seq, stream=stream)
     scale = np.float32(1.0 / np.sqrt(width // heads))
-    launch_tiles(attention_fwd_kernel, (N_SEQS, heads), threads, dq, out2, lse2, i32(seq), scale, stream=stream)
-    launch_tiles(attention_bwd_kernel, (N_SEQS, heads), threads, dq, out2, ddout, lse2, dqkv2, i32(seq), scale,
-                 stream=stream)
+    blocks, block = -(-units // packed), packed * threads
+    launch_rows(attention_fwd_kernel, blocks, block, dq, out2, lse2, i32(seq), i32(threads), scale, stream=stream)
+    launch_rows(attention_bwd_kernel, blocks, block, dq, out2, ddout, lse2, dqkv2, i32(seq), i32(threads), scale,
+                stream=stream)
     for a, b in ((out, out2), (lse, lse2), (dqkv, dqkv2)):
+        assert np.isfinite(stager.download(a)).all()
         np.testing.assert_array_equal(stager.download(a), stager.download(b))
+
+
+def test_attention_units_fit_the_block_and_the_tiles():
+    """The default time view (S = 32, E = 8) packs MAX_BLOCK // 32 units on the GPU's warp-rounded threads (S under
+    the simulator); S = E = 64 fills a tile with one unit; never more units than there are."""
+    per = attention_threads(32)
+    assert attention_units(32, 8, 10**6) == min(MAX_BLOCK // per, SHARED_SLOTS // 256)
+    assert attention_units(64, 64, 10**6) == 1 and attention_units(32, 8, 3) == 3
 
 
 def norm_inputs(rng, rows, width):
