@@ -33,3 +33,26 @@ def test_a_mean_head_trainer_collects_trains_and_evaluates_on_the_head_values(ha
     np.testing.assert_array_equal(actions[:, 0], values.argmax(1))
     top2 = np.sort(values, axis=1)[:, -2:]
     np.testing.assert_allclose(conviction, top2[:, 1] - top2[:, 0], rtol=0, atol=1e-6)
+
+
+def test_with_the_position_cross_input_the_mean_head_reads_the_crossed_columns(half_hour_store):
+    """network.mean_head with network.position_cross (the linear default): the head reads layer 0's input, the
+    observation and its position x market columns, so its weight has obs_dim + cross rows, and the last collect
+    step's values are that input times the weights (float64, 1e-5: sums of ~60 float32 products of size ~1)."""
+    rt = real_trainer(half_hour_store, [*SMALL, "env.collect_steps=3", "learner.steps_per_epoch=2",
+                                        "network.mean_head=true", "network.position_cross=true", "network.n_layers=0"])
+    trainer, lay = rt.trainer, rt.trainer.layout
+    assert lay.cross > 0 and lay.entry("mean.head.weight").shape == (lay.obs_dim + lay.cross, 4)
+    rt.registry.reset(FoldReset, ResetContext(fold=0, seed=rt.cfg.run.seed, stream=trainer.stream))
+    trainer.collect()
+    trainer.train(lambda: None)
+    trainer.collect()
+    col, down = trainer.collector, trainer.evaluator.stager.download
+    x = down(col.net.head_input(col.env.n)).astype(np.float64)
+    obs = down(col.obs).astype(np.float64)
+    q = obs[:, lay.position_col : lay.position_col + 1]
+    np.testing.assert_array_equal(x, np.hstack([obs, q * obs[:, : lay.cross]]).astype(np.float32))
+    p = lay.unpack(down(trainer.learner.params))
+    want = x @ p["mean.head.weight"].astype(np.float64) + p["mean.head.bias"]
+    np.testing.assert_allclose(down(col.mean.values)[:, 0], want, rtol=1e-5, atol=1e-5)
+    assert np.abs(q).max() > 0  # some environment held a position, so the crossed columns are not all zero
