@@ -56,3 +56,21 @@ def test_with_the_position_cross_input_the_mean_head_reads_the_crossed_columns(h
     want = x @ p["mean.head.weight"].astype(np.float64) + p["mean.head.bias"]
     np.testing.assert_allclose(down(col.mean.values)[:, 0], want, rtol=1e-5, atol=1e-5)
     assert np.abs(q).max() > 0  # some environment held a position, so the crossed columns are not all zero
+
+
+def test_with_counterfactual_targets_the_mean_head_trains_every_direction_on_every_draw(four_day_store):
+    """network.mean_head with learner.counterfactual (and re-held positions): the step's B rows are each drawn
+    transition's four directions, so the mean head's gradient has, in row j, direction j % 4 alone, every row
+    weighted (the full-information problem of learner_ablation_h200.md section 27, with the squared error)."""
+    rt = real_trainer(four_day_store, [*SMALL, "learner.batch_size=8", "learner.counterfactual=true",
+                                       "learner.counterfactual_held=true", "env.fixed_bins=[0, 0, 0]",
+                                       "network.mean_head=true"])
+    trainer = rt.trainer
+    rt.registry.reset(FoldReset, ResetContext(fold=0, seed=rt.cfg.run.seed, stream=trainer.stream))
+    trainer.collect()
+    stats = trainer.train(lambda: None)
+    assert np.isfinite(stats["loss_mean"]) and stats["loss_mean"] > 0
+    dm = trainer.evaluator.stager.download(trainer.learner.mean.dm)
+    expected = np.zeros(dm.shape, bool)
+    expected[np.arange(8), np.arange(8) % 4] = True
+    np.testing.assert_array_equal(dm != 0, expected)
