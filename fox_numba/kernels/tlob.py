@@ -78,6 +78,30 @@ _F2 = float32[:, ::1]
 _F3 = float32[:, :, ::1]
 
 
+@cuda.jit(device=True)
+def _unit(per, n_units):
+    """(k, tid, unit, active) of this thread: its unit's place k in the block, its place tid in the unit, the unit's
+    index (0 for a missing unit of a last block, which loads unit 0's tiles into its own slice and writes nothing
+    else) and whether the unit exists."""
+    k = cuda.threadIdx.x // per
+    unit = cuda.blockIdx.x * (cuda.blockDim.x // per) + k
+    active = unit < n_units
+    return k, cuda.threadIdx.x - k * per, unit if active else 0, active
+
+
+@cuda.jit(device=True)
+def _stage_pair(a, col_a, scale_a, b, col_b, ta, tb, off, base, seq, e_dim, tid, per):
+    """A unit's tiles from `seq` rows at `base`: ta[off + j E + e] = a[base + j, col_a + e] * scale_a and tb likewise
+    from b at col_b (unscaled); the unit's `per` threads share the elements, thread `tid` every per-th."""
+    idx = tid
+    while idx < seq * e_dim:
+        j = idx // e_dim
+        e = idx - j * e_dim
+        ta[off + idx] = a[base + j, col_a + e] * scale_a
+        tb[off + idx] = b[base + j, col_b + e]
+        idx += per
+
+
 @register((_F2, _F2, _F2, int32, int32, float32))
 @cuda.jit
 def attention_fwd_kernel(qkv, out, lse, seq, per, scale):
@@ -86,12 +110,7 @@ def attention_fwd_kernel(qkv, out, lse, seq, per, scale):
     width = out.shape[1]
     n_heads = lse.shape[1]
     e_dim = width // n_heads
-    k = cuda.threadIdx.x // per  # the unit's place in the block
-    tid = cuda.threadIdx.x - k * per
-    unit = cuda.blockIdx.x * (cuda.blockDim.x // per) + k
-    active = unit < (out.shape[0] // seq) * n_heads
-    if not active:
-        unit = 0  # a missing unit: loads unit 0's tiles into its own slice, writes nothing else
+    k, tid, unit, active = _unit(per, (out.shape[0] // seq) * n_heads)
     n = unit // n_heads
     h = unit - n * n_heads
     q0 = h * e_dim
@@ -101,13 +120,7 @@ def attention_fwd_kernel(qkv, out, lse, seq, per, scale):
     vs = cuda.shared.array(SHARED_SLOTS, float32)
     q = cuda.local.array(MAX_HEAD, float32)
     p = cuda.local.array(MAX_SEQ, float32)
-    idx = tid
-    while idx < seq * e_dim:
-        j = idx // e_dim
-        e = idx - j * e_dim
-        ks[off + idx] = qkv[base + j, width + q0 + e]
-        vs[off + idx] = qkv[base + j, 2 * width + q0 + e]
-        idx += per
+    _stage_pair(qkv, width + q0, float32(1.0), qkv, 2 * width + q0, ks, vs, off, base, seq, e_dim, tid, per)
     cuda.syncthreads()
     i = tid
     while active and i < seq:
@@ -143,12 +156,7 @@ def attention_bwd_kernel(qkv, out, dout, lse, dqkv, seq, per, scale):
     width = out.shape[1]
     n_heads = lse.shape[1]
     e_dim = width // n_heads
-    k = cuda.threadIdx.x // per
-    tid = cuda.threadIdx.x - k * per
-    unit = cuda.blockIdx.x * (cuda.blockDim.x // per) + k
-    active = unit < (out.shape[0] // seq) * n_heads
-    if not active:
-        unit = 0  # a missing unit: loads unit 0's tiles into its own slice, writes nothing else
+    k, tid, unit, active = _unit(per, (out.shape[0] // seq) * n_heads)
     n = unit // n_heads
     h = unit - n * n_heads
     q0 = h * e_dim
@@ -163,13 +171,7 @@ def attention_bwd_kernel(qkv, out, dout, lse, dqkv, seq, per, scale):
     rb = cuda.local.array(MAX_HEAD, float32)  # pass 1: dO; pass 2: v
     ga = cuda.local.array(MAX_HEAD, float32)  # pass 1: dQ; pass 2: dK
     gb = cuda.local.array(MAX_HEAD, float32)  # pass 2: dV
-    idx = tid
-    while idx < seq * e_dim:
-        j = idx // e_dim
-        e = idx - j * e_dim
-        ta[off + idx] = qkv[base + j, width + q0 + e]
-        tb[off + idx] = qkv[base + j, 2 * width + q0 + e]
-        idx += per
+    _stage_pair(qkv, width + q0, float32(1.0), qkv, 2 * width + q0, ta, tb, off, base, seq, e_dim, tid, per)
     cuda.syncthreads()
     i = tid
     while active and i < seq:
@@ -195,13 +197,7 @@ def attention_bwd_kernel(qkv, out, dout, lse, dqkv, seq, per, scale):
             dqkv[base + i, q0 + e] = ga[e] * scale
         i += per
     cuda.syncthreads()  # every thread is done with K, V before Q, dO replace them
-    idx = tid
-    while idx < seq * e_dim:
-        j = idx // e_dim
-        e = idx - j * e_dim
-        ta[off + idx] = qkv[base + j, q0 + e] * scale
-        tb[off + idx] = dout[base + j, q0 + e]
-        idx += per
+    _stage_pair(qkv, q0, scale, dout, q0, ta, tb, off, base, seq, e_dim, tid, per)
     cuda.syncthreads()
     j = tid
     while active and j < seq:

@@ -14,12 +14,20 @@ import math
 import numpy as np
 import pytest
 import reference
-from test_learner import M, P, build, host_state, random_replay, steady_isv, tiny_config
+from test_learner import (
+    M,
+    build,
+    host_state,
+    random_replay,
+    resumes_through_a_checkpoint,
+    steady_isv,
+    steps_with_and_without,
+    tiny_config,
+)
 
 from fox_numba.actions import N_HEADS
 from fox_numba.agent.iqn import EMBED_B, EMBED_W, HEAD_B, HEAD_W, IqnHead
 from fox_numba.agent.network import ParamLayout, init_params
-from fox_numba.checkpoint import LayoutMismatchError, load_checkpoint, save_checkpoint
 from fox_numba.config import NetworkConfig
 from fox_numba.device.isv import Isv
 from fox_numba.device.memory import device_zeros
@@ -78,10 +86,6 @@ def test_head_forward_and_backward_match_float64(stream, stager, rng):
     assert (x == 0).any() and (phi == 0).any()  # both masks have work to do
 
 
-def _launches(learner):
-    return [r.kernel.rsplit(".", 1)[1] for r in learner.graph.launches]
-
-
 @pytest.mark.parametrize("n_layers", [0, 1])
 def test_one_step_gradients_match_float64_from_the_steps_draws(stream, stager, rng, n_layers):
     """From the state before one step and what the step read back (the levels, the batch's observations and rows,
@@ -123,14 +127,7 @@ def test_one_step_gradients_match_float64_from_the_steps_draws(stream, stager, r
 def test_at_weight_zero_the_c51_gradient_is_the_iqn_less_steps(stream, stager, rng):
     """The first step samples before the IQN draws, so at learner.iqn_weight = 0 its gradient on the shared entries
     is the IQN-less learner's, bit for bit, and the IQN entries get 0; off, no IQN kernel is launched."""
-    replay, market, isv0 = random_replay(rng), rng.standard_normal((12, M)).astype(np.float32), steady_isv(rng)
-    grads, names = [], []
-    for cfg in (iqn_config(weight=0.0), tiny_config(n_layers=1)):
-        learner, _ = build(stager, stream, cfg, replay, market, isv0, seed=6)
-        learner.train_epoch(1)
-        grads.append(stager.download(learner.grads))
-        names.append(_launches(learner))
-    on, off = grads
+    (on, off), names = steps_with_and_without(stager, stream, rng, (iqn_config(weight=0.0), tiny_config(n_layers=1)))
     np.testing.assert_array_equal(on[: off.size], off)
     assert not on[off.size:].any()
     assert not IQN_KERNELS & set(names[1])
@@ -148,20 +145,6 @@ def test_a_saved_iqn_learner_resumes_bit_for_bit(stream, stager, rng, tmp_path):
     the uninterrupted one, bit for bit (the levels come from the checkpointed generators, so the steps are a
     function of the saved state); the IQN-less layout's fingerprint is refused."""
     cfg = iqn_config()
-    replay, market, isv0 = random_replay(rng), rng.standard_normal((12, M)).astype(np.float32), steady_isv(rng)
-    a, isv_a = build(stager, stream, cfg, replay, market, isv0, seed=2)
-    a.train_epoch(1)
-    path = save_checkpoint(tmp_path / "ck.h5", host_state(a), fingerprints={"params": a.layout.fingerprint})
-    saved_isv = stager.download(isv_a)
-    a.train_epoch(1)
-    b, _ = build(stager, stream, cfg, replay, market, saved_isv, seed=2)
-    b.load_state(load_checkpoint(path, expected_fingerprints={"params": b.layout.fingerprint}).arrays)
-    b.train_epoch(1)
-    for name, arr in host_state(a).items():
-        np.testing.assert_array_equal(arr.view(np.uint8), host_state(b)[name].view(np.uint8), name)
-    off = ParamLayout.build(M + P, tiny_config(n_layers=1).network)
-    with pytest.raises(LayoutMismatchError, match="params layout fingerprint"):
-        load_checkpoint(path, expected_fingerprints={"params": off.fingerprint})
-    iqn = a.layout.unpack(host_state(a)["params"])[HEAD_W]
-    assert not np.array_equal(iqn, a.layout.unpack(init_params(a.layout, 2))[HEAD_W])  # the head learned
-
+    a = resumes_through_a_checkpoint(stager, stream, rng, cfg, tmp_path / "ck.h5", tiny_config(n_layers=1))
+    head = a.layout.unpack(host_state(a)["params"])[HEAD_W]
+    assert not np.array_equal(head, a.layout.unpack(init_params(a.layout, 2))[HEAD_W])  # the head learned

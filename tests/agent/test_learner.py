@@ -17,6 +17,7 @@ from fox_numba.actions import N_HEADS, Direction
 from fox_numba.agent.learner import Learner
 from fox_numba.agent.network import Network, ParamLayout, init_params
 from fox_numba.agent.replay import ReplayBuffer
+from fox_numba.checkpoint import LayoutMismatchError, load_checkpoint, save_checkpoint
 from fox_numba.config import FoxConfig
 from fox_numba.device.isv import Isv, bootstrap_values
 from fox_numba.device.rng import xoroshiro_states_host
@@ -88,6 +89,40 @@ def build(stager, stream, cfg, replay_host, market, isv0, seed=0, dense="auto"):
 
 def host_state(learner):
     return {name: learner.stager.download(arr) for name, arr in learner.state_arrays().items()}
+
+
+def steps_with_and_without(stager, stream, rng, cfgs):
+    """(gradients, kernel names) of one step of a learner of each config in `cfgs`, on the same random replay,
+    market and ISV (seed 6): a part's launches and its gradient against the learner without it."""
+    replay, market, isv0 = random_replay(rng), rng.standard_normal((12, M)).astype(np.float32), steady_isv(rng)
+    grads, names = [], []
+    for cfg in cfgs:
+        learner, _ = build(stager, stream, cfg, replay, market, isv0, seed=6)
+        learner.train_epoch(1)
+        grads.append(stager.download(learner.grads))
+        names.append([r.kernel.rsplit(".", 1)[1] for r in learner.graph.launches])
+    return grads, names
+
+
+def resumes_through_a_checkpoint(stager, stream, rng, cfg, path, refused_cfg):
+    """A learner of `cfg` saved to the checkpoint `path` after one epoch of one step and loaded into a fresh learner
+    of the seed continues as the uninterrupted one, bit for bit, and the layout of `refused_cfg` (the same network
+    without the part under test) is refused by fingerprint. Returns the uninterrupted learner."""
+    replay, market, isv0 = random_replay(rng), rng.standard_normal((12, M)).astype(np.float32), steady_isv(rng)
+    a, isv_a = build(stager, stream, cfg, replay, market, isv0, seed=2)
+    a.train_epoch(1)
+    path = save_checkpoint(path, host_state(a), fingerprints={"params": a.layout.fingerprint})
+    saved_isv = stager.download(isv_a)
+    a.train_epoch(1)
+    b, _ = build(stager, stream, cfg, replay, market, saved_isv, seed=2)
+    b.load_state(load_checkpoint(path, expected_fingerprints={"params": b.layout.fingerprint}).arrays)
+    b.train_epoch(1)
+    for name, arr in host_state(a).items():
+        np.testing.assert_array_equal(arr.view(np.uint8), host_state(b)[name].view(np.uint8), name)
+    off = ParamLayout.build(M + P, refused_cfg.network)
+    with pytest.raises(LayoutMismatchError, match="params layout fingerprint"):
+        load_checkpoint(path, expected_fingerprints={"params": off.fingerprint})
+    return a
 
 
 # ---- one whole step against float64 ---------------------------------------------------------------------

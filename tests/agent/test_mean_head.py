@@ -2,7 +2,7 @@
 (the head's values, its gradient entries and, with a trunk, the trunk's against float64 from the step's own batch;
 the epoch's loss_mean and mean_gap), the C51 gradient unchanged at mean_weight 0 with the launches it adds, the
 refusal beside an IQN head, and a checkpoint round trip that resumes bit for bit and refuses the mean-less layout.
-The loss kernel: tests/kernels/test_mean_head.py; acting: tests/kernels/test_action_select.py; a real trainer:
+The loss kernel: tests/kernels/test_mean_head_kernels.py; acting: tests/kernels/test_action_select.py; a real trainer:
 tests/agent/test_mean_head_trainer.py.
 
 Tolerances: the learner's values and gradients, whose inputs (the batch's observations, actions and rows) are read
@@ -14,12 +14,20 @@ import math
 import numpy as np
 import pytest
 import reference
-from test_learner import M, P, build, host_state, random_replay, steady_isv, tiny_config
+from test_learner import (
+    M,
+    build,
+    host_state,
+    random_replay,
+    resumes_through_a_checkpoint,
+    steady_isv,
+    steps_with_and_without,
+    tiny_config,
+)
 
 from fox_numba.actions import N_BRANCHES, N_DIRECTIONS
 from fox_numba.agent.mean_head import MEAN_B, MEAN_W
 from fox_numba.agent.network import ParamLayout, init_params
-from fox_numba.checkpoint import LayoutMismatchError, load_checkpoint, save_checkpoint
 from fox_numba.config import NetworkConfig
 from fox_numba.errors import ConfigError
 
@@ -47,10 +55,6 @@ def test_layout_appends_the_mean_entries_and_initialises_them():
     assert not p[MEAN_B].any()
     with pytest.raises(ConfigError, match="mean_head does not combine with an IQN head"):
         ParamLayout.build(7, NetworkConfig(n_atoms=5, mean_head=True, iqn_quantiles=2))
-
-
-def _launches(learner):
-    return [r.kernel.rsplit(".", 1)[1] for r in learner.graph.launches]
 
 
 @pytest.mark.parametrize("n_layers", [0, 1])
@@ -104,14 +108,7 @@ def test_at_weight_zero_the_c51_gradient_is_the_mean_less_steps(stream, stager, 
     """The head draws nothing, so at learner.mean_weight = 0 the step's gradient on the shared entries is the
     mean-less learner's, bit for bit, and the mean entries get 0; off, none of its kernels is launched; on, its
     launches sit between the C51 loss's consumers and the backward."""
-    replay, market, isv0 = random_replay(rng), rng.standard_normal((12, M)).astype(np.float32), steady_isv(rng)
-    grads, names = [], []
-    for cfg in (mean_config(weight=0.0), tiny_config(n_layers=1)):
-        learner, _ = build(stager, stream, cfg, replay, market, isv0, seed=6)
-        learner.train_epoch(1)
-        grads.append(stager.download(learner.grads))
-        names.append(_launches(learner))
-    on, off = grads
+    (on, off), names = steps_with_and_without(stager, stream, rng, (mean_config(weight=0.0), tiny_config(n_layers=1)))
     np.testing.assert_array_equal(on[: off.size], off)
     assert not on[off.size:].any()
     assert not MEAN_KERNELS & set(names[1])
@@ -127,19 +124,6 @@ def test_a_saved_mean_head_learner_resumes_bit_for_bit(stream, stager, rng, tmp_
     """A learner saved mid-run through a checkpoint file and loaded into a fresh learner of the seed continues as
     the uninterrupted one, bit for bit; the mean-less layout's fingerprint is refused; the head learned."""
     cfg = mean_config()
-    replay, market, isv0 = random_replay(rng), rng.standard_normal((12, M)).astype(np.float32), steady_isv(rng)
-    a, isv_a = build(stager, stream, cfg, replay, market, isv0, seed=2)
-    a.train_epoch(1)
-    path = save_checkpoint(tmp_path / "ck.h5", host_state(a), fingerprints={"params": a.layout.fingerprint})
-    saved_isv = stager.download(isv_a)
-    a.train_epoch(1)
-    b, _ = build(stager, stream, cfg, replay, market, saved_isv, seed=2)
-    b.load_state(load_checkpoint(path, expected_fingerprints={"params": b.layout.fingerprint}).arrays)
-    b.train_epoch(1)
-    for name, arr in host_state(a).items():
-        np.testing.assert_array_equal(arr.view(np.uint8), host_state(b)[name].view(np.uint8), name)
-    off = ParamLayout.build(M + P, tiny_config(n_layers=1).network)
-    with pytest.raises(LayoutMismatchError, match="params layout fingerprint"):
-        load_checkpoint(path, expected_fingerprints={"params": off.fingerprint})
+    a = resumes_through_a_checkpoint(stager, stream, rng, cfg, tmp_path / "ck.h5", tiny_config(n_layers=1))
     head = a.layout.unpack(host_state(a)["params"])[MEAN_W]
-    assert not np.array_equal(head, a.layout.unpack(init_params(a.layout, 2))[MEAN_W])
+    assert not np.array_equal(head, a.layout.unpack(init_params(a.layout, 2))[MEAN_W])  # the head learned

@@ -1,6 +1,6 @@
 """The direction mean head in a real trainer (network.mean_head): collect and evaluation act on its values, the
 epoch reports its loss and value gap, and the registry audit finds no unregistered state. The loss kernel and the
-learner's step: tests/kernels/test_mean_head.py, tests/agent/test_mean_head.py."""
+learner's step: tests/kernels/test_mean_head_kernels.py, tests/agent/test_mean_head.py."""
 
 import numpy as np
 from real_trainer import SMALL, real_trainer

@@ -760,12 +760,13 @@ def test_select_actions_rejects_bad_shapes(stream, stager):
             select_actions(logits, support, states, actions, conviction, explore=False, stream=stream, lanes=lanes)
 
 
-def run_select_iqn(stream, stager, logits, support, iqn, explore, spread=1.0):
+def run_select_values(stream, stager, logits, support, explore, spread=1.0, seed=3, **values):
+    """select_actions with the directions' other values (`iqn=` or `mean=`, host arrays): (actions, conviction)."""
     b = logits.shape[0]
     actions, conviction = device_empty((b, N_BRANCHES), np.int32), device_empty(b, np.float32)
-    select_actions(stager.upload_new(logits), stager.upload_new(support), xoroshiro_states(b, 3, stager), actions,
+    select_actions(stager.upload_new(logits), stager.upload_new(support), xoroshiro_states(b, seed, stager), actions,
                    conviction, explore=explore, stream=stream, lanes=TEST_LANES, spread=spread,
-                   iqn=stager.upload_new(iqn))
+                   **{k: stager.upload_new(v) for k, v in values.items()})
     return stager.download(actions), stager.download(conviction)
 
 
@@ -779,7 +780,7 @@ def test_with_iqn_the_direction_acts_on_the_joint_mean_and_conviction_reads_it(s
     logits = rng.uniform(-1, 1, (b, N_HEADS, z)).astype(np.float32)
     support = random_support(rng, (b, N_HEADS), z)
     iqn = rng.uniform(-0.5, 0.5, (b, 2, N_DIRECTIONS)).astype(np.float32)
-    actions, conviction = run_select_iqn(stream, stager, logits, support, iqn, explore, spread=0.0)
+    actions, conviction = run_select_values(stream, stager, logits, support, explore, spread=0.0, iqn=iqn)
     q = expected_q64(logits, support)
     joint = 0.5 * (q[:, :N_DIRECTIONS] + iqn[:, 0])
     top2 = np.sort(joint, axis=1)[:, -2:]
@@ -807,7 +808,7 @@ def test_with_iqn_thompson_adds_the_sampled_quantile_to_the_c51_draw(stream, sta
         for d in range(N_DIRECTIONS):
             logits[i, d] = peaked_logits(z, atoms[i, d])
     iqn = rng.uniform(-1, 1, (b, 2, N_DIRECTIONS)).astype(np.float32)
-    actions, conviction = run_select_iqn(stream, stager, logits, support, iqn, explore=True)
+    actions, conviction = run_select_values(stream, stager, logits, support, True, iqn=iqn)
     draws = 0.5 * (atoms64(support[:, :N_DIRECTIONS], z)[np.arange(b)[:, None], np.arange(N_DIRECTIONS), atoms]
                    + iqn[:, 1])
     np.testing.assert_array_equal(actions[:, 0], draws.argmax(1))
@@ -815,15 +816,6 @@ def test_with_iqn_thompson_adds_the_sampled_quantile_to_the_c51_draw(stream, sta
     joint = 0.5 * (expected_q64(logits, support)[:, :N_DIRECTIONS] + iqn[:, 0])
     others = np.where(np.arange(N_DIRECTIONS) == actions[:, :1], -np.inf, joint).max(1)
     np.testing.assert_allclose(conviction, joint[np.arange(b), actions[:, 0]] - others, rtol=0, atol=CONV_TOL)
-
-
-def run_select_mean(stream, stager, logits, support, mean, explore, seed=3, spread=1.0):
-    b = logits.shape[0]
-    actions, conviction = device_empty((b, N_BRANCHES), np.int32), device_empty(b, np.float32)
-    select_actions(stager.upload_new(logits), stager.upload_new(support), xoroshiro_states(b, seed, stager), actions,
-                   conviction, explore=explore, stream=stream, lanes=TEST_LANES, spread=spread,
-                   mean=stager.upload_new(mean[:, None, :]))
-    return stager.download(actions), stager.download(conviction)
 
 
 @pytest.mark.parametrize("explore", [False, True])
@@ -837,7 +829,8 @@ def test_with_the_mean_head_the_direction_acts_on_its_values_and_conviction_read
     logits = rng.uniform(-1, 1, (b, N_HEADS, z)).astype(np.float32)
     support = random_support(rng, (b, N_HEADS), z)
     mean = rng.uniform(-0.5, 0.5, (b, N_DIRECTIONS)).astype(np.float32)
-    actions, conviction = run_select_mean(stream, stager, logits, support, mean, explore, spread=0.0)
+    actions, conviction = run_select_values(stream, stager, logits, support, explore, spread=0.0,
+                                              mean=mean[:, None, :])
     q = expected_q64(logits, support)
     top2 = np.sort(mean, axis=1)[:, -2:]
     assert (top2[:, 1] - top2[:, 0] > CONV_TOL).all()
@@ -862,7 +855,8 @@ def test_with_the_mean_head_thompson_moves_the_c51_draw_to_its_mean(stream, stag
     logits = rng.uniform(-1, 1, (b, N_HEADS, z)).astype(np.float32)
     support = linear_support(rng.uniform(-1, -0.2, (b, N_HEADS)), rng.uniform(0.2, 1, (b, N_HEADS)), z)
     mean = rng.uniform(-0.5, 0.5, (b, N_DIRECTIONS)).astype(np.float32)
-    actions, conviction = run_select_mean(stream, stager, logits, support, mean, True, seed=5, spread=spread)
+    actions, conviction = run_select_values(stream, stager, logits, support, True, spread, seed=5,
+                                              mean=mean[:, None, :])
     u = host_uniforms(xoroshiro_states_host(b, 5))
     expected, clear = select64(logits, support, u, spread, mean=mean.astype(np.float64))
     plain, _ = select64(logits, support, u, spread)
