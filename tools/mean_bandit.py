@@ -2,14 +2,14 @@
 
     NUMBA_ENABLE_CUDASIM=1 python3 tools/mean_bandit.py --seeds 0 1 2 3 4 --out tools/results/mean_bandit_cpu
 
-One state, every transition terminal (a bandit), 16 of them in the replay, equally often drawn: Long pays +4.0 once
-in four and -0.4 otherwise (mean +0.7, a rare large gain), Short pays +0.1 always, Hold and Flat -0.2 always. The
-answer is Long. A C51 head on a fixed support [-1, 1] (network.support_max_scale = 1) projects Long's +4.0 onto
-+1.0, so its E[Q] of Long tends to 0.25 - 0.3 = -0.05, below Short's +0.1: it ranks Short first. The mean head
-(network.mean_head) regresses the rewards themselves and should rank Long first. The real learner runs (a linear
-network on one constant feature, 11 atoms, batch 8, learner.lr 0.03 to lr_min_frac 0.05, --steps steps), then the
-trained network's C51 E[Q] and mean-head values of the four directions are read at the state; per seed the table
-gives both and which direction each ranks first.
+One state, every transition terminal (a bandit), 16 of them in the replay, equally often drawn: Long pays --high
+(+4.0) once in four and -0.4 otherwise (mean +0.7 at the default, a rare large gain), Short pays +0.1 always, Hold
+and Flat -0.2 always. The answer is Long. A C51 head on a fixed support [-1, 1] (network.support_max_scale = 1)
+projects Long's +4.0 onto +1.0, so its E[Q] of Long tends to 0.25 - 0.3 = -0.05, below Short's +0.1: it ranks Short
+first. The mean head (network.mean_head) regresses the rewards themselves and should rank Long first. The real
+learner runs (a linear network on one constant feature, 11 atoms, batch 8, learner.lr --lr (0.03) to 0.05 of it,
+--steps steps), then the trained network's C51 E[Q] and mean-head values of the four directions are read at the
+state; per seed the table gives both and which direction each ranks first.
 
 What it shows and what it does not: the C51 estimate of a mean is biased where the return falls outside the support,
 and a squared error is not. The agent's support is adaptive (up to network.support_max_scale = 10 times the base),
@@ -40,16 +40,21 @@ from fox_numba.kernels.distributional import expected_q  # noqa: E402
 from fox_numba.kernels.heads import base_support  # noqa: E402
 
 ATOMS = 11
-REWARDS = {Direction.LONG: [4.0, -0.4, -0.4, -0.4], Direction.SHORT: [0.1] * 4, Direction.HOLD: [-0.2] * 4,
-           Direction.FLAT: [-0.2] * 4}
-"""The replay's transitions: four per direction, their rewards."""
-TRUE_MEAN = {d: float(np.mean(r)) for d, r in REWARDS.items()}
+HIGH = 4.0
+"""Long's rare reward (--high)."""
 
 
-def bandit_replay() -> dict[str, np.ndarray]:
+def bandit_rewards(high: float = HIGH) -> dict[Direction, list[float]]:
+    """The replay's transitions, four per direction: their rewards, Long's rare one `high`."""
+    return {Direction.LONG: [high, -0.4, -0.4, -0.4], Direction.SHORT: [0.1] * 4, Direction.HOLD: [-0.2] * 4,
+            Direction.FLAT: [-0.2] * 4}
+
+
+def bandit_replay(high: float = HIGH) -> dict[str, np.ndarray]:
     """The host arrays of the bandit's replay (ReplayBuffer.upload's keys)."""
-    directions = [int(d) for d, r in REWARDS.items() for _ in r]
-    rewards = [x for r in REWARDS.values() for x in r]
+    table = bandit_rewards(high)
+    directions = [int(d) for d, r in table.items() for _ in r]
+    rewards = [x for r in table.values() for x in r]
     c = len(directions)
     actions = np.zeros((c, 4), np.int32)
     actions[:, 0] = directions
@@ -59,22 +64,23 @@ def bandit_replay() -> dict[str, np.ndarray]:
             "meta": np.array([0, c], np.int32)}
 
 
-def bandit_config(steps: int) -> FoxConfig:
+def bandit_config(steps: int, lr: float) -> FoxConfig:
     cfg = FoxConfig()
     cfg.network.n_layers, cfg.network.n_atoms, cfg.network.mean_head = 0, ATOMS, True
     cfg.network.support_max_scale = 1.0
-    cfg.learner.batch_size, cfg.learner.lr, cfg.learner.lr_min_frac = 8, 0.03, 0.05
+    cfg.learner.batch_size, cfg.learner.lr, cfg.learner.lr_min_frac = 8, lr, 0.05
     cfg.learner.epochs, cfg.learner.steps_per_epoch = 1, steps
     cfg.run.diag_every, cfg.run.graphs = 10**6, False
     cfg.env.n_envs = 1  # a bandit: no chain to follow
     return cfg
 
 
-def trained_values(seed: int, steps: int, stager: Stager) -> tuple[np.ndarray, np.ndarray]:
-    """(C51 E[Q] [4], mean-head values [4]) of the directions at the bandit's state after `steps` learner steps."""
+def trained_values(seed: int, steps: int, lr: float, high: float, stager: Stager) -> tuple[np.ndarray, np.ndarray]:
+    """(C51 E[Q] [4], mean-head values [4]) of the directions at the bandit's state after `steps` learner steps at
+    learning rate `lr`, Long's rare reward `high`."""
     stream = stager.stream
-    cfg = bandit_config(steps)
-    host = bandit_replay()
+    cfg = bandit_config(steps, lr)
+    host = bandit_replay(high)
     replay = ReplayBuffer(len(host["row"]), stream=stream, n_port=1)
     replay.upload(host, stager)
     market = np.ones((1, 1), np.float32)
@@ -93,12 +99,13 @@ def trained_values(seed: int, steps: int, stager: Stager) -> tuple[np.ndarray, n
     return stager.download(q)[0, :N_DIRECTIONS].astype(np.float64), stager.download(actor.values)[0, 0].astype(float)
 
 
-def table(rows: list[tuple[int, np.ndarray, np.ndarray]]) -> str:
+def table(rows: list[tuple[int, np.ndarray, np.ndarray]], high: float) -> str:
+    true_mean = {d: float(np.mean(r)) for d, r in bandit_rewards(high).items()}
     names = [Direction(d).name.title() for d in range(N_DIRECTIONS)]
     head = ("| seed | " + " | ".join(f"C51 E[Q] {n}" for n in names) + " | " + " | ".join(f"mean {n}" for n in names)
             + " | C51 ranks first | mean head ranks first |")
     lines = [head, "| ---: " * (1 + 2 * N_DIRECTIONS) + "| --- | --- |"]
-    truth = [f"{TRUE_MEAN[Direction(d)]:+.3f}" for d in range(N_DIRECTIONS)]
+    truth = [f"{true_mean[Direction(d)]:+.3f}" for d in range(N_DIRECTIONS)]
     lines.append("| true mean | " + " | ".join(truth * 2) + " | Long | Long |")
     for seed, c51, mean in rows:
         cells = [f"{v:+.3f}" for v in (*c51, *mean)]
@@ -118,6 +125,8 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4], help="learner seeds")
     parser.add_argument("--steps", type=int, default=60, help="learner steps per seed")
+    parser.add_argument("--lr", type=float, default=0.03, help="learner.lr (the cosine schedule ends at 0.05 of it)")
+    parser.add_argument("--high", type=float, default=HIGH, help="Long's rare reward (once in four; else -0.4)")
     parser.add_argument("--out", type=Path, required=True, help="results path without suffix (.md is written)")
     args = parser.parse_args(argv)
     from numba import cuda
@@ -125,12 +134,12 @@ def main(argv: list[str] | None = None) -> int:
     stager = Stager(cuda.stream())
     rows = []
     for seed in args.seeds:
-        c51, mean = trained_values(seed, args.steps, stager)
+        c51, mean = trained_values(seed, args.steps, args.lr, args.high, stager)
         rows.append((seed, c51, mean))
         print(f"seed {seed}: C51 {np.round(c51, 3)}, mean head {np.round(mean, 3)}", flush=True)
     command = "python3 tools/mean_bandit.py " + " ".join(argv if argv is not None else sys.argv[1:])
     text = (f"# The skewed bandit: C51 E[Q] against the direction mean head (CPU)\n\nCommand: `{command}`\n\n"
-            f"{__doc__.split(chr(10) + chr(10), 2)[2]}\n{table(rows)}")
+            f"{__doc__.split(chr(10) + chr(10), 2)[2]}\n{table(rows, args.high)}")
     atomic_write_text(args.out.with_suffix(".md"), text)
     return 0
 
