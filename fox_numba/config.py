@@ -308,7 +308,7 @@ class NetworkConfig:
     )
     mamba2_window: int = opt(
         0,
-        "Mamba2 encoder over the last T bars (0: off, else T >= 2; agent/mamba2.py, kernels/mamba2.py, "
+        "Mamba2 encoder over the last T bars (0: off, else T >= 2; agent/mamba2.py, kernels/mamba2_last.py, "
         "kernels/windows.py): per sample, the market columns of the T bars ending at its own bar (a bar before its "
         "day's first reads that first bar: no look across days or ahead) pass a Mamba2 (SSD) block, and the block's "
         "output at the last bar, mamba2_out columns, is appended to the observation the trunk (or the heads) read. "

@@ -3,8 +3,8 @@
     python3 tools/bench_encoders.py --out tools/results/bench_encoders_h200 [--samples 8192] [--window 32]
     NUMBA_ENABLE_CUDASIM=1 python3 tools/bench_encoders.py --out /tmp/bench_encoders_sim --tiny   # CPU, torch on CPU
 
-Ours: agent/mamba2.py Mamba2Encoder (kernels/mamba2.py) and agent/tlob.py TlobWindowEncoder (kernels/tlob.py) at the
-default network config's sizes (network.mamba2_* over the N_MARKET market columns; network.tlob_* over BOOK_FEATURES
+Ours: agent/mamba2.py Mamba2Encoder (kernels/mamba2_last.py) and agent/tlob.py TlobWindowEncoder (kernels/tlob.py) at
+the default network config's sizes (network.mamba2_* over the N_MARKET market columns; network.tlob_* over BOOK_FEATURES
 book columns), windows of --window bars, run fp32 (dense layers: kernels/nn.py's tiled GEMMs). Each call includes the
 gather of every sample's window from a random per-bar source (kernels/windows.py; the same clamped gather in torch).
 Three cases per encoder, S = --samples (the learner's batch): the target network's forward over S windows; the
@@ -13,7 +13,9 @@ every parameter gradient from the first S windows' output gradient (the network 
 PyTorch (torch.autograd for the backward; the step's s' forward under no_grad, the S-window forward with grad):
 - Mamba2 "torch SSD": the chunked SSD form of the paper's minimal reference (ssd_minimal_discrete: exp of the
   segment sums within chunks of --chunk bars, 0 = the whole window, one chunk; states passed between chunks);
-  "torch scan": the recurrence h_t = a_t h_{t-1} + dt_t x_t B_t^T as a loop over the T bars.
+  "torch scan": the recurrence h_t = a_t h_{t-1} + dt_t x_t B_t^T as a loop over the T bars; both read at the last
+  bar; "torch last-bar weights": the last bar's output alone as ours forms it, sum_t kappa_t x_t
+  (kernels/mamba2_last.py). Every form and ours output the last bar only, the one the network reads.
 - TLOB "torch SDPA": F.scaled_dot_product_attention; "torch softmax": softmax(Q K^T / sqrt(E)) V written out.
 Both encoders project with F.linear (nn.Linear's op); TLOB normalises with F.layer_norm. fp32, TF32 off
 (torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32 False).
@@ -76,7 +78,7 @@ DAY_BARS = 390  # the timed source's days (a regular ES session)
 TINY_MAMBA2 = Mamba2Dims(seq_len=6, n_features=5, n_heads=2, head_dim=6, state_dim=5, d_out=3)
 TINY_TLOB = TlobShape(seq=4, n_in=3, width=6, n_blocks=2, heads_time=2, heads_feature=2, n_out=3)
 Params = dict[str, np.ndarray]
-TorchForm = Callable[[dict[str, Any], Any], Any]  # (parameters, windows [N, T, F]) -> out [N, rows_per_sample, E]
+TorchForm = Callable[[dict[str, Any], Any], Any]  # (parameters, windows [N, T, F]) -> out [N, E] at the last bar
 
 
 class Encoder(Protocol):
@@ -86,7 +88,6 @@ class Encoder(Protocol):
     seq: int
     n_in: int
     n_out: int
-    rows_per_sample: int  # output rows per window: Mamba2 one per bar, TLOB one
     sizes: dict[str, int]  # for the results
 
     def entries(self) -> list[tuple[str, tuple[int, ...]]]: ...
@@ -106,7 +107,7 @@ class Mamba2Bench:
         if dims.seq_len % chunk:
             raise ValueError(f"--chunk {chunk} must divide the window of {dims.seq_len} bars")
         self.dims, self.chunk = dims, chunk
-        self.seq, self.n_in, self.n_out, self.rows_per_sample = dims.seq_len, dims.n_features, dims.d_out, dims.seq_len
+        self.seq, self.n_in, self.n_out = dims.seq_len, dims.n_features, dims.d_out
         self.sizes = {**dataclasses.asdict(dims), "chunk": chunk}
 
     def entries(self) -> list[tuple[str, tuple[int, ...]]]:
@@ -125,11 +126,14 @@ class Mamba2Bench:
         return Mamba2Encoder(self.dims, samples, grad_rows, dense="auto", stream=stream)
 
     def torch_forms(self) -> dict[str, TorchForm]:
-        return {f"torch SSD (chunks of {self.chunk})": lambda p, u: self._torch(p, u, chunked=True),
-                "torch scan": lambda p, u: self._torch(p, u, chunked=False)}
+        return {f"torch SSD (chunks of {self.chunk})": lambda p, u: self._torch(p, u, ssd="chunked"),
+                "torch scan": lambda p, u: self._torch(p, u, ssd="scan"),
+                "torch last-bar weights": lambda p, u: self._torch(p, u, ssd="last")}
 
-    def _torch(self, p: dict[str, Any], u: Any, *, chunked: bool) -> Any:
-        """out [N, T, E] of the block on u [N, T, F] (agent/mamba2.py's header)."""
+    def _torch(self, p: dict[str, Any], u: Any, *, ssd: str) -> Any:
+        """out [N, E] of the block on u [N, T, F] at the last bar (agent/mamba2.py's header): the SSD output of every
+        bar (`ssd` "chunked" or "scan") read at the last, or the last bar's alone as kernels/mamba2_last.py forms it
+        ("last")."""
         d = self.dims
         n, t = u.shape[:2]
         z, x, b, c, dt_raw = torch.split(F.linear(u, p[IN_W].T), [d.inner, d.inner, d.state_dim, d.state_dim,
@@ -138,22 +142,26 @@ class Mamba2Bench:
         dt = F.softplus(dt_raw + dt_bias)  # [N, T, H]
         log_a = dt * -torch.exp(a_log)  # log a_t = dt_t A
         x = x.reshape(n, t, d.n_heads, d.head_dim)
-        xdt = x * dt[..., None]
-        y = ssd_chunked(xdt, log_a, b, c, self.chunk) if chunked else ssd_scan(xdt, log_a, b, c)
-        y = y + d_skip[:, None] * x
-        return F.linear(y.reshape(n, t, d.inner) * F.silu(z), p[OUT_W].T)
+        if ssd == "last":
+            y = ssd_last(x, dt, log_a, b, c)
+        else:
+            xdt = x * dt[..., None]
+            y = ssd_chunked(xdt, log_a, b, c, self.chunk) if ssd == "chunked" else ssd_scan(xdt, log_a, b, c)
+            y = y[:, -1]
+        y = y + d_skip[:, None] * x[:, -1]
+        return F.linear(y.reshape(n, d.inner) * F.silu(z[:, -1]), p[OUT_W].T)
 
     def reference(self, p: Params, windows: np.ndarray, dx: np.ndarray) -> tuple[np.ndarray, Params]:
         d = self.dims
         n, t = windows.shape[:2]
         u = windows.reshape(n * t, d.n_features)
         sizes = (d.seq_len, d.n_heads, d.head_dim, d.state_dim)
-        out = ref_mamba2.block64(u, p[IN_W], p[OUT_W], p[HEADS], *sizes)[0]
+        out = ref_mamba2.block64(u, p[IN_W], p[OUT_W], p[HEADS], *sizes)[0].reshape(n, t, d.d_out)[:, -1]
         grad = dx.shape[0]
         dout = np.zeros((grad * t, d.d_out))
         dout[t - 1 :: t] = dx  # the network reads each window's last bar
         _, d_in, d_out, d_heads = ref_mamba2.block_backward64(u[: grad * t], p[IN_W], p[OUT_W], p[HEADS], dout, *sizes)
-        return out.reshape(n, t, d.d_out), {IN_W: d_in, HEADS: d_heads, OUT_W: d_out}
+        return out, {IN_W: d_in, HEADS: d_heads, OUT_W: d_out}
 
     def named(self, grads: Params) -> Params:
         """The head gradient's rows as arrays of their own (d a_log, dD, d dt_bias differ in scale by up to 1e3)."""
@@ -167,7 +175,6 @@ class TlobBench:
     """The TLOB encoder (agent/tlob.py)."""
 
     name = "TLOB"
-    rows_per_sample = 1
 
     def __init__(self, shape: TlobShape) -> None:
         self.shape, self.layout = shape, TlobLayout.build(shape)
@@ -195,7 +202,7 @@ class TlobBench:
                 "torch softmax": lambda p, u: self._torch(p, u, softmax_attention)}
 
     def _torch(self, p: dict[str, Any], u: Any, attend: Callable[[Any, Any, Any], Any]) -> Any:
-        """out [N, 1, O] of the encoder on u [N, T, F] (agent/tlob.py's header)."""
+        """out [N, O] of the encoder on u [N, T, F] (agent/tlob.py's header)."""
         sh = self.shape
         n = u.shape[0]
         h = F.linear(u, p["tlob.embed.weight"].T, p["tlob.embed.bias"])  # the time view [N, T, D]
@@ -204,7 +211,7 @@ class TlobBench:
             feature = self._sublayer(p, f"tlob.block{block}.feature.", h.transpose(1, 2), sh.heads_feature, attend)
             h = feature.transpose(1, 2)  # [N, D, T] -> the next block's time view
         head_in = feature.reshape(n, sh.width * sh.seq)  # the last feature view, flattened feature-major
-        return F.linear(head_in, p["tlob.head.weight"].T, p["tlob.head.bias"])[:, None]
+        return F.linear(head_in, p["tlob.head.weight"].T, p["tlob.head.bias"])
 
     @staticmethod
     def _sublayer(p: dict[str, Any], pre: str, h: Any, heads: int, attend: Callable[[Any, Any, Any], Any]) -> Any:
@@ -222,7 +229,7 @@ class TlobBench:
         sizes = (sh.seq, sh.width, sh.n_blocks, sh.heads_time, sh.heads_feature)
         out, _ = ref_tlob.encoder64(p, x, *sizes)
         _, cache = ref_tlob.encoder64(p, x[: dx.shape[0]], *sizes)
-        return out[:, None], ref_tlob.encoder_bwd64(p, x[: dx.shape[0]], cache, dx, sh.seq, sh.width)
+        return out, ref_tlob.encoder_bwd64(p, x[: dx.shape[0]], cache, dx, sh.seq, sh.width)
 
     def named(self, grads: Params) -> Params:
         return grads
@@ -269,6 +276,14 @@ def ssd_scan(xdt: Any, log_a: Any, b: Any, c: Any) -> Any:
         state = decay[:, step, :, None, None] * state + xdt[:, step, :, :, None] * b[:, step, None, None, :]
         ys.append(state @ c[:, step, None, :, None])  # [N, H, P, 1]
     return torch.stack(ys, dim=1)[..., 0]
+
+
+def ssd_last(x: Any, dt: Any, log_a: Any, b: Any, c: Any) -> Any:
+    """y [N, H, P] (without D x) of the last bar alone, x [N, T, H, P], dt and log a = dt A [N, T, H], B, C
+    [N, T, St]: sum_t dt_t exp(sum_{u>t} log a_u) (B_t . C_last) x_t (kernels/mamba2_last.py's weights)."""
+    after = torch.flip(torch.cumsum(torch.flip(log_a, [1]), dim=1), [1]) - log_a  # sum over the later bars
+    kappa = dt * torch.exp(after) * (b @ c[:, -1, :, None])  # [N, T, H]
+    return torch.einsum("nth,nthp->nhp", kappa, x)
 
 
 def softmax_attention(q: Any, k: Any, v: Any) -> Any:
@@ -331,8 +346,8 @@ class Ours:
             self.model.backward(self.p, self.g, stream=stream)
 
     def results(self) -> Params:
-        """out [N, rows_per_sample, E] and every parameter gradient, on the host."""
-        out = self.stager.download(self.model.out).reshape(self.rows.shape[0], self.enc.rows_per_sample, -1)
+        """out [N, E] and every parameter gradient, on the host."""
+        out = self.stager.download(self.model.out)
         return {"out": out, **split(self.stager.download(self.gflat), self.enc.entries())}
 
 
@@ -362,7 +377,7 @@ class TorchRun:
         out = form(self.p, self.windows(self.rows[:grad]))
         with torch.no_grad():
             rest = form(self.p, self.windows(self.rows[grad:]))
-        grads = torch.autograd.grad(out[:, -1], list(self.p.values()), self.dx)
+        grads = torch.autograd.grad(out, list(self.p.values()), self.dx)
         return out, rest, dict(zip(self.p, grads, strict=True))
 
 

@@ -1,6 +1,7 @@
 """Mamba2 block (Dao & Gu 2024, the SSD layer): a selective state-space encoder over windows of the last T bars,
 composed from its kernels on given parameter arrays (formulas, launch shapes and the scan's design:
-kernels/mamba2.py), and the encoder a network composes from it (network.mamba2_window; agent/network.py).
+kernels/mamba2.py; the block read at one bar: kernels/mamba2_last.py), and the encoder a network composes from it
+(network.mamba2_window; agent/network.py).
 
     dims = Mamba2Dims(seq_len=T, n_features=F, n_heads=H, head_dim=P, state_dim=N, d_out=E)
     p = {name: array for name, shape, decays in mamba2_entries(dims)}     init_params(dims, seed): host values
@@ -8,11 +9,19 @@ kernels/mamba2.py), and the encoder a network composes from it (network.mamba2_w
     out = block.forward(p, u, stream=s)          u [S T, F] -> out [S T, E]  (row s T + t: window s, bar t)
     du = block.backward(p, u, dout, g, stream=s)  dL/d(params) into the views g, returns du = dL/du [S T, F]
                                                  (grad_samples=G: the backward covers the first G windows)
-    enc = Mamba2Encoder(dims, batch, G, dense=d, stream=s)   the encoder of a network's input
+    last = Mamba2LastBlock(dims, samples, G, dense="auto", stream=s)   the same block's output at the last bar only
+    out = last.forward(p, u, stream=s)           u [S T, F] -> out [S, E]
+    last.backward(p, u, dout, g, stream=s)       dout [G, E] -> dL/d(params) into the views g
+    enc = Mamba2Encoder(dims, batch, G, dense=d, stream=s)   the encoder of a network's input (a Mamba2LastBlock)
     enc.bind_market(market_obs, day_first)       per fold: the FoldMarketDevice's (agent/fold_market.py)
-    out = enc.encode(p, rows, stream=s)          out [B T, E] = the block over the windows ending at rows [B]; the
-                                                 network reads each window's last bar (enc.rows_per_sample = T)
+    out = enc.encode(p, rows, stream=s)          out [B, E] = the block at the last bar of the windows ending at
+                                                 rows [B]: the network reads nothing else
     enc.backward(p, g, stream=s)                 the block's gradients from enc.dx [G, E]; the windows take none
+
+The network reads the block at each window's last bar only, so the encoder runs the last-bar form: the same output
+and gradients as the full block with dL/d(out) zero at the other bars (tests/agent/test_mamba2.py), without the
+scan's [P, N] state (kernels/mamba2_last.py). Mamba2Block keeps the sequence output [S T, E] and its scan, for a
+caller that reads every bar (tools/bench_encoders.py times both against PyTorch).
 
 The block, per window (no causal conv1d and no gated RMSNorm: the paper's block has both; this increment is the
 projections, the scan and the gate):
@@ -62,7 +71,8 @@ from fox_numba.kernels.mamba2 import (
     mamba2_scan_backward,
     mamba2_scan_forward,
 )
-from fox_numba.kernels.windows import gather_windows, scatter_last
+from fox_numba.kernels.mamba2_last import mamba2_last_backward, mamba2_last_readout, mamba2_last_weights
+from fox_numba.kernels.windows import gather_windows
 
 MAMBA2_PREFIX = "mamba2."
 IN_W, HEADS, OUT_W = f"{MAMBA2_PREFIX}in_proj.weight", f"{MAMBA2_PREFIX}heads", f"{MAMBA2_PREFIX}out_proj.weight"
@@ -211,19 +221,72 @@ class Mamba2Block:
         return self.du
 
 
+class Mamba2LastBlock:
+    """The block's output at each window's last bar only, out [S, E] (kernels/mamba2_last.py: the scan read at one
+    bar is a weighted sum of the window's inputs, with no state); forward and parameter gradients, buffers allocated
+    once. The in-projection still runs over every bar: x, B and dt enter from all of them."""
+
+    def __init__(self, dims: Mamba2Dims, samples: int, grad_samples: int, *, dense: str, stream: Any) -> None:
+        if not 1 <= grad_samples <= samples:
+            raise ValueError(f"Mamba2LastBlock: need 1 <= grad_samples <= samples, got {grad_samples}, {samples}")
+        self.dims, self.dense = dims, dense_kind(dense, "Mamba2LastBlock")
+        rows, hp, grows = samples * dims.seq_len, dims.inner, grad_samples * dims.seq_len
+        self.zxbcdt = device_empty((rows, dims.width), np.float32)  # z | x | B | C | dt_raw
+        self.kappa = device_empty((rows, dims.n_heads), np.float32)  # each bar's weight in the last bar's output
+        self.alpha = device_empty((rows, dims.n_heads), np.float32)  # its decay to the last bar
+        self.y = device_empty((samples, hp), np.float32)
+        self.gated = device_empty((samples, hp), np.float32)
+        self.out = device_empty((samples, dims.d_out), np.float32)
+        self.dgated = device_empty((grad_samples, hp), np.float32)
+        self.dy = device_empty((grad_samples, hp), np.float32)
+        self.w = device_empty((grows, dims.n_heads), np.float32)
+        self.dc = device_empty(grows, np.float32)
+        self.dzxbcdt = device_empty((grows, dims.width), np.float32)
+        self.part = device_empty((grad_samples, N_HEAD_PARAMS * dims.n_heads), np.float32)
+        self._zero_in = device_zeros(dims.width, np.float32, stream=stream)  # the projections' (absent) biases
+        self._zero_out = device_zeros(dims.d_out, np.float32, stream=stream)
+        self._db_in = device_empty(dims.width, np.float32)  # their gradients, discarded
+        self._db_out = device_empty(dims.d_out, np.float32)
+        self._wgrad_in = WeightGrad(self.dense, grows, dims.n_features, dims.width)
+        self._wgrad_out = WeightGrad(self.dense, grad_samples, hp, dims.d_out)
+        self.grad_samples, self.grad_rows = grad_samples, grows
+
+    def forward(self, p: dict[str, Any], u: Any, *, stream: Any) -> Any:
+        """out [S, E] of the windows u [S T, F] (row s T + t: window s, bar t), kept in `out`."""
+        d = self.dims
+        dense_forward(self.dense, u, p[IN_W], self._zero_in, self.zxbcdt, relu=False, stream=stream)
+        mamba2_last_weights(self.zxbcdt, p[HEADS], self.kappa, self.alpha, seq_len=d.seq_len, state_dim=d.state_dim,
+                            stream=stream)
+        mamba2_last_readout(self.zxbcdt, p[HEADS], self.kappa, self.y, self.gated, seq_len=d.seq_len,
+                            state_dim=d.state_dim, stream=stream)
+        dense_forward(self.dense, self.gated, p[OUT_W], self._zero_out, self.out, relu=False, stream=stream)
+        return self.out
+
+    def backward(self, p: dict[str, Any], u: Any, dout: Any, g: dict[str, Any], *, stream: Any) -> None:
+        """After `forward(p, u)`: the parameter gradients into the views `g` (the names and shapes of `p`) from
+        dout [G, E] = dL/d(out) of the first G = grad_samples windows."""
+        d = self.dims
+        gated = self.gated if self.grad_samples == self.gated.shape[0] else self.gated[: self.grad_samples]
+        self._wgrad_out(gated, dout, g[OUT_W], self._db_out, stream=stream)
+        dense_backward_input(self.dense, dout, p[OUT_W], self.dgated, act=None, stream=stream)
+        mamba2_last_backward(self.zxbcdt, p[HEADS], self.kappa, self.alpha, self.y, self.dgated, self.dy, self.w,
+                             self.dc, self.dzxbcdt, self.part, seq_len=d.seq_len, state_dim=d.state_dim,
+                             stream=stream)
+        mamba2_head_grad(self.part, g[HEADS], stream=stream)
+        self._wgrad_in(u[: self.grad_rows], self.dzxbcdt, g[IN_W], self._db_in, stream=stream)
+
+
 class Mamba2Encoder:
-    """The block over each sample's window of the market: the output whose last bar per window a network's first layer
-    reads beside the observation (network.mamba2_window; composed by agent/network.py)."""
+    """The block over each sample's window of the market, read at the window's last bar: the output a network's first
+    layer reads beside the observation (network.mamba2_window; composed by agent/network.py)."""
 
     def __init__(self, dims: Mamba2Dims, batch: int, grad_rows: int, *, dense: str, stream: Any) -> None:
         self.dims = dims
         self.samples = batch
-        self.rows_per_sample = dims.seq_len  # output rows per sample: one per bar of its window
-        self.block = Mamba2Block(dims, batch, dense=dense, stream=stream, grad_samples=grad_rows)
-        self.out = self.block.out  # [batch T, E]
+        self.block = Mamba2LastBlock(dims, batch, grad_rows, dense=dense, stream=stream)
+        self.out = self.block.out  # [batch, E]
         self.u = device_empty((batch * dims.seq_len, dims.n_features), np.float32)  # the windows
         self.dx = device_empty((grad_rows, dims.d_out), np.float32)  # dL/d(the E columns), written by the network
-        self._dout = device_empty((grad_rows * dims.seq_len, dims.d_out), np.float32)
         self._market: tuple[Any, Any] | None = None
 
     def bind_market(self, market_obs: Any, day_first: Any) -> None:
@@ -236,7 +299,8 @@ class Mamba2Encoder:
         self._market = (market_obs, day_first)
 
     def encode(self, p: dict[str, Any], rows: Any, *, stream: Any) -> Any:
-        """out [batch T, E]: the block over the windows ending at the samples' market rows `rows` [batch] (int32)."""
+        """out [batch, E]: the block at the last bar of the windows ending at the samples' market rows `rows`
+        [batch] (int32)."""
         if self._market is None:
             raise RuntimeError("the Mamba2 encoder (network.mamba2_window) needs the fold's market: call "
                                "Network.bind_market(market_obs, day_first) first")
@@ -247,5 +311,4 @@ class Mamba2Encoder:
     def backward(self, p: dict[str, Any], g: dict[str, Any], *, stream: Any) -> None:
         """The block's parameter gradients into `g` from `dx` [grad_rows, E] (the windows are data: no input
         gradient)."""
-        scatter_last(self.dx, self._dout, seq_len=self.dims.seq_len, stream=stream)
-        self.block.backward(p, self.u, self._dout, g, stream=stream, input_grad=False)
+        self.block.backward(p, self.u, self.dx, g, stream=stream)

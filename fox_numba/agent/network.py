@@ -88,7 +88,7 @@ the C51 head's, and its first layer (layer 0, or the head without a trunk) reads
 (layout.in_dim; E = mamba2_out). enc is the block's output at the last bar of each sample's window: the first
 N_MARKET columns of the fold's market part over the T bars ending at the sample's row (clamped to its day's first
 bar). `bind_market(market_obs, day_first)` gives the network its fold's market once per fold and `forward(...,
-rows=)` each observation's row (the block's output: [batch T, E], the network joins each window's last bar); the
+rows=)` each observation's row (the block read at the last bar only: [batch, E], kernels/mamba2_last.py); the
 backward sends the E columns' input gradient dy W^T (W: the weights layer 0 read) into the block's parameter
 gradients, and the windows take none (market features are data). The window and the block's sizes are in the
 fingerprint. Refused with VSN, MoE, IQN and NoisyNet heads (each reads or gates the input or
@@ -155,7 +155,7 @@ from fox_numba.errors import ConfigError
 from fox_numba.kernels.dropout import dropout, keep_scale
 from fox_numba.kernels.heads import aux_column, dueling_combine_backward, dueling_combine_forward, head_width
 from fox_numba.kernels.moe import MIN_EXPERTS
-from fox_numba.kernels.windows import concat_last
+from fox_numba.kernels.windows import concat_columns
 from fox_numba.kernels.position_cross import position_cross
 from fox_numba.observation import N_MARKET, N_PORTFOLIO, PORT_POSITION
 
@@ -538,8 +538,7 @@ class Network:
         if not 0 <= k < self.cache.samples // self.batch:
             raise ValueError(f"Network.encoded: k = {k} is outside the cache's {self.cache.samples} samples in blocks "
                              f"of batch = {self.batch}")
-        per = self.batch * self.cache.rows_per_sample
-        return self.cache.out[k * per : (k + 1) * per]
+        return self.cache.out[k * self.batch : (k + 1) * self.batch]
 
     def _input(self, layer: int, rows: int) -> Any:
         """Input activation of dense layer `layer` (the observation, its VSN gating or the observation beside the
@@ -590,7 +589,7 @@ class Network:
                 check_array("rows", rows, "[batch]", (self.batch,), np.int32)
                 encoded = self.encoder.encode(p, rows, stream=stream)
             self._from_cache = rows is None
-            concat_last(base, encoded, self._joined, seq_len=self.encoder.rows_per_sample, stream=stream)
+            concat_columns(base, encoded, self._joined, stream=stream)
         self._obs = obs
         if self.vsn is not None:
             self.vsn.forward(p, obs, stream=stream)

@@ -311,7 +311,6 @@ class TlobWindowEncoder:
     """The encoder over each sample's window of the fold's book snapshots: the output a network's first layer reads
     beside the observation (network.tlob_window; composed by agent/network.py)."""
 
-    rows_per_sample = 1  # output rows per sample (the network reads each sample's last, its only one)
 
     def __init__(self, shape: TlobShape, batch: int, grad_rows: int, *, dense: str) -> None:
         self.shape, self.samples = shape, batch

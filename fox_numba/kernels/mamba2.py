@@ -108,13 +108,13 @@ def scan_units(head_dim: int, state_dim: int, units: int) -> int:
 
 
 @cuda.jit(device=True)
-def _softplus(v):
+def softplus(v):
     """log(1 + e^v) without overflow."""
     return max(v, float32(0.0)) + math.log1p(math.exp(-abs(v)))
 
 
 @cuda.jit(device=True)
-def _sigmoid(v):
+def sigmoid(v):
     """1 / (1 + e^-v) without overflow."""
     if v >= float32(0.0):
         return float32(1.0) / (float32(1.0) + math.exp(-v))
@@ -162,7 +162,7 @@ def mamba2_scan_fwd_kernel(zxbcdt, heads, y, seq_len, state_dim):
             st[i, j] = float32(0.0)
     for t in range(seq_len):
         row = b * seq_len + t
-        dt = _softplus(zxbcdt[row, dt_col] + dt_bias)
+        dt = softplus(zxbcdt[row, dt_col] + dt_bias)
         decay = math.exp(dt * a)
         for i in range(TILE):
             xv[i] = dt * zxbcdt[row, x_col + p0 + i] if p0 + i < head_dim else float32(0.0)
@@ -232,7 +232,7 @@ def mamba2_scan_bwd_kernel(zxbcdt, heads, dy, carry, dzxbcdt, seq_len, state_dim
                 st[i, j] = float32(0.0)
         for t in range(seq_len):  # forward: h_t, dC_t = h_t^T dy_t
             row = b * seq_len + t
-            dt = _softplus(zxbcdt[row, dt_col] + dt_bias)
+            dt = softplus(zxbcdt[row, dt_col] + dt_bias)
             decay = math.exp(dt * a)
             for i in range(TILE):
                 xv[i] = dt * zxbcdt[row, x_col + p0 + i] if p0 + i < head_dim else float32(0.0)
@@ -280,7 +280,7 @@ def mamba2_scan_bwd_kernel(zxbcdt, heads, dy, carry, dzxbcdt, seq_len, state_dim
         for k_rev in range(seq_len):  # reverse: g_t = dy_t C_t^T + a_{t+1} g_{t+1}
             t = seq_len - 1 - k_rev
             row = b * seq_len + t
-            dt = _softplus(zxbcdt[row, dt_col] + dt_bias)
+            dt = softplus(zxbcdt[row, dt_col] + dt_bias)
             for i in range(TILE):
                 xv[i] = zxbcdt[row, x_col + p0 + i] if p0 + i < head_dim else float32(0.0)
                 dyv[i] = dy[row, y_col + p0 + i] if p0 + i < head_dim else float32(0.0)
@@ -353,7 +353,7 @@ def mamba2_dt_grad_kernel(zxbcdt, heads, carry, dy, dzxbcdt, part, seq_len, stat
         for k_rev in range(seq_len):
             row = b * seq_len + seq_len - 1 - k_rev
             v = zxbcdt[row, dt_col] + dt_bias
-            dt = _softplus(v)
+            dt = softplus(v)
             cb = float32(0.0)
             for n in range(state_dim):
                 cb += zxbcdt[row, b_col + n] * zxbcdt[row, c_col + n]
@@ -371,7 +371,7 @@ def mamba2_dt_grad_kernel(zxbcdt, heads, carry, dy, dzxbcdt, part, seq_len, stat
                 dd += dyp * xp
                 dzxbcdt[row, x_col + p] = d_skip * dyp + dt * gb
             r_sum += carried - dt * future
-            d_raw = (s + a * r_sum) * _sigmoid(v)
+            d_raw = (s + a * r_sum) * sigmoid(v)
             dzxbcdt[row, dt_col] = d_raw
             dbias += d_raw
             da += dt * r_sum
@@ -408,7 +408,7 @@ def mamba2_gate_fwd_kernel(zxbcdt, y, out):
         r = i // cols
         c = i - r * cols
         z = zxbcdt[r, c]
-        out[r, c] = y[r, c] * (z * _sigmoid(z))
+        out[r, c] = y[r, c] * (z * sigmoid(z))
 
 
 @register((_F2, _F2, _F2, _F2, _F2))
@@ -421,7 +421,7 @@ def mamba2_gate_bwd_kernel(zxbcdt, y, dout, dy, dzxbcdt):
         r = i // cols
         c = i - r * cols
         z = zxbcdt[r, c]
-        sg = _sigmoid(z)
+        sg = sigmoid(z)
         g = dout[r, c]
         dy[r, c] = g * (z * sg)
         dzxbcdt[r, c] = g * y[r, c] * (sg * (float32(1.0) + z * (float32(1.0) - sg)))

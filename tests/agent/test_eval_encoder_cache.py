@@ -30,14 +30,14 @@ CHUNK_STEPS = [2, 2, 1]
 T = 3
 ENCODERS = {
     "mamba2": (NetworkConfig(n_layers=1, hidden=8, n_atoms=5, mamba2_window=T, mamba2_heads=1, mamba2_head_dim=4,
-                             mamba2_state=4, mamba2_out=4), "mamba2.mamba2_scan_fwd_kernel", 1),
+                             mamba2_state=4, mamba2_out=4), "mamba2_last.mamba2_last_weights_kernel", 1),
     "tlob": (NetworkConfig(n_layers=1, hidden=8, n_atoms=5, tlob_window=T, tlob_width=4, tlob_heads=1, tlob_out=4),
              "tlob.attention_fwd_kernel", 2),
 }
 """Network config, a kernel of the encoder's own forward and its launches per encoder forward (the TLOB block attends
 over time, then over features)."""
 ENC_GAIN = 4.0
-GATHER, JOIN = "windows.gather_windows_kernel", "windows.concat_last_kernel"
+GATHER, JOIN = "windows.gather_windows_kernel", "windows.concat_columns_kernel"
 pytestmark = pytest.mark.usefixtures("long_switch_interval")
 
 

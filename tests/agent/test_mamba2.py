@@ -1,6 +1,7 @@
 """The Mamba2 block (agent/mamba2.py): its parameter layout and initialisation, and its forward and backward (the
 dense projections of agent/dense.py around the kernels of kernels/mamba2.py) against the float64 block of
-tests/reference_mamba2.py on every element; that reference's backward against central differences.
+tests/reference_mamba2.py on every element; that reference's backward against central differences; the block read
+at the last bar (Mamba2LastBlock, kernels/mamba2_last.py) against the same reference's last bar.
 
 Shapes: S = 2 windows of T = 6 bars of F = 5 features, H = 2 heads of P = 6 with N = 5 (2 x 2 thread tiles, partly
 out of range), E = 3 outputs. Tolerances: float32 through two projections of <= 34-term sums, the scan and the gate
@@ -21,6 +22,7 @@ from fox_numba.agent.mamba2 import (
     IN_W,
     OUT_W,
     Mamba2Block,
+    Mamba2LastBlock,
     Mamba2Dims,
     init_params,
     mamba2_entries,
@@ -79,11 +81,18 @@ def test_block_reference_matches_finite_differences(rng):
         np.testing.assert_allclose((up - down) / 2e-6, np.sum(grad * direction), rtol=1e-6)
 
 
-def test_block_forward_and_backward_match_float64(stream, stager, rng):
-    d = DIMS
+def decaying_params(d, rng):
+    """init_params with D and dt_bias spread, and dt ~ 0.5 rather than the initial 1e-3 .. 1e-1: decays well
+    below 1."""
     host = init_params(d, 11)
     host[HEADS][1:] += rng.uniform(-0.5, 0.5, (2, d.n_heads)).astype(np.float32)  # D away from 1
-    host[HEADS][2] += 2.0  # dt ~ 0.5 rather than the initial 1e-3 .. 1e-1: decays well below 1
+    host[HEADS][2] += 2.0
+    return host
+
+
+def test_block_forward_and_backward_match_float64(stream, stager, rng):
+    d = DIMS
+    host = decaying_params(d, rng)
     u = rng.standard_normal((S * d.seq_len, d.n_features)).astype(np.float32)
     dout = rng.standard_normal((S * d.seq_len, d.d_out)).astype(np.float32)
     p = {k: stager.upload_new(v) for k, v in host.items()}
@@ -107,3 +116,32 @@ def test_block_forward_and_backward_match_float64(stream, stager, rng):
     block.backward(p, du_, dout_, g, stream=stream)
     for k, v in g.items():  # no atomics: a second step gives the same bits
         np.testing.assert_array_equal(stager.download(v), first[k])
+
+
+def test_last_bar_block_matches_the_blocks_last_bar_in_float64(stream, stager, rng):
+    """Mamba2LastBlock's out [S, E] against block64's last bar, and its parameter gradients against
+    block_backward64 with dL/d(out) zero at the other bars, for the first G = 2 of S = 3 windows (the learner's
+    grad_rows); every element, the tolerance of the block's test above."""
+    d, samples, grad = DIMS, 3, 2
+    host = decaying_params(d, rng)
+    u = rng.standard_normal((samples * d.seq_len, d.n_features)).astype(np.float32)
+    dout = rng.standard_normal((grad, d.d_out)).astype(np.float32)
+    p = {k: stager.upload_new(v) for k, v in host.items()}
+    g = {k: stager.upload_new(np.full(v.shape, np.nan, np.float32)) for k, v in host.items()}
+    du_ = stager.upload_new(u)
+    block = Mamba2LastBlock(d, samples, grad, dense="auto", stream=stream)
+    out = block.forward(p, du_, stream=stream)
+    block.backward(p, du_, stager.upload_new(dout), g, stream=stream)
+    h64 = {k: v.astype(np.float64) for k, v in host.items()}
+    args = (d.seq_len, d.n_heads, d.head_dim, d.state_dim)
+    want_out = ref.block64(u, h64[IN_W], h64[OUT_W], h64[HEADS], *args)[0][d.seq_len - 1 :: d.seq_len]
+    dout_all = np.zeros((grad * d.seq_len, d.d_out))
+    dout_all[d.seq_len - 1 :: d.seq_len] = dout
+    want = ref.block_backward64(u[: grad * d.seq_len], h64[IN_W], h64[OUT_W], h64[HEADS], dout_all, *args)
+    dheads = stager.download(g[HEADS])
+    for name, got, w in (("out", stager.download(out), want_out), (IN_W, stager.download(g[IN_W]), want[1]),
+                         (OUT_W, stager.download(g[OUT_W]), want[2]), ("d a_log", dheads[0], want[3][0]),
+                         ("dD", dheads[1], want[3][1]), ("d dt_bias", dheads[2], want[3][2])):
+        np.testing.assert_allclose(got, w, rtol=1e-4, atol=1e-5 * np.abs(w).max(), err_msg=name)
+    with pytest.raises(ValueError, match="grad_samples"):
+        Mamba2LastBlock(d, 2, 3, dense="auto", stream=stream)

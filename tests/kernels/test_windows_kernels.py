@@ -8,7 +8,7 @@ day's first bar, a bar one after it and each day's last bar, so windows of T = 5
 import numpy as np
 
 from fox_numba.device import registry
-from fox_numba.kernels.windows import concat_last, gather_windows, scatter_last
+from fox_numba.kernels.windows import concat_columns, gather_windows
 
 DAY_START = np.array([0, 1, 5, 12, 23])
 T, C, F = 5, 9, 6
@@ -25,7 +25,7 @@ def gather64(market_obs, rows, day_start, seq_len, width):
 
 def test_kernels_are_registered():
     names = {name.rsplit(".", 1)[1] for name in registry.KERNELS if name.startswith("fox_numba.kernels.windows.")}
-    assert names == {"gather_windows_kernel", "concat_last_kernel", "scatter_last_kernel"}
+    assert names == {"gather_windows_kernel", "concat_columns_kernel"}
 
 
 def test_gather_windows_matches_numpy(stream, stager, rng):
@@ -41,16 +41,10 @@ def test_gather_windows_matches_numpy(stream, stager, rng):
     assert not np.any(want == 0)  # every element was compared against a nonzero value
 
 
-def test_concat_and_scatter_last_match_numpy(stream, stager, rng):
-    batch, grad, d, e = 4, 3, 7, 3
+def test_concat_columns_matches_numpy(stream, stager, rng):
+    batch, d, e = 4, 7, 3
     obs = rng.standard_normal((batch, d)).astype(np.float32)
-    enc = rng.standard_normal((batch * T, e)).astype(np.float32)
+    enc = rng.standard_normal((batch, e)).astype(np.float32)
     x = stager.upload_new(np.full((batch, d + e), np.nan, np.float32))
-    concat_last(stager.upload_new(obs), stager.upload_new(enc), x, seq_len=T, stream=stream)
-    np.testing.assert_array_equal(stager.download(x), np.concatenate([obs, enc[T - 1 :: T]], axis=1))
-    dx = rng.standard_normal((grad, e)).astype(np.float32)
-    dout = stager.upload_new(np.full((grad * T, e), np.nan, np.float32))
-    scatter_last(stager.upload_new(dx), dout, seq_len=T, stream=stream)
-    want = np.zeros((grad * T, e), np.float32)
-    want[T - 1 :: T] = dx
-    np.testing.assert_array_equal(stager.download(dout), want)
+    concat_columns(stager.upload_new(obs), stager.upload_new(enc), x, stream=stream)
+    np.testing.assert_array_equal(stager.download(x), np.concatenate([obs, enc], axis=1))
