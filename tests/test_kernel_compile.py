@@ -39,16 +39,16 @@ def run_compile_check(*extra: Path) -> subprocess.CompletedProcess[str]:
 
 @pytest.fixture(scope="module")
 def checked() -> subprocess.CompletedProcess[str]:
-    """One compile check of the package and both fixtures (each run compiles every package kernel, ~35 s
-    under CI): exactly the two fixture kernels fail, so every package kernel compiled."""
-    return run_compile_check(FIXTURES / "bad_return.py", FIXTURES / "unregistered.py")
+    """One compile check of the package and the three fixtures (each run compiles and assembles every package
+    kernel, ~70 s here): exactly the three fixture kernels fail, so every package kernel compiled and assembled."""
+    return run_compile_check(FIXTURES / "bad_return.py", FIXTURES / "unregistered.py", FIXTURES / "bad_ptx.py")
 
 
 def test_every_package_kernel_compiles_for_sm90(checked):
     assert checked.returncode == 1, checked.stdout + checked.stderr
     failed = [ln for ln in checked.stdout.splitlines() if ln.startswith("FAILED")]
-    assert len(failed) == 2 and "sm_90: 2 failed" in checked.stdout, checked.stdout
-    assert all("scale_and_return" in ln or "double_in_place" in ln for ln in failed), failed
+    assert len(failed) == 3 and "sm_90: 3 failed" in checked.stdout, checked.stdout
+    assert all(any(k in ln for k in ("scale_and_return", "double_in_place", "misassembled_mma")) for ln in failed)
 
 
 @pytest.mark.skipif(not SIMULATOR, reason="shows what the simulator accepts; a real GPU rejects the kernel")
@@ -71,3 +71,9 @@ def test_kernel_missing_from_the_registry_fails(checked):
     line = next(ln for ln in checked.stdout.splitlines() if "double_in_place" in ln)
     assert line.startswith("FAILED")
     assert line.endswith("double_in_place: not in the kernel registry (add @register(...))")
+
+
+def test_ptxas_refuses_the_inline_ptx_nvvm_passed(checked):
+    """The fixture's mma names an accumulator type PTX does not define: NVVM emits it, the assembly refuses it."""
+    line = next(ln for ln in checked.stdout.splitlines() if "misassembled_mma" in ln)
+    assert line.startswith("FAILED") and "ptxas" in line and "mma" in line, line

@@ -4,12 +4,14 @@ The CUDA simulator runs kernels as Python and checks no types, so code that pass
 can still be rejected by the GPU compiler (a kernel returning a value, a list in a kernel, a float64
 literal where a signature says float32...). This check imports every module of the package (and any
 extra files named on the command line), finds every `@cuda.jit` kernel, fails on kernels missing from
-`fox_numba.device.registry`, and compiles each registered signature with NVVM.
+`fox_numba.device.registry`, compiles each registered signature with NVVM to PTX, and assembles that PTX for the
+target with nvJitLink (ptxas inside it): the inline PTX of the tensor-core intrinsics (kernels/tensor_core.py),
+which NVVM passes through unread, is checked there, operand types and instruction shapes included.
 
     NUMBA_ENABLE_CUDASIM=0 python -m fox_numba.kernels.compile_check [--cc 9.0] [extra_module.py ...]
 
 Exit codes: 0 all compiled; 1 a kernel failed to compile or is unregistered; 3 no CUDA toolkit (NVVM)
-is installed (`pip install 'fox_numba[cu13]'`); 4 run under the simulator, where nothing is compiled.
+or nvJitLink is installed (`pip install 'fox_numba[cu13]'`); 4 run under the simulator, where nothing is compiled.
 Must run with NUMBA_ENABLE_CUDASIM=0 (the simulator switch is read once per process; left unset on a machine
 without a GPU, importing fox_numba turns the simulator on, see fox_numba/accelerator.py).
 """
@@ -53,9 +55,29 @@ def _prepare_compiler(cc: tuple[int, int]) -> str | None:
         from numba.cuda.cudadrv.nvvm import NVVM
 
         NVVM()
+        from cuda.bindings import nvjitlink  # noqa: F401
     except Exception as e:  # the toolkit's absence surfaces as several exception types
         return f"{type(e).__name__}: {e}"
     return None
+
+
+def assemble(ptx: str, cc: tuple[int, int]) -> str | None:
+    """None when nvJitLink assembles `ptx` for sm_<cc>, else its error log on one line."""
+    from cuda.bindings import nvjitlink
+
+    handle = nvjitlink.create(1, [f"-arch=sm_{cc[0]}{cc[1]}"])
+    try:
+        data = ptx.encode()
+        nvjitlink.add_data(handle, nvjitlink.InputType.PTX, data, len(data), "kernel.ptx")
+        nvjitlink.complete(handle)
+        return None
+    except nvjitlink.nvJitLinkError as e:
+        log = bytearray(nvjitlink.get_error_log_size(handle))
+        nvjitlink.get_error_log(handle, log)
+        lines = log.decode(errors="replace").replace("\x00", "").splitlines()
+        return f"{e}: " + " | ".join(ln.strip() for ln in lines if ln.strip())
+    finally:
+        nvjitlink.destroy(handle)
 
 
 def _import_package_modules(package: str) -> list[ModuleType]:
@@ -98,7 +120,7 @@ def run(cc: tuple[int, int], extra: list[Path], out: Any = sys.stdout) -> int:
     missing = _prepare_compiler(cc)
     if missing is not None:
         print(
-            "compile_check: no CUDA toolkit (NVVM) found, install it with "
+            "compile_check: no CUDA toolkit (NVVM, nvJitLink) found, install it with "
             f"pip install 'fox_numba[cu13]' ({missing})",
             file=out,
         )
@@ -117,14 +139,18 @@ def run(cc: tuple[int, int], extra: list[Path], out: Any = sys.stdout) -> int:
         for sig in spec.signatures:
             n_sigs += 1
             try:
-                cuda.compile_ptx(spec.py_func, sig, cc=cc)
+                ptx, _ = cuda.compile_ptx(spec.py_func, sig, cc=cc)
             except Exception as e:
                 detail = traceback.format_exception_only(type(e), e)[-1].strip()
                 failures.append(f"{name}{tuple(str(t) for t in sig)}: {detail}")
+                continue
+            error = assemble(ptx, cc)
+            if error is not None:
+                failures.append(f"{name}{tuple(str(t) for t in sig)}: ptxas: {error}")
     for line in failures:
         print(f"FAILED {line}", file=out)
     print(
-        f"compile_check: {len(KERNELS)} kernels, {n_sigs} signatures, sm_{cc[0]}{cc[1]}: "
+        f"compile_check: {len(KERNELS)} kernels, {n_sigs} signatures, compiled and assembled for sm_{cc[0]}{cc[1]}: "
         f"{'OK' if not failures else f'{len(failures)} failed'}",
         file=out,
     )
