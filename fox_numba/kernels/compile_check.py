@@ -55,7 +55,9 @@ def _prepare_compiler(cc: tuple[int, int]) -> str | None:
         from numba.cuda.cudadrv.nvvm import NVVM
 
         NVVM()
-        from cuda.bindings import nvjitlink  # noqa: F401
+        from cuda.bindings import nvjitlink
+
+        nvjitlink.version()  # loads the library
     except Exception as e:  # the toolkit's absence surfaces as several exception types
         return f"{type(e).__name__}: {e}"
     return None
