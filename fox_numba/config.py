@@ -29,7 +29,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "learner.bootstrap": ("direction", "branch"),
     "learner.warmup_rule": ("seed", "damped"),
     "evaluation.network": ("online", "target", "average"),
-    "run.precision": ("fp32", "tf32"),
+    "run.precision": ("fp32", "tf32", "bf16"),
 }
 """The string fields that take one of a few names: checked as a config is resolved (a ConfigError naming the
 field and the names), and the one list the modules that act on them read."""
@@ -504,9 +504,9 @@ class RunConfig:
     seed: int = opt(0, "Seed for every random stream (network init, environments, sampling).")
     graphs: bool = opt(True, "Replay captured CUDA graphs on the GPU (False: launch eagerly, for debugging).")
     precision: str = opt(
-        "fp32", "Dense layers' arithmetic on the GPU: fp32 (exact float32 GEMMs) or tf32 (tensor cores; operands "
-                "rounded to 10 mantissa bits, fp32 accumulation; kernels/gemm_tf32.py). The simulator always runs "
-                "fp32.",
+        "fp32", "Dense layers' arithmetic on the GPU: fp32 (exact float32 GEMMs), tf32 or bf16 (tensor cores; "
+                "operands rounded to 10 or 7 mantissa bits, fp32 accumulation; kernels/gemm_tensor.py). The simulator "
+                "always runs fp32.",
     )
     diag_every: int = opt(50, "Gradient steps between HEALTH_DIAG snapshots.")
     tensorboard: bool = opt(

@@ -496,6 +496,16 @@ def tf32_round(x):
     return ((bits + np.uint32(0x1000)) & np.uint32(0xFFFFE000)).view(np.float32)
 
 
+def bf16_round(x):
+    """float32 -> the bf16 value cvt.rn.bf16x2.f32 gives (7 mantissa bits, nearest, ties to even), as float32;
+    finite inputs below bf16's largest only."""
+    bits = np.ascontiguousarray(x, np.float32).view(np.uint32)
+    even = (bits >> np.uint32(16)) & np.uint32(1)
+    return ((bits + np.uint32(0x7FFF) + even) & np.uint32(0xFFFF0000)).view(np.float32)
+
+ROUND = {"tf32": tf32_round, "bf16": bf16_round}
+
+
 def vsn_forward64(p, obs, groups):
     """(gate weights [B, K], gated observation [B, D]) in float64 (agent/vsn.py): w = softmax(x W_g + b_g) per row,
     x'_c = K w_k(c) x_c over the column ranges `groups` [(begin, end), ...]."""

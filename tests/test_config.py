@@ -73,7 +73,7 @@ def test_int_accepted_for_float_field():
         ("nosection.x=1", "no section 'nosection'"),
         ("learner.lr", "not of the form"),
         ("learner.lr=nan", "not a finite number"),
-        ('run.precision="bf16"', "run.precision: 'bf16' is not one of fp32, tf32"),
+        ('run.precision="fp16"', "run.precision: 'fp16' is not one of fp32, tf32, bf16"),
         ('learner.bootstrap="next"', "learner.bootstrap: 'next' is not one of direction, branch"),
         ('market.session="overnight"', "market.session: 'overnight' is not one of regular, full"),
     ],

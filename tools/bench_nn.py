@@ -3,8 +3,9 @@
     python3 tools/bench_nn.py --out tools/results/bench_nn_h200 [--batch 8192 1024] [--sweep]
     python3 tools/bench_nn.py --out tools/results/bench_nn_tf32_h200 --precision tf32 [--shapes 134x868 ...]
 
---precision tf32 times the TF32 tensor-core kernels (kernels/gemm_tf32.py) against cuBLAS with TF32 on, and checks
-them with tests/kernels/test_gemm_tf32.py's bound (2^-10 per product on top of the fp32 accumulation's).
+--precision tf32 (bf16) times the tensor-core kernels (kernels/gemm_tensor.py) against cuBLAS with TF32 on (against
+cuBLAS's bf16 GEMM on bf16 copies of the operands), and checks them with tests/kernels/test_gemm_tensor.py's bound
+(gemm_tensor.product_error per product, 2^-10 for TF32 and 2^-7 for bf16, on top of the fp32 accumulation's).
 
 For each batch B (default 8192) and each (K, N): forward (y = relu(x @ w + b), bias and ReLU fused), backward to the
 input (dx = (dy @ w.T) * (a > 0), mask fused) and backward to the weights (dw = x.T @ dy with db fused:
@@ -43,6 +44,7 @@ from fox_numba.device.graphs import StepGraph
 from fox_numba.device.runtime import new_stream
 from fox_numba.io import atomic_write_text
 from fox_numba.kernels.gemm import BK, CONFIGS
+from fox_numba.kernels.gemm_tensor import product_error
 from fox_numba.kernels.nn import (
     LinearWeightGrad,
     linear_backward_input,
@@ -52,8 +54,9 @@ from fox_numba.kernels.nn import (
 )
 
 SHAPES = [(32, 256), (256, 256), (512, 512), (256, 64)]
+CUBLAS = {"fp32": "torch.matmul fp32 with TF32 off", "tf32": "torch.matmul fp32 with TF32 on",
+          "bf16": "torch.matmul on bf16 copies of the operands into bf16 outputs"}
 U = 2.0**-24
-TF32_PRODUCT = 2.0**-10 + 2.0**-22  # relative error of a product of two TF32-rounded operands
 
 
 def gamma(n: int) -> float:
@@ -139,6 +142,9 @@ def bench_shape(batch: int, k: int, n: int, args: argparse.Namespace) -> dict[st
     act = torch.relu(randn(batch, k))
     y, dx, dw, db = (torch.empty(*s, device="cuda") for s in ((batch, n), (batch, k), (k, n), (n,)))
     y2, dx2, dw2, db2 = (torch.empty_like(t) for t in (y, dx, dw, db))
+    theirs = torch.bfloat16 if args.precision == "bf16" else torch.float32  # cuBLAS's operands and outputs
+    xt, wt, dyt = (t.to(theirs) for t in (x, w, dy))
+    yt, dxt, dwt = (t.to(theirs) for t in (y2, dx2, dw2))
     torch.cuda.synchronize()
     x_, w_, b_, dy_, act_ = (nb(t) for t in (x, w, b, dy, act))
     flops = 2.0 * batch * k * n
@@ -159,14 +165,14 @@ def bench_shape(batch: int, k: int, n: int, args: argparse.Namespace) -> dict[st
         return lambda s: g(x_, dy_, ow, ob, stream=s)
 
     ops = {
-        "forward": (fwd(y), fwd(y2), lambda: torch.matmul(x, w, out=y2), grads.gemm.config.name if precision
+        "forward": (fwd(y), fwd(y2), lambda: torch.matmul(xt, wt, out=yt), grads.gemm.config.name if precision
                     != "fp32" else pick_config(batch, n, k)),
-        "backward_input": (bwd(dx), bwd(dx2), lambda: torch.matmul(dy, w.T, out=dx2), grads.gemm.config.name if
+        "backward_input": (bwd(dx), bwd(dx2), lambda: torch.matmul(dyt, wt.T, out=dxt), grads.gemm.config.name if
                            precision != "fp32" else pick_config(batch, k, n)),
         "backward_weight": (
             wgrad(dw, db),
             wgrad(dw2, db2),
-            lambda: torch.matmul(x.T, dy, out=dw2),
+            lambda: torch.matmul(xt.T, dyt, out=dwt),
             grads.gemm.config.name,
         ),
     }
@@ -188,7 +194,7 @@ def bench_shape(batch: int, k: int, n: int, args: argparse.Namespace) -> dict[st
     res["backward_weight"]["chunk"] = grads.chunk
 
     x64, w64, dy64 = x.double(), w.double(), dy.double()
-    product = TF32_PRODUCT if precision == "tf32" else 0.0
+    product = product_error(precision)
     res["forward"]["check"] = within(
         y, torch.relu(x64 @ w64 + b.double()), (gamma(k + 1) + product) * (x64.abs() @ w64.abs() + b.double().abs())
     )
@@ -233,7 +239,7 @@ def markdown(command: str, info: dict[str, Any], shapes: list[dict[str, Any]], a
             f"B in {args.batch}; each op captured {args.reps} times in one CUDA graph; {args.warmup} warm-up "
             f"replays, then the best of {args.windows} windows of {args.replays} replays between CUDA events. "
             f"Our kernels' precision: {args.precision}. "
-            f"cuBLAS: torch.matmul fp32 with TF32 {'on' if args.precision == 'tf32' else 'off'}, the bare GEMM (ours also adds bias + ReLU, the ReLU mask, "
+            f"cuBLAS: {CUBLAS[args.precision]}, the bare GEMM (ours also adds bias + ReLU, the ReLU mask, "
             "or db and the split reduction). TFLOP/s = 2*B*K*N / time."
         ),
         "",
@@ -282,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--windows", type=int, default=3)
     parser.add_argument("--sweep", action="store_true", help="also time every configuration and several split lengths")
     parser.add_argument("--precision", choices=PRECISIONS, default="fp32",
-                        help="our kernels' precision; tf32 also lets cuBLAS use TF32")
+                        help="our kernels' precision; tf32 also lets cuBLAS use TF32, bf16 times cuBLAS's bf16 GEMM")
     parser.add_argument("--shapes", nargs="+", default=None, metavar="KxN",
                         help=f"layer shapes (in x out) instead of {' '.join(f'{k}x{n}' for k, n in SHAPES)}")
     args = parser.parse_args(argv)

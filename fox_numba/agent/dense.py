@@ -2,15 +2,17 @@
 
     kind = dense_kind("auto", "Network")                       'tiled' on the GPU, 'strided' under the simulator
     kind = dense_kind(precision_dense("tf32"), "Network")      'tf32' on the GPU, 'strided' under the simulator
+                                                               (and 'bf16' likewise)
     dense_forward(kind, x, w, b, y, relu=True, stream=s)       y = x @ w + b (then ReLU)
     dense_backward_input(kind, dy, w, dx, act=a, stream=s)     dx = (dy @ w.T) * (a > 0)  (act=None: no mask)
     WeightGrad(kind, rows, n_in, n_out)(x, dy, dw, db, stream=s)   dw = x.T @ dy, db = dy summed over rows
 
 'tiled' runs the register-tiled GEMMs (kernels/nn.py; the weight gradient's split plan is built once per shape,
-hence the WeightGrad object), 'tf32' the TF32 tensor-core GEMMs behind the same launchers (kernels/gemm_tf32.py;
-run.precision = "tf32"), 'strided' the grid-stride kernels (kernels/dense_strided.py: the same arithmetic per
-element as 'tiled', cheap under the simulator, which pays per thread). The simulator cannot run tensor-core
-instructions, so there 'auto' and 'tf32' both mean 'strided': the exact fp32 path.
+hence the WeightGrad object), 'tf32' and 'bf16' the tensor-core GEMMs behind the same launchers
+(kernels/gemm_tensor.py; run.precision = "tf32" or "bf16"), 'strided' the grid-stride kernels
+(kernels/dense_strided.py: the same arithmetic per element as 'tiled', cheap under the simulator, which pays per
+thread). The simulator cannot run tensor-core instructions, so there 'auto', 'tf32' and 'bf16' all mean 'strided':
+the exact fp32 path.
 """
 
 from __future__ import annotations
@@ -25,23 +27,24 @@ from fox_numba.kernels.dense_strided import (
 )
 from fox_numba.kernels.nn import PRECISIONS, LinearWeightGrad, linear_backward_input, linear_forward
 
-DENSE_KINDS = ("tiled", "tf32", "strided")
-_PRECISION = {"tiled": "fp32", "tf32": "tf32"}  # the GEMM launchers' precision of a GPU kind
+DENSE_KINDS = ("tiled", "tf32", "bf16", "strided")
+_PRECISION = {"tiled": "fp32", "tf32": "tf32", "bf16": "bf16"}  # the GEMM launchers' precision of a GPU kind
+_TENSOR = ("tf32", "bf16")  # kinds on tensor cores: the exact fp32 'strided' under the simulator
 
 
 def precision_dense(precision: str) -> str:
-    """The `dense` argument of run.precision: 'auto' (fp32) or 'tf32'."""
+    """The `dense` argument of run.precision: 'auto' (fp32), 'tf32' or 'bf16'."""
     if precision not in PRECISIONS:
         raise ValueError(f"run.precision must be one of {PRECISIONS}, got {precision!r}")
     return "auto" if precision == "fp32" else precision
 
 
 def dense_kind(dense: str, owner: str) -> str:
-    """The kind `dense` names ('auto': tiled on the GPU; 'auto' and 'tf32' are strided under the simulator);
+    """The kind `dense` names ('auto': tiled on the GPU; 'auto', 'tf32' and 'bf16' are strided under the simulator);
     `owner` names the caller."""
     if dense not in (*DENSE_KINDS, "auto"):
         raise ValueError(f"{owner}: dense must be 'auto' or one of {DENSE_KINDS}, got {dense!r}")
-    if dense in ("auto", "tf32") and SIMULATOR:
+    if (dense == "auto" or dense in _TENSOR) and SIMULATOR:
         return "strided"
     return "tiled" if dense == "auto" else dense
 

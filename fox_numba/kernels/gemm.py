@@ -60,7 +60,7 @@ _F3 = float32[:, :, ::1]
 
 class Config(NamedTuple):
     """A block tile of `tile` x `tile` outputs, `micro` x `micro` per thread (the thread count's measure; the
-    tensor-core kernels of kernels/gemm_tf32.py, `precision` 'tf32', hold theirs as mma fragments)."""
+    tensor-core kernels of kernels/gemm_tensor.py, `precision` 'tf32' or 'bf16', hold theirs as mma fragments)."""
 
     tile: int
     micro: int

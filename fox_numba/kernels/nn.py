@@ -1,5 +1,5 @@
 """Dense layers on the GPU: the launchers of the register-tiled kernels in `fox_numba.kernels.gemm` (fp32) and
-`fox_numba.kernels.gemm_tf32` (TF32 tensor cores, `precision="tf32"`).
+`fox_numba.kernels.gemm_tensor` (tensor cores, `precision="tf32"` or `"bf16"`).
 
     linear_forward(x, w, b, y, relu=True, stream=s)      y  = relu(x @ w + b)     (relu=False: no ReLU)
     linear_backward_input(dy, w, dx, act=a, stream=s)    dx = (dy @ w.T) * (a > 0) (act=None: no mask)
@@ -19,8 +19,9 @@ give the same bits under either configuration; the weight gradient's bits depend
   sweep in tools/results/bench_nn_h200.md (B = 8192 and 1024).
 - the weight gradient splits the batch into chunks of whole BK-row steps: enough splits to fill one wave
   of resident blocks, none shorter than MIN_SPLIT_ROWS (shorter ones measured slower).
-- `precision="tf32"` takes the one TF32 configuration (128 x 128 tiles, 2 blocks per SM, the 128x8 split plan),
-  whatever the shapes: its operands are rounded to 10 mantissa bits, so its bits differ from the fp32 kernels'.
+- `precision="tf32"` or `"bf16"` takes that format's one configuration (128 x 128 tiles, 2 blocks per SM, the
+  128x8 split plan), whatever the shapes: its operands are rounded to 10 (TF32) or 7 (bf16) mantissa bits, so its
+  bits differ from the fp32 kernels'.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ import numpy as np
 from fox_numba.config import CHOICES
 from fox_numba.device.launch import check_array, i32, launch, launch_tiles
 from fox_numba.device.memory import device_empty
-from fox_numba.kernels import gemm_tf32
+from fox_numba.kernels import gemm_tensor as tc
 from fox_numba.kernels.gemm import BK, CONFIGS, GEMMS, Config, GemmKernels, wgrad_reduce
 
 SMS = 132  # multiprocessors of an H200, the wave the choices fill: a constant, so no result depends on the GPU
@@ -43,11 +44,12 @@ MIN_SPLIT_ROWS = 16 * BK  # batch rows per weight-gradient split at least
 
 _FLAG = {False: np.int32(0), True: np.int32(1)}
 
-TF32 = GemmKernels(
-    Config(gemm_tf32.TILE, gemm_tf32.TILE // 16, gemm_tf32.BLOCKS_PER_SM, "tf32"),  # 256 threads
-    gemm_tf32.linear_fwd_tf32, gemm_tf32.linear_bwd_in_tf32, gemm_tf32.linear_wgrad_tf32,
-)
-KERNEL_SETS = {**GEMMS, TF32.config.name: TF32}  # every configuration a launcher may be asked for
+TENSOR = {  # the tensor-core kernels of each format, 256 threads
+    fmt: GemmKernels(Config(tc.TILE, tc.TILE // 16, tc.BLOCKS_PER_SM, fmt), *kernels)
+    for fmt, kernels in (("tf32", (tc.linear_fwd_tf32, tc.linear_bwd_in_tf32, tc.linear_wgrad_tf32)),
+                         ("bf16", (tc.linear_fwd_bf16, tc.linear_bwd_in_bf16, tc.linear_wgrad_bf16)))
+}
+KERNEL_SETS = {**GEMMS, **TENSOR}  # every configuration a launcher may be asked for
 PRECISIONS = CHOICES["run.precision"]
 
 
@@ -81,10 +83,11 @@ def _gemm(name: str) -> GemmKernels:
 
 
 def _config(precision: str, config: str | None, rows: int, cols: int, reduction: int) -> str:
-    """The configuration: `config` when given, the TF32 kernels for precision 'tf32', else the shapes' pick."""
+    """The configuration: `config` when given, the tensor-core kernels of precision 'tf32' or 'bf16', else the
+    shapes' pick."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
-    return config or (TF32.config.name if precision == "tf32" else pick_config(rows, cols, reduction))
+    return config or (precision if precision in TENSOR else pick_config(rows, cols, reduction))
 
 
 def _shape(arr: Any) -> tuple[int, ...]:

@@ -1,0 +1,153 @@
+"""The tensor-core GEMMs (kernels/gemm_tensor.py), TF32 and bf16, against float64 numpy references, every element
+checked.
+
+GPU only (but the last tests): the simulator cannot run mma.sync (kernels/tensor_core.py); CI compiles and
+assembles these kernels for sm_90, and the simulator runs the exact fp32 kernels wherever run.precision asks for
+tf32 or bf16. Two references per output, with u the format's unit roundoff (2^-11 TF32, 2^-8 bf16):
+- exact inputs: |got - x @ w| <= (2u + u^2 + gamma(n)) * (|x| @ |w|) (+ |b|): each operand is rounded within a
+  relative u, so a product within (1 + u)^2 - 1 of the exact one (gemm_tensor.product_error); the fp32
+  accumulation over n terms adds gamma(n) (Higham 3.1; the mma's internal order is unspecified, gamma covers any).
+- rounded inputs (tests/reference.py tf32_round, bf16_round: the twins of cvt.rna.tf32 and cvt.rn.bf16x2):
+  |got - round(x) @ round(w)| <= gamma(n) * (|round(x)| @ |round(w)|): only the accumulation remains, so this
+  checks the rounding mode too (another rounding misses it by up to u of a product, ~100 (TF32) or ~1000 (bf16)
+  times this bound at these sizes), and the bf16 pairing: a fragment's two halves swapped or read one reduction
+  index off move an element by whole product terms.
+A wrong fragment index, tile edge or split moves an element by a whole product term, ~1/n of its magnitude and
+hundreds of times the bounds here. Outputs start as NaN, so an element no lane wrote fails.
+"""
+
+import numpy as np
+import pytest
+
+from fox_numba.agent.dense import dense_kind, precision_dense
+from fox_numba.device.runtime import SIMULATOR
+from fox_numba.kernels.gemm_tensor import TILE, product_error
+from fox_numba.kernels.nn import LinearWeightGrad, linear_backward_input, linear_forward
+from reference import ROUND
+
+U = 2.0**-24
+FORMATS = ("tf32", "bf16")
+
+gpu_only = pytest.mark.gpu_only("mma.sync runs on tensor cores; the simulator has none")
+
+# (B, K, N): below one tile; several tiles with ragged edges and a reduction ending mid-tile; a head-sized one
+SHAPES = [(37, 19, 23), (300, 141, 263), (2 * TILE + 5, 134, 868)]
+
+
+def gamma(n: int) -> float:
+    return (n + 1) * U / (1 - (n + 1) * U)
+
+
+def normal(rng, *shape):
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+def within(got, ref, bound):
+    err = np.abs(got.astype(np.float64) - ref)
+    bad = ~(err <= bound)
+    assert not bad.any(), f"{bad.sum()} of {bad.size} out of tolerance, worst {np.max(err - bound)}"
+
+
+def check(fmt, got, a, b, n, extra=0.0, post=lambda v: v):
+    """got against a @ b (float64) from exact and from `fmt`-rounded operands (module docstring)."""
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    ar, br = ROUND[fmt](a).astype(np.float64), ROUND[fmt](b).astype(np.float64)
+    g = gamma(n + 1)
+    within(got, post(a64 @ b64 + extra), (product_error(fmt) + g) * (np.abs(a64) @ np.abs(b64) + np.abs(extra)))
+    within(got, post(ar @ br + extra), g * (np.abs(ar) @ np.abs(br) + np.abs(extra)))
+
+
+@gpu_only
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("relu", [True, False], ids=["relu", "identity"])
+def test_forward(stream, stager, rng, fmt, shape, relu):
+    b_, k, n = shape
+    x, w, b = normal(rng, b_, k), normal(rng, k, n), normal(rng, n)
+    y = stager.upload_new(np.full((b_, n), np.nan, np.float32))
+    linear_forward(*(stager.upload_new(a) for a in (x, w, b)), y, relu=relu, stream=stream, precision=fmt)
+    got = stager.download(y)
+    check(fmt, got, x, w, k, extra=b.astype(np.float64), post=(lambda v: np.maximum(v, 0)) if relu else (lambda v: v))
+    assert (got < 0).any() != relu
+
+
+@gpu_only
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("masked", [True, False], ids=["masked", "unmasked"])
+def test_backward_input(stream, stager, rng, fmt, shape, masked):
+    b_, k, n = shape
+    dy, w = normal(rng, b_, n), normal(rng, k, n)
+    act = normal(rng, b_, k)
+    act[rng.random(act.shape) < 0.2] = 0.0
+    dx = stager.upload_new(np.full((b_, k), np.nan, np.float32))
+    linear_backward_input(stager.upload_new(dy), stager.upload_new(w), dx, act=stager.upload_new(act) if masked
+                          else None, stream=stream, precision=fmt)
+    mask = (act > 0) if masked else np.ones_like(act, bool)
+    check(fmt, stager.download(dx), dy, w.T, n, post=lambda v: v * mask)
+
+
+@gpu_only
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_weight_grad_in_splits(stream, stager, rng, fmt, shape):
+    b_, k, n = shape
+    x, dy = normal(rng, b_, k), normal(rng, b_, n)
+    grads = LinearWeightGrad(b_, k, n, precision=fmt, chunk=24)  # splits of 24 rows: reductions end mid-tile
+    assert grads.gemm.config.name == fmt and grads.splits == -(-b_ // 24)
+    dw = stager.upload_new(np.full((k, n), np.nan, np.float32))
+    db = stager.upload_new(np.full(n, np.nan, np.float32))
+    grads(stager.upload_new(x), stager.upload_new(dy), dw, db, stream=stream)
+    check(fmt, stager.download(dw), x.T, dy, b_ + grads.splits)
+    dy64 = dy.astype(np.float64)
+    within(stager.download(db), dy64.sum(axis=0), gamma(b_ + grads.splits) * np.abs(dy64).sum(axis=0))
+
+
+@gpu_only
+def test_same_bits_twice_and_chosen_by_precision(stream, stager, rng):
+    b_, k, n = SHAPES[1]
+    x, w, b = normal(rng, b_, k), normal(rng, k, n), normal(rng, n)
+    args = [stager.upload_new(a) for a in (x, w, b)]
+    outs = {}
+    for precision in ("tf32", "bf16", "fp32"):
+        runs = []
+        for _ in range(2):
+            y = stager.upload_new(np.full((b_, n), np.nan, np.float32))
+            linear_forward(*args, y, relu=False, stream=stream, precision=precision)
+            runs.append(stager.download(y).view(np.uint32))
+        np.testing.assert_array_equal(runs[0], runs[1])
+        outs[precision] = runs[0]
+    for a, b in (("tf32", "fp32"), ("bf16", "fp32"), ("bf16", "tf32")):
+        assert (outs[a] != outs[b]).mean() > 0.5, (a, b)  # each precision ran its own kernels
+
+
+def test_precision_picks_the_kernels(stream):
+    """precision 'tf32' or 'bf16' means that format's kernels on the GPU and the exact fp32 ones under the simulator;
+    anything else is refused with the options named."""
+    for fmt in FORMATS:
+        assert LinearWeightGrad(300, 134, 868, precision=fmt).gemm.config.name == fmt
+        assert precision_dense(fmt) == fmt
+        assert dense_kind(fmt, "test") == ("strided" if SIMULATOR else fmt)
+    assert LinearWeightGrad(300, 134, 868).gemm.config.name not in FORMATS
+    assert precision_dense("fp32") == "auto"
+    with pytest.raises(ValueError, match="fp32"):
+        precision_dense("fp16")
+    with pytest.raises(ValueError, match="precision"):
+        LinearWeightGrad(8, 4, 4, precision="fp16")
+
+
+def test_bf16_round_is_nearest_with_ties_to_even(rng):
+    """The reference twin of cvt.rn.bf16x2.f32 against a float64 search: the nearer of the two bf16 values around
+    each float32 (ties to the even mantissa), on random values and on exact ties."""
+    x = (rng.standard_normal(4000) * 10.0 ** rng.uniform(-3, 3, 4000)).astype(np.float32)
+    bits = x.view(np.uint32)
+    ties = ((bits & np.uint32(0xFFFF0000)) | np.uint32(0x8000)).view(np.float32)  # halfway between two bf16
+    x = np.concatenate([x, ties])
+    low = (x.view(np.uint32) & np.uint32(0xFFFF0000)).view(np.float32).astype(np.float64)  # toward zero
+    high = ((x.view(np.uint32) & np.uint32(0xFFFF0000)) + np.uint32(0x10000)).view(np.float32).astype(np.float64)
+    d_low, d_high = np.abs(x - low), np.abs(high - x)
+    low_even = ((x.view(np.uint32) >> np.uint32(16)) & np.uint32(1)) == 0
+    want = np.where(d_low < d_high, low, np.where(d_high < d_low, high, np.where(low_even, low, high)))
+    got = ROUND["bf16"](x).astype(np.float64)
+    np.testing.assert_array_equal(got, want)
+    assert (d_low[-4000:] == d_high[-4000:]).all() and (got[-4000:] != low[-4000:]).any()  # ties, both ways
