@@ -251,11 +251,16 @@ def net_forward64(p, n_layers, obs, n_atoms, keep=None):
 def net_backward64(p, n_layers, obs, acts, dlogits, daux=None, keep=None, dinput=None):
     """{name: d(sum dlogits * logits + sum daux * aux) / d param} in float64, from `net_forward64`'s
     activations (daux [B], the auxiliary forecast's gradient, 0 when None; `keep` as net_head64's; dinput [B, H],
-    another head's gradient at the trunk's last layer, already masked by its ReLU, added to the C51 head's)."""
+    another head's gradient at the trunk's last layer, already masked by its ReLU, added to the C51 head's).
+    dlogits may instead be the head GEMM's output gradient dhead [B, head width] (as the learner's fused loss
+    writes it: the combine's backward taken; its forecast column then replaces daux's)."""
     grads = {}
     inputs = [np.asarray(obs, np.float64)] + acts
-    daux = np.zeros(dlogits.shape[0]) if daux is None else np.asarray(daux, np.float64)
-    dy = np.concatenate([dueling_backward64(dlogits), daux[:, None]], axis=1)
+    if np.ndim(dlogits) == 2:
+        dy = np.asarray(dlogits, np.float64)
+    else:
+        daux = np.zeros(dlogits.shape[0]) if daux is None else np.asarray(daux, np.float64)
+        dy = np.concatenate([dueling_backward64(dlogits), daux[:, None]], axis=1)
     for layer in range(n_layers, -1, -1):
         name = "head" if layer == n_layers else f"trunk.{layer}"
         x = inputs[layer]

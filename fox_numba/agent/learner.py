@@ -23,9 +23,10 @@ s and s' as one batch of 2B rows (the s rows kept for backward) -> target forwar
 DQN rows: the greedy next bin (of the direction branch for every branch, by default: learner.bootstrap) from the
 online E[Q](s'), evaluated with the target distribution -> (prioritised: the importance weights) -> one fused pass
 (project_loss_scatter): C51 projection of r + gamma (1 - done) z onto the online support, cross-entropy per branch
-row and its gradient, scattered into dlogits [B, 13, Z] (the two passes are the chain expected_q, double DQN
-rows, c51_project, c51_loss, scatter bit for bit: kernels/learner.py header) -> ISV producers of the loss and of
-Q -> the auxiliary regression (its gradient into the forecast column of the head's dhead) -> backward -> global
+row and its gradient, scattered into the heads and taken through the dueling combine's backward into the online
+network's dhead (the two passes are the chain expected_q, double DQN rows, c51_project, c51_loss, scatter,
+dueling_combine_bwd bit for bit: kernels/learner.py header) -> ISV producers of the loss and of Q -> the auxiliary
+regression (its gradient into the forecast column of dhead) -> backward from dhead -> global
 gradient norm -> the non-finite guard (a non-finite loss or gradient skips the update, counts NONFINITE_STEPS
 once, and leaves parameters, Adam state and target bit-identical) -> adaptive clip
 (the landed producer) -> AdamW (lr = cosine schedule x max(0.05, FOLD_WARMUP_FACTOR)) -> Polyak with tau =
@@ -218,7 +219,7 @@ class Learner:
     NOT_STATE = (
         "cfg", "layout", "replay", "market_obs", "isv", "stager", "stream", "seed", "batch_size", "steps_per_epoch",
         "online", "target_net", "graph", "batch", "obs", "obs_next", "rows", "logits", "logits_tgt", "q", "entropy",
-        "util", "dlogits", "grads", "aux_target", "norm_partials", "adam_partials", "polyak_partials", "loss_partials",
+        "util", "grads", "aux_target", "norm_partials", "adam_partials", "polyak_partials", "loss_partials",
         "q_partials", "hidden_partials", "decay_mask", "branch_weights", "schedule", "epoch",
         "is_weights", "iqn", "mean", "draw", "book", "env_params",
     )
@@ -335,7 +336,6 @@ class Learner:
         self.entropy = device_empty((b, N_HEADS), np.float32)  # of s (the Q signals read s only)
         self.util = device_empty((b, N_HEADS), np.float32)
         self.rows = BranchRows(b, z)
-        self.dlogits = device_empty((b, N_HEADS, z), np.float32)
         self.hidden_partials = (
             device_empty(hidden_partials_shape(layout.n_layers, b, layout.hidden), np.float32)
             if layout.n_layers else None
@@ -428,7 +428,7 @@ class Learner:
             self.mean.run(self.online.head_input(2 * self.batch_size), self.target_net.head_input(self.batch_size),
                           bt.actions, rows, self.epoch, stream=s)
             head_dx = self.mean.dx
-        self.online.backward(self.params, self.dlogits, self.grads, stream=s, input_grad=head_dx)
+        self.online.backward_from_head(self.params, self.grads, stream=s, input_grad=head_dx)
         global_grad_norm(self.grads, self.norm_partials, self.isv, stream=s)
         guard_loss(self.isv, stream=s)
         update_adaptive_clip(self.isv, lc.clip_ema_mult, stream=s, warmup_rule=lc.warmup_rule)
@@ -445,7 +445,8 @@ class Learner:
     def _c51_rows(self, s: Any, prio: Any) -> None:
         """The C51 part of the step between the forwards and the loss consumers, two fused passes: the online E[Q]
         statistics and the double DQN rows (select_rows), the importance weights (prioritised: `prio`), then the
-        projection, the cross-entropy and its gradient scattered into dlogits (branch_loss)."""
+        projection, the cross-entropy and its gradient through the dueling combine into the online dhead
+        (branch_loss)."""
         lc, bt, rows = self.cfg.learner, self.batch, self.rows
         select_rows(self.logits, self.logits_tgt, self.support_online, self.support_target, bt.actions, bt.rewards,
                     bt.discounts, self.branch_weights, self.q, self.entropy, self.util, rows, stream=s,
@@ -454,7 +455,7 @@ class Learner:
             prio.weights(bt.idx, self.schedule.device, self.optim_state, lc.priority_beta0, rows.weights,
                          self.is_weights, stream=s)
         branch_loss(self.logits, self.logits_tgt, rows, bt.actions, self.support_online, self.support_target,
-                    self.dlogits, stream=s)
+                    self.online.dhead, stream=s)
 
     # ---- per epoch ----------------------------------------------------------------------------------------
 

@@ -7,6 +7,8 @@
                                                            # (Mamba2, TLOB: net.bind_market(...) per fold, rows=,
                                                            # or encoded= of a cache: net.encode(...), net.encoded(k))
     net.backward(params, dlogits, grads, stream=s)         # dlogits [G, 13, Z] -> grads [layout.size]
+    net.backward_from_head(params, grads, stream=s)        # the same from net.dhead's stream columns, written
+                                                           # by the caller (the learner's fused C51 loss)
 
 Architecture: `n_layers` Linear+ReLU layers of width `hidden` (the trunk; with n_layers = 0, the default,
 the network is linear and the head reads the observation: the 2 x 256 trunk memorised the default market's
@@ -619,19 +621,25 @@ class Network:
         forward (whose activations must still be in place). `input_grad` [grad_rows, hidden] (a trunk only): the
         gradient another head reading the same input (IQN) sends into the trunk's last layer, already masked by
         its ReLU (layout.head_input_relu); it is added to the C51 head's before the trunk's backward."""
+        check_array("dlogits", dlogits, "[grad_rows, N_HEADS, Z]", (self.grad_rows, N_HEADS, self.layout.n_atoms))
+        dueling_combine_backward(dlogits, self.dhead, stream=stream)
+        self.backward_from_head(params, grads, stream=stream, input_grad=input_grad)
+
+    def backward_from_head(self, params: Any, grads: Any, *, stream: Any, input_grad: Any = None) -> None:
+        """`backward` from the head GEMM's output gradient: dhead [grad_rows, head_width(Z)], its stream columns
+        written by the caller (kernels/learner.py project_loss_scatter takes the C51 loss's gradient through the
+        dueling combine itself) and its forecast column as `backward` reads it."""
         lay, rows = self.layout, self.grad_rows
         if self._obs is None or self._from_cache:
             raise RuntimeError("Network.backward needs a forward first, with rows= for an encoder (it reads the kept "
                                "activations)")
         if lay.noisy and self.noisy is None:
             raise RuntimeError("Network.backward of a noisy layout needs noise= (sigma's gradient is the noise's)")
-        check_array("dlogits", dlogits, "[grad_rows, N_HEADS, Z]", (rows, N_HEADS, lay.n_atoms))
         if input_grad is not None:
             if lay.n_layers == 0:
                 raise ValueError("Network.backward: input_grad needs a trunk (the observation takes no gradient)")
             check_array("input_grad", input_grad, "[grad_rows, hidden]", (rows, lay.hidden))
         p, g = self._params(params), self._params(grads)
-        dueling_combine_backward(dlogits, self.dhead, stream=stream)
         dy = self.dhead  # at each layer's output: ReLU-masked for a plain layer, unmasked for a residual block
         for layer in range(lay.n_layers, -1, -1):
             w, b = lay.layer(layer)

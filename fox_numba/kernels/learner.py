@@ -9,7 +9,8 @@
                          reward, discount, weight and row statistics
     (importance weights: kernels/priority.py, prioritised replay only, multiply the rows' weights here)
     project_loss_scatter per branch row the C51 projection, the cross-entropy and its gradient, scattered into
-                         dlogits [B, 13, Z] (0 on heads not taken)
+                         the heads (0 on heads not taken) and taken back through the dueling combine into the
+                         head GEMM's stream columns of dhead [B, head_width(Z)] (kernels/heads.py's backward)
     aux_forecast_loss    the auxiliary regression: the forecast column's gradient and the epoch's aux loss
     (obs_noise_kernel    learner.obs_noise > 0 only, after the observation gather: Gaussian noise on the
                          market columns of the 2B observation rows, drawn from the samples' generators)
@@ -53,8 +54,8 @@ Launch shapes: grid-stride through `launch_strided` (one thread per element on t
 the simulator); the schedule, guard and fold-counter kernels are one thread; finish_step one block.
 
 The two C51 kernels fuse the chain expected_q (with the utilisation pass) -> double DQN rows -> c51_project ->
-c51_loss -> scatter: two launches instead of five, and the [4B, Z] rows (taken logits, p_next, the projection,
-the row gradients) never go through global memory. The importance weights (prioritised replay) multiply the
+c51_loss -> scatter -> dueling_combine_bwd: two launches instead of six, and neither the [4B, Z] rows (taken
+logits, p_next, the projection, the row gradients) nor the [B, 13, Z] logit gradients go through global memory. The importance weights (prioritised replay) multiply the
 rows' weights between the two, which is where the chain was split. Results are the chain's bit for bit: every
 float32 value comes from the same code in the same order (distributional.py's device functions row_stats,
 atom_pass, project_row, cross_entropy_row, run on rows staged in shared memory instead of global rows; the target
@@ -71,7 +72,9 @@ made every warp load touch 32 rows:
 - project_loss_scatter: one block per up to LOSS_ROWS (64) branch rows (16 whole samples), LOSS_THREADS_PER_ROW
   (4) threads per row: all of them stage the rows' p_next (formed from the target logits) and taken online
   logits, one per row projects into a staged scratch and writes the gradient over it, then all write the
-  block's samples' dlogits (every head and atom) coalesced.
+  block's samples' stream columns of dhead (every value and advantage stream, every atom) coalesced, each the
+  combine's backward of the staged row gradients: dV_b = the sum over the branch's heads (in head order), dA_a =
+  the head's gradient - that sum / the branch's size, as dueling_combine_bwd computes them.
 Z is at most MAX_ATOMS (415) for the staging (the wrappers refuse more); action selection has the same bound.
 """
 
@@ -344,21 +347,23 @@ def select_q_rows(logits, logits_tgt, support_online, support_target, actions, r
     stats[r, 2] = e_tgt - q[n_samples + i, a_n]
 
 
-@register((_F3, _F3, _I1, _F2, _F1, _F1, _I2, _F2, _F2, _F1, _F1, _F3))
+@register((_F3, _F3, _I1, _F2, _F1, _F1, _I2, _F2, _F2, _F1, _F1, _F2))
 @cuda.jit
 def project_loss_scatter(logits, logits_tgt, next_head, next_stats, rew_r, disc_r, actions, support_online,
-                         support_target, weights, loss, dlogits):
-    """The C51 projection, the cross-entropy with its gradient, and the scatter into dlogits [B, 13, Z] for the
-    block's branch rows r0 .. r0 + blockDim / LOSS_THREADS_PER_ROW - 1 (whole samples; launch shape in the header),
-    in three steps:
+                         support_target, weights, loss, dhead):
+    """The C51 projection, the cross-entropy with its gradient, and its scatter through the dueling combine's
+    backward into the stream columns of dhead [B, head_width(Z)] for the block's branch rows r0 .. r0 + blockDim /
+    LOSS_THREADS_PER_ROW - 1 (whole samples; launch shape in the header), in three steps:
     1. every thread, coalesced: stage p_next[r] = exp(x - max) / sum over the target logits(s')[a*] (next_head,
        next_stats: the softmax select_q_rows took) and the online logits(s) of the row's taken head a_t.
     2. one row per thread (the first ones): `project_row` of rew_r + disc_r * z(a*) (support_target[a*]) onto the
        atoms of support_online[a_t] into a staged scratch m, then loss[r] = `cross_entropy_row` of the staged
        logits against m, its gradient weights[r] * (sum(m) softmax - m) written over m: c51_project's and
        c51_loss's code.
-    3. every thread, coalesced: the block's samples' dlogits, every head and atom: the row gradient at the taken
-       heads, 0 on the branches' other heads (the scatter)."""
+    3. every thread, coalesced: the block's samples' stream columns of dhead, every stream and atom: with g the
+       row gradient at the taken heads and 0 on the branches' other heads (the scatter), the value stream of branch
+       b takes total = sum of g over b's heads in head order, the advantage stream of head a g[a] - total / size
+       (dueling_combine_bwd's arithmetic); the forecast column is left alone."""
     p_st = cuda.shared.array(LOSS_STAGE_WORDS, float32)
     x_st = cuda.shared.array(LOSS_STAGE_WORDS, float32)
     m_st = cuda.shared.array(LOSS_STAGE_WORDS, float32)
@@ -396,18 +401,24 @@ def project_loss_scatter(logits, logits_tgt, next_head, next_stats, rew_r, disc_
     cuda.syncthreads()
 
     i0 = r0 // N_BRANCHES
-    rows = (count // N_BRANCHES) * N_HEADS
+    rows = (count // N_BRANCHES) * N_STREAMS
     row = tid // n_atoms
     j = tid - row * n_atoms
     while row < rows:
-        sample = row // N_HEADS
-        a = row - sample * N_HEADS
-        b = branch_of(a)
-        off, taken = _taken_head(actions, i0 + sample, b)
-        g = float32(0.0)
-        if a == off + taken:
-            g = m_st[(sample * N_BRANCHES + b) * stride + j]
-        dlogits[i0 + sample, a, j] = g
+        sample = row // N_STREAMS
+        head_stream = row - sample * N_STREAMS
+        b = head_stream if head_stream < N_BRANCHES else branch_of(head_stream - N_BRANCHES)
+        off, size = branch_span(b)
+        taken = off + _taken_head(actions, i0 + sample, b)[1]
+        g_taken = m_st[(sample * N_BRANCHES + b) * stride + j]
+        total = float32(0.0)
+        for k in range(size):
+            total += g_taken if off + k == taken else float32(0.0)
+        if head_stream < N_BRANCHES:
+            dhead[i0 + sample, head_stream * n_atoms + j] = total
+        else:
+            g = g_taken if head_stream - N_BRANCHES == taken else float32(0.0)
+            dhead[i0 + sample, head_stream * n_atoms + j] = g - total / float32(size)
         row, j = carry(row, j, d_row, d_j, n_atoms)
 
 
@@ -610,8 +621,9 @@ def select_rows(logits: Any, logits_tgt: Any, support_online: Any, support_targe
 
 
 def branch_loss(logits: Any, logits_tgt: Any, rows: BranchRows, actions: Any, support_online: Any,
-                support_target: Any, dlogits: Any, *, stream: Any) -> None:
-    """rows.loss [4B] and dlogits [B, 13, Z] (every element) from `select_rows`' rows, their weights as they stand
+                support_target: Any, dhead: Any, *, stream: Any) -> None:
+    """rows.loss [4B] and the stream columns of dhead [B, head_width(Z)] (every element but the forecast column's:
+    the C51 loss's gradient through the dueling combine) from `select_rows`' rows, their weights as they stand
     (after the importance weights, prioritised), the online logits [2B, 13, Z] (their s rows) and the target logits
     [B, 13, Z] (kernel project_loss_scatter)."""
     b, z = rows.batch, rows.n_atoms
@@ -621,12 +633,12 @@ def branch_loss(logits: Any, logits_tgt: Any, rows: BranchRows, actions: Any, su
     check_array("actions", actions, "[B, 4]", (b, N_BRANCHES), np.int32)
     check_array("support_online", support_online, "[13, 3]", (N_HEADS, 3))
     check_array("support_target", support_target, "[13, 3]", (N_HEADS, 3))
-    check_array("dlogits", dlogits, "[B, 13, Z]", (b, N_HEADS, z))
+    check_array("dhead", dhead, "[B, head_width(Z)]", (b, head_width(z)))
     r = N_BRANCHES * b
     per_block = min(loss_rows(z), r)
     launch_rows(project_loss_scatter, -(-r // per_block), per_block * LOSS_THREADS_PER_ROW, logits, logits_tgt,
                 rows.next_head, rows.next_stats, rows.rewards, rows.discounts, actions, support_online, support_target,
-                rows.weights, rows.loss, dlogits, stream=stream)
+                rows.weights, rows.loss, dhead, stream=stream)
 
 
 def aux_loss(head: Any, rows: Any, aux_target: Any, weight: float, dhead: Any, epoch: Any, *, stream: Any) -> None:

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from real_trainer import SMALL, real_trainer
 
+from fox_numba.actions import N_BRANCHES, N_HEADS
 from fox_numba.agent.learner import check_counterfactual
 from fox_numba.config import load_config
 from fox_numba.errors import ConfigError
@@ -67,10 +68,16 @@ def test_a_counterfactual_trainer_trains_every_direction_head_on_every_draw(four
     taken = batch["actions"][:, 0] == draw["actions"][i, 0]
     np.testing.assert_array_equal(batch["rewards"][taken], draw["rewards"])
     assert np.isfinite(batch["rewards"]).all()
-    dlogits = stager.download(learner.dlogits)  # the last step's: row j trains direction head j % 4 alone
-    touched = np.abs(dlogits).sum(axis=2) > 0
-    expected = np.zeros_like(touched)
-    expected[np.arange(8), np.arange(8) % 4] = True
-    np.testing.assert_array_equal(touched, expected)
+    z = rt.cfg.network.n_atoms  # the last step's head gradient: row j trains direction head j % 4 alone
+    streams = stager.download(learner.online.dhead)[:, : (N_BRANCHES + N_HEADS) * z].reshape(8, -1, z)
+    assert np.all(streams[:, 1:N_BRANCHES] == 0) and np.all(streams[:, N_BRANCHES + 4 :] == 0)  # other branches
+    adv = streams[:, N_BRANCHES : N_BRANCHES + 4]  # the direction heads: g - g / 4 at the taken, - g / 4 elsewhere
+    g = streams[:, 0]
+    assert np.abs(g).sum(axis=1).min() > 0
+    taken = np.arange(8) % 4
+    np.testing.assert_array_equal(adv[np.arange(8), taken], g - g / np.float32(4))
+    others = np.ones((8, 4), bool)
+    others[np.arange(8), taken] = False
+    np.testing.assert_array_equal(adv[others], np.repeat(-g / np.float32(4), 3, axis=0))
     days, metrics = trainer.evaluate()
     assert len(days) > 0 and np.isfinite(metrics["steps"])

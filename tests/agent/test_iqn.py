@@ -113,8 +113,7 @@ def test_one_step_gradients_match_float64_from_the_steps_draws(stream, stager, r
                                     down(rows.rewards).astype(np.float64), down(rows.discounts).astype(np.float64),
                                     weights, cfg.learner.iqn_weight)
     want, dx = reference.iqn_backward64(p, x, cos, phi, h, dz, mask=n_layers > 0)
-    trunk = reference.net_backward64(p, lay.n_layers, obs[:b], acts, down(learner.dlogits).astype(np.float64),
-                                     dinput=dx)
+    trunk = reference.net_backward64(p, lay.n_layers, obs[:b], acts, down(learner.online.dhead), dinput=dx)
     got = lay.unpack(down(learner.grads))
     for name, arr in {**want, **trunk}.items():
         np.testing.assert_allclose(got[name], arr, rtol=2e-5, atol=2e-5, err_msg=name)
@@ -132,9 +131,11 @@ def test_at_weight_zero_the_c51_gradient_is_the_iqn_less_steps(stream, stager, r
     assert not on[off.size:].any()
     assert not IQN_KERNELS & set(names[1])
     step = names[0]
-    first, backward = step.index("iqn_taus"), step.index("dueling_combine_bwd")
-    assert step[first:backward] == ["iqn_taus", "iqn_forward", "iqn_forward", "iqn_quantile_loss", "iqn_loss_ema",
-                                    "iqn_backward", "iqn_grad_reduce"]
+    iqn = ["iqn_taus", "iqn_forward", "iqn_forward", "iqn_quantile_loss", "iqn_loss_ema", "iqn_backward",
+           "iqn_grad_reduce"]
+    first = step.index("iqn_taus")
+    backward = first + len(iqn)
+    assert step[first:backward] == iqn
     rest = step[:first] + step[backward:]
     rest.remove("axpy_f32")  # the IQN input gradient added into the trunk's
     assert rest == names[1]  # otherwise the IQN-less step's launches, in order

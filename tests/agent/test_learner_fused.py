@@ -2,8 +2,9 @@
 kernels they replaced, run inside whole learner steps: every output bit for bit (np.array_equal, NaN equal to NaN).
 
 The chain is the step as it stood before the fusion (commit 7a96c31): expected_q with the utilisation pass over the
-2B online rows, double_dqn_rows, the importance weights (prioritised), c51_project, c51_loss and
-scatter_branch_grads. The two kernels the fusion removed from the package are kept here verbatim as the reference;
+2B online rows, double_dqn_rows, the importance weights (prioritised), c51_project, c51_loss,
+scatter_branch_grads and the dueling combine's backward into the online network's dhead (which the fused loss
+pass also took over, later). The two kernels the fusion removed from the package are kept here verbatim as the reference;
 they launch directly (not through device/launch.py, which takes registered package kernels only). Each case runs
 three steps of a tiny learner (batch 6, 5 atoms) and compares the parameters, the target, the Adam moments, every
 other state array, the ISV, the raw epoch sums and every buffer of the step the later kernels read.
@@ -22,7 +23,7 @@ from fox_numba.agent.learner import Learner
 from fox_numba.agent.network import ParamLayout
 from fox_numba.device.memory import device_empty
 from fox_numba.kernels.distributional import c51_loss, c51_project, expected_q
-from fox_numba.kernels.heads import branch_span, broadcast_supports
+from fox_numba.kernels.heads import branch_span, broadcast_supports, dueling_combine_backward
 from fox_numba.kernels.learner import _effect, greedy_next
 
 
@@ -102,6 +103,7 @@ class ChainLearner(Learner):
         self.entropy, self.util = self.entropy_rows[:b], self.util_rows[:b]
         self.taken, self.p_next, self.target_m, self.dl = (device_empty((r, z), np.float32) for _ in range(4))
         self.sup_next, self.sup_proj = device_empty((r, 3), np.float32), device_empty((r, 3), np.float32)
+        self.dlogits = device_empty((b, N_HEADS, z), np.float32)
 
     def _c51_rows(self, s, prio):
         lc, bt, rows = self.cfg.learner, self.batch, self.rows
@@ -118,6 +120,7 @@ class ChainLearner(Learner):
         c51_project(self.p_next, rows.rewards, rows.discounts, self.sup_next, self.sup_proj, self.target_m, stream=s)
         c51_loss(self.taken, self.target_m, rows.weights, rows.loss, self.dl, stream=s)
         scatter_branch_grads[1, 32, s](self.dl, bt.actions, self.dlogits, np.int32(r * self.layout.n_atoms))
+        dueling_combine_backward(self.dlogits, self.online.dhead, stream=s)
 
 
 CASES = {
@@ -153,7 +156,7 @@ def run_steps(learner_cls, stager, stream, case, steps=3):
     out = {f"state.{k}": v for k, v in host_state(learner).items()}
     out["isv"] = stager.download(isv)
     out["epoch"] = stager.download(learner.epoch)
-    for name in ("logits", "logits_tgt", "q", "dlogits"):
+    for name in ("logits", "logits_tgt", "q"):
         out[name] = stager.download(getattr(learner, name))
     out["entropy"], out["util"] = stager.download(learner.entropy)[:b], stager.download(learner.util)[:b]
     for name in ("rewards", "discounts", "weights", "loss", "stats"):
@@ -176,4 +179,4 @@ def test_fused_steps_equal_the_chain_bit_for_bit(stream, stager, case):
     assert fused_stats == chain_stats
     # the steps learned (a skipped step would compare a no-op): every step applied, the parameters moved
     assert fused_stats["applied_steps"] == 3 and fused_stats["skipped_steps"] == 0
-    assert np.isfinite(fused["rows.loss"]).all() and np.abs(fused["dlogits"]).max() > 0
+    assert np.isfinite(fused["rows.loss"]).all() and np.abs(fused["dhead"]).max() > 0

@@ -155,12 +155,15 @@ def test_select_q_rows(stream, stager, rng, bootstrap):
 
 def test_project_loss_scatter(stream, stager, rng):
     """B = 18 samples (72 rows: blocks of 64 and 8 rows), Z = 6, rows as select_rows leaves them (a* and its target
-    softmax's max and sum, rewards, discounts, weights seeded; some rows terminal); row 5's reward NaN. dlogits
-    [B, 13, Z] every element: at the taken heads weight * (sum(m) softmax - m) of the float64 projection m
-    (reference.project64 of p_next = softmax(target logits[a*]) from support_target[a*] onto support_online[a_t]),
-    0 on the branches' other heads; the loss -sum m log softmax of the online logits of s; tolerances: c51_loss's
-    bounds (test_distributional_kernels.py) plus what m's error (8 Z eps per atom and in its mass) adds. The NaN
-    row is NaN in its loss and gradient and nowhere else."""
+    softmax's max and sum, rewards, discounts, weights seeded; some rows terminal); row 5's reward NaN. The
+    gradient g at the taken heads, weight * (sum(m) softmax - m) of the float64 projection m (reference.project64
+    of p_next = softmax(target logits[a*]) from support_target[a*] onto support_online[a_t]), 0 on the branches'
+    other heads, leaves through the dueling combine's backward into dhead [B, head_width(Z)], every element: the
+    value stream of each branch row is g itself (a sum of g and zeros), checked against the reference with
+    c51_loss's bounds (test_distributional_kernels.py) plus what m's error (8 Z eps per atom and in its mass)
+    adds; each advantage stream is exactly the float32 g[a] - g / size that dueling_combine_bwd computes; the
+    forecast column is not written. The loss -sum m log softmax of the online logits of s. The NaN row is NaN in
+    its loss and its branch's streams and nowhere else."""
     b, z = 18, 6
     r = 4 * b
     eps = 2.0**-24
@@ -183,9 +186,9 @@ def test_project_loss_scatter(stream, stager, rng):
     for name, value in (("next_stats", next_stats), ("rewards", rewards), ("discounts", discounts),
                         ("weights", weights), ("next_head", next_head)):
         stager.upload(value, getattr(rows, name))
-    dlogits = stager.upload_new(np.full((b, N_HEADS, z), np.nan, np.float32))
+    dhead = stager.upload_new(np.full((b, head_width(z)), np.nan, np.float32))
     branch_loss(stager.upload_new(logits), stager.upload_new(logits_tgt), rows, stager.upload_new(actions),
-                stager.upload_new(sup_on), stager.upload_new(sup_tg), dlogits, stream=stream)
+                stager.upload_new(sup_on), stager.upload_new(sup_tg), dhead, stream=stream)
     spans = reference.branch_spans()
     taken_head = np.array([off + actions[i, br] for i in range(b) for br, (off, _) in enumerate(spans)])
     taken = logits[np.repeat(np.arange(b), 4), taken_head]  # the online logits of s at the taken heads
@@ -194,12 +197,15 @@ def test_project_loss_scatter(stream, stager, rng):
     m[good] = reference.project64(p_next[good], rewards[good], discounts[good],
                                   sup_tg[next_head[good]], sup_on[taken_head[good]])
     grad_ref = weights.astype(np.float64)[:, None] * (m.sum(axis=1, keepdims=True) * reference.softmax64(taken) - m)
-    got, got_loss = stager.download(dlogits), stager.download(rows.loss)
-    sample = np.repeat(np.arange(b), 4)
-    at_taken = np.zeros((b, N_HEADS, z), bool)
-    at_taken[sample, taken_head] = True
-    assert np.all(got[~at_taken] == 0)  # the branches' other heads
-    got_rows = got[sample, taken_head]
+    got_head, got_loss = stager.download(dhead), stager.download(rows.loss)
+    assert np.isnan(got_head[:, aux_column(z)]).all()  # the forecast column is the aux loss's
+    streams = got_head[:, : aux_column(z)].reshape(b, 4 + N_HEADS, z)
+    got_rows = streams[:, :4].reshape(r, z)  # the value streams: each branch row's gradient g
+    g = np.zeros((b, N_HEADS, z), np.float32)
+    g[np.repeat(np.arange(b), 4), taken_head] = got_rows
+    for br, (off, size) in enumerate(spans):
+        want = g[:, off : off + size] - (got_rows.reshape(b, 4, z)[:, br] / np.float32(size))[:, None]
+        np.testing.assert_array_equal(streams[:, 4 + off : 4 + off + size], want)
     assert np.isnan(got_rows[5]).all() and np.isnan(got_loss[5]) and np.isfinite(got_rows[good]).all()
     # p_next within 4 (Z + 2) eps, m within 8 Z eps per atom and its mass within 8 Z eps (test_distributional_
     # kernels.py), then c51_loss's bound
