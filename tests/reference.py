@@ -141,6 +141,25 @@ def dueling64(head, n_atoms):
     return out
 
 
+def dueling32(head, n_atoms):
+    """`dueling64` in float32 with the kernels' order of operations (kernels/heads.py dueling_combine_fwd and
+    combined_logit: the branch's advantages summed in head order, divided by its size, then V + (A - mean)), so
+    its logits are the kernels' bit for bit."""
+    spans = branch_spans()
+    nb = len(spans)
+    n_streams = nb + sum(size for _, size in spans)
+    h = np.asarray(head, np.float32)[:, : n_streams * n_atoms].reshape(head.shape[0], n_streams, n_atoms)
+    value, adv = h[:, :nb], h[:, nb:]
+    out = np.empty_like(adv)
+    for b, (off, size) in enumerate(spans):
+        mean = np.zeros((head.shape[0], n_atoms), np.float32)
+        for k in range(size):
+            mean = mean + adv[:, off + k]
+        mean = mean / np.float32(size)
+        out[:, off : off + size] = value[:, b : b + 1] + (adv[:, off : off + size] - mean[:, None])
+    return out
+
+
 def dueling_backward64(dlogits):
     """d head [B, 17 * Z] (the stream columns) of d logits [B, 13, Z] (the transpose of `dueling64`)."""
     spans = branch_spans()

@@ -19,7 +19,8 @@ slots and gather s, a, r, done, s' (ReplayBuffer.sample / gather, agent/replay.p
 the observations of those 2B rows (kernels/env.py gather_obs, the collector's gather; with learner.obs_noise
 > 0 Gaussian noise on their market columns, kernels/learner.py) -> online forward on
 s and s' as one batch of 2B rows (the s rows kept for backward) -> target forward on s' -> one fused pass
-(kernels/learner.py select_q_rows): online E[Q], entropy and atom utilisation on s (E[Q] on s'), and the double
+(kernels/learner.py select_q_rows, from the two head GEMM outputs, the dueling combine formed as it reads them):
+online E[Q], entropy and atom utilisation on s (E[Q] on s'), and the double
 DQN rows: the greedy next bin (of the direction branch for every branch, by default: learner.bootstrap) from the
 online E[Q](s'), evaluated with the target distribution -> (prioritised: the importance weights) -> one fused pass
 (project_loss_scatter): C51 projection of r + gamma (1 - done) z onto the online support, cross-entropy per branch
@@ -218,7 +219,7 @@ class Learner:
     # supports, each an entry of walkforward/trainer_state.py.
     NOT_STATE = (
         "cfg", "layout", "replay", "market_obs", "isv", "stager", "stream", "seed", "batch_size", "steps_per_epoch",
-        "online", "target_net", "graph", "batch", "obs", "obs_next", "rows", "logits", "logits_tgt", "q", "entropy",
+        "online", "target_net", "graph", "batch", "obs", "obs_next", "rows", "q", "entropy",
         "util", "grads", "aux_target", "norm_partials", "adam_partials", "polyak_partials", "loss_partials",
         "q_partials", "hidden_partials", "decay_mask", "branch_weights", "schedule", "epoch",
         "is_weights", "iqn", "mean", "draw", "book", "env_params",
@@ -330,8 +331,6 @@ class Learner:
                               spectral=spec_on, depth=depth, isv=isv)  # isv: the VSN and MoE gates' signals of s
         self.target_net = Network(layout, b, stream=stream, dense=dense, noise=noise_tgt, spectral=spec_tgt)
         self._bind_encoders(market_obs, day_first, book_obs)
-        self.logits = device_empty((2 * b, N_HEADS, z), np.float32)
-        self.logits_tgt = device_empty((b, N_HEADS, z), np.float32)
         self.q = device_empty((2 * b, N_HEADS), np.float32)
         self.entropy = device_empty((b, N_HEADS), np.float32)  # of s (the Q signals read s only)
         self.util = device_empty((b, N_HEADS), np.float32)
@@ -403,12 +402,12 @@ class Learner:
         gather_obs(self.market_obs, bt.rows, bt.port, self.obs, stream=s)
         if lc.obs_noise > 0:
             add_obs_noise(self.obs, self.rng_states, lc.obs_noise, int(self.market_obs.shape[1]), stream=s)
-        self.online.forward(self.params, self.obs, self.logits, stream=s, rows=bt.rows)  # s, s' (s kept for backward)
+        self.online.forward(self.params, self.obs, None, stream=s, rows=bt.rows)  # s, s' (s kept for backward)
         if self.online.spectral is not None:
             spectral_epoch_stat(self.online.spectral.sigma, self.epoch, stream=s)
         if self.online.moe is not None:
             self.online.moe.signals(self.epoch, stream=s)
-        self.target_net.forward(self.target, self.obs_next, self.logits_tgt, stream=s, rows=bt.rows[self.batch_size :])
+        self.target_net.forward(self.target, self.obs_next, None, stream=s, rows=bt.rows[self.batch_size :])
         self._c51_rows(s, prio)
         if prio is not None:
             prio.update(bt.idx, rows.loss, alpha=lc.priority_alpha, eps=lc.priority_eps, stream=s)
@@ -448,14 +447,14 @@ class Learner:
         projection, the cross-entropy and its gradient through the dueling combine into the online dhead
         (branch_loss)."""
         lc, bt, rows = self.cfg.learner, self.batch, self.rows
-        select_rows(self.logits, self.logits_tgt, self.support_online, self.support_target, bt.actions, bt.rewards,
-                    bt.discounts, self.branch_weights, self.q, self.entropy, self.util, rows, stream=s,
-                    bootstrap=lc.bootstrap)
+        head, head_tgt = self.online.head_out, self.target_net.head_out
+        select_rows(head, head_tgt, self.support_online, self.support_target, bt.actions, bt.rewards, bt.discounts,
+                    self.branch_weights, self.q, self.entropy, self.util, rows, stream=s, bootstrap=lc.bootstrap)
         if prio is not None:
             prio.weights(bt.idx, self.schedule.device, self.optim_state, lc.priority_beta0, rows.weights,
                          self.is_weights, stream=s)
-        branch_loss(self.logits, self.logits_tgt, rows, bt.actions, self.support_online, self.support_target,
-                    self.online.dhead, stream=s)
+        branch_loss(head, head_tgt, rows, bt.actions, self.support_online, self.support_target, self.online.dhead,
+                    stream=s)
 
     # ---- per epoch ----------------------------------------------------------------------------------------
 

@@ -4,6 +4,8 @@
     params = stager.upload_new(init_params(layout, seed))  # one flat float32 buffer [layout.size]
     net = Network(layout, batch, stream=s)                 # activation buffers, allocated once
     net.forward(params, obs, logits, stream=s)             # obs [batch, D] -> logits [batch, 13, Z]
+                                                           # (logits None: the head GEMM's output net.head_out
+                                                           # only, for a caller that combines it itself)
                                                            # (Mamba2, TLOB: net.bind_market(...) per fold, rows=,
                                                            # or encoded= of a cache: net.encode(...), net.encoded(k))
     net.backward(params, dlogits, grads, stream=s)         # dlogits [G, 13, Z] -> grads [layout.size]
@@ -570,13 +572,16 @@ class Network:
 
     def forward(self, params: Any, obs: Any, logits: Any, *, stream: Any, rows: Any = None,
                 encoded: Any = None) -> None:
-        """logits [batch, N_HEADS, Z] of obs [batch, obs_dim]; keeps the activations for `backward`. A layout with a
+        """logits [batch, N_HEADS, Z] of obs [batch, obs_dim], or with logits None the head GEMM's output head_out
+        [batch, head_width(Z)] alone (the learner's fused C51 passes form the combine themselves: kernels/learner.py);
+        keeps the activations for `backward`. A layout with a
         Mamba2 or TLOB encoder needs one of `rows` [batch] int32 (each observation's row of the bound market,
         `bind_market`: the encoder runs on their windows) and `encoded` (`encoded(k)`: the encoder cache's outputs
         for the observations' rows); a layout without one reads neither."""
         lay = self.layout
         check_array("obs", obs, "[batch, obs_dim]", (self.batch, lay.obs_dim))
-        check_array("logits", logits, "[batch, N_HEADS, Z]", (self.batch, N_HEADS, lay.n_atoms))
+        if logits is not None:
+            check_array("logits", logits, "[batch, N_HEADS, Z]", (self.batch, N_HEADS, lay.n_atoms))
         p = self._params(params)
         base = obs
         if self._crossed is not None:
@@ -614,7 +619,8 @@ class Network:
         else:
             hw, hb = self.noisy.forward(p, stream=stream) if self.noisy is not None else (p[w.name], p[b.name])
             self._linear(x, hw, hb, self.head_out, False, stream)
-        dueling_combine_forward(self.head_out, logits, stream=stream)
+        if logits is not None:
+            dueling_combine_forward(self.head_out, logits, stream=stream)
 
     def backward(self, params: Any, dlogits: Any, grads: Any, *, stream: Any, input_grad: Any = None) -> None:
         """grads [layout.size] = d(sum dlogits * logits) / d params over the first grad_rows rows of the last

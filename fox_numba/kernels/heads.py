@@ -121,6 +121,19 @@ def branch_of(a):
     return 3
 
 
+@cuda.jit(device=True)
+def combined_logit(head, i, a, z, n_atoms):
+    """logits[i, a, z] of the head GEMM's output rows head: V_b + (A_a - the mean of branch b's A) at atom z, with
+    dueling_combine_fwd's arithmetic (the same float32 operations in the same order: the same bits)."""
+    b = branch_of(a)
+    off, size = branch_span(b)
+    mean = float32(0.0)
+    for k in range(size):
+        mean += head[i, (N_BRANCHES + off + k) * n_atoms + z]
+    mean = mean / float32(size)
+    return head[i, b * n_atoms + z] + (head[i, (N_BRANCHES + a) * n_atoms + z] - mean)
+
+
 @register((_F2, _F3, int32))
 @cuda.jit
 def dueling_combine_fwd(head, logits, n):

@@ -3,10 +3,11 @@
     step_schedule        state.step += 1; this step's lr and tau from the schedule block and the ISV
     (replay sample and gather: kernels/replay.py, B slots and the batch with s in rows 0..B-1 and s' in
      rows B..2B-1; the observations of the 2B rows: kernels/env.py gather_obs)
-    select_q_rows        the online E[Q], entropy and utilisation of every head (s and s'), then per branch
-                         row (sample, branch) the greedy next bin from the online E[Q](s') (the direction
-                         branch's for every branch unless bootstrap=branch), its target softmax's max and sum,
-                         reward, discount, weight and row statistics
+    select_q_rows        from the head GEMM outputs (the dueling combine formed as rows are staged,
+                         heads.combined_logit): the online E[Q], entropy and utilisation of every head (s
+                         and s'), then per branch row (sample, branch) the greedy next bin from the online
+                         E[Q](s') (the direction branch's for every branch unless bootstrap=branch), its
+                         target softmax's max and sum, reward, discount, weight and row statistics
     (importance weights: kernels/priority.py, prioritised replay only, multiply the rows' weights here)
     project_loss_scatter per branch row the C51 projection, the cross-entropy and its gradient, scattered into
                          the heads (0 on heads not taken) and taken back through the dueling combine into the
@@ -53,18 +54,21 @@ outside an array.
 Launch shapes: grid-stride through `launch_strided` (one thread per element on the GPU, one block under
 the simulator); the schedule, guard and fold-counter kernels are one thread; finish_step one block.
 
-The two C51 kernels fuse the chain expected_q (with the utilisation pass) -> double DQN rows -> c51_project ->
-c51_loss -> scatter -> dueling_combine_bwd: two launches instead of six, and neither the [4B, Z] rows (taken
-logits, p_next, the projection, the row gradients) nor the [B, 13, Z] logit gradients go through global memory. The importance weights (prioritised replay) multiply the
-rows' weights between the two, which is where the chain was split. Results are the chain's bit for bit: every
-float32 value comes from the same code in the same order (distributional.py's device functions row_stats,
-atom_pass, project_row, cross_entropy_row, run on rows staged in shared memory instead of global rows; the target
-softmax p = exp(x - max) / sum from the same max and sum); tests/agent/test_learner_fused.py runs whole steps
-against the chain. Launch shapes (`launch_rows`), both staging with coalesced loads at an odd row stride (Z | 1,
+The two C51 kernels fuse the chain dueling_combine_fwd (online and target) -> expected_q (with the utilisation pass)
+-> double DQN rows -> c51_project -> c51_loss -> scatter -> dueling_combine_bwd: two launches instead of eight, and
+neither the [2B + B, 13, Z] logits, the [4B, Z] rows (taken logits, p_next, the projection, the row gradients) nor
+the [B, 13, Z] logit gradients go through global memory. The kernels read the head GEMMs' outputs [rows,
+head_width(Z)] and form each staged logit with heads.combined_logit (the combine kernel's arithmetic, so the same
+bits; the branch's mean is recomputed per logit, from rows the cache holds). The importance weights (prioritised
+replay) multiply the rows' weights between the two, which is where the chain was split. Results are the chain's bit
+for bit: every float32 value comes from the same code in the same order (distributional.py's device functions
+row_stats, atom_pass, project_row, cross_entropy_row, run on rows staged in shared memory instead of global rows;
+the target softmax p = exp(x - max) / sum from the same max and sum); tests/agent/test_learner_fused.py runs whole
+steps against the chain. Launch shapes (`launch_rows`), both staging with coalesced loads at an odd row stride (Z | 1,
 so threads reading one atom of different rows hit different banks) because a thread walking its own global row
 made every warp load touch 32 rows:
 - select_q_rows: one block per up to SELECT_SAMPLES (8) samples, 13 threads per sample (thread = head). Three
-  rounds, each staging rows into SELECT_STAGE_WORDS floats (four loads in flight per thread), a barrier, then
+  rounds, each staging rows into SELECT_STAGE_WORDS floats (four rows in flight per thread), a barrier, then
   one row per thread from shared memory: the 13 online s rows of each sample (E[Q], entropy, utilisation); the 13
   online s' rows (E[Q]); then threads h < 4 pick each branch row's a* from the block's q of s' (global memory,
   written before the barriers), and only those target rows are staged (4 per sample; one distinct head with the
@@ -95,8 +99,16 @@ from fox_numba.device.memory import device_empty
 from fox_numba.device.registry import register
 from fox_numba.device.rng import xoroshiro128p_uniform_float32
 from fox_numba.kernels.distributional import atom_pass, cross_entropy_row, project_row, row_stats
-from fox_numba.kernels.head_rows import carry, staged_row
-from fox_numba.kernels.heads import N_AUX, N_STREAMS, aux_column, branch_of, branch_span, head_width
+from fox_numba.kernels.head_rows import carry, staged_combined
+from fox_numba.kernels.heads import (
+    N_AUX,
+    N_STREAMS,
+    aux_column,
+    branch_of,
+    branch_span,
+    combined_logit,
+    head_width,
+)
 from fox_numba.kernels.optim import NORM_BLOCK, OPTIM_STATE_DTYPE, check_state, norm_partials_len, partials_used
 from fox_numba.kernels.signals import EpochStat, check_epoch, ema, finite, tree_sums
 
@@ -211,10 +223,10 @@ def _taken_head(actions, i, b):
 
 
 @cuda.jit(device=True)
-def _stage_heads(src, first, count, stage, stride, tid, threads):
-    """stage[(s * 13 + h) * stride + j] = src[first + s, h, j] for s < count (one contiguous run of count * 13 * Z
-    floats), coalesced: consecutive threads read consecutive floats, four loads in flight per thread."""
-    n_atoms = src.shape[2]
+def _stage_heads(head, first, count, stage, stride, tid, threads, n_atoms):
+    """stage[(s * 13 + h) * stride + j] = logits[first + s, h, j] for s < count (one contiguous run of count * 13 * Z
+    floats), formed from the head GEMM's output rows `head` (staged_combined), consecutive threads at consecutive
+    atoms, four rows in flight per thread."""
     rows = count * N_HEADS
     d_row = threads // n_atoms
     d_j = threads - d_row * n_atoms
@@ -224,16 +236,16 @@ def _stage_heads(src, first, count, stage, stride, tid, threads):
         row1, j1 = carry(row, j, d_row, d_j, n_atoms)
         row2, j2 = carry(row1, j1, d_row, d_j, n_atoms)
         row3, j3 = carry(row2, j2, d_row, d_j, n_atoms)
-        x0 = staged_row(src, first, row, j)
+        x0 = staged_combined(head, first, row, j, n_atoms)
         x1 = float32(0.0)
         x2 = float32(0.0)
         x3 = float32(0.0)
         if row1 < rows:
-            x1 = staged_row(src, first, row1, j1)
+            x1 = staged_combined(head, first, row1, j1, n_atoms)
         if row2 < rows:
-            x2 = staged_row(src, first, row2, j2)
+            x2 = staged_combined(head, first, row2, j2, n_atoms)
         if row3 < rows:
-            x3 = staged_row(src, first, row3, j3)
+            x3 = staged_combined(head, first, row3, j3, n_atoms)
         stage[row * stride + j] = x0
         if row1 < rows:
             stage[row1 * stride + j1] = x1
@@ -244,12 +256,13 @@ def _stage_heads(src, first, count, stage, stride, tid, threads):
         row, j = carry(row3, j3, d_row, d_j, n_atoms)
 
 
-@register((_F3, _F3, _F2, _F2, _I2, _F1, _F1, _F1, int32, _F2, _F2, _F2, _I1, _F2, _F1, _F1, _F1, _F2))
+@register((_F2, _F2, _F2, _F2, _I2, _F1, _F1, _F1, int32, _F2, _F2, _F2, _I1, _F2, _F1, _F1, _F1, _F2))
 @cuda.jit
-def select_q_rows(logits, logits_tgt, support_online, support_target, actions, rewards, discounts, branch_w, shared,
+def select_q_rows(head, head_tgt, support_online, support_target, actions, rewards, discounts, branch_w, shared,
                   q, entropy, util, next_head, next_stats, rew_r, disc_r, weights, stats):
-    """The online E[Q] statistics and the double DQN rows of the block's samples (launch shape in the header):
-    logits [2B, 13, Z] hold s in rows 0..B-1 and s' in rows B..2B-1, logits_tgt [B, 13, Z] the target's s'.
+    """The online E[Q] statistics and the double DQN rows of the block's samples (launch shape in the header): the
+    online head GEMM's output head [2B, head_width(Z)] holds s in rows 0..B-1 and s' in rows B..2B-1, head_tgt
+    [B, head_width(Z)] the target's s'; every logit read is formed from them (heads.combined_logit).
     Thread (slot, h) owns head h of sample i = first + slot; each round stages rows of the block's samples, then
     reads them from shared memory with the code the unfused kernels ran on global rows:
     1. s: `row_stats` and `atom_pass` on support_online[h]: q[i, h] = E[Q], entropy[i, h], util[i, h] = the
@@ -266,7 +279,7 @@ def select_q_rows(logits, logits_tgt, support_online, support_target, actions, r
     """
     stage = cuda.shared.array(SELECT_STAGE_WORDS, float32)
     next_sh = cuda.shared.array(SELECT_ROWS, int32)  # a* of the block's branch rows
-    n_atoms = logits.shape[2]
+    n_atoms = (head.shape[1] - N_AUX) // N_STREAMS
     n_samples = actions.shape[0]
     stride = n_atoms | 1
     threads = cuda.blockDim.x
@@ -279,7 +292,7 @@ def select_q_rows(logits, logits_tgt, support_online, support_target, actions, r
     active = slot < count
     base = tid * stride  # = (slot * 13 + h) * stride: this thread's staged row
 
-    _stage_heads(logits, first, count, stage, stride, tid, threads)
+    _stage_heads(head, first, count, stage, stride, tid, threads, n_atoms)
     cuda.syncthreads()
     if active:
         v_min = support_online[h, 0]
@@ -292,7 +305,7 @@ def select_q_rows(logits, logits_tgt, support_online, support_target, actions, r
         util[i, h] = float32(used) / float32(n_atoms)
     cuda.syncthreads()
 
-    _stage_heads(logits, n_samples + first, count, stage, stride, tid, threads)
+    _stage_heads(head, n_samples + first, count, stage, stride, tid, threads, n_atoms)
     cuda.syncthreads()
     if active:
         _m, s, tz, _tlm = row_stats(stage, base, n_atoms, support_online[h, 0], support_online[h, 2])
@@ -311,7 +324,7 @@ def select_q_rows(logits, logits_tgt, support_online, support_target, actions, r
     j = tid - row * n_atoms
     while row < rows:
         sample = row // N_BRANCHES
-        stage[row * stride + j] = logits_tgt[first + sample, next_sh[row], j]
+        stage[row * stride + j] = combined_logit(head_tgt, first + sample, next_sh[row], j, n_atoms)
         row, j = carry(row, j, d_row, d_j, n_atoms)
     cuda.syncthreads()
     if not branch_row:
@@ -347,15 +360,17 @@ def select_q_rows(logits, logits_tgt, support_online, support_target, actions, r
     stats[r, 2] = e_tgt - q[n_samples + i, a_n]
 
 
-@register((_F3, _F3, _I1, _F2, _F1, _F1, _I2, _F2, _F2, _F1, _F1, _F2))
+@register((_F2, _F2, _I1, _F2, _F1, _F1, _I2, _F2, _F2, _F1, _F1, _F2))
 @cuda.jit
-def project_loss_scatter(logits, logits_tgt, next_head, next_stats, rew_r, disc_r, actions, support_online,
+def project_loss_scatter(head, head_tgt, next_head, next_stats, rew_r, disc_r, actions, support_online,
                          support_target, weights, loss, dhead):
     """The C51 projection, the cross-entropy with its gradient, and its scatter through the dueling combine's
     backward into the stream columns of dhead [B, head_width(Z)] for the block's branch rows r0 .. r0 + blockDim /
     LOSS_THREADS_PER_ROW - 1 (whole samples; launch shape in the header), in three steps:
     1. every thread, coalesced: stage p_next[r] = exp(x - max) / sum over the target logits(s')[a*] (next_head,
-       next_stats: the softmax select_q_rows took) and the online logits(s) of the row's taken head a_t.
+       next_stats: the softmax select_q_rows took) and the online logits(s) of the row's taken head a_t, each
+       formed from the head GEMM outputs head [2B, head_width(Z)] and head_tgt [B, head_width(Z)]
+       (heads.combined_logit).
     2. one row per thread (the first ones): `project_row` of rew_r + disc_r * z(a*) (support_target[a*]) onto the
        atoms of support_online[a_t] into a staged scratch m, then loss[r] = `cross_entropy_row` of the staged
        logits against m, its gradient weights[r] * (sum(m) softmax - m) written over m: c51_project's and
@@ -367,7 +382,7 @@ def project_loss_scatter(logits, logits_tgt, next_head, next_stats, rew_r, disc_
     p_st = cuda.shared.array(LOSS_STAGE_WORDS, float32)
     x_st = cuda.shared.array(LOSS_STAGE_WORDS, float32)
     m_st = cuda.shared.array(LOSS_STAGE_WORDS, float32)
-    n_atoms = logits.shape[2]
+    n_atoms = (head.shape[1] - N_AUX) // N_STREAMS
     stride = n_atoms | 1
     threads = cuda.blockDim.x
     tid = cuda.threadIdx.x
@@ -383,8 +398,8 @@ def project_loss_scatter(logits, logits_tgt, next_head, next_stats, rew_r, disc_
         r = r0 + row
         i = r // N_BRANCHES
         off, taken = _taken_head(actions, i, r - i * N_BRANCHES)
-        xt = logits_tgt[i, next_head[r], j]
-        x_st[row * stride + j] = logits[i, off + taken, j]
+        xt = combined_logit(head_tgt, i, next_head[r], j, n_atoms)
+        x_st[row * stride + j] = combined_logit(head, i, off + taken, j, n_atoms)
         p_st[row * stride + j] = math.exp(xt - next_stats[r, 0]) / next_stats[r, 1]
         row, j = carry(row, j, d_row, d_j, n_atoms)
     cuda.syncthreads()
@@ -593,16 +608,17 @@ def _check_atoms(n_atoms: int) -> None:
                          f"{n_atoms}")
 
 
-def select_rows(logits: Any, logits_tgt: Any, support_online: Any, support_target: Any, actions: Any, rewards: Any,
+def select_rows(head: Any, head_tgt: Any, support_online: Any, support_target: Any, actions: Any, rewards: Any,
                 discounts: Any, branch_w: Any, q: Any, entropy: Any, util: Any, rows: BranchRows, *, stream: Any,
                 bootstrap: str = "direction") -> None:
-    """The online E[Q] statistics and the double DQN rows (kernel select_q_rows): logits [2B, 13, Z] of the online
-    network on s then s', logits_tgt [B, 13, Z] of the target on s', supports [13, 3] -> q [2B, 13] (s and s'),
-    entropy and util [B, 13] (s), and `rows`; `bootstrap` as in the header."""
+    """The online E[Q] statistics and the double DQN rows (kernel select_q_rows): head [2B, head_width(Z)], the
+    online network's head GEMM output on s then s', head_tgt [B, head_width(Z)] the target's on s' (the logits are
+    their dueling combine), supports [13, 3] -> q [2B, 13] (s and s'), entropy and util [B, 13] (s), and `rows`;
+    `bootstrap` as in the header."""
     b, z = rows.batch, rows.n_atoms
     _check_atoms(z)
-    check_array("logits", logits, "[2B, 13, Z]", (2 * b, N_HEADS, z))
-    check_array("logits_tgt", logits_tgt, "[B, 13, Z]", (b, N_HEADS, z))
+    check_array("head", head, "[2B, head_width(Z)]", (2 * b, head_width(z)))
+    check_array("head_tgt", head_tgt, "[B, head_width(Z)]", (b, head_width(z)))
     check_array("support_online", support_online, "[13, 3]", (N_HEADS, 3))
     check_array("support_target", support_target, "[13, 3]", (N_HEADS, 3))
     check_array("actions", actions, "[B, 4]", (b, N_BRANCHES), np.int32)
@@ -615,28 +631,28 @@ def select_rows(logits: Any, logits_tgt: Any, support_online: Any, support_targe
     if bootstrap not in BOOTSTRAP_RULES:
         raise ValueError(f"learner.bootstrap must be one of {BOOTSTRAP_RULES}, got {bootstrap!r}")
     spb = min(select_samples(z), b)
-    launch_rows(select_q_rows, -(-b // spb), spb * N_HEADS, logits, logits_tgt, support_online, support_target,
+    launch_rows(select_q_rows, -(-b // spb), spb * N_HEADS, head, head_tgt, support_online, support_target,
                 actions, rewards, discounts, branch_w, i32(bootstrap == "direction"), q, entropy, util, rows.next_head,
                 rows.next_stats, rows.rewards, rows.discounts, rows.weights, rows.stats, stream=stream)
 
 
-def branch_loss(logits: Any, logits_tgt: Any, rows: BranchRows, actions: Any, support_online: Any,
+def branch_loss(head: Any, head_tgt: Any, rows: BranchRows, actions: Any, support_online: Any,
                 support_target: Any, dhead: Any, *, stream: Any) -> None:
     """rows.loss [4B] and the stream columns of dhead [B, head_width(Z)] (every element but the forecast column's:
     the C51 loss's gradient through the dueling combine) from `select_rows`' rows, their weights as they stand
-    (after the importance weights, prioritised), the online logits [2B, 13, Z] (their s rows) and the target logits
-    [B, 13, Z] (kernel project_loss_scatter)."""
+    (after the importance weights, prioritised), the online head GEMM output [2B, head_width(Z)] (its s rows) and
+    the target's [B, head_width(Z)], whose dueling combines are the logits (kernel project_loss_scatter)."""
     b, z = rows.batch, rows.n_atoms
     _check_atoms(z)
-    check_array("logits", logits, "[2B, 13, Z]", (2 * b, N_HEADS, z))
-    check_array("logits_tgt", logits_tgt, "[B, 13, Z]", (b, N_HEADS, z))
+    check_array("head", head, "[2B, head_width(Z)]", (2 * b, head_width(z)))
+    check_array("head_tgt", head_tgt, "[B, head_width(Z)]", (b, head_width(z)))
     check_array("actions", actions, "[B, 4]", (b, N_BRANCHES), np.int32)
     check_array("support_online", support_online, "[13, 3]", (N_HEADS, 3))
     check_array("support_target", support_target, "[13, 3]", (N_HEADS, 3))
     check_array("dhead", dhead, "[B, head_width(Z)]", (b, head_width(z)))
     r = N_BRANCHES * b
     per_block = min(loss_rows(z), r)
-    launch_rows(project_loss_scatter, -(-r // per_block), per_block * LOSS_THREADS_PER_ROW, logits, logits_tgt,
+    launch_rows(project_loss_scatter, -(-r // per_block), per_block * LOSS_THREADS_PER_ROW, head, head_tgt,
                 rows.next_head, rows.next_stats, rows.rewards, rows.discounts, actions, support_online, support_target,
                 rows.weights, rows.loss, dhead, stream=stream)
 

@@ -1,13 +1,14 @@
 """The learner's fused C51 passes (kernels/learner.py select_q_rows and project_loss_scatter) against the chain of
 kernels they replaced, run inside whole learner steps: every output bit for bit (np.array_equal, NaN equal to NaN).
 
-The chain is the step as it stood before the fusion (commit 7a96c31): expected_q with the utilisation pass over the
-2B online rows, double_dqn_rows, the importance weights (prioritised), c51_project, c51_loss,
-scatter_branch_grads and the dueling combine's backward into the online network's dhead (which the fused loss
-pass also took over, later). The two kernels the fusion removed from the package are kept here verbatim as the reference;
-they launch directly (not through device/launch.py, which takes registered package kernels only). Each case runs
-three steps of a tiny learner (batch 6, 5 atoms) and compares the parameters, the target, the Adam moments, every
-other state array, the ISV, the raw epoch sums and every buffer of the step the later kernels read.
+The chain is the step as it stood before the fusion (commit 7a96c31): the dueling combine of the online and target
+head outputs into logits (which the fused passes later took over too), expected_q with the utilisation pass over the
+2B online rows, double_dqn_rows, the importance weights (prioritised), c51_project, c51_loss, scatter_branch_grads and
+the dueling combine's backward into the online network's dhead (which the fused loss pass also took over, later). The
+two kernels the fusion removed from the package are kept here verbatim as the reference; they launch directly (not
+through device/launch.py, which takes registered package kernels only). Each case runs three steps of a tiny learner
+(batch 6, 5 atoms) and compares the parameters, the target, the Adam moments, every other state array, the ISV, the
+raw epoch sums and every buffer of the step the later kernels read.
 """
 
 import math
@@ -23,7 +24,12 @@ from fox_numba.agent.learner import Learner
 from fox_numba.agent.network import ParamLayout
 from fox_numba.device.memory import device_empty
 from fox_numba.kernels.distributional import c51_loss, c51_project, expected_q
-from fox_numba.kernels.heads import branch_span, broadcast_supports, dueling_combine_backward
+from fox_numba.kernels.heads import (
+    branch_span,
+    broadcast_supports,
+    dueling_combine_backward,
+    dueling_combine_forward,
+)
 from fox_numba.kernels.learner import _effect, greedy_next
 
 
@@ -104,10 +110,14 @@ class ChainLearner(Learner):
         self.taken, self.p_next, self.target_m, self.dl = (device_empty((r, z), np.float32) for _ in range(4))
         self.sup_next, self.sup_proj = device_empty((r, 3), np.float32), device_empty((r, 3), np.float32)
         self.dlogits = device_empty((b, N_HEADS, z), np.float32)
+        self.logits = device_empty((2 * b, N_HEADS, z), np.float32)
+        self.logits_tgt = device_empty((b, N_HEADS, z), np.float32)
 
     def _c51_rows(self, s, prio):
         lc, bt, rows = self.cfg.learner, self.batch, self.rows
         r = N_BRANCHES * self.batch_size
+        dueling_combine_forward(self.online.head_out, self.logits, stream=s)
+        dueling_combine_forward(self.target_net.head_out, self.logits_tgt, stream=s)
         broadcast_supports(self.support_online, self.support_rows, stream=s)
         expected_q(self.logits, self.support_rows, self.q, self.entropy_rows, utilisation=self.util_rows, stream=s)
         double_dqn_rows[1, 32, s](self.logits, self.q, self.logits_tgt, self.support_online, self.support_target,
@@ -156,8 +166,9 @@ def run_steps(learner_cls, stager, stream, case, steps=3):
     out = {f"state.{k}": v for k, v in host_state(learner).items()}
     out["isv"] = stager.download(isv)
     out["epoch"] = stager.download(learner.epoch)
-    for name in ("logits", "logits_tgt", "q"):
-        out[name] = stager.download(getattr(learner, name))
+    out["q"] = stager.download(learner.q)
+    out["head_out"] = stager.download(learner.online.head_out)
+    out["head_out_tgt"] = stager.download(learner.target_net.head_out)
     out["entropy"], out["util"] = stager.download(learner.entropy)[:b], stager.download(learner.util)[:b]
     for name in ("rewards", "discounts", "weights", "loss", "stats"):
         out[f"rows.{name}"] = stager.download(getattr(learner.rows, name))

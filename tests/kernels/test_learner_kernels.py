@@ -74,16 +74,29 @@ def test_step_schedule(stream, stager):
     assert stager.download(state)[0]["lr"] == np.float32(1e-3)
 
 
+def heads(rng, rows, z):
+    """Random head GEMM outputs [rows, head_width(Z)] (value and advantage streams, the forecast column) and their
+    logits [rows, 13, Z] as the kernels form them (reference.dueling32, bit for bit)."""
+    head = (2 * rng.standard_normal((rows, head_width(z)))).astype(np.float32)
+    return head, reference.dueling32(head, z)
+
+
 def select_inputs(rng, b, z):
-    """Online logits [2B, 13, Z] (s, then s'), target logits [B, 13, Z], supports, actions hitting every effect rule,
-    n-step rewards and discounts; the magnitude bins of s' row 1 tie (same logits and support: the lowest wins)."""
-    logits = (2 * rng.standard_normal((2 * b, N_HEADS, z))).astype(np.float32)
-    logits[: b // 3] = np.sort(logits[: b // 3], axis=-1)  # the running max rises at every atom
-    logits_tgt = (2 * rng.standard_normal((b, N_HEADS, z))).astype(np.float32)
+    """Online head outputs [2B, head_width(Z)] (s, then s') and target ones [B, ...] with their logits, supports,
+    actions hitting every effect rule, n-step rewards and discounts; the first B / 3 rows of s have zero advantages
+    and sorted values, so their logits rise at every atom (the running max does too); the magnitude bins of s' row 1
+    tie (equal advantages and supports: the lowest wins)."""
+    head, _ = heads(rng, 2 * b, z)
+    head[: b // 3, 4 * z : aux_column(z)] = 0.0  # the advantage streams (4 value streams first)
+    for s in range(4):
+        head[: b // 3, s * z : (s + 1) * z] = np.sort(head[: b // 3, s * z : (s + 1) * z], axis=-1)
+    for a in (5, 6):  # magnitude bins 1 and 2 of s' row 1 as bin 0 (head 4)
+        head[b + 1, (4 + a) * z : (5 + a) * z] = head[b + 1, 8 * z : 9 * z]
+    logits = reference.dueling32(head, z)
+    head_tgt, logits_tgt = heads(rng, b, z)
     sup_on = reference.random_support(rng, (N_HEADS,), z)
     sup_tg = reference.random_support(rng, (N_HEADS,), z)
     sup_on[5:7] = sup_on[4]
-    logits[b + 1, 5:7] = logits[b + 1, 4]
     actions = np.stack([rng.integers(0, 4, b), rng.integers(0, 3, b), rng.integers(0, 3, b),
                         rng.integers(0, 3, b)], 1).astype(np.int32)
     actions[:4, 0] = [HOLD, FLAT, 0, 2]  # every effect rule shows up
@@ -91,7 +104,7 @@ def select_inputs(rng, b, z):
     rewards = rng.standard_normal(b).astype(np.float32)
     # the gather's n-step discounts gamma**k * (1 - done): terminal rows 0, the others 0.9 ** k, k in 1..3
     discounts = np.where(np.arange(b) % 3 == 0, 0.0, 0.9 ** rng.integers(1, 4, b)).astype(np.float32)
-    return logits, logits_tgt, sup_on, sup_tg, actions, rewards, discounts
+    return head, head_tgt, logits, logits_tgt, sup_on, sup_tg, actions, rewards, discounts
 
 
 @pytest.mark.parametrize("bootstrap", ["direction", "branch"])
@@ -103,12 +116,13 @@ def test_select_q_rows(stream, stager, rng, bootstrap):
     exact, the target softmax's max exact and its sum exp(x - max) and the row statistics 1e-5 relative plus
     1e-6."""
     b, z = 10, 6
-    logits, logits_tgt, sup_on, sup_tg, actions, rewards, discounts = select_inputs(rng, b, z)
+    head, head_tgt, logits, logits_tgt, sup_on, sup_tg, actions, rewards, discounts = select_inputs(rng, b, z)
+    assert (np.diff(logits[: b // 3], axis=-1) > 0).all() and (logits[b + 1, 5:7] == logits[b + 1, 4]).all()
     branch_w = np.array([1.0, 0.5, 2.0, 0.25], np.float32)
     rows = BranchRows(b, z)
     q, entropy, util = (stager.upload_new(np.full(shape, np.nan, np.float32))
                         for shape in ((2 * b, N_HEADS), (b, N_HEADS), (b, N_HEADS)))
-    select_rows(*(stager.upload_new(a) for a in (logits, logits_tgt, sup_on, sup_tg, actions, rewards, discounts,
+    select_rows(*(stager.upload_new(a) for a in (head, head_tgt, sup_on, sup_tg, actions, rewards, discounts,
                                                   branch_w)), q, entropy, util, rows, stream=stream,
                 bootstrap=bootstrap)
     eps = 2.0**-24
@@ -167,8 +181,8 @@ def test_project_loss_scatter(stream, stager, rng):
     b, z = 18, 6
     r = 4 * b
     eps = 2.0**-24
-    logits = (2 * rng.standard_normal((2 * b, N_HEADS, z))).astype(np.float32)
-    logits_tgt = (2 * rng.standard_normal((b, N_HEADS, z))).astype(np.float32)
+    head, logits = heads(rng, 2 * b, z)
+    head_tgt, logits_tgt = heads(rng, b, z)
     actions = np.stack([rng.integers(0, 4, b)] + [rng.integers(0, 3, b) for _ in range(3)], 1).astype(np.int32)
     sup_on = reference.random_support(rng, (N_HEADS,), z)
     sup_tg = reference.random_support(rng, (N_HEADS,), z)
@@ -187,7 +201,7 @@ def test_project_loss_scatter(stream, stager, rng):
                         ("weights", weights), ("next_head", next_head)):
         stager.upload(value, getattr(rows, name))
     dhead = stager.upload_new(np.full((b, head_width(z)), np.nan, np.float32))
-    branch_loss(stager.upload_new(logits), stager.upload_new(logits_tgt), rows, stager.upload_new(actions),
+    branch_loss(stager.upload_new(head), stager.upload_new(head_tgt), rows, stager.upload_new(actions),
                 stager.upload_new(sup_on), stager.upload_new(sup_tg), dhead, stream=stream)
     spans = reference.branch_spans()
     taken_head = np.array([off + actions[i, br] for i in range(b) for br, (off, _) in enumerate(spans)])
