@@ -156,6 +156,13 @@ def init_params(dims: Mamba2Dims, seed: int, first: int = 0) -> dict[str, np.nda
     return out
 
 
+def _projection_biases(dims: Mamba2Dims, stream: Any) -> tuple[Any, Any, Any, Any]:
+    """The projections' zero biases (in, out) and their gradients' scratch (in, out): no bias is a parameter, the
+    dense layers take one, and its gradient is discarded."""
+    return (device_zeros(dims.width, np.float32, stream=stream), device_zeros(dims.d_out, np.float32, stream=stream),
+            device_empty(dims.width, np.float32), device_empty(dims.d_out, np.float32))
+
+
 class Mamba2Block:
     """Forward and backward of the block for `samples` windows (module header); buffers allocated once."""
 
@@ -178,10 +185,7 @@ class Mamba2Block:
         self.dzxbcdt = device_empty((grows, dims.width), np.float32)
         self.du = device_empty((grows, dims.n_features), np.float32)
         self.part = device_empty((grad_samples, N_HEAD_PARAMS * dims.n_heads), np.float32)  # per-sample head grads
-        self._zero_in = device_zeros(dims.width, np.float32, stream=stream)  # the projections' (absent) biases
-        self._zero_out = device_zeros(dims.d_out, np.float32, stream=stream)
-        self._db_in = device_empty(dims.width, np.float32)  # their gradients, discarded
-        self._db_out = device_empty(dims.d_out, np.float32)
+        self._zero_in, self._zero_out, self._db_in, self._db_out = _projection_biases(dims, stream)
         self._wgrad_in = WeightGrad(self.dense, grows, dims.n_features, dims.width)
         self._wgrad_out = WeightGrad(self.dense, grows, hp, dims.d_out)
 
@@ -243,10 +247,7 @@ class Mamba2LastBlock:
         self.dc = device_empty(grows, np.float32)
         self.dzxbcdt = device_empty((grows, dims.width), np.float32)
         self.part = device_empty((grad_samples, N_HEAD_PARAMS * dims.n_heads), np.float32)
-        self._zero_in = device_zeros(dims.width, np.float32, stream=stream)  # the projections' (absent) biases
-        self._zero_out = device_zeros(dims.d_out, np.float32, stream=stream)
-        self._db_in = device_empty(dims.width, np.float32)  # their gradients, discarded
-        self._db_out = device_empty(dims.d_out, np.float32)
+        self._zero_in, self._zero_out, self._db_in, self._db_out = _projection_biases(dims, stream)
         self._wgrad_in = WeightGrad(self.dense, grows, dims.n_features, dims.width)
         self._wgrad_out = WeightGrad(self.dense, grad_samples, hp, dims.d_out)
         self.grad_samples, self.grad_rows = grad_samples, grows

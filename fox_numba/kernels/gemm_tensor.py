@@ -117,6 +117,11 @@ def _build(a_k_major: bool, b_k_major: bool, bf16: bool) -> Any:
     a_shape = K_MAJOR_SHAPE if a_k_major else O_MAJOR_SHAPE
     b_shape = K_MAJOR_SHAPE if b_k_major else O_MAJOR_SHAPE
     store = _store_bf16 if bf16 else _store_tf32
+    # a k-step's depth, the reduction indices a register holds (TF32 one, bf16 a pair) and the second register's
+    # offset: fragments (g, t) of m16n8k8 (TF32) read k = t and t + 4, of m16n8k16 (bf16) pairs 2t | 2t + 1 and
+    # 2t + 8 | 2t + 9 (kernels/tensor_core.py)
+    k_step, pack, half = (16, 2, 8) if bf16 else (8, 1, 4)
+    load, mma = (pair, mma_bf16) if bf16 else (operand, mma_tf32)
 
     @cuda.jit(device=True)
     def product(a_src, a_fixed, b_src, b_fixed, k0, k1, acc, sums, do_sums):
@@ -153,45 +158,25 @@ def _build(a_k_major: bool, b_k_major: bool, bf16: bool) -> Any:
             if more:
                 fetch(a_src, a_k_major, a_fixed, k0 + (step + 1) * BK, k1, tid, ra)
                 fetch(b_src, b_k_major, b_fixed, k0 + (step + 1) * BK, k1, tid, rb)
-            if bf16:
-                k = t * 2
+            for ks in range(BK // k_step):
+                k = uint32(ks * k_step) + t * pack  # a lane's first reduction index in this k-step
                 for i in range(MT):
                     m = m_base + i * 16
-                    af[4 * i] = pair(a_s, a_k_major, buf, m, k)
-                    af[4 * i + 1] = pair(a_s, a_k_major, buf, m + 8, k)
-                    af[4 * i + 2] = pair(a_s, a_k_major, buf, m, k + 8)
-                    af[4 * i + 3] = pair(a_s, a_k_major, buf, m + 8, k + 8)
+                    af[4 * i] = load(a_s, a_k_major, buf, m, k)
+                    af[4 * i + 1] = load(a_s, a_k_major, buf, m + 8, k)
+                    af[4 * i + 2] = load(a_s, a_k_major, buf, m, k + half)
+                    af[4 * i + 3] = load(a_s, a_k_major, buf, m + 8, k + half)
                 for j in range(NT):
                     n = n_base + j * 8
-                    bf[2 * j] = pair(b_s, b_k_major, buf, n, k)
-                    bf[2 * j + 1] = pair(b_s, b_k_major, buf, n, k + 8)
+                    bf[2 * j] = load(b_s, b_k_major, buf, n, k)
+                    bf[2 * j + 1] = load(b_s, b_k_major, buf, n, k + half)
                 for i in range(MT):
                     for j in range(NT):
                         e = (i * NT + j) * 4
-                        acc[e], acc[e + 1], acc[e + 2], acc[e + 3] = mma_bf16(
+                        acc[e], acc[e + 1], acc[e + 2], acc[e + 3] = mma(
                             af[4 * i], af[4 * i + 1], af[4 * i + 2], af[4 * i + 3], bf[2 * j], bf[2 * j + 1],
                             acc[e], acc[e + 1], acc[e + 2], acc[e + 3],
                         )
-            else:
-                for ks in range(BK // 8):
-                    k = uint32(ks * 8) + t
-                    for i in range(MT):
-                        m = m_base + i * 16
-                        af[4 * i] = operand(a_s, a_k_major, buf, m, k)
-                        af[4 * i + 1] = operand(a_s, a_k_major, buf, m + 8, k)
-                        af[4 * i + 2] = operand(a_s, a_k_major, buf, m, k + 4)
-                        af[4 * i + 3] = operand(a_s, a_k_major, buf, m + 8, k + 4)
-                    for j in range(NT):
-                        n = n_base + j * 8
-                        bf[2 * j] = operand(b_s, b_k_major, buf, n, k)
-                        bf[2 * j + 1] = operand(b_s, b_k_major, buf, n, k + 4)
-                    for i in range(MT):
-                        for j in range(NT):
-                            e = (i * NT + j) * 4
-                            acc[e], acc[e + 1], acc[e + 2], acc[e + 3] = mma_tf32(
-                                af[4 * i], af[4 * i + 1], af[4 * i + 2], af[4 * i + 3], bf[2 * j], bf[2 * j + 1],
-                                acc[e], acc[e + 1], acc[e + 2], acc[e + 3],
-                            )
             if more:
                 store(a_s, a_k_major, buf ^ 1, tid, ra)
                 store(b_s, b_k_major, buf ^ 1, tid, rb)
