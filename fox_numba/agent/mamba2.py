@@ -254,8 +254,16 @@ class Mamba2LastBlock:
 
     def forward(self, p: dict[str, Any], u: Any, *, stream: Any) -> Any:
         """out [S, E] of the windows u [S T, F] (row s T + t: window s, bar t), kept in `out`."""
-        d = self.dims
         dense_forward(self.dense, u, p[IN_W], self._zero_in, self.zxbcdt, relu=False, stream=stream)
+        return self.readout(p, stream=stream)
+
+    def project(self, p: dict[str, Any], x: Any, zx: Any, *, stream: Any) -> None:
+        """zx [R, W] = x [R, F] W_in: the in-projection of rows a caller gathers windows from into `zxbcdt`."""
+        dense_forward(self.dense, x, p[IN_W], self._zero_in, zx, relu=False, stream=stream)
+
+    def readout(self, p: dict[str, Any], *, stream: Any) -> Any:
+        """out [S, E] from the projected windows in `zxbcdt` (forward's second half)."""
+        d = self.dims
         mamba2_last_weights(self.zxbcdt, p[HEADS], self.kappa, self.alpha, seq_len=d.seq_len, state_dim=d.state_dim,
                             stream=stream)
         mamba2_last_readout(self.zxbcdt, p[HEADS], self.kappa, self.y, self.gated, seq_len=d.seq_len,
@@ -264,8 +272,9 @@ class Mamba2LastBlock:
         return self.out
 
     def backward(self, p: dict[str, Any], u: Any, dout: Any, g: dict[str, Any], *, stream: Any) -> None:
-        """After `forward(p, u)`: the parameter gradients into the views `g` (the names and shapes of `p`) from
-        dout [G, E] = dL/d(out) of the first G = grad_samples windows."""
+        """After `forward(p, u)` (or `readout` of the same windows' projection): the parameter gradients into the
+        views `g` (the names and shapes of `p`) from dout [G, E] = dL/d(out) of the first G = grad_samples windows
+        (u: at least their rows)."""
         d = self.dims
         gated = self.gated if self.grad_samples == self.gated.shape[0] else self.gated[: self.grad_samples]
         self._wgrad_out(gated, dout, g[OUT_W], self._db_out, stream=stream)
@@ -279,7 +288,14 @@ class Mamba2LastBlock:
 
 class Mamba2Encoder:
     """The block over each sample's window of the market, read at the window's last bar: the output a network's first
-    layer reads beside the observation (network.mamba2_window; composed by agent/network.py)."""
+    layer reads beside the observation (network.mamba2_window; composed by agent/network.py).
+
+    The in-projection is linear in each bar's row, so when the batch's windows hold more bars than the fold has rows
+    (the learner: 2B windows of T bars against a fold of R rows, ~25x at B = 8192, T = 32) and the market part is
+    exactly the encoder's F columns, the encoder projects the fold's R rows once per call and gathers the windows from
+    that projection ("projected"); otherwise it projects the S T bars of the gathered windows. A row's projection is
+    the same dense layer on the same row either way, so the two give the same bits (tests/agent/test_mamba2.py). The
+    windows `u` are gathered in both modes (the weight gradient reads them; a copy, against the GEMM it saves)."""
 
     def __init__(self, dims: Mamba2Dims, batch: int, grad_rows: int, *, dense: str, stream: Any) -> None:
         self.dims = dims
@@ -289,6 +305,7 @@ class Mamba2Encoder:
         self.u = device_empty((batch * dims.seq_len, dims.n_features), np.float32)  # the windows
         self.dx = device_empty((grad_rows, dims.d_out), np.float32)  # dL/d(the E columns), written by the network
         self._market: tuple[Any, Any] | None = None
+        self._projected: Any = None  # [R, W]: the fold's rows projected, in the projected mode
 
     def bind_market(self, market_obs: Any, day_first: Any) -> None:
         """The fold's market rows the windows read: market_obs [R, C >= F] and day_first [R] (fold_market.py)."""
@@ -298,6 +315,13 @@ class Mamba2Encoder:
         if n_cols < self.dims.n_features:
             raise ValueError(f"market_obs has {n_cols} columns, the encoder reads the first {self.dims.n_features}")
         self._market = (market_obs, day_first)
+        projected = n_cols == self.dims.n_features and self.samples * self.dims.seq_len > n_rows
+        self._projected = device_empty((n_rows, self.dims.width), np.float32) if projected else None
+
+    @property
+    def projected(self) -> bool:
+        """The bound fold is encoded from its rows' projection (class docstring)."""
+        return self._projected is not None
 
     def encode(self, p: dict[str, Any], rows: Any, *, stream: Any) -> Any:
         """out [batch, E]: the block at the last bar of the windows ending at the samples' market rows `rows`
@@ -307,7 +331,11 @@ class Mamba2Encoder:
                                "Network.bind_market(market_obs, day_first) first")
         market_obs, day_first = self._market
         gather_windows(market_obs, rows, day_first, self.u, seq_len=self.dims.seq_len, stream=stream)
-        return self.block.forward(p, self.u, stream=stream)
+        if self._projected is None:
+            return self.block.forward(p, self.u, stream=stream)
+        self.block.project(p, market_obs, self._projected, stream=stream)
+        gather_windows(self._projected, rows, day_first, self.block.zxbcdt, seq_len=self.dims.seq_len, stream=stream)
+        return self.block.readout(p, stream=stream)
 
     def backward(self, p: dict[str, Any], g: dict[str, Any], *, stream: Any) -> None:
         """The block's parameter gradients into `g` from `dx` [grad_rows, E] (the windows are data: no input

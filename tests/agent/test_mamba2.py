@@ -24,6 +24,7 @@ from fox_numba.agent.mamba2 import (
     Mamba2Block,
     Mamba2LastBlock,
     Mamba2Dims,
+    Mamba2Encoder,
     init_params,
     mamba2_entries,
 )
@@ -145,3 +146,35 @@ def test_last_bar_block_matches_the_blocks_last_bar_in_float64(stream, stager, r
         np.testing.assert_allclose(got, w, rtol=1e-4, atol=1e-5 * np.abs(w).max(), err_msg=name)
     with pytest.raises(ValueError, match="grad_samples"):
         Mamba2LastBlock(d, 2, 3, dense="auto", stream=stream)
+
+
+def test_the_encoder_projects_the_folds_rows_once_when_its_windows_hold_more_bars(stream, stager, rng):
+    """A fold of R = 30 rows over three days: an encoder of 6 windows of T = 6 bars (36 > 30) projects the fold's rows
+    and gathers the projected windows; one of 4 windows (24 <= 30), or one over a market part wider than its F
+    columns, projects its windows' bars. For the same first 4 rows both give out and every parameter gradient (from
+    the first 3 windows) bit for bit: a row's projection is the same dense layer on the same row either way."""
+    d, n_rows = DIMS, 30
+    host = decaying_params(d, rng)
+    market = rng.standard_normal((n_rows, d.n_features)).astype(np.float32)
+    day_first = np.repeat([0, 9, 20], [9, 11, 10]).astype(np.int32)
+    rows = rng.integers(0, n_rows, 6).astype(np.int32)
+    dx = rng.standard_normal((3, d.d_out)).astype(np.float32)
+    p = {k: stager.upload_new(v) for k, v in host.items()}
+
+    def run(batch, market_part):
+        enc = Mamba2Encoder(d, batch, 3, dense="auto", stream=stream)
+        enc.bind_market(stager.upload_new(market_part), stager.upload_new(day_first))
+        g = {k: stager.upload_new(np.full(v.shape, np.nan, np.float32)) for k, v in host.items()}
+        out = stager.download(enc.encode(p, stager.upload_new(rows[:batch]), stream=stream))
+        stager.upload(dx, enc.dx)
+        enc.backward(p, g, stream=stream)
+        return enc.projected, out[:4], {k: stager.download(v) for k, v in g.items()}
+
+    wide = np.concatenate([market, rng.standard_normal((n_rows, 2)).astype(np.float32)], axis=1)
+    runs = [run(6, market), run(4, market), run(6, wide)]
+    assert [projected for projected, _, _ in runs] == [True, False, False]
+    for _, out, grads in runs[1:]:
+        np.testing.assert_array_equal(out, runs[0][1])
+        for k, v in grads.items():
+            np.testing.assert_array_equal(v, runs[0][2][k], err_msg=k)
+    assert np.isfinite(runs[0][1]).all() and all(np.isfinite(v).all() for v in runs[0][2].values())
