@@ -263,7 +263,8 @@ def markdown(command: str, info: dict[str, Any], shapes: list[dict[str, Any]], a
         "",
         (
             "check: every element within gamma(n) * (|A| @ |B|) of the float64 result (the tests' tolerance; with "
-            "tf32, (gamma(n) + 2^-10 + 2^-22) * (|A| @ |B|)); "
+            "tf32 or bf16, (gamma(n) + product_error) * (|A| @ |B|), product_error = 2u + u^2: 2^-10 + 2^-22 for "
+            "tf32, 2^-7 + 2^-16 for bf16); "
             "the number is the worst error as a fraction of its bound. repeatable: a second run gave identical bits."
         ),
         "",
