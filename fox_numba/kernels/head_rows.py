@@ -2,14 +2,12 @@
 
 A block stages the 13 * Z atoms of a run of consecutive samples as one flat run of floats; a thread walks it in
 steps of the block size, keeping (head row, atom) in the mixed radix of rows of Z atoms, so no step divides.
-Used by action selection (kernels/action_select.py, from logits) and the learner's fused C51 rows
-(kernels/learner.py, from the head GEMM's output, combining as it stages).
+Used by action selection (kernels/action_select.py) and the learner's fused C51 rows (kernels/learner.py).
 """
 
 from numba import cuda
 
 from fox_numba.actions import N_HEADS
-from fox_numba.kernels.heads import combined_logit
 
 
 @cuda.jit(device=True)
@@ -29,9 +27,3 @@ def staged_row(src, first, row, j):
     sample = row // N_HEADS
     return src[first + sample, row - sample * N_HEADS, j]
 
-
-@cuda.jit(device=True)
-def staged_combined(head, first, row, j, n_atoms):
-    """`staged_row` of the logits the head GEMM's output rows `head` combine into (heads.combined_logit)."""
-    sample = row // N_HEADS
-    return combined_logit(head, first + sample, row - sample * N_HEADS, j, n_atoms)

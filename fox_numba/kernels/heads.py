@@ -73,6 +73,7 @@ from fox_numba.device.registry import register
 
 N_STREAMS = N_BRANCHES + N_HEADS  # value streams then advantage streams in the head GEMM's output
 N_AUX = 1  # auxiliary forecast columns after the streams
+MAX_BRANCH_SIZE = max(b.size for b in BRANCHES)  # the bound of the combine's unrolled loops
 
 
 def head_width(n_atoms: int) -> int:
@@ -128,8 +129,9 @@ def combined_logit(head, i, a, z, n_atoms):
     b = branch_of(a)
     off, size = branch_span(b)
     mean = float32(0.0)
-    for k in range(size):
-        mean += head[i, (N_BRANCHES + off + k) * n_atoms + z]
+    for k in range(MAX_BRANCH_SIZE):  # a constant trip count: unrolled, the loads issued together
+        if k < size:
+            mean += head[i, (N_BRANCHES + off + k) * n_atoms + z]
     mean = mean / float32(size)
     return head[i, b * n_atoms + z] + (head[i, (N_BRANCHES + a) * n_atoms + z] - mean)
 
@@ -148,12 +150,14 @@ def dueling_combine_fwd(head, logits, n):
         z = r - b * n_atoms
         off, size = branch_span(b)
         mean = float32(0.0)
-        for k in range(size):
-            mean += head[i, (N_BRANCHES + off + k) * n_atoms + z]
+        for k in range(MAX_BRANCH_SIZE):  # unrolled (combined_logit)
+            if k < size:
+                mean += head[i, (N_BRANCHES + off + k) * n_atoms + z]
         mean = mean / float32(size)
         v = head[i, b * n_atoms + z]
-        for k in range(size):
-            logits[i, off + k, z] = v + (head[i, (N_BRANCHES + off + k) * n_atoms + z] - mean)
+        for k in range(MAX_BRANCH_SIZE):
+            if k < size:
+                logits[i, off + k, z] = v + (head[i, (N_BRANCHES + off + k) * n_atoms + z] - mean)
         t += cuda.gridsize(1)
 
 

@@ -3,8 +3,8 @@
     step_schedule        state.step += 1; this step's lr and tau from the schedule block and the ISV
     (replay sample and gather: kernels/replay.py, B slots and the batch with s in rows 0..B-1 and s' in
      rows B..2B-1; the observations of the 2B rows: kernels/env.py gather_obs)
-    select_q_rows        from the head GEMM outputs (the dueling combine formed as rows are staged,
-                         heads.combined_logit): the online E[Q], entropy and utilisation of every head (s
+    select_q_rows        from the head GEMM outputs (the dueling combine formed in shared memory as the
+                         rows are staged): the online E[Q], entropy and utilisation of every head (s
                          and s'), then per branch row (sample, branch) the greedy next bin from the online
                          E[Q](s') (the direction branch's for every branch unless bootstrap=branch), its
                          target softmax's max and sum, reward, discount, weight and row statistics
@@ -58,8 +58,10 @@ The two C51 kernels fuse the chain dueling_combine_fwd (online and target) -> ex
 -> double DQN rows -> c51_project -> c51_loss -> scatter -> dueling_combine_bwd: two launches instead of eight, and
 neither the [2B + B, 13, Z] logits, the [4B, Z] rows (taken logits, p_next, the projection, the row gradients) nor
 the [B, 13, Z] logit gradients go through global memory. The kernels read the head GEMMs' outputs [rows,
-head_width(Z)] and form each staged logit with heads.combined_logit (the combine kernel's arithmetic, so the same
-bits; the branch's mean is recomputed per logit, from rows the cache holds). The importance weights (prioritised
+head_width(Z)] and form the logits they stage with the combine kernel's arithmetic (the same bits): select_q_rows
+copies whole samples' stream columns and combines them in shared memory (a branch's mean once per atom), the
+target rows of the a* and project_loss_scatter's rows, a few per sample, take heads.combined_logit (the mean
+recomputed per logit, from rows the cache holds). The importance weights (prioritised
 replay) multiply the rows' weights between the two, which is where the chain was split. Results are the chain's bit
 for bit: every float32 value comes from the same code in the same order (distributional.py's device functions
 row_stats, atom_pass, project_row, cross_entropy_row, run on rows staged in shared memory instead of global rows;
@@ -68,8 +70,9 @@ steps against the chain. Launch shapes (`launch_rows`), both staging with coales
 so threads reading one atom of different rows hit different banks) because a thread walking its own global row
 made every warp load touch 32 rows:
 - select_q_rows: one block per up to SELECT_SAMPLES (8) samples, 13 threads per sample (thread = head). Three
-  rounds, each staging rows into SELECT_STAGE_WORDS floats (four rows in flight per thread), a barrier, then
-  one row per thread from shared memory: the 13 online s rows of each sample (E[Q], entropy, utilisation); the 13
+  rounds, each staging rows into SELECT_STAGE_WORDS floats (four loads in flight per thread; in the first two the
+  value streams into SELECT_VALUE_WORDS more, then the combine in place), a barrier, then one row per thread from
+  shared memory: the 13 online s rows of each sample (E[Q], entropy, utilisation); the 13
   online s' rows (E[Q]); then threads h < 4 pick each branch row's a* from the block's q of s' (global memory,
   written before the barriers), and only those target rows are staged (4 per sample; one distinct head with the
   default bootstrap) for the branch rows' target softmax.
@@ -99,8 +102,9 @@ from fox_numba.device.memory import device_empty
 from fox_numba.device.registry import register
 from fox_numba.device.rng import xoroshiro128p_uniform_float32
 from fox_numba.kernels.distributional import atom_pass, cross_entropy_row, project_row, row_stats
-from fox_numba.kernels.head_rows import carry, staged_combined
+from fox_numba.kernels.head_rows import carry
 from fox_numba.kernels.heads import (
+    MAX_BRANCH_SIZE,
     N_AUX,
     N_STREAMS,
     aux_column,
@@ -154,6 +158,7 @@ BOOTSTRAP_RULES = CHOICES["learner.bootstrap"]  # (header)
 # Shared-memory staging of the fused C51 kernels (header). Shared-array sizes must be single constants.
 SELECT_SAMPLES = 8  # select_q_rows: samples per block at most (13 threads each)
 SELECT_STAGE_WORDS = SELECT_SAMPLES * N_HEADS * 52  # 21.6 KB: 8 samples' 13 rows at Z = 51 (odd stride 51)
+SELECT_VALUE_WORDS = SELECT_SAMPLES * N_BRANCHES * 52  # 6.6 KB: their value streams
 SELECT_ROWS = SELECT_SAMPLES * N_BRANCHES
 LOSS_ROWS = 64  # project_loss_scatter: branch rows per block at most (16 samples)
 LOSS_THREADS_PER_ROW = 4  # its threads per row: all stage and scatter, one per row projects
@@ -223,11 +228,33 @@ def _taken_head(actions, i, b):
 
 
 @cuda.jit(device=True)
-def _stage_heads(head, first, count, stage, stride, tid, threads, n_atoms):
-    """stage[(s * 13 + h) * stride + j] = logits[first + s, h, j] for s < count (one contiguous run of count * 13 * Z
-    floats), formed from the head GEMM's output rows `head` (staged_combined), consecutive threads at consecutive
-    atoms, four rows in flight per thread."""
-    rows = count * N_HEADS
+def _stream_atom(head, first, row, j, n_atoms):
+    """Atom j of stream row `row` counted from sample `first` of the head GEMM's output rows head: stream
+    row % 17 (values, then advantages, heads.N_STREAMS) of sample first + row // 17."""
+    sample = row // N_STREAMS
+    return head[first + sample, (row - sample * N_STREAMS) * n_atoms + j]
+
+
+@cuda.jit(device=True)
+def _put_stream(stage, values, row, j, stride, x):
+    """Stream row `row` (as `_stream_atom`) staged: a value stream into `values` [(s * 4 + b) * stride + j], an
+    advantage stream into its head's row of `stage` [(s * 13 + h) * stride + j]."""
+    sample = row // N_STREAMS
+    s = row - sample * N_STREAMS
+    if s < N_BRANCHES:
+        values[(sample * N_BRANCHES + s) * stride + j] = x
+    else:
+        stage[(sample * N_HEADS + s - N_BRANCHES) * stride + j] = x
+
+
+@cuda.jit(device=True)
+def _stage_heads(head, first, count, stage, values, stride, tid, threads, n_atoms):
+    """stage[(s * 13 + h) * stride + j] = logits[first + s, h, j] for s < count, combined from the head GEMM's output
+    rows `head`: one coalesced copy of the samples' stream columns (consecutive threads at consecutive atoms, four
+    loads in flight per thread; `_put_stream`), a barrier, then per (sample, branch, atom) the branch's mean and
+    V + (A - mean) in place, dueling_combine_fwd's float32 operations in its order (the same bits). The caller's
+    barrier follows."""
+    rows = count * N_STREAMS
     d_row = threads // n_atoms
     d_j = threads - d_row * n_atoms
     row = tid // n_atoms
@@ -236,24 +263,42 @@ def _stage_heads(head, first, count, stage, stride, tid, threads, n_atoms):
         row1, j1 = carry(row, j, d_row, d_j, n_atoms)
         row2, j2 = carry(row1, j1, d_row, d_j, n_atoms)
         row3, j3 = carry(row2, j2, d_row, d_j, n_atoms)
-        x0 = staged_combined(head, first, row, j, n_atoms)
+        x0 = _stream_atom(head, first, row, j, n_atoms)
         x1 = float32(0.0)
         x2 = float32(0.0)
         x3 = float32(0.0)
         if row1 < rows:
-            x1 = staged_combined(head, first, row1, j1, n_atoms)
+            x1 = _stream_atom(head, first, row1, j1, n_atoms)
         if row2 < rows:
-            x2 = staged_combined(head, first, row2, j2, n_atoms)
+            x2 = _stream_atom(head, first, row2, j2, n_atoms)
         if row3 < rows:
-            x3 = staged_combined(head, first, row3, j3, n_atoms)
-        stage[row * stride + j] = x0
+            x3 = _stream_atom(head, first, row3, j3, n_atoms)
+        _put_stream(stage, values, row, j, stride, x0)
         if row1 < rows:
-            stage[row1 * stride + j1] = x1
+            _put_stream(stage, values, row1, j1, stride, x1)
         if row2 < rows:
-            stage[row2 * stride + j2] = x2
+            _put_stream(stage, values, row2, j2, stride, x2)
         if row3 < rows:
-            stage[row3 * stride + j3] = x3
+            _put_stream(stage, values, row3, j3, stride, x3)
         row, j = carry(row3, j3, d_row, d_j, n_atoms)
+    cuda.syncthreads()
+    t = tid
+    while t < count * N_BRANCHES * n_atoms:
+        row = t // n_atoms  # the branch row sample * 4 + b
+        z = t - row * n_atoms
+        sample = row // N_BRANCHES
+        off, size = branch_span(row - sample * N_BRANCHES)
+        at = (sample * N_HEADS + off) * stride + z
+        mean = float32(0.0)
+        for k in range(MAX_BRANCH_SIZE):
+            if k < size:
+                mean += stage[at + k * stride]
+        mean = mean / float32(size)
+        v = values[row * stride + z]
+        for k in range(MAX_BRANCH_SIZE):
+            if k < size:
+                stage[at + k * stride] = v + (stage[at + k * stride] - mean)
+        t += threads
 
 
 @register((_F2, _F2, _F2, _F2, _I2, _F1, _F1, _F1, int32, _F2, _F2, _F2, _I1, _F2, _F1, _F1, _F1, _F2))
@@ -278,6 +323,7 @@ def select_q_rows(head, head_tgt, support_online, support_target, actions, rewar
        TD = reward + disc * E_target - E[Q(s, a_t)].
     """
     stage = cuda.shared.array(SELECT_STAGE_WORDS, float32)
+    values = cuda.shared.array(SELECT_VALUE_WORDS, float32)
     next_sh = cuda.shared.array(SELECT_ROWS, int32)  # a* of the block's branch rows
     n_atoms = (head.shape[1] - N_AUX) // N_STREAMS
     n_samples = actions.shape[0]
@@ -292,7 +338,7 @@ def select_q_rows(head, head_tgt, support_online, support_target, actions, rewar
     active = slot < count
     base = tid * stride  # = (slot * 13 + h) * stride: this thread's staged row
 
-    _stage_heads(head, first, count, stage, stride, tid, threads, n_atoms)
+    _stage_heads(head, first, count, stage, values, stride, tid, threads, n_atoms)
     cuda.syncthreads()
     if active:
         v_min = support_online[h, 0]
@@ -305,7 +351,7 @@ def select_q_rows(head, head_tgt, support_online, support_target, actions, rewar
         util[i, h] = float32(used) / float32(n_atoms)
     cuda.syncthreads()
 
-    _stage_heads(head, n_samples + first, count, stage, stride, tid, threads, n_atoms)
+    _stage_heads(head, n_samples + first, count, stage, values, stride, tid, threads, n_atoms)
     cuda.syncthreads()
     if active:
         _m, s, tz, _tlm = row_stats(stage, base, n_atoms, support_online[h, 0], support_online[h, 2])
