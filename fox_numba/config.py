@@ -258,6 +258,15 @@ class NetworkConfig:
         "spread of about one, and a C51 head per direction fitted the forward move about half as well as a squared "
         "error did (tools/results/learner_ablation_h200.md sections 31-32). Refused with iqn_quantiles.",
     )
+    mean_cross: bool = opt(
+        False,
+        "The direction mean head alone reads the position x market input (kernels/position_cross.py): m(x, d) on "
+        "[x, q x], the C51 heads on the observation x. network.position_cross gives the same input to every head, "
+        "so the head GEMM, 17 x Z outputs wide, reads twice the columns; here only the mean head's four outputs "
+        "do, the direction values keeping the bilinear term q x . beta that the held position needs (tools/"
+        "results/learner_ablation_h200.md sections 27, 34). Needs mean_head and a linear network (n_layers = 0) "
+        "without an encoder; refused with position_cross and vsn.",
+    )
     spectral_norm: bool = opt(
         False,
         "Spectral normalisation of the trunk's dense layers (Miyato et al. 2018; needs n_layers >= 1): each trunk "

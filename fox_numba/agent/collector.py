@@ -112,7 +112,7 @@ class Collector:
         if self.iqn is not None:
             self.iqn.run(self.params, self.net.head_input(env.n), self.rng_states, stream=s)
         if self.mean is not None:
-            self.mean.run(self.params, self.net.head_input(env.n), stream=s)
+            self.mean.run(self.params, self.net.mean_input(env.n), stream=s)
         select_actions(self.logits, self.support_rows, self.rng_states, self.actions, self.conviction,
                        explore=True, stream=s, spread=self.spread, tau_mult=self.tau_mult, fixed=self.fixed_bins,
                        iqn=None if self.iqn is None else self.iqn.values,

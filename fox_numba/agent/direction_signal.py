@@ -105,7 +105,7 @@ class DirectionSignal:
                 e_iqn = self.stager.download(self.iqn.values)[:, 0].astype(np.float64)
                 q = float(IQN_MIX) * (q[:, DIR_OFFSET : DIR_OFFSET + N_DIRECTIONS] + e_iqn)  # the joint values
             if self.mean is not None:
-                self.mean.run(params, self.net.head_input(c), stream=s)
+                self.mean.run(params, self.net.mean_input(c), stream=s)
                 q = self.stager.download(self.mean.values)[:, 0].astype(np.float64)  # the values evaluation reads
             out[start:stop] = (q[:, LONG] - q[:, SHORT])[: stop - start]
         return out

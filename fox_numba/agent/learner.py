@@ -424,7 +424,7 @@ class Learner:
                          self.rng_states, self.isv, self.epoch, bootstrap=lc.bootstrap, stream=s)
             head_dx = self.iqn.online.dx if self.layout.n_layers else None
         if self.mean is not None:
-            self.mean.run(self.online.head_input(2 * self.batch_size), self.target_net.head_input(self.batch_size),
+            self.mean.run(self.online.mean_input(2 * self.batch_size), self.target_net.mean_input(self.batch_size),
                           bt.actions, rows, self.epoch, stream=s)
             head_dx = self.mean.dx
         self.online.backward_from_head(self.params, self.grads, stream=s, input_grad=head_dx)

@@ -9,7 +9,9 @@
                                       select_actions' mean= reads
 
 The head is one dense layer m(x) = x @ W_m + b_m on the C51 heads' input x (the trunk's last layer, or the
-observation when n_layers = 0, the default), on the same dense kernels as the rest of the network (agent/dense.py).
+observation when n_layers = 0, the default; with network.mean_cross the observation beside its position x market
+columns, which the C51 heads do not read: Network.mean_input), on the same dense kernels as the rest of the network
+(agent/dense.py).
 Its target network is the same entries of the target buffer, so Polyak, shrink-and-perturb, Adam, the clip and
 checkpoints treat it as any other parameters, and it holds no other state (no fold-boundary entry).
 
@@ -65,7 +67,7 @@ class MeanStep:
         self.m_tgt = device_empty((batch, N_DIRECTIONS), np.float32)
         self.dm = device_empty((batch, N_DIRECTIONS), np.float32)
         self.dx = device_empty((batch, layout.head_in), np.float32) if layout.n_layers else None
-        self._wgrad = WeightGrad(self.kind, batch, layout.head_in, N_DIRECTIONS)
+        self._wgrad = WeightGrad(self.kind, batch, layout.mean_in, N_DIRECTIONS)
 
     def run(self, x: Any, x_next: Any, actions: Any, rows: BranchRows, epoch: Any, *, stream: Any) -> None:
         """The forwards, the loss and the backward: x [2B, W] the online heads' input on s then s', x_next [B, W]

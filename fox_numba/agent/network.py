@@ -113,7 +113,8 @@ trunk) reads [obs | q obs[:, :M] | enc], q the observation's position column (la
 its market columns (all columns before the portfolio part), so a linear head's value of holding can be q x . beta, the
 bilinear form the plain observation cannot give it (tools/results/learner_ablation_h200.md section 27). The crossed
 columns are data (no gradient flows back through them); an encoder's columns start at layout.encoder_col. Refused with
-VSN. Off, the network launches none of its kernels.
+VSN. Off, the network launches none of its kernels. With network.mean_cross (layout.mean_cross) the forward forms the
+same [obs | q obs[:, :M]] for the direction mean head alone (`mean_input`, agent/mean_head.py); layer 0 reads obs.
 
 Encoder cache (either encoder; evaluation, agent/evaluator.py): a sample's encoder output depends on its market row
 alone, so where the rows are known in advance `Network(..., cache_samples=M)` holds a second encoder of M samples:
@@ -186,6 +187,7 @@ class ParamLayout:
     tlob: TlobShape | None = None  # the TLOB encoder over the last book snapshots (agent/tlob.py); None off
     cross: int = 0  # > 0: layer 0 also reads the position times the first `cross` (market) columns; 0 off
     mean_head: bool = False  # a squared-error value head of the directions beside C51 (agent/mean_head.py)
+    mean_cross: bool = False  # the `cross` columns feed the mean head alone (network.mean_cross), not layer 0
 
     @classmethod
     def build(cls, obs_dim: int, cfg: NetworkConfig, vsn_groups: tuple[tuple[int, int], ...] | None = None, *,
@@ -217,7 +219,13 @@ class ParamLayout:
         if cfg.mean_head and cfg.iqn_quantiles > 0:
             raise ConfigError("network.mean_head does not combine with an IQN head (network.iqn_quantiles > 0): both "
                               "set the values the direction branch acts on")
+        if cfg.mean_cross and (not cfg.mean_head or cfg.position_cross or cfg.n_layers or cfg.mamba2_window
+                               or cfg.tlob_window):
+            raise ConfigError("network.mean_cross needs network.mean_head and a linear network (n_layers = 0) without "
+                              "an encoder (mamba2_window, tlob_window); with position_cross every head already reads "
+                              "the crossed columns")
         cross = cross_columns(cfg, obs_dim)
+        layer_cross = 0 if cfg.mean_cross else cross
         mamba2 = encoder_dims(cfg, market_features)
         tlob = tlob_config_shape(cfg)
         groups: tuple[tuple[int, int], ...] = ()
@@ -226,7 +234,7 @@ class ParamLayout:
                       else tuple((g.begin, g.end) for g in observation_groups(obs_dim)))
             check_groups(groups, obs_dim)
         shapes: list[tuple[str, tuple[int, ...], bool]] = []
-        width = (obs_dim + cross + (mamba2.d_out if mamba2 is not None else 0)
+        width = (obs_dim + layer_cross + (mamba2.d_out if mamba2 is not None else 0)
                  + (tlob.n_out if tlob is not None else 0))
         for layer in range(cfg.n_layers):
             shapes += [(f"trunk.{layer}.weight", (width, cfg.hidden), True), (f"trunk.{layer}.bias", (cfg.hidden,), False)]
@@ -248,14 +256,14 @@ class ParamLayout:
         if iqn_embed:
             shapes += iqn_entries(iqn_embed, width)
         if cfg.mean_head:
-            shapes += mean_entries(width)
+            shapes += mean_entries(width + cross - layer_cross)
         entries, offset = [], 0
         for name, shape, decay in shapes:
             entries.append(ParamEntry(name, offset, shape, decay))
             offset += -(-math.prod(shape) // ALIGN) * ALIGN
         return cls(obs_dim, cfg.hidden, cfg.n_layers, cfg.n_atoms, tuple(entries), offset, float(cfg.noisy_sigma0),
                    iqn_embed, cfg.spectral_norm, residual, groups, cfg.moe_experts, mamba2, tlob, cross,
-                   cfg.mean_head)
+                   cfg.mean_head, cfg.mean_cross)
 
     @property
     def noisy(self) -> bool:
@@ -293,7 +301,7 @@ class ParamLayout:
     def encoder_col(self) -> int:
         """First column of the Mamba2 or TLOB encoder's output in the first layer's input: after the observation and
         its position x market columns."""
-        return self.obs_dim + self.cross
+        return self.obs_dim + (0 if self.mean_cross else self.cross)
 
     @property
     def in_dim(self) -> int:
@@ -313,6 +321,11 @@ class ParamLayout:
         return self.hidden if self.n_layers else self.in_dim
 
     @property
+    def mean_in(self) -> int:
+        """Width of the mean head's input: the heads' input, with network.mean_cross beside its crossed columns."""
+        return self.head_in + (self.cross if self.mean_cross else 0)
+
+    @property
     def fingerprint(self) -> str:
         """sha256 (first 16 hex digits) of the table and the sizes and action space it was built for."""
         text = "\n".join(f"{e.name}:{e.offset}:{list(e.shape)}:{int(e.decay)}" for e in self.entries)
@@ -326,7 +339,7 @@ class ParamLayout:
         if self.moe:
             text += f"moe_experts:{self.moe_experts}\n"
         if self.cross:  # which columns multiply is in no entry's shape
-            text += f"position_cross:{self.cross}x{self.position_col}\n"
+            text += f"position_cross:{self.cross}x{self.position_col}{':mean' if self.mean_cross else ''}\n"
         if self.mamba2 is not None:  # the window is in no entry's shape
             d = self.mamba2
             text += (f"mamba2:window={d.seq_len},features={d.n_features},heads={d.n_heads},head_dim={d.head_dim},"
@@ -388,11 +401,11 @@ def check_moe(cfg: NetworkConfig) -> None:
 def cross_columns(cfg: NetworkConfig, obs_dim: int) -> int:
     """The market columns network.position_cross multiplies by the position (all of the observation's market part,
     forecast columns included), 0 when off; a ConfigError for a part it does not compose with."""
-    if not cfg.position_cross:
+    if not (cfg.position_cross or cfg.mean_cross):
         return 0
     if cfg.vsn:
-        raise ConfigError("network.position_cross does not combine with network.vsn (the gate's groups tile the "
-                          "observation; the crossed columns would sit outside them)")
+        raise ConfigError("network.position_cross (or mean_cross) does not combine with network.vsn (the gate's "
+                          "groups tile the observation; the crossed columns would sit outside them)")
     if obs_dim <= N_PORTFOLIO:
         raise ConfigError(f"network.position_cross needs market columns before the {N_PORTFOLIO} portfolio columns; "
                           f"the observation has {obs_dim}")
@@ -490,7 +503,7 @@ class Network:
         self.cache = (window_encoder(layout, cache_samples, 1, dense=dense, stream=stream) if cache_samples
                       else None)  # the encoder cache: forward only (one gradient row, the least it allocates)
         self._joined = device_empty((batch, layout.in_dim), np.float32) if self.encoder is not None else None
-        self._crossed = (device_empty((batch, layout.encoder_col), np.float32) if layout.cross
+        self._crossed = (device_empty((batch, layout.obs_dim + layout.cross), np.float32) if layout.cross
                          else None)  # [obs | position x market]; the encoder's columns follow it in _joined
         self._from_cache = False  # the last forward read the cache (its encoder kept nothing for the backward)
         n_layers, hidden, z = layout.n_layers, layout.hidden, layout.n_atoms
@@ -551,7 +564,7 @@ class Network:
             src = self.activations[layer - 1]
         elif self._joined is not None:
             src = self._joined
-        elif self._crossed is not None:
+        elif self._crossed is not None and not self.layout.mean_cross:
             src = self._crossed
         else:
             src = self._obs if self.vsn is None else self.vsn.gated
@@ -562,6 +575,13 @@ class Network:
         if self._obs is None:
             raise RuntimeError("Network.head_input needs a forward first")
         return self._input(self.layout.n_layers, rows)
+
+    def mean_input(self, rows: int) -> Any:
+        """The mean head's input of the last forward, first `rows` rows: the heads' input, or with network.mean_cross
+        the observation beside its position x market columns."""
+        if not self.layout.mean_cross:
+            return self.head_input(rows)
+        return self._crossed if rows == self.batch else self._crossed[:rows]
 
     def _linear(self, x: Any, w: Any, b: Any, y: Any, relu: bool, stream: Any) -> None:
         dense_forward(self.dense, x, w, b, y, relu=relu, stream=stream)
@@ -586,7 +606,7 @@ class Network:
         base = obs
         if self._crossed is not None:
             position_cross(obs, self._crossed, n_cross=lay.cross, pos_col=lay.position_col, stream=stream)
-            base = self._crossed
+            base = obs if lay.mean_cross else self._crossed
         if self.encoder is not None:
             if (rows is None) == (encoded is None):
                 raise ValueError("Network.forward: the layout has an encoder over past bars (network.mamba2_window or "

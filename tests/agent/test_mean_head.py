@@ -57,12 +57,33 @@ def test_layout_appends_the_mean_entries_and_initialises_them():
         ParamLayout.build(7, NetworkConfig(n_atoms=5, mean_head=True, iqn_quantiles=2))
 
 
+def test_mean_cross_widens_the_mean_head_alone():
+    """network.mean_cross: the mean head's weight gains the position x market columns (obs_dim - 6 portfolio
+    columns), the C51 head keeps the observation's; the fingerprint tells it from position_cross; it is refused
+    without the mean head, with a trunk and beside position_cross."""
+    obs_dim = 16
+    mean = ParamLayout.build(obs_dim, NetworkConfig(n_atoms=5, mean_head=True))
+    heads = ParamLayout.build(obs_dim, NetworkConfig(n_atoms=5, mean_head=True, position_cross=True))
+    alone = ParamLayout.build(obs_dim, NetworkConfig(n_atoms=5, mean_head=True, mean_cross=True))
+    cross = obs_dim - 6
+    assert alone.cross == heads.cross == cross and alone.mean_cross and not heads.mean_cross
+    assert alone.entry("head.weight").shape == mean.entry("head.weight").shape == (obs_dim, mean.entry(
+        "head.weight").shape[1])
+    assert alone.entry(MEAN_W).shape == heads.entry(MEAN_W).shape == (obs_dim + cross, N_DIRECTIONS)
+    assert (alone.in_dim, alone.head_in, alone.mean_in) == (obs_dim, obs_dim, obs_dim + cross)
+    assert len({alone.fingerprint, heads.fingerprint, mean.fingerprint}) == 3
+    for bad in (dict(mean_cross=True), dict(mean_head=True, mean_cross=True, n_layers=1),
+                dict(mean_head=True, mean_cross=True, position_cross=True)):
+        with pytest.raises(ConfigError, match="mean_cross needs network.mean_head and a linear network"):
+            ParamLayout.build(obs_dim, NetworkConfig(n_atoms=5, **bad))
+
+
 @pytest.mark.parametrize("n_layers", [0, 1])
 def test_one_step_values_and_gradients_match_float64(stream, stager, rng, n_layers):
     """From the state before one step and what the step read back (the batch's observations, actions and C51 rows),
     the head's online values on s and s', the target's on s', its gradient dm, the gradient's mean entries and,
     with a trunk, its trunk entries (C51's + the mean head's input gradient) are float64's; the epoch's loss_mean
-    and mean_gap are the step's."""
+    and mean_gap are the step's (network.mean_cross's step: tests/agent/test_mean_head_trainer.py)."""
     cfg = mean_config(n_layers=n_layers, weight=0.7)
     replay, market, isv0 = random_replay(rng), rng.standard_normal((12, M)).astype(np.float32), steady_isv(rng)
     learner, _ = build(stager, stream, cfg, replay, market, isv0, seed=4)
