@@ -12,6 +12,7 @@
     python3 tools/bench_learner.py --out /tmp/bench_tlob --tlob-window 32  # the TLOB encoder, 32 book snapshots
     python3 tools/bench_learner.py --out /tmp/bench_cross --position-cross  # the heads read position x market too
     python3 tools/bench_learner.py --out /tmp/bench_mean --mean-head  # the direction mean head beside C51
+    python3 tools/bench_learner.py --out /tmp/bench_mean_cross --mean-cross  # the mean head reads position x market
 
 One gradient step of the default network (obs_dim -> 256 -> 256 -> 13 dueling C51 heads x 51 atoms,
 network.* of the default config), at each batch of --batch (default 8192, then smaller ones where the
@@ -100,7 +101,8 @@ def make_learner(args: argparse.Namespace, stager: Stager, stream: Any, graphs: 
     cfg.network.vsn, cfg.network.moe_experts = args.vsn, args.moe_experts
     cfg.network.mamba2_window, cfg.network.tlob_window = args.mamba2_window, args.tlob_window
     cfg.network.position_cross = args.position_cross
-    cfg.network.mean_head = args.mean_head
+    cfg.network.mean_head = args.mean_head or args.mean_cross
+    cfg.network.mean_cross = args.mean_cross
     if args.layers is not None:
         cfg.network.n_layers, cfg.network.hidden = args.layers, args.hidden
     cfg.run.precision = args.precision
@@ -253,7 +255,8 @@ def markdown_batch(modes: dict[str, Any], kernels: dict[str, Any], args: argpars
         f"network.spectral_norm {args.spectral_norm}, network.stochastic_depth {args.stochastic_depth}, "
         f"network.vsn {args.vsn}, network.moe_experts {args.moe_experts}, network.mamba2_window "
         f"{args.mamba2_window}, network.tlob_window {args.tlob_window}, network.position_cross "
-        f"{args.position_cross}, network.mean_head {args.mean_head}. "
+        f"{args.position_cross}, network.mean_head {args.mean_head or args.mean_cross}, network.mean_cross "
+        f"{args.mean_cross}. "
         f"Replay of {args.capacity} random transitions "
         f"over {args.bars} market rows. Best of {args.windows} windows of {args.steps} steps after "
         f"{args.warmup} warm-up steps."
@@ -348,6 +351,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="network.position_cross: the first layer also reads the position x the market columns")
     parser.add_argument("--mean-head", action="store_true",
                         help="network.mean_head: the direction mean head's squared error beside the C51 loss")
+    parser.add_argument("--mean-cross", action="store_true",
+                        help="network.mean_cross (with mean_head): the mean head alone reads position x market")
     parser.add_argument("--layers", type=int, default=None, help="network.n_layers (default: the config's)")
     parser.add_argument("--hidden", type=int, default=256, help="network.hidden with --layers")
     parser.add_argument("--precision", choices=PRECISIONS, default="fp32", help="run.precision of the dense layers")
