@@ -27,7 +27,7 @@ from test_learner import (
 
 from fox_numba.actions import N_BRANCHES, N_DIRECTIONS
 from fox_numba.agent.mean_head import MEAN_B, MEAN_W
-from fox_numba.agent.network import ParamLayout, init_params
+from fox_numba.agent.network import Network, ParamLayout, init_params
 from fox_numba.config import NetworkConfig
 from fox_numba.errors import ConfigError
 
@@ -76,6 +76,21 @@ def test_mean_cross_widens_the_mean_head_alone():
                 dict(mean_head=True, mean_cross=True, position_cross=True)):
         with pytest.raises(ConfigError, match="mean_cross needs network.mean_head and a linear network"):
             ParamLayout.build(obs_dim, NetworkConfig(n_atoms=5, **bad))
+
+
+@pytest.mark.parametrize("part", ["position_cross", "mean_cross"])
+def test_the_mean_head_reads_the_crossed_columns(stream, stager, rng, part):
+    """With either crossing the mean head's input (Network.mean_input) is [obs | q obs[:, :M]] (each product one
+    float32 rounding: equal to float64's rounded); the C51 heads read it with position_cross, obs with mean_cross."""
+    obs_dim, rows = 10, 3
+    lay = ParamLayout.build(obs_dim, NetworkConfig(n_atoms=5, mean_head=True, **{part: True}))
+    net = Network(lay, rows, stream=stream)
+    obs = rng.standard_normal((rows, obs_dim)).astype(np.float32)
+    net.forward(stager.upload_new(init_params(lay, 1)), stager.upload_new(obs), None, stream=stream)
+    crossed = reference.position_cross64(obs, lay.cross, lay.position_col).astype(np.float32)
+    np.testing.assert_array_equal(stager.download(net.mean_input(rows)), crossed)
+    np.testing.assert_array_equal(stager.download(net.head_input(rows)), obs if part == "mean_cross" else crossed)
+    assert lay.entry(MEAN_W).shape == (obs_dim + lay.cross, N_DIRECTIONS) and lay.cross == obs_dim - 6
 
 
 @pytest.mark.parametrize("n_layers", [0, 1])

@@ -37,15 +37,14 @@ def test_a_mean_head_trainer_collects_trains_and_evaluates_on_the_head_values(ha
     np.testing.assert_allclose(conviction, top2[:, 1] - top2[:, 0], rtol=0, atol=1e-6)
 
 
-@pytest.mark.parametrize("part", ["position_cross", "mean_cross"])
-def test_with_the_position_cross_input_the_mean_head_reads_the_crossed_columns(half_hour_store, part):
-    """network.mean_head with network.position_cross (the linear default): the head reads layer 0's input, the
-    observation and its position x market columns, so its weight has obs_dim + cross rows, and the second collect
-    step's values are that input times the weights (float64, 1e-5: sums of ~260 float32 products of size ~1).
-    With network.mean_cross the mean head reads the same columns and the C51 heads the observation alone, and in the
-    learner's last step the head's weight gradient is its crossed s rows times dm (float64, 2e-5)."""
+def test_with_mean_cross_the_mean_head_alone_reads_the_crossed_columns(half_hour_store):
+    """network.mean_head with network.mean_cross (the linear default): the mean head reads the observation and its
+    position x market columns, the C51 heads the observation alone, so its weight has obs_dim + cross rows; the
+    second collect step's values are that input times the weights (float64, 1e-5: sums of ~260 float32 products of
+    size ~1), and in the learner's last step the head's weight gradient is its crossed s rows times dm (float64,
+    2e-5). With position_cross the head reads layer 0's crossed input: tests/agent/test_mean_head.py."""
     rt = real_trainer(half_hour_store, [*SMALL, "env.collect_steps=2", "learner.steps_per_epoch=1",
-                                        "network.mean_head=true", f"network.{part}=true", "network.n_layers=0"])
+                                        "network.mean_head=true", "network.mean_cross=true", "network.n_layers=0"])
     trainer, lay = rt.trainer, rt.trainer.layout
     assert lay.cross > 0 and lay.entry("mean.head.weight").shape == (lay.obs_dim + lay.cross, 4)
     rt.registry.reset(FoldReset, ResetContext(fold=0, seed=rt.cfg.run.seed, stream=trainer.stream))
@@ -56,13 +55,11 @@ def test_with_the_position_cross_input_the_mean_head_reads_the_crossed_columns(h
     q = obs[:, lay.position_col : lay.position_col + 1]
     np.testing.assert_array_equal(x, np.hstack([obs, q * obs[:, : lay.cross]]).astype(np.float32))
     heads = down(col.net.head_input(col.env.n))
-    assert heads.shape[1] == (lay.obs_dim if part == "mean_cross" else lay.obs_dim + lay.cross)
+    assert heads.shape[1] == lay.obs_dim
     p = lay.unpack(down(trainer.learner.params))
     want = x @ p["mean.head.weight"].astype(np.float64) + p["mean.head.bias"]
     np.testing.assert_allclose(down(col.mean.values)[:, 0], want, rtol=1e-5, atol=1e-5)
     assert np.abs(q).max() > 0  # some environment held a position, so the crossed columns are not all zero
-    if part == "position_cross":
-        return  # the learner's crossed rows with position_cross: tests/agent/test_position_cross_trainer.py
     trainer.train(lambda: None)  # the learner's last step: the mean head's weight gradient from its crossed s rows
     ln = trainer.learner
     x_s = reference.position_cross64(down(ln.obs)[: ln.batch_size], lay.cross, lay.position_col)
