@@ -3,7 +3,6 @@ epoch reports its loss and value gap, and the registry audit finds no unregister
 learner's step: tests/kernels/test_mean_head_kernels.py, tests/agent/test_mean_head.py."""
 
 import numpy as np
-import pytest
 import reference
 from real_trainer import SMALL, real_trainer
 
