@@ -17,7 +17,7 @@ def test_an_iqn_trainer_collects_trains_diagnoses_and_evaluates_on_the_joint_val
     loss into HEALTH_DIAG, the registry audit finds no unregistered state, and evaluation runs on the joint values
     with E_IQN from the midpoint levels alone (no draw: evaluation stays a function of the parameters; the levels
     and the states are checked in tests/kernels/test_iqn_kernels.py)."""
-    rt = real_trainer(half_hour_store, [*SMALL, "env.collect_steps=2", "learner.steps_per_epoch=2",
+    rt = real_trainer(half_hour_store, [*SMALL, "env.collect_steps=2", "learner.steps_per_epoch=1",
                                         f"network.iqn_quantiles={N_TAUS}", f"network.iqn_embed={EMBED}"])
     trainer = rt.trainer
     assert audit_trainer(rt.registry, trainer, rt.kills, rt.best) == []

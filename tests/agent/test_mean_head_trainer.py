@@ -15,7 +15,7 @@ def test_a_mean_head_trainer_collects_trains_and_evaluates_on_the_head_values(ha
     action selection, training reports loss_mean and mean_gap, the registry audit finds no unregistered state, and
     evaluation's last step chose, in every environment, the direction of the head's largest value with that value's
     gap as conviction (the C51 E[Q] is not read for the direction)."""
-    rt = real_trainer(half_hour_store, [*SMALL, "env.collect_steps=2", "learner.steps_per_epoch=2",
+    rt = real_trainer(half_hour_store, [*SMALL, "env.collect_steps=2", "learner.steps_per_epoch=1",
                                         "network.mean_head=true"])
     trainer = rt.trainer
     assert audit_trainer(rt.registry, trainer, rt.kills, rt.best) == []

@@ -142,7 +142,7 @@ def test_a_checkpoint_of_another_mixture_refuses_to_load(stream, stager, rng, tm
 def test_a_trainer_with_the_mixture_resets_collects_trains_and_evaluates(half_hour_store):
     """The registry's fold reset writes the MoE slots' reset values (lambda back to its base, the EMAs unobserved);
     a fold's collect, train and evaluation run the mixture, and HEALTH_DIAG mirrors its signals."""
-    rt = real_trainer(half_hour_store, [*SMALL, "env.collect_steps=2", "learner.steps_per_epoch=2",
+    rt = real_trainer(half_hour_store, [*SMALL, "env.collect_steps=2", "learner.steps_per_epoch=1",
                                         f"network.moe_experts={K}"])
     trainer = rt.trainer
     assert trainer.layout.moe_experts == K

@@ -75,7 +75,7 @@ def test_a_saved_noisy_learner_resumes_bit_for_bit(stream, stager, rng):
 
 
 def test_a_noisy_trainer_collects_trains_diagnoses_and_evaluates_without_noise(half_hour_store):
-    rt = real_trainer(half_hour_store, [*SMALL, "env.collect_steps=2", "learner.steps_per_epoch=2",
+    rt = real_trainer(half_hour_store, [*SMALL, "env.collect_steps=2", "learner.steps_per_epoch=1",
                                         f"network.noisy_sigma0={SIGMA0}"])
     cfg, trainer, registry = rt.cfg, rt.trainer, rt.registry
     assert audit_trainer(registry, trainer, rt.kills, rt.best) == [] and registry["learner.noise_step"]

@@ -12,7 +12,7 @@ ON = ["network.n_layers=0", "network.position_cross=true", "learner.counterfactu
 
 
 def test_a_trainer_reads_and_trains_the_crossed_columns(four_day_store):
-    rt = real_trainer(four_day_store, [*SMALL, "learner.batch_size=8", *ON])
+    rt = real_trainer(four_day_store, [*SMALL, "learner.batch_size=8", "learner.steps_per_epoch=1", *ON])
     trainer, stager = rt.trainer, rt.trainer.stager
     lay, learner = trainer.layout, trainer.learner
     head = lay.entry("head.weight")

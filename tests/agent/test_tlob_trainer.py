@@ -27,7 +27,7 @@ def windows(market, rows):
 
 
 def test_a_tlob_trainer_reads_the_book_windows_of_the_rows_it_acts_on(half_hour_store):
-    rt = real_trainer(half_hour_store, [*SMALL, "env.collect_steps=2", "learner.steps_per_epoch=2", *SIZES])
+    rt = real_trainer(half_hour_store, [*SMALL, "env.collect_steps=2", "learner.steps_per_epoch=1", *SIZES])
     trainer, cfg = rt.trainer, rt.cfg
     assert audit_trainer(rt.registry, trainer, rt.kills, rt.best) == []
     host = trainer.market.host

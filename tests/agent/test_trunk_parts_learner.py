@@ -105,7 +105,7 @@ def test_a_saved_learner_resumes_bit_for_bit_and_checkpoints_refuse_another_layo
 
 
 def test_a_trainer_with_both_parts_registers_resets_collects_trains_and_evaluates(half_hour_store):
-    rt = real_trainer(half_hour_store, [*SMALL, "env.collect_steps=2", "learner.steps_per_epoch=2",
+    rt = real_trainer(half_hour_store, [*SMALL, "env.collect_steps=2", "learner.steps_per_epoch=1",
                                         "network.n_layers=3", "network.spectral_norm=true",
                                         "network.stochastic_depth=0.3"])
     cfg, trainer, registry = rt.cfg, rt.trainer, rt.registry

@@ -105,7 +105,7 @@ def test_a_checkpoint_without_the_gate_refuses_to_load(stream, stager, rng, tmp_
 
 
 def test_a_trainer_with_the_gate_registers_collects_trains_and_evaluates(half_hour_store):
-    rt = real_trainer(half_hour_store, [*SMALL, "env.collect_steps=2", "learner.steps_per_epoch=2", "network.vsn=true"])
+    rt = real_trainer(half_hour_store, [*SMALL, "env.collect_steps=2", "learner.steps_per_epoch=1", "network.vsn=true"])
     trainer = rt.trainer
     layout = trainer.layout
     assert [b for b, _ in layout.vsn_groups][:4] == [0, 12, 16, 32] and layout.vsn_groups[-1][1] == layout.obs_dim
