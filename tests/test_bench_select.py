@@ -4,8 +4,6 @@ import importlib.util
 import json
 from pathlib import Path
 
-import pytest
-
 BENCH = Path(__file__).resolve().parents[1] / "tools" / "bench_select.py"
 
 
@@ -17,7 +15,8 @@ def test_bench_select_tiny_writes_results_whose_checks_hold(tmp_path):
     assert bench.main(["--tiny", "--out", str(out)]) == 0
     results = json.loads(out.with_suffix(".json").read_text())
     checks = [ok for group in ("select", "c51") for r in results[group] for ok in r["checks"].values()]
-    assert len(checks) == 7 and all(checks)
+    assert len(checks) == 9 and all(checks)
     assert results["command"] == f"python3 tools/bench_select.py --tiny --out {out}"
     text = out.with_suffix(".md").read_text()
+    assert "head rows: select with the combine in shared memory" in text
     assert "one thread per sample (before)" in text and "gather, a thread per output atom (before)" in text

@@ -235,13 +235,37 @@ def test_visited_positions_follow_the_greedy_policy_from_flat_each_day(td_probe)
     firsts = [d[0] for d in np.split(rows.idx, np.flatnonzero(np.diff(rows.idx) > 1) + 1)]
     assert len(firsts) >= 2
     rng = np.random.default_rng(0)
-    random_held = td_probe.visited_positions(xb, rows, None, rng)
+    random_held, random_taken = td_probe.visited_positions(xb, rows, None, rng)
     assert set(np.unique(random_held[rows.idx])) == {-1.0, 0.0, 1.0} and not random_held[firsts].any()
+    assert set(np.unique(random_taken[rows.idx])) == {0, 1, 2, 3}
     w = np.zeros((2 * m + 2, 4))
     w[m, 2] = 10.0  # the bias row, Long
-    held = td_probe.visited_positions(xb, rows, w, rng)
+    held, taken = td_probe.visited_positions(xb, rows, w, rng)
     later = np.setdiff1d(rows.idx, firsts)
-    assert not held[firsts].any() and (held[later] == 1.0).mean() > 0.8
+    assert not held[firsts].any() and (held[later] == 1.0).mean() > 0.8 and (taken[rows.idx] == 2).mean() > 0.8
+    inside = later[np.isin(later - 1, rows.idx)]  # a bar's position is the one its day's previous bar's direction left
+    np.testing.assert_array_equal(held[inside], td_probe.next_position(held[inside - 1])[
+        np.arange(inside.size), taken[inside - 1]])
+
+
+def test_taken_gradient_is_the_visited_one_of_each_rows_own_direction(td_probe):
+    """`qdir_cross_taken`'s gradient: column d is the visited gradient (every direction priced) of the batch rows that
+    took d, weighted by their share of the batch, and no row trains a direction it did not take (float64, every
+    element; random weights, positions and directions, so a mask applied to the wrong axis or not at all differs)."""
+    n, m = 400, 3
+    x, mid, day_start = ar1_walk(n, m, 0.8, np.array([0.6, -0.8, 0.0]), seed=5)
+    rng = np.random.default_rng(11)
+    rows = replace(td_probe.fold_rows(mid, day_start, stop=n, gamma=0.9), cost=rng.uniform(0.1, 0.3, n + 1))
+    xb = np.hstack([x, np.ones((n + 1, 1))])
+    w, w_tgt = rng.standard_normal((2 * m + 2, 4)), rng.standard_normal((2 * m + 2, 4))
+    i = rng.choice(rows.idx, 64)
+    held, taken = rng.choice(td_probe.POSITIONS, 64), rng.integers(0, 4, 64)
+    got = td_probe.qdir_grad(xb, rows, i, w, w_tgt, 0.9, True, held=held, taken=taken)
+    for d in range(4):
+        mine = taken == d
+        assert mine.any()
+        want = td_probe.qdir_grad(xb, rows, i[mine], w, w_tgt, 0.9, True, held=held[mine])[:, d] * mine.mean()
+        np.testing.assert_allclose(got[:, d], want, rtol=1e-12, atol=1e-12)
 
 
 def test_qdir_cross_c51_without_costs_reads_the_next_reward(td_probe):

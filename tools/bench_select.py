@@ -5,7 +5,9 @@
 
 - select_actions at B in --batch (1024 8192 16384), Z in --atoms (21 51), training (explore) and evaluation:
   the production shape (16 lanes per sample), the --lanes variants, and the one-thread-per-sample kernel it
-  replaced (kept below, registered, as the baseline: 7 draws, ties to the lowest direction).
+  replaced (kept below, registered, as the baseline: 7 draws, ties to the lowest direction); then from the head
+  GEMM's rows, as collect and evaluation select: the dueling combine kernel followed by select_actions on its
+  logits (the chain before), against select_actions forming the combine in shared memory.
 - expected_q at B x 13 heads, alone and with the variance + utilisation pass.
 - c51_project (one thread per row, scatter) against the former kernel (one thread per output atom, gathering
   over all Z sources; kept below) at R in --rows (8192 32768), and c51_loss. --sweep adds the projection at
@@ -54,6 +56,7 @@ from fox_numba.device.staging import Stager
 from fox_numba.io import atomic_write_text
 from fox_numba.kernels.action_select import LANES, TAU_FLOOR, select_actions
 from fox_numba.kernels.distributional import F32_2D, F32_3D, c51_loss, c51_project, expected_q, softmax_stats
+from fox_numba.kernels.heads import dueling_combine_forward, head_width
 
 EPS = 2.0**-24
 _NEG_INF = np.float32(-np.inf)
@@ -232,6 +235,8 @@ def argmax_policy(q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def bench_select(b: int, z: int, args: argparse.Namespace, stager: Stager, stream: Any) -> dict[str, Any]:
     rng = np.random.default_rng(1000 * b + z)
     logits = stager.upload_new((2 * rng.standard_normal((b, N_HEADS, z))).astype(np.float32))
+    head = stager.upload_new(rng.standard_normal((b, head_width(z))).astype(np.float32))
+    combined = device_empty((b, N_HEADS, z), np.float32)
     support = stager.upload_new(random_support(rng, (b, N_HEADS), z))
     states0 = xoroshiro_states_host(b, 7)
     states = stager.upload_new(states0)
@@ -249,10 +254,28 @@ def bench_select(b: int, z: int, args: argparse.Namespace, stager: Stager, strea
         return lambda s: launch(legacy_action_select_kernel, b, logits, support, states, flag, actions, conviction,
                                 stream=s, block=64)  # fmt: skip
 
+    def chain(explore: bool) -> Callable[[Any], None]:
+        def run(s: Any) -> None:
+            dueling_combine_forward(head, combined, stream=s)
+            select_actions(combined, support, states, actions, conviction, explore=explore, stream=s)
+        return run
+
+    def fused(explore: bool) -> Callable[[Any], None]:
+        return lambda s: select_actions(head, support, states, actions, conviction, explore=explore, stream=s)
+
     for mode, explore in (("explore", True), ("eval", False)):
         times = {f"lanes={lanes}": time_op(select(explore, lanes), stream, args) for lanes in args.lanes}
         times["one thread per sample (before)"] = time_op(legacy(explore), stream, args)
+        times["head rows: dueling combine, then select"] = time_op(chain(explore), stream, args)
+        times["head rows: select with the combine in shared memory"] = time_op(fused(explore), stream, args)
         res["select_us"][mode] = times
+        outs = []
+        for run in (chain(explore), fused(explore)):
+            stager.upload(states0, states)
+            run(stream)
+            outs.append([stager.download(a).view(np.uint8) for a in (actions, conviction, states)])
+        res["checks"][f"{mode}: selecting from head rows gives the bits of combine + select"] = all(
+            np.array_equal(x, y) for x, y in zip(*outs, strict=True))
 
         outputs = {}
         for lanes in args.lanes:  # the same bits from the same states, whatever the shape

@@ -46,6 +46,9 @@ the cosine schedule to lr * lr_min_frac, batch, steps = epochs x steps_per_epoch
   the current values' argmax traded over every training day from flat, a random direction with probability EXPLORE,
   re-run once per epoch (steps_per_epoch steps; the first epoch's collect random). Against `qdir_cross`, it tells
   whether the positions a policy visits are enough to fit the interaction (learner_ablation_h200.md section 29);
+- `qdir_cross_taken`: `qdir_cross_visited` with partial feedback, as the agent's learner trains without
+  learner.counterfactual: each transition trains only the direction its behaviour policy took there. Against
+  `qdir_cross_visited`, it tells what pricing every direction of a visited transition is worth;
 - `qdir_cross_c51`: `qdir_cross` with a C51 head per direction, as the agent's: logits linear in [x, 1, q, q x] over
   `c51`'s fixed support, the target distribution of -c |q' - q| + q' r + gamma Z_target(x', q', d*) (d* the next
   direction of the largest E[Z]) projected onto it, cross-entropy; acted on by argmax E[Z]. Against `qdir_cross`, it
@@ -82,7 +85,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from fox_numba.actions import N_DIRECTIONS  # noqa: E402
+from fox_numba.actions import N_DIRECTIONS, Direction  # noqa: E402
 from fox_numba.agent.fold_market import FoldMarket  # noqa: E402
 from fox_numba.config import FeatureConfig, FoxConfig, LearnerConfig, load_config  # noqa: E402
 from fox_numba.features.forecast import fit_probe, forward_change  # noqa: E402
@@ -95,11 +98,13 @@ from fox_numba.walkforward.metrics import compute_metrics, positions_to_days  # 
 from fox_numba.walkforward.probe import probe_baseline  # noqa: E402
 
 TARGETS = ("td", "mc", "c51", "split", "greedy", "qlearn", "qdir", "qdir_cross", "qdir_cross_visited",
-           "qdir_cross_c51")
-DIRECTED = ("qdir", "qdir_cross", "qdir_cross_visited", "qdir_cross_c51")
+           "qdir_cross_taken", "qdir_cross_c51")
+DIRECTED = ("qdir", "qdir_cross", "qdir_cross_visited", "qdir_cross_taken", "qdir_cross_c51")
 """Targets that learn the agent's four direction values on [x, position] features (module header)."""
-CROSSED = ("qdir_cross", "qdir_cross_visited", "qdir_cross_c51")
+CROSSED = ("qdir_cross", "qdir_cross_visited", "qdir_cross_taken", "qdir_cross_c51")
 """Direction-value targets whose features hold the position x market columns."""
+BEHAVIOUR = ("qdir_cross_visited", "qdir_cross_taken")
+"""Direction-value targets trained on the positions (and directions) a behaviour policy visits."""
 POSITIONS = np.array([-1.0, 0.0, 1.0])
 """`qlearn`: the positions (contracts) its three values hold."""
 PARTIAL = ("split", "greedy")
@@ -206,10 +211,10 @@ def learn_value(x: np.ndarray, rows: Rows, target: str, lc: LearnerConfig, seed:
         width = direction_features(xb[:1], 0.0, target in CROSSED).shape[1]
         shape = (width, N_DIRECTIONS, atoms) if target == "qdir_cross_c51" else (width, N_DIRECTIONS)
         w, w_tgt = np.zeros(shape), np.zeros(shape)
-    visited = None
+    visited = taken = None
     for step in range(steps):
-        if target == "qdir_cross_visited" and step % lc.steps_per_epoch == 0:  # the epoch's collect
-            visited = visited_positions(xb, rows, w if step else None, rng)
+        if target in BEHAVIOUR and step % lc.steps_per_epoch == 0:  # the epoch's collect
+            visited, taken = visited_positions(xb, rows, w if step else None, rng)
         i = rng.choice(rows.idx, size=lc.batch_size)
         if target == "qlearn":
             grad = qlearn_grad(xb, rows, i, w, w_tgt, lc.gamma)
@@ -217,7 +222,8 @@ def learn_value(x: np.ndarray, rows: Rows, target: str, lc: LearnerConfig, seed:
             grad = qdir_c51_grad(xb, rows, i, w, w_tgt, lc.gamma, z)
         elif target in DIRECTED:
             grad = qdir_grad(xb, rows, i, w, w_tgt, lc.gamma, target in CROSSED,
-                             held=visited[i] if visited is not None else None)
+                             held=visited[i] if visited is not None else None,
+                             taken=taken[i] if target == "qdir_cross_taken" else None)
         elif target in PARTIAL:
             grad = partial_grad(xb, rows, i, w, w_tgt, discount, target, rng)
         elif target == "c51":
@@ -259,10 +265,11 @@ def direction_values(xb: np.ndarray, q: np.ndarray, w: np.ndarray, cross: bool) 
 
 
 def qdir_grad(xb: np.ndarray, rows: Rows, i: np.ndarray, w: np.ndarray, w_tgt: np.ndarray, gamma: float,
-              cross: bool, held: np.ndarray | None = None) -> np.ndarray:
+              cross: bool, held: np.ndarray | None = None, taken: np.ndarray | None = None) -> np.ndarray:
     """The squared TD error's gradient for the four direction values w [F, 4] on batch rows i, from every held
     position (`qdir` in the module header), averaged over the rows and the three positions; with `held` [B], from
-    that position of each row alone (`qdir_cross_visited`)."""
+    that position of each row alone (`qdir_cross_visited`); with `taken` [B] too, of that row's direction alone
+    (`qdir_cross_taken`)."""
     assert rows.cost is not None
     grad = np.zeros_like(w)
     nxt = xb[i + 1]
@@ -275,16 +282,21 @@ def qdir_grad(xb: np.ndarray, rows: Rows, i: np.ndarray, w: np.ndarray, w_tgt: n
             future[:, d] = np.where(rows.last[i], -rows.cost[i + 1] * np.abs(target[:, d]), gamma * best)
         y = -rows.cost[i][:, None] * np.abs(target - q[:, None]) + target * rows.reward[i][:, None] + future
         phi = direction_features(xb[i], q, cross)
-        grad += 2.0 * phi.T @ (phi @ w - y) / (len(i) * len(positions))
+        err = phi @ w - y
+        if taken is not None:
+            err = np.where(np.arange(N_DIRECTIONS) == taken[:, None], err, 0.0)
+        grad += 2.0 * phi.T @ err / (len(i) * len(positions))
     return grad
 
 
-def visited_positions(xb: np.ndarray, rows: Rows, w: np.ndarray | None, rng: np.random.Generator) -> np.ndarray:
-    """float64 [rows]: the position held entering each training row when the direction values w (`qdir_cross`'s
-    features) trade every training day from flat: each bar the argmax direction, a uniformly random one with
-    probability EXPLORE (every bar when w is None: the first epoch's collect). Rows outside the training days
-    hold 0."""
+def visited_positions(xb: np.ndarray, rows: Rows, w: np.ndarray | None,
+                      rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """float64 [rows] and int [rows]: the position held entering each training row, and the direction taken there,
+    when the direction values w (`qdir_cross`'s features) trade every training day from flat: each bar the argmax
+    direction, a uniformly random one with probability EXPLORE (every bar when w is None: the first epoch's
+    collect). Rows outside the training days hold 0 and take Hold."""
     held = np.zeros(len(xb))
+    taken = np.full(len(xb), int(Direction.HOLD))
     days = np.split(rows.idx, np.flatnonzero(np.diff(rows.idx) > 1) + 1)
     m1 = xb.shape[1]
     for day in days:
@@ -296,8 +308,9 @@ def visited_positions(xb: np.ndarray, rows: Rows, w: np.ndarray | None, rng: np.
         for k, t in enumerate(day):
             held[t] = q
             d = random_d[k] if explore[k] else int(np.argmax(base[k] + q * slope[k]))
+            taken[t] = d
             q = float(next_position(q)[d])
-    return held
+    return held, taken
 
 
 def direction_scores(phi: np.ndarray, w: np.ndarray) -> np.ndarray:

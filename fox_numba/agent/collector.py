@@ -4,12 +4,13 @@ One collect step is one StepGraph (captured on the GPU, eager under the simulato
 
     env.observe(obs)                                      obs [N, obs_dim] = market row + portfolio part
     (tick_noise(noise_step)                               network.noisy_sigma0 > 0 only: this step's noise)
-    net.forward(params, obs, logits)                      online network, logits [N, 13, Z]
+    net.forward(params, obs)                              online network: the head GEMM's rows [N, head_width(Z)]
     (iqn.run(head input, rng_states)                      network.iqn_quantiles > 0 only: E_IQN and one drawn
                                                           quantile per direction, agent/iqn.py IqnActor)
     (mean.run(head input)                                 network.mean_head only: the directions' mean values,
                                                           agent/mean_head.py MeanActor)
-    select_actions(logits, supports, explore=True)        Thompson direction (joint with IQN, or moved to the mean
+    select_actions(head rows, supports, explore=True)     the dueling combine formed in shared memory, then
+                                                          Thompson direction (joint with IQN, or moved to the mean
                                                           head's values, when on), Boltzmann
                                                           magnitude/order/urgency
     (relabel_directions(labels, row, port, actions)       env.hindsight_fraction > 0 only: the first
@@ -81,7 +82,7 @@ class Collector:
         learner's spectral-norm vectors, read as they are (network.spectral_norm; agent/spectral.py); `dense` the dense
         layers' kernels (agent/dense.py; run.precision); `fixed_bins` the bins of the branches after direction that
         every step takes, -1 where the policy chooses (env.fixed_bins; kernels/action_select.py)."""
-        n, z = env.n, layout.n_atoms
+        n = env.n
         self.env, self.replay, self.params, self.supports, self.health = env, replay, params, supports, health
         self.stream = stager.stream
         self.spread, self.tau_mult, self.fixed_bins = spread, tau_mult, check_fixed_bins(fixed_bins)
@@ -91,7 +92,6 @@ class Collector:
         if layout.windowed:  # the encoder's windows end at each environment's row
             self.net.bind_market(env.market.market_obs, env.market.day_first, env.market.book_obs)
         self.obs = device_empty((n, layout.obs_dim), np.float32)
-        self.logits = device_empty((n, N_HEADS, z), np.float32)
         self.support_rows = device_empty((n, N_HEADS, 3), np.float32)
         self.actions = device_empty((n, N_BRANCHES), np.int32)
         self.conviction = device_empty(n, np.float32)
@@ -108,12 +108,12 @@ class Collector:
         env.observe(self.obs, stream=s)
         if self.noise_step is not None:
             tick_noise(self.noise_step, stream=s)
-        self.net.forward(self.params, self.obs, self.logits, stream=s, rows=env.row)
+        self.net.forward(self.params, self.obs, None, stream=s, rows=env.row)
         if self.iqn is not None:
             self.iqn.run(self.params, self.net.head_input(env.n), self.rng_states, stream=s)
         if self.mean is not None:
             self.mean.run(self.params, self.net.mean_input(env.n), stream=s)
-        select_actions(self.logits, self.support_rows, self.rng_states, self.actions, self.conviction,
+        select_actions(self.net.head_out, self.support_rows, self.rng_states, self.actions, self.conviction,
                        explore=True, stream=s, spread=self.spread, tau_mult=self.tau_mult, fixed=self.fixed_bins,
                        iqn=None if self.iqn is None else self.iqn.values,
                        mean=None if self.mean is None else self.mean.values)  # fmt: skip

@@ -5,13 +5,15 @@ trades with the same fill model as training, is closed at market on the day's la
 frozen). Every step, for all days at once:
 
     env.observe(obs)                                   the portfolio part exact at every step
-    net.forward(params, obs, logits)                   the online network (with an encoder over past bars, Mamba2
-                                                       or TLOB: encoded= the step's rows of the chunk's cache, below)
+    net.forward(params, obs)                           the online network's head GEMM rows (with an encoder over
+                                                       past bars, Mamba2 or TLOB: encoded= the step's rows of the
+                                                       chunk's cache, below)
     (iqn.run(head input)                               network.iqn_quantiles > 0 only: E_IQN per direction over
                                                        fixed midpoint levels, agent/iqn.py IqnActor)
     (mean.run(head input)                              network.mean_head only: the directions' mean values,
                                                        agent/mean_head.py MeanActor)
-    select_actions(logits, supports, explore=False)    argmax E[Q] in every branch (no RNG; the direction's
+    select_actions(head rows, supports, explore=False) the dueling combine in shared memory, then argmax E[Q] in
+                                                       every branch (no RNG; the direction's
                                                        joint with E_IQN, or the mean head's value, when on;
                                                        env.fixed_bins fix branches)
     env.step(actions)
@@ -100,7 +102,7 @@ class Evaluator:
         if cfg.evaluation.chunk_bars < 1:
             raise ValueError(f"evaluation.chunk_bars must be at least 1, got {cfg.evaluation.chunk_bars}")
         self.env = VecEnv(market, cfg.env, cfg.features, isv, stager=stager, mode="eval")
-        n, z = self.env.n, layout.n_atoms
+        n = self.env.n
         self.steps = self.env.eval_steps
         windows = market.host.val_windows[:n]
         self.day_steps = (windows[:, 1] - windows[:, 0] - 1).astype(int)
@@ -118,7 +120,6 @@ class Evaluator:
             rows = self.env.eval_rows(len(starts) * chunk)
             self.chunk_rows = stager.upload_new(rows.reshape(len(starts), chunk * n))
         self.obs = device_empty((n, layout.obs_dim), np.float32)
-        self.logits = device_empty((n, N_HEADS, z), np.float32)
         self.support_rows = device_empty((n, N_HEADS, 3), np.float32)
         self.actions = device_empty((n, N_BRANCHES), np.int32)
         self.conviction = device_empty(n, np.float32)
@@ -142,9 +143,9 @@ class Evaluator:
                                     1))
 
     def _forward(self, s: Any, k: int) -> None:
-        """The logits of the observations of step `k` of a chunk (the encoder's part from the chunk's cache)."""
+        """The head rows of the observations of step `k` of a chunk (the encoder's part from the chunk's cache)."""
         encoded = self.net.encoded(k) if self.chunk_rows is not None else None
-        self.net.forward(self.params, self.obs, self.logits, stream=s, encoded=encoded)
+        self.net.forward(self.params, self.obs, None, stream=s, encoded=encoded)
 
     def _step(self, s: Any, k: int) -> None:
         """Step `k` of its chunk."""
@@ -155,7 +156,7 @@ class Evaluator:
             self.iqn.run(self.params, self.net.head_input(env.n), self.rng_states, stream=s)
         if self.mean is not None:
             self.mean.run(self.params, self.net.mean_input(env.n), stream=s)
-        select_actions(self.logits, self.support_rows, self.rng_states, self.actions, self.conviction,
+        select_actions(self.net.head_out, self.support_rows, self.rng_states, self.actions, self.conviction,
                        explore=False, stream=s, fixed=self.fixed_bins,
                        iqn=None if self.iqn is None else self.iqn.values,
                        mean=None if self.mean is None else self.mean.values)  # fmt: skip

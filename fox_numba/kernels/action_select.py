@@ -9,6 +9,12 @@ and 4 inverse-CDF passes; here a thread owns one head, so the chain is one or tw
    the 13 lanes reading one atom each hit different banks; lane 13 % lanes (lane 13: no head) draws the
    sample's 8 uniforms (training only) on a register copy of its xoroshiro state into shared memory.
    Barrier.
+   From the head GEMM's output rows instead ([B, head_width(Z)], `action_select_heads_kernel`: what collect and
+   evaluation pass), the block copies its samples' 17 stream rows (coalesced, as the learner's fused rows do:
+   head_rows.stage_combined_heads), then forms each head's row V_b + (A_a - the branch's mean A) in shared memory
+   with the combine kernel's float32 operations, so the staged rows have the bits the combine kernel would have
+   written, and the [B, 13, Z] logits never go through global memory (one launch and a write and read of them
+   fewer per step).
 2. heads: lane h < 13 runs `row_stats` (the online softmax of `distributional`, the same code as
    `expected_q`, so E[Q] has the same bits) over head h's staged row: E[Q] to shared memory; a direction
    lane (h < 4) in training then draws its Thompson atom (an inverse-CDF pass over the staged row).
@@ -104,7 +110,8 @@ from fox_numba.device.registry import register
 from fox_numba.device.rng import XOROSHIRO_DTYPE, xoroshiro128p_uniform_float32
 from fox_numba.device.runtime import SIMULATOR
 from fox_numba.kernels.distributional import F32_3D, row_stats
-from fox_numba.kernels.head_rows import carry, staged_row
+from fox_numba.kernels.head_rows import carry, stage_combined_heads, staged_row
+from fox_numba.kernels.heads import N_AUX, N_STREAMS, head_width
 
 # Below this Q range a 3-bin branch's Boltzmann tends to uniform instead of stretching differences that
 # are noise to the full P(best) (E[Q] lives on supports of width ~1).
@@ -129,6 +136,8 @@ DRAWS = DRAW_BRANCH + N_BRANCHES - 1
 _Q_WORDS = SAMPLES_PER_BLOCK * N_HEADS
 _DRAW_WORDS = SAMPLES_PER_BLOCK * N_DIRECTIONS
 _U_WORDS = SAMPLES_PER_BLOCK * DRAWS
+_F2 = float32[:, ::1]
+_VALUE_WORDS = SAMPLES_PER_BLOCK * N_BRANCHES * 52  # the heads kernel's value streams: 6.6 KB at Z = 51
 
 # Phase 3 hard-codes three bins for every branch after direction: refuse an action space it cannot serve.
 assert all(b.size == 3 for b in BRANCHES[1:]), "action_select: _pick3 expects 3-bin non-direction branches"
@@ -217,37 +226,12 @@ def _direction_value(q_c51, values, mode, i, d):
     return q_c51
 
 
-@register((F32_3D, F32_3D, xoroshiro128p_type[::1], int32, float32, float32, int32[:, ::1], float32[::1], int32,
-           F32_3D, int32, int32, int32, int32))
-@cuda.jit
-def action_select_kernel(logits, support, states, explore, spread, tau_mult, actions, conviction, lanes, values,
-                         mode, fix_magnitude, fix_order, fix_urgency):
-    """actions[i] and conviction[i] for the samples of this block (launch shape and policy in the module
-    header): `lanes` threads per sample, block b serving samples b * spb ... with spb = blockDim.x // lanes.
-    Lane l owns heads l, l + lanes, ...; lane N_HEADS % lanes, which owns the fewest, draws the uniforms.
-    With mode = MODE_IQN the directions act on their joint values with the IQN head, values[i] = (E_IQN [4], the
-    sampled quantiles [4]); with MODE_MEAN on the mean head's values[i, 0] (module header); MODE_C51 reads nothing
-    from `values`. fix_magnitude, fix_order and
-    fix_urgency >= 0 fix that branch's bin (-1: the policy chooses it)."""
-    stage = cuda.shared.array(STAGE_WORDS, float32)
-    q_sh = cuda.shared.array(_Q_WORDS, float32)
-    draw_sh = cuda.shared.array(_DRAW_WORDS, float32)
-    u_sh = cuda.shared.array(_U_WORDS, float32)
-    n_atoms = logits.shape[2]
-    stride = n_atoms | 1
-    threads = cuda.blockDim.x
-    tid = cuda.threadIdx.x
-    spb = threads // lanes
-    first = cuda.blockIdx.x * spb
-    count = min(spb, logits.shape[0] - first)
-    slot = tid // lanes
-    lane = tid - slot * lanes
-    i = first + slot
-    active = slot < count
-
-    # 1. stage the block's logits: element k of its contiguous run is atom j of head row `row` (row * Z + j = k).
-    # Each pass loads four elements (k, k + T, k + 2T, k + 3T for T threads) before storing any, so four
-    # loads are in flight per thread; (row, j) advance by carries, with no division in the loop.
+@cuda.jit(device=True)
+def _stage_logits(logits, first, count, stage, stride, tid, threads, n_atoms):
+    """stage[(s * 13 + h) * stride + j] = logits[first + s, h, j] for s < count: element k of the block's contiguous
+    run is atom j of head row `row` (row * Z + j = k). Each pass loads four elements (k, k + T, k + 2T, k + 3T for T
+    threads) before storing any, so four loads are in flight per thread; (row, j) advance by carries, with no
+    division in the loop. The caller's barrier follows."""
     total = count * N_HEADS * n_atoms
     row1, j1 = _divmod(threads, n_atoms)
     row2, j2 = _divmod(2 * threads, n_atoms)
@@ -278,6 +262,23 @@ def action_select_kernel(logits, support, states, explore, spread, tau_mult, act
             stage[r3 * stride + c3] = x3
         k += 4 * threads
         row, j = carry(row, j, row4, j4, n_atoms)
+
+
+@cuda.jit(device=True)
+def _select_staged(stage, q_sh, draw_sh, u_sh, support, states, explore, spread, tau_mult, actions, conviction,
+                   lanes, values, mode, fix_magnitude, fix_order, fix_urgency, n_atoms, n_samples):
+    """Phases 2 and 3 of the module header on the block's staged head rows (stage[(slot * 13 + h) * stride + j]),
+    after the uniforms are drawn: the kernels' common body, so both give the same bits from the same rows."""
+    stride = n_atoms | 1
+    threads = cuda.blockDim.x
+    tid = cuda.threadIdx.x
+    spb = threads // lanes
+    first = cuda.blockIdx.x * spb
+    count = min(spb, n_samples - first)
+    slot = tid // lanes
+    lane = tid - slot * lanes
+    i = first + slot
+    active = slot < count
     if explore != 0 and active and lane == N_HEADS % lanes:
         # the 8 draws on a copy of the state in local memory (one global read and write, not eight)
         state = cuda.local.array(1, xoroshiro128p_dtype)
@@ -362,6 +363,53 @@ def action_select_kernel(logits, support, states, explore, spread, tau_mult, act
         conviction[i] = conv
 
 
+@register((F32_3D, F32_3D, xoroshiro128p_type[::1], int32, float32, float32, int32[:, ::1], float32[::1], int32,
+           F32_3D, int32, int32, int32, int32))
+@cuda.jit
+def action_select_kernel(logits, support, states, explore, spread, tau_mult, actions, conviction, lanes, values,
+                         mode, fix_magnitude, fix_order, fix_urgency):
+    """actions[i] and conviction[i] for the samples of this block (launch shape and policy in the module
+    header): `lanes` threads per sample, block b serving samples b * spb ... with spb = blockDim.x // lanes.
+    Lane l owns heads l, l + lanes, ...; lane N_HEADS % lanes, which owns the fewest, draws the uniforms.
+    With mode = MODE_IQN the directions act on their joint values with the IQN head, values[i] = (E_IQN [4], the
+    sampled quantiles [4]); with MODE_MEAN on the mean head's values[i, 0] (module header); MODE_C51 reads nothing
+    from `values`. fix_magnitude, fix_order and
+    fix_urgency >= 0 fix that branch's bin (-1: the policy chooses it)."""
+    stage = cuda.shared.array(STAGE_WORDS, float32)
+    q_sh = cuda.shared.array(_Q_WORDS, float32)
+    draw_sh = cuda.shared.array(_DRAW_WORDS, float32)
+    u_sh = cuda.shared.array(_U_WORDS, float32)
+    n_atoms = logits.shape[2]
+    spb = cuda.blockDim.x // lanes
+    first = cuda.blockIdx.x * spb
+    count = min(spb, logits.shape[0] - first)
+    _stage_logits(logits, first, count, stage, n_atoms | 1, cuda.threadIdx.x, cuda.blockDim.x, n_atoms)
+    _select_staged(stage, q_sh, draw_sh, u_sh, support, states, explore, spread, tau_mult, actions, conviction,
+                   lanes, values, mode, fix_magnitude, fix_order, fix_urgency, n_atoms, logits.shape[0])
+
+
+@register((_F2, int32, F32_3D, xoroshiro128p_type[::1], int32, float32, float32, int32[:, ::1], float32[::1], int32,
+           F32_3D, int32, int32, int32, int32))
+@cuda.jit
+def action_select_heads_kernel(head, n_atoms, support, states, explore, spread, tau_mult, actions, conviction, lanes,
+                               values, mode, fix_magnitude, fix_order, fix_urgency):
+    """action_select_kernel on the head GEMM's output rows head [B, head_width(Z)]: the block stages its samples'
+    stream columns and forms their dueling combine in shared memory (head_rows.stage_combined_heads, the combine's
+    bits), so the [B, 13, Z] logits are neither written nor read; then the same phases on the same staged rows."""
+    stage = cuda.shared.array(STAGE_WORDS, float32)
+    value_sh = cuda.shared.array(_VALUE_WORDS, float32)
+    q_sh = cuda.shared.array(_Q_WORDS, float32)
+    draw_sh = cuda.shared.array(_DRAW_WORDS, float32)
+    u_sh = cuda.shared.array(_U_WORDS, float32)
+    spb = cuda.blockDim.x // lanes
+    first = cuda.blockIdx.x * spb
+    count = min(spb, head.shape[0] - first)
+    stage_combined_heads(head, first, count, stage, value_sh, n_atoms | 1, cuda.threadIdx.x, cuda.blockDim.x,
+                         n_atoms)
+    _select_staged(stage, q_sh, draw_sh, u_sh, support, states, explore, spread, tau_mult, actions, conviction,
+                   lanes, values, mode, fix_magnitude, fix_order, fix_urgency, n_atoms, head.shape[0])
+
+
 def check_fixed_bins(fixed: Sequence[int]) -> tuple[int, ...]:
     """`fixed` as a tuple after checking it: one bin per branch after direction, each -1 (free) or a bin of it."""
     bins = tuple(int(f) for f in fixed)
@@ -387,7 +435,9 @@ def select_actions(
     mean: Any = None,
     fixed: tuple[int, ...] = FREE_BINS,
 ) -> None:
-    """Choose one action per sample: logits[B, 13, Z], support[B, 13, 3], states[>= B] (xoroshiro, sample i
+    """Choose one action per sample: logits[B, 13, Z] (or the head GEMM's output rows [B, head_width(Z)], whose
+    dueling combine the kernel then forms in shared memory: the same bits, without the [B, 13, Z] logits in global
+    memory; `action_select_heads_kernel`), support[B, 13, 3], states[>= B] (xoroshiro, sample i
     uses states[i], advanced by DRAWS = 8 draws when exploring) -> actions[B, 4] int32, conviction[B]
     float32. `explore` selects the training policy (Thompson + Boltzmann) or the evaluation policy
     (argmax E[Q]). Z is at most MAX_ATOMS. `spread` (kappa) and `tau_mult` narrow the training policy
@@ -404,10 +454,19 @@ def select_actions(
     serial chain per thread. Tests pass lanes = 1 to run large batches under the simulator, which pays
     per thread; the benchmark compares the shapes on the GPU.
     """
-    if len(logits.shape) != 3 or logits.shape[0] < 1 or logits.shape[2] < 2:
-        raise ValueError(f"logits must be a float32 array [B, {N_HEADS}, Z] with B >= 1, Z >= 2, got {logits.shape}")
-    b, _, z = logits.shape
-    check_array("logits", logits, f"[B, {N_HEADS}, Z]", (b, N_HEADS, z))
+    heads = len(logits.shape) == 2
+    if heads:
+        b, z = logits.shape[0], (logits.shape[1] - N_AUX) // N_STREAMS
+        if b < 1 or z < 2 or logits.shape[1] != head_width(z):
+            raise ValueError(f"head rows must be a float32 array [B, head_width(Z) = {N_STREAMS} Z + {N_AUX}] with "
+                             f"B >= 1, Z >= 2, got {logits.shape}")  # fmt: skip
+        check_array("head rows", logits, "[B, head_width(Z)]", (b, head_width(z)))
+    else:
+        if len(logits.shape) != 3 or logits.shape[0] < 1 or logits.shape[2] < 2:
+            raise ValueError(f"logits must be a float32 array [B, {N_HEADS}, Z] with B >= 1, Z >= 2, got "
+                             f"{logits.shape}")  # fmt: skip
+        b, _, z = logits.shape
+        check_array("logits", logits, f"[B, {N_HEADS}, Z]", (b, N_HEADS, z))
     if z > MAX_ATOMS:
         raise ValueError(f"logits: Z = {z} atoms; action selection stages a sample's logits in shared memory, "
                          f"which holds at most Z = {MAX_ATOMS}")  # fmt: skip
@@ -439,8 +498,9 @@ def select_actions(
     spb = samples_per_block(z)
     if SIMULATOR:
         spb = min(spb, b)  # the simulator pays for every thread, idle ones included
+    source = (action_select_heads_kernel, logits, np.int32(z)) if heads else (action_select_kernel, logits)
     launch_rows(
-        action_select_kernel, -(-b // spb), spb * lanes, logits, support, states, flag, np.float32(spread),
+        source[0], -(-b // spb), spb * lanes, *source[1:], support, states, flag, np.float32(spread),
         np.float32(tau_mult), actions, conviction, np.int32(lanes), values, np.int32(mode),
         *(np.int32(f) for f in fixed), stream=stream,
     )  # fmt: skip

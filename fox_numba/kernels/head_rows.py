@@ -2,12 +2,16 @@
 
 A block stages the 13 * Z atoms of a run of consecutive samples as one flat run of floats; a thread walks it in
 steps of the block size, keeping (head row, atom) in the mixed radix of rows of Z atoms, so no step divides.
-Used by action selection (kernels/action_select.py) and the learner's fused C51 rows (kernels/learner.py).
+`stage_combined_heads` stages the same rows from the head GEMM's output [samples, head_width(Z)] instead, forming
+the dueling combine in shared memory (kernels/heads.py's arithmetic, the same bits), so the [samples, 13, Z] logits
+never go through global memory. Used by action selection (kernels/action_select.py) and the learner's fused C51
+rows (kernels/learner.py).
 """
 
-from numba import cuda
+from numba import cuda, float32
 
-from fox_numba.actions import N_HEADS
+from fox_numba.actions import N_BRANCHES, N_HEADS
+from fox_numba.kernels.heads import MAX_BRANCH_SIZE, N_STREAMS, branch_span
 
 
 @cuda.jit(device=True)
@@ -27,3 +31,76 @@ def staged_row(src, first, row, j):
     sample = row // N_HEADS
     return src[first + sample, row - sample * N_HEADS, j]
 
+
+@cuda.jit(device=True)
+def stream_atom(head, first, row, j, n_atoms):
+    """Atom j of stream row `row` counted from sample `first` of the head GEMM's output rows head: stream
+    row % 17 (values, then advantages, heads.N_STREAMS) of sample first + row // 17."""
+    sample = row // N_STREAMS
+    return head[first + sample, (row - sample * N_STREAMS) * n_atoms + j]
+
+
+@cuda.jit(device=True)
+def put_stream(stage, values, row, j, stride, x):
+    """Stream row `row` (as `stream_atom`) staged: a value stream into `values` [(s * 4 + b) * stride + j], an
+    advantage stream into its head's row of `stage` [(s * 13 + h) * stride + j]."""
+    sample = row // N_STREAMS
+    s = row - sample * N_STREAMS
+    if s < N_BRANCHES:
+        values[(sample * N_BRANCHES + s) * stride + j] = x
+    else:
+        stage[(sample * N_HEADS + s - N_BRANCHES) * stride + j] = x
+
+
+@cuda.jit(device=True)
+def stage_combined_heads(head, first, count, stage, values, stride, tid, threads, n_atoms):
+    """stage[(s * 13 + h) * stride + j] = logits[first + s, h, j] for s < count, combined from the head GEMM's output
+    rows `head`: one coalesced copy of the samples' stream columns (consecutive threads at consecutive atoms, four
+    loads in flight per thread; `put_stream`), a barrier, then per (sample, branch, atom) the branch's mean and
+    V + (A - mean) in place, dueling_combine_fwd's float32 operations in its order (the same bits). The caller's
+    barrier follows."""
+    rows = count * N_STREAMS
+    d_row = threads // n_atoms
+    d_j = threads - d_row * n_atoms
+    row = tid // n_atoms
+    j = tid - row * n_atoms
+    while row < rows:
+        row1, j1 = carry(row, j, d_row, d_j, n_atoms)
+        row2, j2 = carry(row1, j1, d_row, d_j, n_atoms)
+        row3, j3 = carry(row2, j2, d_row, d_j, n_atoms)
+        x0 = stream_atom(head, first, row, j, n_atoms)
+        x1 = float32(0.0)
+        x2 = float32(0.0)
+        x3 = float32(0.0)
+        if row1 < rows:
+            x1 = stream_atom(head, first, row1, j1, n_atoms)
+        if row2 < rows:
+            x2 = stream_atom(head, first, row2, j2, n_atoms)
+        if row3 < rows:
+            x3 = stream_atom(head, first, row3, j3, n_atoms)
+        put_stream(stage, values, row, j, stride, x0)
+        if row1 < rows:
+            put_stream(stage, values, row1, j1, stride, x1)
+        if row2 < rows:
+            put_stream(stage, values, row2, j2, stride, x2)
+        if row3 < rows:
+            put_stream(stage, values, row3, j3, stride, x3)
+        row, j = carry(row3, j3, d_row, d_j, n_atoms)
+    cuda.syncthreads()
+    t = tid
+    while t < count * N_BRANCHES * n_atoms:
+        row = t // n_atoms  # the branch row sample * 4 + b
+        z = t - row * n_atoms
+        sample = row // N_BRANCHES
+        off, size = branch_span(row - sample * N_BRANCHES)
+        at = (sample * N_HEADS + off) * stride + z
+        mean = float32(0.0)
+        for k in range(MAX_BRANCH_SIZE):
+            if k < size:
+                mean += stage[at + k * stride]
+        mean = mean / float32(size)
+        v = values[row * stride + z]
+        for k in range(MAX_BRANCH_SIZE):
+            if k < size:
+                stage[at + k * stride] = v + (stage[at + k * stride] - mean)
+        t += threads

@@ -102,9 +102,8 @@ from fox_numba.device.memory import device_empty
 from fox_numba.device.registry import register
 from fox_numba.device.rng import xoroshiro128p_uniform_float32
 from fox_numba.kernels.distributional import atom_pass, cross_entropy_row, project_row, row_stats
-from fox_numba.kernels.head_rows import carry
+from fox_numba.kernels.head_rows import carry, stage_combined_heads
 from fox_numba.kernels.heads import (
-    MAX_BRANCH_SIZE,
     N_AUX,
     N_STREAMS,
     aux_column,
@@ -227,80 +226,6 @@ def _taken_head(actions, i, b):
     return off, min(max(actions[i, b], 0), size - 1)
 
 
-@cuda.jit(device=True)
-def _stream_atom(head, first, row, j, n_atoms):
-    """Atom j of stream row `row` counted from sample `first` of the head GEMM's output rows head: stream
-    row % 17 (values, then advantages, heads.N_STREAMS) of sample first + row // 17."""
-    sample = row // N_STREAMS
-    return head[first + sample, (row - sample * N_STREAMS) * n_atoms + j]
-
-
-@cuda.jit(device=True)
-def _put_stream(stage, values, row, j, stride, x):
-    """Stream row `row` (as `_stream_atom`) staged: a value stream into `values` [(s * 4 + b) * stride + j], an
-    advantage stream into its head's row of `stage` [(s * 13 + h) * stride + j]."""
-    sample = row // N_STREAMS
-    s = row - sample * N_STREAMS
-    if s < N_BRANCHES:
-        values[(sample * N_BRANCHES + s) * stride + j] = x
-    else:
-        stage[(sample * N_HEADS + s - N_BRANCHES) * stride + j] = x
-
-
-@cuda.jit(device=True)
-def _stage_heads(head, first, count, stage, values, stride, tid, threads, n_atoms):
-    """stage[(s * 13 + h) * stride + j] = logits[first + s, h, j] for s < count, combined from the head GEMM's output
-    rows `head`: one coalesced copy of the samples' stream columns (consecutive threads at consecutive atoms, four
-    loads in flight per thread; `_put_stream`), a barrier, then per (sample, branch, atom) the branch's mean and
-    V + (A - mean) in place, dueling_combine_fwd's float32 operations in its order (the same bits). The caller's
-    barrier follows."""
-    rows = count * N_STREAMS
-    d_row = threads // n_atoms
-    d_j = threads - d_row * n_atoms
-    row = tid // n_atoms
-    j = tid - row * n_atoms
-    while row < rows:
-        row1, j1 = carry(row, j, d_row, d_j, n_atoms)
-        row2, j2 = carry(row1, j1, d_row, d_j, n_atoms)
-        row3, j3 = carry(row2, j2, d_row, d_j, n_atoms)
-        x0 = _stream_atom(head, first, row, j, n_atoms)
-        x1 = float32(0.0)
-        x2 = float32(0.0)
-        x3 = float32(0.0)
-        if row1 < rows:
-            x1 = _stream_atom(head, first, row1, j1, n_atoms)
-        if row2 < rows:
-            x2 = _stream_atom(head, first, row2, j2, n_atoms)
-        if row3 < rows:
-            x3 = _stream_atom(head, first, row3, j3, n_atoms)
-        _put_stream(stage, values, row, j, stride, x0)
-        if row1 < rows:
-            _put_stream(stage, values, row1, j1, stride, x1)
-        if row2 < rows:
-            _put_stream(stage, values, row2, j2, stride, x2)
-        if row3 < rows:
-            _put_stream(stage, values, row3, j3, stride, x3)
-        row, j = carry(row3, j3, d_row, d_j, n_atoms)
-    cuda.syncthreads()
-    t = tid
-    while t < count * N_BRANCHES * n_atoms:
-        row = t // n_atoms  # the branch row sample * 4 + b
-        z = t - row * n_atoms
-        sample = row // N_BRANCHES
-        off, size = branch_span(row - sample * N_BRANCHES)
-        at = (sample * N_HEADS + off) * stride + z
-        mean = float32(0.0)
-        for k in range(MAX_BRANCH_SIZE):
-            if k < size:
-                mean += stage[at + k * stride]
-        mean = mean / float32(size)
-        v = values[row * stride + z]
-        for k in range(MAX_BRANCH_SIZE):
-            if k < size:
-                stage[at + k * stride] = v + (stage[at + k * stride] - mean)
-        t += threads
-
-
 @register((_F2, _F2, _F2, _F2, _I2, _F1, _F1, _F1, int32, _F2, _F2, _F2, _I1, _F2, _F1, _F1, _F1, _F2))
 @cuda.jit
 def select_q_rows(head, head_tgt, support_online, support_target, actions, rewards, discounts, branch_w, shared,
@@ -338,7 +263,7 @@ def select_q_rows(head, head_tgt, support_online, support_target, actions, rewar
     active = slot < count
     base = tid * stride  # = (slot * 13 + h) * stride: this thread's staged row
 
-    _stage_heads(head, first, count, stage, values, stride, tid, threads, n_atoms)
+    stage_combined_heads(head, first, count, stage, values, stride, tid, threads, n_atoms)
     cuda.syncthreads()
     if active:
         v_min = support_online[h, 0]
@@ -351,7 +276,7 @@ def select_q_rows(head, head_tgt, support_online, support_target, actions, rewar
         util[i, h] = float32(used) / float32(n_atoms)
     cuda.syncthreads()
 
-    _stage_heads(head, n_samples + first, count, stage, values, stride, tid, threads, n_atoms)
+    stage_combined_heads(head, n_samples + first, count, stage, values, stride, tid, threads, n_atoms)
     cuda.syncthreads()
     if active:
         _m, s, tz, _tlm = row_stats(stage, base, n_atoms, support_online[h, 0], support_online[h, 2])

@@ -45,7 +45,7 @@ class PerStepEvaluator(Evaluator):
     """The evaluator with each step's forward encoding the environments' rows itself (rows=env.row)."""
 
     def _forward(self, s: Any, k: int) -> None:
-        self.net.forward(self.params, self.obs, self.logits, stream=s, rows=self.env.row)
+        self.net.forward(self.params, self.obs, None, stream=s, rows=self.env.row)
 
 
 def backtests(stager, net_cfg: NetworkConfig) -> tuple[Evaluator, Evaluator]:
@@ -85,7 +85,7 @@ def test_cached_encoder_backtest_is_bit_for_bit_the_per_step_one(stager, encoder
     positions = np.concatenate([pos for _, pos in days])
     assert len(set(positions.tolist())) > 1, "the policy trades"
     dl = stager.download
-    np.testing.assert_array_equal(dl(cached.logits), dl(per_step.logits))  # the last step's, every bit
+    np.testing.assert_array_equal(dl(cached.net.head_out), dl(per_step.net.head_out))  # the last step's, every bit
     # The chunk's encoder runs once, before its steps, over all its (step, day) rows; the steps only join its output.
     for (graph, replays), steps in zip(cached.chunks, CHUNK_STEPS, strict=True):
         names = kernels(graph)

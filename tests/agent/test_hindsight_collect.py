@@ -94,7 +94,7 @@ def test_same_seed_same_buffers_and_the_relabel_sits_in_the_step(market, runs):
 
     names = kernels(trainer)
     at = names.index("hindsight_relabel_kernel")
-    assert names[at - 1] == "action_select_kernel" and names[at + 1] == "replay_put_obs_kernel"
+    assert names[at - 1] == "action_select_heads_kernel" and names[at + 1] == "replay_put_obs_kernel"
     assert kernels(off) == names[:at] + names[at + 1 :]
 
 

@@ -24,7 +24,7 @@ def test_an_iqn_trainer_collects_trains_diagnoses_and_evaluates_on_the_joint_val
     rt.registry.reset(FoldReset, ResetContext(fold=0, seed=rt.cfg.run.seed, stream=trainer.stream))
     trainer.collect()
     step = [r.kernel.rsplit(".", 1)[1] for r in trainer.collector.graph.launches]
-    at = step.index("action_select_kernel")
+    at = step.index("action_select_heads_kernel")
     assert step[step.index("iqn_act_taus"):at] == ["iqn_act_taus", "iqn_act_values"]
     trainer.train(lambda: None)
     rec = trainer.download_state()["health.record"][0]

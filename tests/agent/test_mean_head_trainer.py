@@ -22,7 +22,7 @@ def test_a_mean_head_trainer_collects_trains_and_evaluates_on_the_head_values(ha
     rt.registry.reset(FoldReset, ResetContext(fold=0, seed=rt.cfg.run.seed, stream=trainer.stream))
     trainer.collect()
     step = [r.kernel.rsplit(".", 1)[1] for r in trainer.collector.graph.launches]
-    at = step.index("action_select_kernel")
+    at = step.index("action_select_heads_kernel")
     assert step[at - 1] == "dense_fwd"
     stats = trainer.train(lambda: None)
     assert np.isfinite(stats["loss_mean"]) and stats["loss_mean"] > 0 and stats["mean_gap"] > 0

@@ -19,7 +19,7 @@ import sys
 
 import numpy as np
 import pytest
-from reference import atoms32, atoms64, expected_q64, linear_support, random_support, softmax64
+from reference import atoms32, atoms64, dueling32, dueling64, expected_q64, linear_support, random_support, softmax64
 
 from fox_numba.actions import (
     BRANCHES,
@@ -53,6 +53,7 @@ from fox_numba.kernels.action_select import (
     select_actions,
 )
 from fox_numba.kernels.distributional import expected_q
+from fox_numba.kernels.heads import head_width
 
 SHORT, HOLD, LONG, FLAT = (int(d) for d in Direction)
 CHI2_P_MIN = 1e-6  # a correct kernel fails a chi-square test once in a million seeds
@@ -758,6 +759,61 @@ def test_select_actions_rejects_bad_shapes(stream, stager):
     for lanes in (0, LANES + 1):
         with pytest.raises(ValueError, match=f"lanes = {lanes}: threads per sample must be 1 to 16"):
             select_actions(logits, support, states, actions, conviction, explore=False, stream=stream, lanes=lanes)
+
+
+def head_rows(rng, b, z):
+    """Seeded random head GEMM output rows [b, head_width(z)] (the streams, then the auxiliary column)."""
+    return rng.uniform(-1.5, 1.5, (b, head_width(z))).astype(np.float32)
+
+
+@pytest.mark.parametrize(("z", "lanes", "mode"), [(8, TEST_LANES, "c51"), (21, TEST_LANES, "iqn"),
+                                                  (120, TEST_LANES, "mean"), (21, LANES, "c51")])
+def test_head_rows_give_the_bits_of_their_combined_logits(stream, stager, rng, z, lanes, mode):
+    """Selecting from the head GEMM's rows (the dueling combine formed while staging) equals selecting from the
+    logits their combine gives (`dueling32`, the combine kernel's bits): the same actions, conviction bits and
+    advanced states, in collection (Thompson, Boltzmann, fixed order type) and evaluation, for each value the
+    directions act on (the three share the kernels' later phases); Z = 8 (staged at stride 9), 21 and 120 (3
+    samples a block), 2 blocks + 1 sample, at the simulator's lanes and the production 16. And against float64: evaluation is argmax of E[Q] of `dueling64`'s
+    logits wherever the top two values of a branch are apart by more than float32 rounding."""
+    b = 2 * samples_per_block(z) + 1
+    head = head_rows(rng, b, z)
+    logits = dueling32(head, z)
+    support = random_support(rng, (b, N_HEADS), z)
+    values = {"c51": {}, "iqn": {"iqn": rng.uniform(-0.5, 0.5, (b, 2, N_DIRECTIONS)).astype(np.float32)},
+              "mean": {"mean": rng.uniform(-0.5, 0.5, (b, 1, N_DIRECTIONS)).astype(np.float32)}}[mode]
+    got = {}
+    for name, source in (("logits", logits), ("heads", head)):
+        out = []
+        for explore in (True, False):
+            states = xoroshiro_states(b, 5, stager)
+            actions, conviction = device_empty((b, N_BRANCHES), np.int32), device_empty(b, np.float32)
+            select_actions(stager.upload_new(source), stager.upload_new(support), states, actions, conviction,
+                           explore=explore, stream=stream, lanes=lanes, spread=0.5, tau_mult=0.5,
+                           fixed=(-1, 1, -1), **{k: stager.upload_new(v) for k, v in values.items()})
+            out += [stager.download(actions), stager.download(conviction).view(np.uint32), stager.download(states)]
+        got[name] = out
+    for a, want in zip(got["heads"], got["logits"], strict=True):
+        np.testing.assert_array_equal(a, want)
+    if mode == "c51":
+        q = expected_q64(dueling64(head, z), support)
+        want = eval_policy64(q)
+        want[:, 2] = 1
+        clear = np.ones(b, bool)
+        for br in BRANCHES:
+            top2 = np.sort(q[:, br.offset : br.offset + br.size], axis=1)[:, -2:]
+            clear &= top2[:, 1] - top2[:, 0] > CONV_TOL
+        assert clear.sum() >= b // 2
+        np.testing.assert_array_equal(got["heads"][3][clear], want[clear])
+
+
+def test_select_actions_rejects_head_rows_of_another_width(stream, stager):
+    b, z = 4, 5
+    support = stager.upload_new(np.ones((b, N_HEADS, 3), np.float32))
+    states = xoroshiro_states(b, 0, stager)
+    actions, conviction = device_empty((b, 4), np.int32), device_empty(b, np.float32)
+    with pytest.raises(ValueError, match=r"head rows must be a float32 array \[B, head_width\(Z\) = 17 Z \+ 1\]"):
+        select_actions(stager.upload_new(np.ones((b, head_width(z) + 1), np.float32)), support, states, actions,
+                       conviction, explore=False, stream=stream)  # fmt: skip
 
 
 def run_select_values(stream, stager, logits, support, explore, spread=1.0, seed=3, **values):
