@@ -26,6 +26,15 @@ def carry(row, j, d_row, d_j, n_atoms):
 
 
 @cuda.jit(device=True)
+def walk_start(tid, threads, n_atoms):
+    """(d_row, d_j, row, j): the step of a block of `threads` threads and thread tid's first (row, atom) in the
+    mixed radix of rows of n_atoms atoms."""
+    d_row = threads // n_atoms
+    row = tid // n_atoms
+    return d_row, threads - d_row * n_atoms, row, tid - row * n_atoms
+
+
+@cuda.jit(device=True)
 def staged_row(src, first, row, j):
     """Atom j of head row `row` counted from sample `first`: src[first + row // 13, row % 13, j]."""
     sample = row // N_HEADS
@@ -60,10 +69,7 @@ def stage_combined_heads(head, first, count, stage, values, stride, tid, threads
     V + (A - mean) in place, dueling_combine_fwd's float32 operations in its order (the same bits). The caller's
     barrier follows."""
     rows = count * N_STREAMS
-    d_row = threads // n_atoms
-    d_j = threads - d_row * n_atoms
-    row = tid // n_atoms
-    j = tid - row * n_atoms
+    d_row, d_j, row, j = walk_start(tid, threads, n_atoms)
     while row < rows:
         row1, j1 = carry(row, j, d_row, d_j, n_atoms)
         row2, j2 = carry(row1, j1, d_row, d_j, n_atoms)

@@ -102,7 +102,7 @@ from fox_numba.device.memory import device_empty
 from fox_numba.device.registry import register
 from fox_numba.device.rng import xoroshiro128p_uniform_float32
 from fox_numba.kernels.distributional import atom_pass, cross_entropy_row, project_row, row_stats
-from fox_numba.kernels.head_rows import carry, stage_combined_heads
+from fox_numba.kernels.head_rows import carry, stage_combined_heads, walk_start
 from fox_numba.kernels.heads import (
     N_AUX,
     N_STREAMS,
@@ -289,10 +289,7 @@ def select_q_rows(head, head_tgt, support_online, support_target, actions, rewar
     cuda.syncthreads()
     # the target rows of the a* only (row slot * 4 + b), coalesced within each row
     rows = count * N_BRANCHES
-    d_row = threads // n_atoms
-    d_j = threads - d_row * n_atoms
-    row = tid // n_atoms
-    j = tid - row * n_atoms
+    d_row, d_j, row, j = walk_start(tid, threads, n_atoms)
     while row < rows:
         sample = row // N_BRANCHES
         stage[row * stride + j] = combined_logit(head_tgt, first + sample, next_sh[row], j, n_atoms)
@@ -361,10 +358,7 @@ def project_loss_scatter(head, head_tgt, next_head, next_stats, rew_r, disc_r, a
     r0 = cuda.blockIdx.x * per_block
     count = min(per_block, next_head.shape[0] - r0)
 
-    d_row = threads // n_atoms
-    d_j = threads - d_row * n_atoms
-    row = tid // n_atoms
-    j = tid - row * n_atoms
+    d_row, d_j, row, j = walk_start(tid, threads, n_atoms)
     while row < count:
         r = r0 + row
         i = r // N_BRANCHES
