@@ -248,6 +248,27 @@ def test_visited_positions_follow_the_greedy_policy_from_flat_each_day(td_probe)
         np.arange(inside.size), taken[inside - 1]])
 
 
+def test_draw_exploration_adds_normal_noise_to_every_value_instead_of_epsilon(td_probe):
+    """`qdir_cross_draw`'s behaviour: with values favouring Long by 10, a noise scale of 1e-6 never leaves the argmax
+    (every later bar long, where epsilon-greedy explores a tenth of them), and at a scale of 1e6 the values vanish
+    under the draws: each direction is taken on 0.25 +- 0.05 of the ~1,200 bars (4 standard deviations of a
+    binomial share there, seeded; the argmax alone would take Long on every bar)."""
+    n, m = 1200, 3
+    x, mid, day_start = ar1_walk(n, m, 0.8, np.array([0.6, -0.8, 0.0]), seed=3)
+    rows = replace(td_probe.fold_rows(mid, day_start, stop=n, gamma=0.5), cost=np.zeros(n + 1))
+    xb = np.hstack([x, np.ones((n + 1, 1))])
+    firsts = [d[0] for d in np.split(rows.idx, np.flatnonzero(np.diff(rows.idx) > 1) + 1)]
+    later = np.setdiff1d(rows.idx, firsts)
+    w = np.zeros((2 * m + 2, 4))
+    w[m, 2] = 10.0
+    rng = np.random.default_rng(1)
+    held, taken = td_probe.visited_positions(xb, rows, w, rng, noise=1e-6)
+    assert (held[later] == 1.0).all() and (taken[rows.idx] == 2).all()
+    _, taken = td_probe.visited_positions(xb, rows, w, rng, noise=1e6)
+    shares = np.bincount(taken[rows.idx], minlength=4) / rows.idx.size
+    assert np.abs(shares - 0.25).max() < 0.05, shares
+
+
 def test_taken_gradient_is_the_visited_one_of_each_rows_own_direction(td_probe):
     """`qdir_cross_taken`'s gradient: column d is the visited gradient (every direction priced) of the batch rows that
     took d, weighted by their share of the batch, and no row trains a direction it did not take (float64, every

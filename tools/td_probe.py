@@ -49,6 +49,11 @@ the cosine schedule to lr * lr_min_frac, batch, steps = epochs x steps_per_epoch
 - `qdir_cross_taken`: `qdir_cross_visited` with partial feedback, as the agent's learner trains without
   learner.counterfactual: each transition trains only the direction its behaviour policy took there. Against
   `qdir_cross_visited`, it tells what pricing every direction of a visited transition is worth;
+- `qdir_cross_draw`: `qdir_cross_taken` under the agent's own collect rule instead of epsilon-greedy: every bar the
+  direction of the largest value + env.explore_spread x sigma x a standard normal draw per direction, sigma the
+  standard deviation of the discounted return of holding one contract to the day's end (the width of a C51 head's
+  return distribution, whose atom draws the agent's rule scales: kernels/action_select.py; a Gaussian stands in for
+  the categorical draw). Against `qdir_cross_taken`, it tells what the agent's exploration costs the fit;
 - `qdir_cross_c51`: `qdir_cross` with a C51 head per direction, as the agent's: logits linear in [x, 1, q, q x] over
   `c51`'s fixed support, the target distribution of -c |q' - q| + q' r + gamma Z_target(x', q', d*) (d* the next
   direction of the largest E[Z]) projected onto it, cross-entropy; acted on by argmax E[Z]. Against `qdir_cross`, it
@@ -98,12 +103,12 @@ from fox_numba.walkforward.metrics import compute_metrics, positions_to_days  # 
 from fox_numba.walkforward.probe import probe_baseline  # noqa: E402
 
 TARGETS = ("td", "mc", "c51", "split", "greedy", "qlearn", "qdir", "qdir_cross", "qdir_cross_visited",
-           "qdir_cross_taken", "qdir_cross_c51")
-DIRECTED = ("qdir", "qdir_cross", "qdir_cross_visited", "qdir_cross_taken", "qdir_cross_c51")
+           "qdir_cross_taken", "qdir_cross_draw", "qdir_cross_c51")
+DIRECTED = ("qdir", "qdir_cross", "qdir_cross_visited", "qdir_cross_taken", "qdir_cross_draw", "qdir_cross_c51")
 """Targets that learn the agent's four direction values on [x, position] features (module header)."""
-CROSSED = ("qdir_cross", "qdir_cross_visited", "qdir_cross_taken", "qdir_cross_c51")
+CROSSED = ("qdir_cross", "qdir_cross_visited", "qdir_cross_taken", "qdir_cross_draw", "qdir_cross_c51")
 """Direction-value targets whose features hold the position x market columns."""
-BEHAVIOUR = ("qdir_cross_visited", "qdir_cross_taken")
+BEHAVIOUR = ("qdir_cross_visited", "qdir_cross_taken", "qdir_cross_draw")
 """Direction-value targets trained on the positions (and directions) a behaviour policy visits."""
 POSITIONS = np.array([-1.0, 0.0, 1.0])
 """`qlearn`: the positions (contracts) its three values hold."""
@@ -190,10 +195,12 @@ def project(p_next: np.ndarray, reward: np.ndarray, discount: np.ndarray, z: np.
     return flat.reshape(n, a)
 
 
-def learn_value(x: np.ndarray, rows: Rows, target: str, lc: LearnerConfig, seed: int, atoms: int = 51) -> np.ndarray:
+def learn_value(x: np.ndarray, rows: Rows, target: str, lc: LearnerConfig, seed: int, atoms: int = 51,
+                spread: float = 0.0) -> np.ndarray:
     """The weights of a linear value learned as the agent's learner learns (Adam on uniform batches, cosine
     learning rate, Polyak target): w [M + 1] of V(x) = w.x + b (the bias last) for `td` and `mc` (mean squared
-    error), W [M + 1, atoms] of the logits for `c51` (cross-entropy); `value(x, w)` reads either."""
+    error), W [M + 1, atoms] of the logits for `c51` (cross-entropy); `value(x, w)` reads either. `spread` is
+    `qdir_cross_draw`'s env.explore_spread."""
     rng = np.random.default_rng(seed)
     xb = np.hstack([x, np.ones((len(x), 1))])
     shape = (xb.shape[1], atoms) if target == "c51" else (xb.shape[1], 2) if target in PARTIAL else (xb.shape[1],)
@@ -214,7 +221,8 @@ def learn_value(x: np.ndarray, rows: Rows, target: str, lc: LearnerConfig, seed:
     visited = taken = None
     for step in range(steps):
         if target in BEHAVIOUR and step % lc.steps_per_epoch == 0:  # the epoch's collect
-            visited, taken = visited_positions(xb, rows, w if step else None, rng)
+            noise = spread * float(np.std(rows.ret[rows.idx])) if target == "qdir_cross_draw" else 0.0
+            visited, taken = visited_positions(xb, rows, w if step else None, rng, noise)
         i = rng.choice(rows.idx, size=lc.batch_size)
         if target == "qlearn":
             grad = qlearn_grad(xb, rows, i, w, w_tgt, lc.gamma)
@@ -223,7 +231,7 @@ def learn_value(x: np.ndarray, rows: Rows, target: str, lc: LearnerConfig, seed:
         elif target in DIRECTED:
             grad = qdir_grad(xb, rows, i, w, w_tgt, lc.gamma, target in CROSSED,
                              held=visited[i] if visited is not None else None,
-                             taken=taken[i] if target == "qdir_cross_taken" else None)
+                             taken=taken[i] if target in ("qdir_cross_taken", "qdir_cross_draw") else None)
         elif target in PARTIAL:
             grad = partial_grad(xb, rows, i, w, w_tgt, discount, target, rng)
         elif target == "c51":
@@ -289,22 +297,26 @@ def qdir_grad(xb: np.ndarray, rows: Rows, i: np.ndarray, w: np.ndarray, w_tgt: n
     return grad
 
 
-def visited_positions(xb: np.ndarray, rows: Rows, w: np.ndarray | None,
-                      rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+def visited_positions(xb: np.ndarray, rows: Rows, w: np.ndarray | None, rng: np.random.Generator,
+                      noise: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
     """float64 [rows] and int [rows]: the position held entering each training row, and the direction taken there,
     when the direction values w (`qdir_cross`'s features) trade every training day from flat: each bar the argmax
     direction, a uniformly random one with probability EXPLORE (every bar when w is None: the first epoch's
-    collect). Rows outside the training days hold 0 and take Hold."""
+    collect); with `noise` > 0 instead the argmax of the values plus noise x a standard normal per direction
+    (`qdir_cross_draw`). Rows outside the training days hold 0 and take Hold."""
     held = np.zeros(len(xb))
     taken = np.full(len(xb), int(Direction.HOLD))
     days = np.split(rows.idx, np.flatnonzero(np.diff(rows.idx) > 1) + 1)
     m1 = xb.shape[1]
     for day in days:
         q = 0.0
-        explore = rng.random(len(day)) < EXPLORE if w is not None else np.ones(len(day), bool)
+        explore = rng.random(len(day)) < EXPLORE if w is not None and noise == 0 else np.ones(len(day), bool)
         random_d = rng.integers(0, N_DIRECTIONS, len(day))
         if w is not None:  # direction values at held q: base + q slope (direction_values' blocks)
             base, slope = xb[day] @ w[:m1], w[m1] + xb[day][:, :-1] @ w[m1 + 1 :]
+            if noise > 0:
+                explore[:] = False
+                base = base + noise * rng.standard_normal(base.shape)
         for k, t in enumerate(day):
             held[t] = q
             d = random_d[k] if explore[k] else int(np.argmax(base[k] + q * slope[k]))
@@ -495,7 +507,8 @@ def main(argv: list[str] | None = None) -> int:
         rows = dataclasses.replace(rows, cost=half_spread(m) + cfg.env.commission / m.point_value)
         xb = np.hstack([x, np.ones((len(x), 1))])
         for target in args.targets:
-            fits = [learn_value(x, rows, target, lc, seed, cfg.network.n_atoms) for seed in args.seeds]
+            fits = [learn_value(x, rows, target, lc, seed, cfg.network.n_atoms, cfg.env.explore_spread)
+                    for seed in args.seeds]
             signals = [signal_of(target, xb, w) for w in fits]
             scores = [(correlation(v, move, val), correlation(v, move, train), *traded(v[:, None], m, 0.0, cfg))
                       for v in signals]  # fmt: skip
