@@ -773,8 +773,9 @@ def test_head_rows_give_the_bits_of_their_combined_logits(stream, stager, rng, z
     logits their combine gives (`dueling32`, the combine kernel's bits): the same actions, conviction bits and
     advanced states, in collection (Thompson, Boltzmann, fixed order type) and evaluation, for each value the
     directions act on (the three share the kernels' later phases); Z = 8 (staged at stride 9), 21 and 120 (3
-    samples a block), 2 blocks + 1 sample, at the simulator's lanes and the production 16. And against float64: evaluation is argmax of E[Q] of `dueling64`'s
-    logits wherever the top two values of a branch are apart by more than float32 rounding."""
+    samples a block), 2 blocks + 1 sample, at the simulator's lanes and the production 16. And against float64:
+    evaluation is argmax of E[Q] of `dueling64`'s logits wherever the top two values of a branch are apart by more
+    than float32 rounding."""
     b = 2 * samples_per_block(z) + 1
     head = head_rows(rng, b, z)
     logits = dueling32(head, z)
