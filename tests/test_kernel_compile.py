@@ -16,7 +16,7 @@ from numba import cuda
 
 from fox_numba.device import registry
 from fox_numba.device.runtime import SIMULATOR
-from fox_numba.kernels.compile_check import EXIT_NO_TOOLKIT
+from fox_numba.kernels.compile_check import EXIT_NO_TOOLKIT, resident_blocks
 
 FIXTURES = Path(__file__).parent / "compile_fixtures"
 
@@ -37,18 +37,22 @@ def run_compile_check(*extra: Path) -> subprocess.CompletedProcess[str]:
     return proc
 
 
+FIXTURE_KERNELS = ("scale_and_return", "double_in_place", "misassembled_mma", "crowded_copy")
+
+
 @pytest.fixture(scope="module")
 def checked() -> subprocess.CompletedProcess[str]:
-    """One compile check of the package and the three fixtures (each run compiles and assembles every package
-    kernel, ~70 s here): exactly the three fixture kernels fail, so every package kernel compiled and assembled."""
-    return run_compile_check(FIXTURES / "bad_return.py", FIXTURES / "unregistered.py", FIXTURES / "bad_ptx.py")
+    """One compile check of the package and the four fixtures (each run compiles and assembles every package
+    kernel, ~70 s here): exactly the fixture kernels fail, so every package kernel compiled and assembled, and every
+    package kernel whose launch bounds ask for a residency gets it."""
+    return run_compile_check(*(FIXTURES / f for f in ("bad_return.py", "unregistered.py", "bad_ptx.py", "crowded.py")))
 
 
 def test_every_package_kernel_compiles_for_sm90(checked):
     assert checked.returncode == 1, checked.stdout + checked.stderr
     failed = [ln for ln in checked.stdout.splitlines() if ln.startswith("FAILED")]
-    assert len(failed) == 3 and "sm_90: 3 failed" in checked.stdout, checked.stdout
-    assert all(any(k in ln for k in ("scale_and_return", "double_in_place", "misassembled_mma")) for ln in failed)
+    assert len(failed) == 4 and "sm_90: 4 failed" in checked.stdout, checked.stdout
+    assert all(any(k in ln for k in FIXTURE_KERNELS) for ln in failed)
 
 
 @pytest.mark.skipif(not SIMULATOR, reason="shows what the simulator accepts; a real GPU rejects the kernel")
@@ -77,3 +81,24 @@ def test_ptxas_refuses_the_inline_ptx_nvvm_passed(checked):
     """The fixture's mma names an accumulator type PTX does not define: NVVM emits it, the assembly refuses it."""
     line = next(ln for ln in checked.stdout.splitlines() if "misassembled_mma" in ln)
     assert line.startswith("FAILED") and "ptxas" in line and "mma" in line, line
+
+
+def test_shared_memory_that_crowds_out_the_asked_residency_fails(checked):
+    line = next(ln for ln in checked.stdout.splitlines() if "crowded_copy" in ln)
+    assert line.startswith("FAILED") and "ask for 8 blocks of 128 threads per SM, 6 fit" in line, line
+    assert "33792 B of shared memory" in line, line
+
+
+@pytest.mark.parametrize(
+    ("threads", "registers", "shared", "blocks"),
+    [
+        (104, 63, 29_440, 7),  # select_q_rows with stride-52 staging: shared memory holds it to 7
+        (104, 63, 28_896, 8),  # its staging sized for Z = 51: 8 (registers: 4 warps x 2,048 = 8,192 a block)
+        (104, 65, 28_896, 7),  # one register over 64: 2,304 a warp, 9,216 a block
+        (256, 118, 17_920, 2),  # gemm 128x8: registers (3,840 a warp x 8 warps)
+        (1024, 16, 0, 2),  # warps: 64 a SM
+        (32, 16, 0, 32),  # the block limit
+    ],
+)
+def test_resident_blocks_takes_the_tightest_sm90_limit(threads, registers, shared, blocks):
+    assert resident_blocks(threads, registers, shared) == blocks

@@ -1,6 +1,6 @@
 """Action selection from the C51 heads: Thompson sampling and Boltzmann in training, argmax E[Q] in evaluation.
 
-Launch shape: one block per group of up to SAMPLES_PER_BLOCK (8) samples, `lanes` threads per sample
+Launch shape: one block per group of up to head_rows.STAGE_SAMPLES (8) samples, `lanes` threads per sample
 (`launch_rows`; default LANES = 16, so 128 threads for Z <= 51). One thread per sample left a collect
 batch of B = 1,024 on 16 blocks of the 132 SMs, each thread running a serial chain of 13 softmax passes
 and 4 inverse-CDF passes; here a thread owns one head, so the chain is one or two passes over Z atoms:
@@ -21,9 +21,9 @@ and 4 inverse-CDF passes; here a thread owns one head, so the chain is one or tw
    With fewer than 13 lanes a lane serves heads l, l + lanes, ... Barrier.
 3. choice: lane 0 of each sample chooses all four branches from shared memory and writes the action
    and the conviction.
-Shared memory is static (numba sizes it at compile time): STAGE_WORDS floats of staged logits, so a
-block holds min(8, STAGE_WORDS // (13 * (Z | 1))) samples, and Z is at most MAX_ATOMS (415). No warp
-shuffles (the simulator has none) and no atomics: two block barriers, one thread per head and one per
+Shared memory is static (numba sizes it at compile time): head_rows.STAGE_WORDS floats of staged logits, so a
+block holds min(8, STAGE_WORDS // (13 * (Z | 1))) samples (head_rows.stage_samples), and Z is at most MAX_ATOMS
+(407). No warp shuffles (the simulator has none) and no atomics: two block barriers, one thread per head and one per
 sample's draws, so the results have the same bits for any `lanes` (the tests run 1 under the simulator,
 which pays per thread). Measured times: this kernel inside the collect step at N = 16,384 in
 tools/results/bench_collect_h200.md, the shapes it replaced in tools/results/select_c51_before_h200.md;
@@ -110,7 +110,16 @@ from fox_numba.device.registry import register
 from fox_numba.device.rng import XOROSHIRO_DTYPE, xoroshiro128p_uniform_float32
 from fox_numba.device.runtime import SIMULATOR
 from fox_numba.kernels.distributional import F32_3D, row_stats
-from fox_numba.kernels.head_rows import carry, stage_combined_heads, staged_row
+from fox_numba.kernels.head_rows import (
+    MAX_ATOMS,
+    STAGE_SAMPLES,
+    STAGE_WORDS,
+    VALUE_WORDS,
+    carry,
+    stage_combined_heads,
+    stage_samples,
+    staged_row,
+)
 from fox_numba.kernels.heads import N_AUX, N_STREAMS, head_width
 
 # Below this Q range a 3-bin branch's Boltzmann tends to uniform instead of stretching differences that
@@ -123,9 +132,6 @@ MODE_C51, MODE_IQN, MODE_MEAN = 0, 1, 2
 FREE_BINS = (-1,) * (N_BRANCHES - 1)  # magnitude, order type and urgency all chosen by the policy
 
 LANES = 16  # threads per sample by default: one per head (13); lane 13 draws, 14 and 15 idle in phase 2
-SAMPLES_PER_BLOCK = 8  # at most; fewer when 8 samples' logits do not fit STAGE_WORDS
-STAGE_WORDS = SAMPLES_PER_BLOCK * N_HEADS * 52  # 21.6 KB: 8 samples at Z = 51 (odd stride 51)
-MAX_ATOMS = max(z for z in range(2, STAGE_WORDS) if N_HEADS * (z | 1) <= STAGE_WORDS)
 
 # The uniforms of one sample and step, in draw order.
 DRAW_DIRECTION = 0  # + d for direction d (4 draws)
@@ -133,20 +139,14 @@ DRAW_TIE = N_DIRECTIONS  # the Thompson tie-break
 DRAW_BRANCH = N_DIRECTIONS + 1  # + (k - 1) for branch k = 1 (magnitude), 2 (order type), 3 (urgency)
 DRAWS = DRAW_BRANCH + N_BRANCHES - 1
 # Shared-array sizes must be single constants at compile time (a product of two is typed as a runtime int).
-_Q_WORDS = SAMPLES_PER_BLOCK * N_HEADS
-_DRAW_WORDS = SAMPLES_PER_BLOCK * N_DIRECTIONS
-_U_WORDS = SAMPLES_PER_BLOCK * DRAWS
+_Q_WORDS = STAGE_SAMPLES * N_HEADS
+_DRAW_WORDS = STAGE_SAMPLES * N_DIRECTIONS
+_U_WORDS = STAGE_SAMPLES * DRAWS
 _F2 = float32[:, ::1]
-_VALUE_WORDS = SAMPLES_PER_BLOCK * N_BRANCHES * 52  # the heads kernel's value streams: 6.6 KB at Z = 51
 
 # Phase 3 hard-codes three bins for every branch after direction: refuse an action space it cannot serve.
 assert all(b.size == 3 for b in BRANCHES[1:]), "action_select: _pick3 expects 3-bin non-direction branches"
-assert N_HEADS < LANES and SAMPLES_PER_BLOCK * LANES <= 1024
-
-
-def samples_per_block(n_atoms: int) -> int:
-    """Samples one block stages: as many as fit STAGE_WORDS at Z = n_atoms, at most SAMPLES_PER_BLOCK."""
-    return min(SAMPLES_PER_BLOCK, STAGE_WORDS // (N_HEADS * (n_atoms | 1)))
+assert N_HEADS < LANES and STAGE_SAMPLES * LANES <= 1024
 
 
 @cuda.jit(device=True)
@@ -397,7 +397,7 @@ def action_select_heads_kernel(head, n_atoms, support, states, explore, spread, 
     stream columns and forms their dueling combine in shared memory (head_rows.stage_combined_heads, the combine's
     bits), so the [B, 13, Z] logits are neither written nor read; then the same phases on the same staged rows."""
     stage = cuda.shared.array(STAGE_WORDS, float32)
-    value_sh = cuda.shared.array(_VALUE_WORDS, float32)
+    value_sh = cuda.shared.array(VALUE_WORDS, float32)
     q_sh = cuda.shared.array(_Q_WORDS, float32)
     draw_sh = cuda.shared.array(_DRAW_WORDS, float32)
     u_sh = cuda.shared.array(_U_WORDS, float32)
@@ -495,7 +495,7 @@ def select_actions(
         check_array("mean", mean, f"[B, 1, {N_DIRECTIONS}]", (b, 1, N_DIRECTIONS))
         values, mode = mean, MODE_MEAN
     flag = np.int32(1 if explore else 0)
-    spb = samples_per_block(z)
+    spb = stage_samples(z)
     if SIMULATOR:
         spb = min(spb, b)  # the simulator pays for every thread, idle ones included
     source = (action_select_heads_kernel, logits, np.int32(z)) if heads else (action_select_kernel, logits)

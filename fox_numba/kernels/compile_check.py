@@ -6,7 +6,11 @@ literal where a signature says float32...). This check imports every module of t
 extra files named on the command line), finds every `@cuda.jit` kernel, fails on kernels missing from
 `fox_numba.device.registry`, compiles each registered signature with NVVM to PTX, and assembles that PTX for the
 target with nvJitLink (ptxas inside it): the inline PTX of the tensor-core intrinsics (kernels/tensor_core.py),
-which NVVM passes through unread, is checked there, operand types and instruction shapes included.
+which NVVM passes through unread, is checked there, operand types and instruction shapes included. Kernels are
+compiled with their own launch bounds; where the bounds ask for a residency (threads, blocks per SM), the check
+also reads ptxas' registers and shared memory and fails a kernel of which fewer blocks fit one SM (sm_90's limits,
+`resident_blocks`): the bounds cap registers but not shared memory, and a kernel sized to fill one wave loses
+half its speed to a second one when a shared array grows.
 
     NUMBA_ENABLE_CUDASIM=0 python -m fox_numba.kernels.compile_check [--cc 9.0] [extra_module.py ...]
 
@@ -23,6 +27,7 @@ import importlib
 import importlib.util
 import os
 import pkgutil
+import re
 import sys
 import traceback
 from pathlib import Path
@@ -35,6 +40,13 @@ from fox_numba.device.registry import KERNELS, kernel_name
 # `numba.cuda` is the simulator, which has neither the dispatcher nor NVVM this check needs.
 
 EXIT_OK, EXIT_FAILED, EXIT_NO_TOOLKIT, EXIT_SIMULATOR = 0, 1, 3, 4
+
+# Per-SM limits of compute capability 9.0 (CUDA C++ Programming Guide, the occupancy calculator's figures).
+SM90_REGISTERS = 65536
+SM90_REGISTER_UNIT = 256  # registers are allocated per warp in units of 256
+SM90_SHARED_BYTES = 233_472  # 228 KiB; ptxas' smem of a kernel includes the 1 KiB the driver reserves per block
+SM90_WARPS = 64
+SM90_BLOCKS = 32
 
 
 class _ComputeCapability:
@@ -80,6 +92,49 @@ def assemble(ptx: str, cc: tuple[int, int]) -> str | None:
         return f"{e}: " + " | ".join(ln.strip() for ln in lines if ln.strip())
     finally:
         nvjitlink.destroy(handle)
+
+
+def resident_blocks(threads: int, registers: int, shared_bytes: int) -> int:
+    """Blocks of `threads` threads that fit one sm_90 SM at once, given ptxas' registers per thread and shared
+    bytes per block (the smaller of the warp, register, shared-memory and block limits)."""
+    warps = -(-threads // 32)
+    per_warp = -(-registers * 32 // SM90_REGISTER_UNIT) * SM90_REGISTER_UNIT
+    by_shared = SM90_SHARED_BYTES // shared_bytes if shared_bytes else SM90_BLOCKS
+    return min(SM90_BLOCKS, SM90_WARPS // warps, SM90_REGISTERS // (warps * per_warp), by_shared)
+
+
+def resources(ptx: str, cc: tuple[int, int]) -> tuple[int, int]:
+    """(registers per thread, shared bytes per block) of `ptx` as ptxas assembles it for sm_<cc>."""
+    from cuda.bindings import nvjitlink
+
+    handle = nvjitlink.create(2, [f"-arch=sm_{cc[0]}{cc[1]}", "-verbose"])
+    try:
+        data = ptx.encode()
+        nvjitlink.add_data(handle, nvjitlink.InputType.PTX, data, len(data), "kernel.ptx")
+        nvjitlink.complete(handle)
+        log = bytearray(nvjitlink.get_info_log_size(handle))
+        nvjitlink.get_info_log(handle, log)
+    finally:
+        nvjitlink.destroy(handle)
+    text = log.decode(errors="replace")
+    registers = re.search(r"used (\d+) registers", text)
+    shared = re.search(r"(\d+) bytes smem", text)
+    if registers is None or shared is None:
+        raise ValueError(f"no register or shared-memory figure in ptxas' log: {text!r}")
+    return int(registers.group(1)), int(shared.group(1))
+
+
+def residency_shortfall(ptx: str, cc: tuple[int, int], bounds: Any) -> str | None:
+    """None unless launch bounds (threads, blocks per SM) ask for more resident blocks than fit an sm_90 SM."""
+    if cc != (9, 0) or not isinstance(bounds, tuple) or len(bounds) < 2:
+        return None
+    threads, wanted = bounds[0], bounds[1]
+    registers, shared = resources(ptx, cc)
+    fit = resident_blocks(threads, registers, shared)
+    if fit >= wanted:
+        return None
+    return (f"launch bounds ask for {wanted} blocks of {threads} threads per SM, {fit} fit ({registers} registers "
+            f"per thread, {shared} B of shared memory per block)")
 
 
 def _import_package_modules(package: str) -> list[ModuleType]:
@@ -138,10 +193,11 @@ def run(cc: tuple[int, int], extra: list[Path], out: Any = sys.stdout) -> int:
                 failures.append(f"{kernel_name(kernel)}: not in the kernel registry (add @register(...))")
     n_sigs = 0
     for name, spec in sorted(KERNELS.items()):
+        bounds = spec.kernel.targetoptions.get("launch_bounds")
         for sig in spec.signatures:
             n_sigs += 1
             try:
-                ptx, _ = cuda.compile_ptx(spec.py_func, sig, cc=cc)
+                ptx, _ = cuda.compile_ptx(spec.py_func, sig, cc=cc, launch_bounds=bounds)
             except Exception as e:
                 detail = traceback.format_exception_only(type(e), e)[-1].strip()
                 failures.append(f"{name}{tuple(str(t) for t in sig)}: {detail}")
@@ -149,6 +205,10 @@ def run(cc: tuple[int, int], extra: list[Path], out: Any = sys.stdout) -> int:
             error = assemble(ptx, cc)
             if error is not None:
                 failures.append(f"{name}{tuple(str(t) for t in sig)}: ptxas: {error}")
+                continue
+            shortfall = residency_shortfall(ptx, cc, bounds)
+            if shortfall is not None:
+                failures.append(f"{name}{tuple(str(t) for t in sig)}: {shortfall}")
     for line in failures:
         print(f"FAILED {line}", file=out)
     print(

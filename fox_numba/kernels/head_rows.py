@@ -6,12 +6,30 @@ steps of the block size, keeping (head row, atom) in the mixed radix of rows of 
 the dueling combine in shared memory (kernels/heads.py's arithmetic, the same bits), so the [samples, 13, Z] logits
 never go through global memory. Used by action selection (kernels/action_select.py) and the learner's fused C51
 rows (kernels/learner.py).
+
+Shared-memory budget (both users size their arrays from the constants here): a block stages at most STAGE_SAMPLES
+(8) samples, 13 advantage rows each in STAGE_WORDS floats and 4 value rows in VALUE_WORDS, at the odd stride Z | 1,
+sized exactly for Z = 51 (27,744 B together). The learner's select_q_rows adds 128 B of its own and the driver
+reserves 1,024 B per block: 28,896 B, so eight of its blocks fit an sm_90 SM's 228 KiB (233,472 B; with the former
+stride-52 padding, 29,440 B, seven did). At batch 8,192 its 1,024 blocks are then one wave on 132 SMs x 8 instead of
+1.1 waves, whose second wave ran 100 blocks for a whole block's time.
 """
 
 from numba import cuda, float32
 
 from fox_numba.actions import N_BRANCHES, N_HEADS
 from fox_numba.kernels.heads import MAX_BRANCH_SIZE, N_STREAMS, branch_span
+
+STAGE_SAMPLES = 8  # samples a block stages at most
+STAGE_WORDS = STAGE_SAMPLES * N_HEADS * 51  # 21.2 KB: 8 samples' 13 advantage rows at Z = 51 (odd stride 51)
+VALUE_WORDS = STAGE_SAMPLES * N_BRANCHES * 51  # 6.5 KB: their 4 value rows
+MAX_ATOMS = max(z for z in range(2, STAGE_WORDS) if N_HEADS * (z | 1) <= STAGE_WORDS)  # 407: one sample a block
+
+
+def stage_samples(n_atoms: int) -> int:
+    """Samples one block stages at Z = n_atoms: as many as STAGE_WORDS holds, at most STAGE_SAMPLES (VALUE_WORDS then
+    holds their value rows: both are sized for the same samples at the same stride)."""
+    return min(STAGE_SAMPLES, STAGE_WORDS // (N_HEADS * (n_atoms | 1)))
 
 
 @cuda.jit(device=True)
@@ -93,10 +111,9 @@ def stage_combined_heads(head, first, count, stage, values, stride, tid, threads
             put_stream(stage, values, row3, j3, stride, x3)
         row, j = carry(row3, j3, d_row, d_j, n_atoms)
     cuda.syncthreads()
-    t = tid
-    while t < count * N_BRANCHES * n_atoms:
-        row = t // n_atoms  # the branch row sample * 4 + b
-        z = t - row * n_atoms
+    rows = count * N_BRANCHES  # branch rows sample * 4 + b, walked without a division per step
+    d_row, d_j, row, z = walk_start(tid, threads, n_atoms)
+    while row < rows:
         sample = row // N_BRANCHES
         off, size = branch_span(row - sample * N_BRANCHES)
         at = (sample * N_HEADS + off) * stride + z
@@ -109,4 +126,4 @@ def stage_combined_heads(head, first, count, stage, values, stride, tid, threads
         for k in range(MAX_BRANCH_SIZE):
             if k < size:
                 stage[at + k * stride] = v + (stage[at + k * stride] - mean)
-        t += threads
+        row, z = carry(row, z, d_row, d_j, n_atoms)

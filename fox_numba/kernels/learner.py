@@ -69,9 +69,11 @@ the target softmax p = exp(x - max) / sum from the same max and sum); tests/agen
 steps against the chain. Launch shapes (`launch_rows`), both staging with coalesced loads at an odd row stride (Z | 1,
 so threads reading one atom of different rows hit different banks) because a thread walking its own global row
 made every warp load touch 32 rows:
-- select_q_rows: one block per up to SELECT_SAMPLES (8) samples, 13 threads per sample (thread = head). Three
-  rounds, each staging rows into SELECT_STAGE_WORDS floats (four loads in flight per thread; in the first two the
-  value streams into SELECT_VALUE_WORDS more, then the combine in place), a barrier, then one row per thread from
+- select_q_rows: one block per up to head_rows.STAGE_SAMPLES (8) samples, 13 threads per sample (thread = head),
+  eight blocks per SM (head_rows' shared-memory budget; launch_bounds holds the registers to 64, the carveout is
+  the most shared memory). Three
+  rounds, each staging rows into head_rows.STAGE_WORDS floats (four loads in flight per thread; in the first two the
+  value streams into VALUE_WORDS more, then the combine in place), a barrier, then one row per thread from
   shared memory: the 13 online s rows of each sample (E[Q], entropy, utilisation); the 13
   online s' rows (E[Q]); then threads h < 4 pick each branch row's a* from the block's q of s' (global memory,
   written before the barriers), and only those target rows are staged (4 per sample; one distinct head with the
@@ -82,7 +84,7 @@ made every warp load touch 32 rows:
   block's samples' stream columns of dhead (every value and advantage stream, every atom) coalesced, each the
   combine's backward of the staged row gradients: dV_b = the sum over the branch's heads (in head order), dA_a =
   the head's gradient - that sum / the branch's size, as dueling_combine_bwd computes them.
-Z is at most MAX_ATOMS (415) for the staging (the wrappers refuse more); action selection has the same bound.
+Z is at most MAX_ATOMS (407) for the staging (the wrappers refuse more); action selection has the same bound.
 """
 
 from __future__ import annotations
@@ -100,9 +102,19 @@ from fox_numba.device.isv import ISV_TOTAL_DIM, Isv
 from fox_numba.device.launch import check_array, i32, launch, launch_rows, launch_strided, strided_threads
 from fox_numba.device.memory import device_empty
 from fox_numba.device.registry import register
+from fox_numba.device.runtime import SIMULATOR
 from fox_numba.device.rng import xoroshiro128p_uniform_float32
 from fox_numba.kernels.distributional import atom_pass, cross_entropy_row, project_row, row_stats
-from fox_numba.kernels.head_rows import carry, stage_combined_heads, walk_start
+from fox_numba.kernels.head_rows import (
+    MAX_ATOMS,
+    STAGE_SAMPLES,
+    STAGE_WORDS,
+    VALUE_WORDS,
+    carry,
+    stage_combined_heads,
+    stage_samples,
+    walk_start,
+)
 from fox_numba.kernels.heads import (
     N_AUX,
     N_STREAMS,
@@ -155,15 +167,16 @@ _I2 = int32[:, ::1]
 N_ROW_STATS = 3  # per branch row: TD, target E[Q(s', a*)], target minus online E[Q(s', a*)]
 BOOTSTRAP_RULES = CHOICES["learner.bootstrap"]  # (header)
 # Shared-memory staging of the fused C51 kernels (header). Shared-array sizes must be single constants.
-SELECT_SAMPLES = 8  # select_q_rows: samples per block at most (13 threads each)
-SELECT_STAGE_WORDS = SELECT_SAMPLES * N_HEADS * 52  # 21.6 KB: 8 samples' 13 rows at Z = 51 (odd stride 51)
-SELECT_VALUE_WORDS = SELECT_SAMPLES * N_BRANCHES * 52  # 6.6 KB: their value streams
-SELECT_ROWS = SELECT_SAMPLES * N_BRANCHES
+SELECT_ROWS = STAGE_SAMPLES * N_BRANCHES  # select_q_rows stages head_rows.STAGE_SAMPLES samples (13 threads each)
+SELECT_BLOCKS_PER_SM = 8  # its shared memory fits eight blocks (head_rows' budget); launch_bounds keeps registers too
+_SELECT_OPTIONS = {} if SIMULATOR else {
+    "launch_bounds": (STAGE_SAMPLES * N_HEADS, SELECT_BLOCKS_PER_SM),
+    "shared_memory_carveout": "MaxShared",
+}
 LOSS_ROWS = 64  # project_loss_scatter: branch rows per block at most (16 samples)
 LOSS_THREADS_PER_ROW = 4  # its threads per row: all stage and scatter, one per row projects
 LOSS_STAGE_WORDS = LOSS_ROWS * 52  # 13.3 KB per staged array (three): 64 rows at Z = 51
-MAX_ATOMS = max(z for z in range(2, SELECT_STAGE_WORDS)
-                if N_HEADS * (z | 1) <= SELECT_STAGE_WORDS and N_BRANCHES * (z | 1) <= LOSS_STAGE_WORDS)
+assert N_BRANCHES * (MAX_ATOMS | 1) <= LOSS_STAGE_WORDS, "project_loss_scatter must stage a sample at any staged Z"
 
 
 @cuda.jit(device=True)
@@ -227,7 +240,7 @@ def _taken_head(actions, i, b):
 
 
 @register((_F2, _F2, _F2, _F2, _I2, _F1, _F1, _F1, int32, _F2, _F2, _F2, _I1, _F2, _F1, _F1, _F1, _F2))
-@cuda.jit
+@cuda.jit(**_SELECT_OPTIONS)
 def select_q_rows(head, head_tgt, support_online, support_target, actions, rewards, discounts, branch_w, shared,
                   q, entropy, util, next_head, next_stats, rew_r, disc_r, weights, stats):
     """The online E[Q] statistics and the double DQN rows of the block's samples (launch shape in the header): the
@@ -247,8 +260,8 @@ def select_q_rows(head, head_tgt, support_online, support_target, actions, rewar
        branch_w[b] * effect / B; stats[r] = (TD, E_target[Q(s', a*)], E_target - E_online at (s', a*)),
        TD = reward + disc * E_target - E[Q(s, a_t)].
     """
-    stage = cuda.shared.array(SELECT_STAGE_WORDS, float32)
-    values = cuda.shared.array(SELECT_VALUE_WORDS, float32)
+    stage = cuda.shared.array(STAGE_WORDS, float32)
+    values = cuda.shared.array(VALUE_WORDS, float32)
     next_sh = cuda.shared.array(SELECT_ROWS, int32)  # a* of the block's branch rows
     n_atoms = (head.shape[1] - N_AUX) // N_STREAMS
     n_samples = actions.shape[0]
@@ -556,12 +569,6 @@ class BranchRows:
         self.stats = device_empty((r, N_ROW_STATS), np.float32)
 
 
-def select_samples(n_atoms: int) -> int:
-    """Samples per block of select_q_rows: as many as SELECT_STAGE_WORDS holds at Z = n_atoms, at most
-    SELECT_SAMPLES."""
-    return min(SELECT_SAMPLES, SELECT_STAGE_WORDS // (N_HEADS * (n_atoms | 1)))
-
-
 def loss_rows(n_atoms: int) -> int:
     """Branch rows per block of project_loss_scatter: as many whole samples' rows as LOSS_STAGE_WORDS holds."""
     return min(LOSS_ROWS, LOSS_STAGE_WORDS // (n_atoms | 1) // N_BRANCHES * N_BRANCHES)
@@ -595,7 +602,7 @@ def select_rows(head: Any, head_tgt: Any, support_online: Any, support_target: A
     check_array("util", util, "[B, 13]", (b, N_HEADS))
     if bootstrap not in BOOTSTRAP_RULES:
         raise ValueError(f"learner.bootstrap must be one of {BOOTSTRAP_RULES}, got {bootstrap!r}")
-    spb = min(select_samples(z), b)
+    spb = min(stage_samples(z), b)
     launch_rows(select_q_rows, -(-b // spb), spb * N_HEADS, head, head_tgt, support_online, support_target,
                 actions, rewards, discounts, branch_w, i32(bootstrap == "direction"), q, entropy, util, rows.next_head,
                 rows.next_stats, rows.rewards, rows.discounts, rows.weights, rows.stats, stream=stream)

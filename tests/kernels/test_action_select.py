@@ -49,7 +49,7 @@ from fox_numba.kernels.action_select import (
     LANES,
     MAX_ATOMS,
     TAU_FLOOR,
-    samples_per_block,
+    stage_samples,
     select_actions,
 )
 from fox_numba.kernels.distributional import expected_q
@@ -449,9 +449,9 @@ def test_every_launch_shape_gives_the_same_bits(stream, stager, rng, z):
     """Threads per sample change nothing: lanes 16 (the default), 13, 5, 2 and 1 give identical actions,
     conviction and advanced states, in training and evaluation, for an even Z (8: staged at stride 9), the
     configured smoke Z (21) and a Z whose samples do not fit 8 to a block (120: 3 per block). Batches of
-    2 * samples_per_block + 1 samples leave the last block partial. Ties are common (Short and Long share
+    2 * stage_samples + 1 samples leave the last block partial. Ties are common (Short and Long share
     their logits and support)."""
-    b = 2 * samples_per_block(z) + 1
+    b = 2 * stage_samples(z) + 1
     logits = rng.uniform(-2, 2, (b, N_HEADS, z)).astype(np.float32)
     logits[:, LONG] = logits[:, SHORT]
     support = random_support(rng, (b, N_HEADS), z)
@@ -752,7 +752,7 @@ def test_select_actions_rejects_bad_shapes(stream, stager):
         select_actions(logits, support, states, actions, device_empty(b + 1, np.float32),
                        explore=False, stream=stream)  # fmt: skip
     big = MAX_ATOMS + 1
-    assert samples_per_block(MAX_ATOMS) == 1 and samples_per_block(big) == 0
+    assert stage_samples(MAX_ATOMS) == 1 and stage_samples(big) == 0
     with pytest.raises(ValueError, match=f"Z = {big} atoms.*at most Z = {MAX_ATOMS}"):
         select_actions(device_empty((b, N_HEADS, big), np.float32), support, states, actions, conviction,
                        explore=False, stream=stream)  # fmt: skip
@@ -776,7 +776,7 @@ def test_head_rows_give_the_bits_of_their_combined_logits(stream, stager, rng, z
     samples a block), 2 blocks + 1 sample, at the simulator's lanes and the production 16. And against float64:
     evaluation is argmax of E[Q] of `dueling64`'s logits wherever the top two values of a branch are apart by more
     than float32 rounding."""
-    b = 2 * samples_per_block(z) + 1
+    b = 2 * stage_samples(z) + 1
     head = head_rows(rng, b, z)
     logits = dueling32(head, z)
     support = random_support(rng, (b, N_HEADS), z)
