@@ -70,14 +70,16 @@ steps against the chain. Launch shapes (`launch_rows`), both staging with coales
 so threads reading one atom of different rows hit different banks) because a thread walking its own global row
 made every warp load touch 32 rows:
 - select_q_rows: one block per up to head_rows.STAGE_SAMPLES (8) samples, 13 threads per sample (thread = head),
-  eight blocks per SM (head_rows' shared-memory budget; launch_bounds holds the registers to 64, the carveout is
-  the most shared memory). Three
+  rounded up to whole warps (104 -> 128: the spare threads of the last warp, which the GPU allocates whole, share
+  the staging loads), eight blocks per SM (head_rows' shared-memory budget; launch_bounds holds the registers to
+  64, the carveout is the most shared memory). Three
   rounds, each staging rows into head_rows.STAGE_WORDS floats (four loads in flight per thread; in the first two the
   value streams into VALUE_WORDS more, then the combine in place), a barrier, then one row per thread from
   shared memory: the 13 online s rows of each sample (E[Q], entropy, utilisation); the 13
   online s' rows (E[Q]); then threads h < 4 pick each branch row's a* from the block's q of s' (global memory,
-  written before the barriers), and only those target rows are staged (4 per sample; one distinct head with the
-  default bootstrap) for the branch rows' target softmax.
+  written before the barriers), and only those target rows are staged for the branch rows' target softmax: 4 per
+  sample, or one with the default bootstrap, where every branch row bootstraps from the same a* (a quarter of the
+  loads, each of which, (size + 2) logits of the GEMM output for heads.combined_logit, waits a memory latency).
 - project_loss_scatter: one block per up to LOSS_ROWS (64) branch rows (16 whole samples), LOSS_THREADS_PER_ROW
   (4) threads per row: all of them stage the rows' p_next (formed from the target logits) and taken online
   logits, one per row projects into a staged scratch and writes the gradient over it, then all write the
@@ -169,8 +171,16 @@ BOOTSTRAP_RULES = CHOICES["learner.bootstrap"]  # (header)
 # Shared-memory staging of the fused C51 kernels (header). Shared-array sizes must be single constants.
 SELECT_ROWS = STAGE_SAMPLES * N_BRANCHES  # select_q_rows stages head_rows.STAGE_SAMPLES samples (13 threads each)
 SELECT_BLOCKS_PER_SM = 8  # its shared memory fits eight blocks (head_rows' budget); launch_bounds keeps registers too
+
+
+def select_threads(samples: int) -> int:
+    """Threads of a select_q_rows block of `samples` samples: 13 a sample, rounded up to whole warps (the GPU
+    allocates the last warp whole; its spare threads share the staging loads and compute no row)."""
+    return -(-samples * N_HEADS // 32) * 32
+
+
 _SELECT_OPTIONS = {} if SIMULATOR else {
-    "launch_bounds": (STAGE_SAMPLES * N_HEADS, SELECT_BLOCKS_PER_SM),
+    "launch_bounds": (select_threads(STAGE_SAMPLES), SELECT_BLOCKS_PER_SM),
     "shared_memory_carveout": "MaxShared",
 }
 LOSS_ROWS = 64  # project_loss_scatter: branch rows per block at most (16 samples)
@@ -239,9 +249,9 @@ def _taken_head(actions, i, b):
     return off, min(max(actions[i, b], 0), size - 1)
 
 
-@register((_F2, _F2, _F2, _F2, _I2, _F1, _F1, _F1, int32, _F2, _F2, _F2, _I1, _F2, _F1, _F1, _F1, _F2))
+@register((_F2, _F2, _F2, _F2, _I2, _F1, _F1, _F1, int32, int32, _F2, _F2, _F2, _I1, _F2, _F1, _F1, _F1, _F2))
 @cuda.jit(**_SELECT_OPTIONS)
-def select_q_rows(head, head_tgt, support_online, support_target, actions, rewards, discounts, branch_w, shared,
+def select_q_rows(head, head_tgt, support_online, support_target, actions, rewards, discounts, branch_w, shared, spb,
                   q, entropy, util, next_head, next_stats, rew_r, disc_r, weights, stats):
     """The online E[Q] statistics and the double DQN rows of the block's samples (launch shape in the header): the
     online head GEMM's output head [2B, head_width(Z)] holds s in rows 0..B-1 and s' in rows B..2B-1, head_tgt
@@ -253,12 +263,12 @@ def select_q_rows(head, head_tgt, support_online, support_target, actions, rewar
     2. s': q[B + i, h] = E[Q].
     3. the target on s', lanes h < 4 (branch b = h, row r = i * 4 + b): a* = next_head[r] = argmax of the
        online E[Q](s') over the bins of the direction branch when shared = 1, else of branch b (ties to the lowest
-       bin), to shared memory; barrier; the target rows of the a* staged (4 per sample); a_t = the taken head of
-       branch b; next_stats[r] = (max, sum of exp(x - max)) of the target
-       logits(s')[a*] (project_loss_scatter forms p_next = exp(x - max) / sum from them); rew_r[r] = reward
-       (the n-step return); disc_r[r] = discounts[i] (the gather's gamma**k * (1 - done)); weights[r] =
-       branch_w[b] * effect / B; stats[r] = (TD, E_target[Q(s', a*)], E_target - E_online at (s', a*)),
-       TD = reward + disc * E_target - E[Q(s, a_t)].
+       bin), to shared memory; barrier; the distinct target rows of the a* staged (1 or 4 per sample); a_t = the
+       taken head of branch b; next_stats[r] = (max, sum of exp(x - max)) of the target logits(s')[a*]
+       (project_loss_scatter forms p_next = exp(x - max) / sum from them); rew_r[r] = reward (the n-step return);
+       disc_r[r] = discounts[i] (the gather's gamma**k * (1 - done)); weights[r] = branch_w[b] * effect / B;
+       stats[r] = (TD, E_target[Q(s', a*)], E_target - E_online at (s', a*)), TD = reward + disc * E_target -
+       E[Q(s, a_t)].
     """
     stage = cuda.shared.array(STAGE_WORDS, float32)
     values = cuda.shared.array(VALUE_WORDS, float32)
@@ -268,8 +278,8 @@ def select_q_rows(head, head_tgt, support_online, support_target, actions, rewar
     stride = n_atoms | 1
     threads = cuda.blockDim.x
     tid = cuda.threadIdx.x
-    first = cuda.blockIdx.x * (threads // N_HEADS)
-    count = min(threads // N_HEADS, n_samples - first)
+    first = cuda.blockIdx.x * spb
+    count = min(spb, n_samples - first)
     slot = tid // N_HEADS
     h = tid - slot * N_HEADS
     i = first + slot
@@ -300,12 +310,15 @@ def select_q_rows(head, head_tgt, support_online, support_target, actions, rewar
     if branch_row:
         next_sh[slot * N_BRANCHES + h] = greedy_next(q, n_samples, i, h, shared)
     cuda.syncthreads()
-    # the target rows of the a* only (row slot * 4 + b), coalesced within each row
-    rows = count * N_BRANCHES
+    # the target rows of the a* only, coalesced within each row: per sample one (every branch bootstraps from the
+    # direction branch's a* when shared) or four (row slot * 4 + b)
+    per = 1 if shared != 0 else N_BRANCHES
+    rows = count * per
     d_row, d_j, row, j = walk_start(tid, threads, n_atoms)
     while row < rows:
-        sample = row // N_BRANCHES
-        stage[row * stride + j] = combined_logit(head_tgt, first + sample, next_sh[row], j, n_atoms)
+        sample = row // per
+        a_star = next_sh[sample * N_BRANCHES + row - sample * per]
+        stage[row * stride + j] = combined_logit(head_tgt, first + sample, a_star, j, n_atoms)
         row, j = carry(row, j, d_row, d_j, n_atoms)
     cuda.syncthreads()
     if not branch_row:
@@ -316,7 +329,7 @@ def select_q_rows(head, head_tgt, support_online, support_target, actions, rewar
     a_t = off + taken
     a_n = next_sh[slot * N_BRANCHES + b]
     next_head[r] = a_n
-    row = (slot * N_BRANCHES + b) * stride
+    row = (slot * per + min(b, per - 1)) * stride
     mx = stage[row]
     for z in range(1, n_atoms):
         mx = max(mx, stage[row + z])
@@ -603,8 +616,9 @@ def select_rows(head: Any, head_tgt: Any, support_online: Any, support_target: A
     if bootstrap not in BOOTSTRAP_RULES:
         raise ValueError(f"learner.bootstrap must be one of {BOOTSTRAP_RULES}, got {bootstrap!r}")
     spb = min(stage_samples(z), b)
-    launch_rows(select_q_rows, -(-b // spb), spb * N_HEADS, head, head_tgt, support_online, support_target,
-                actions, rewards, discounts, branch_w, i32(bootstrap == "direction"), q, entropy, util, rows.next_head,
+    launch_rows(select_q_rows, -(-b // spb), select_threads(spb), head, head_tgt, support_online, support_target,
+                actions, rewards, discounts, branch_w, i32(bootstrap == "direction"), i32(spb), q, entropy, util,
+                rows.next_head,
                 rows.next_stats, rows.rewards, rows.discounts, rows.weights, rows.stats, stream=stream)
 
 
