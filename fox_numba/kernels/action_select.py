@@ -90,7 +90,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from numba import cuda, float32, int32
+from numba import cuda, float32, int32, uint32
 from numba.cuda.random import xoroshiro128p_dtype, xoroshiro128p_type
 
 from fox_numba.actions import (
@@ -151,8 +151,9 @@ assert N_HEADS < LANES and STAGE_SAMPLES * LANES <= 1024
 
 @cuda.jit(device=True)
 def _divmod(a, n):
-    q = a // n
-    return q, a - q * n
+    """(a // n, a % n) of uint32 a and n, in uint32."""
+    q = uint32(a // n)
+    return q, uint32(a - q * n)
 
 
 @cuda.jit(device=True)
@@ -232,17 +233,19 @@ def _stage_logits(logits, first, count, stage, stride, tid, threads, n_atoms):
     run is atom j of head row `row` (row * Z + j = k). Each pass loads four elements (k, k + T, k + 2T, k + 3T for T
     threads) before storing any, so four loads are in flight per thread; (row, j) advance by carries, with no
     division in the loop. The caller's barrier follows."""
-    total = count * N_HEADS * n_atoms
-    row1, j1 = _divmod(threads, n_atoms)
-    row2, j2 = _divmod(2 * threads, n_atoms)
-    row3, j3 = _divmod(3 * threads, n_atoms)
-    row4, j4 = _divmod(4 * threads, n_atoms)
-    row, j = _divmod(tid, n_atoms)
-    k = tid
+    total = uint32(count * N_HEADS * n_atoms)  # uint32 walk (head_rows' header)
+    nz = uint32(n_atoms)
+    stride = uint32(stride)
+    row1, j1 = _divmod(uint32(threads), nz)
+    row2, j2 = _divmod(uint32(2 * threads), nz)
+    row3, j3 = _divmod(uint32(3 * threads), nz)
+    row4, j4 = _divmod(uint32(4 * threads), nz)
+    row, j = _divmod(uint32(tid), nz)
+    k = uint32(tid)
     while k < total:
-        r1, c1 = carry(row, j, row1, j1, n_atoms)
-        r2, c2 = carry(row, j, row2, j2, n_atoms)
-        r3, c3 = carry(row, j, row3, j3, n_atoms)
+        r1, c1 = carry(row, j, row1, j1, nz)
+        r2, c2 = carry(row, j, row2, j2, nz)
+        r3, c3 = carry(row, j, row3, j3, nz)
         x0 = staged_row(logits, first, row, j)
         x1 = float32(0.0)
         x2 = float32(0.0)
@@ -253,15 +256,15 @@ def _stage_logits(logits, first, count, stage, stride, tid, threads, n_atoms):
             x2 = staged_row(logits, first, r2, c2)
         if k + 3 * threads < total:
             x3 = staged_row(logits, first, r3, c3)
-        stage[row * stride + j] = x0
+        stage[uint32(row * stride + j)] = x0
         if k + threads < total:
-            stage[r1 * stride + c1] = x1
+            stage[uint32(r1 * stride + c1)] = x1
         if k + 2 * threads < total:
-            stage[r2 * stride + c2] = x2
+            stage[uint32(r2 * stride + c2)] = x2
         if k + 3 * threads < total:
-            stage[r3 * stride + c3] = x3
-        k += 4 * threads
-        row, j = carry(row, j, row4, j4, n_atoms)
+            stage[uint32(r3 * stride + c3)] = x3
+        k = uint32(k + uint32(4 * threads))
+        row, j = carry(row, j, row4, j4, nz)
 
 
 @cuda.jit(device=True)

@@ -64,7 +64,7 @@ import math
 from typing import Any
 
 import numpy as np
-from numba import cuda, float32, int32
+from numba import cuda, float32, int32, uint32
 
 from fox_numba.actions import BRANCHES, MAG_OFFSET, N_BRANCHES, N_HEADS, ORDER_OFFSET, URGENCY_OFFSET
 from fox_numba.device.isv import ISV_TOTAL_DIM, Isv
@@ -128,12 +128,15 @@ def combined_logit(head, i, a, z, n_atoms):
     dueling_combine_fwd's arithmetic (the same float32 operations in the same order: the same bits)."""
     b = branch_of(a)
     off, size = branch_span(b)
+    row = uint32(i)  # uint32 indices: no 64-bit multiply, no negative-index wrap (head_rows' header)
+    nz = uint32(n_atoms)
+    atom = uint32(z)
     mean = float32(0.0)
     for k in range(MAX_BRANCH_SIZE):  # a constant trip count: unrolled, the loads issued together
         if k < size:
-            mean += head[i, (N_BRANCHES + off + k) * n_atoms + z]
+            mean += head[row, uint32(uint32(N_BRANCHES + off + k) * nz + atom)]
     mean = mean / float32(size)
-    return head[i, b * n_atoms + z] + (head[i, (N_BRANCHES + a) * n_atoms + z] - mean)
+    return head[row, uint32(uint32(b) * nz + atom)] + (head[row, uint32(uint32(N_BRANCHES + a) * nz + atom)] - mean)
 
 
 @register((_F2, _F3, int32))

@@ -95,7 +95,7 @@ import math
 from typing import Any
 
 import numpy as np
-from numba import cuda, float32, float64, from_dtype, int32
+from numba import cuda, float32, float64, from_dtype, int32, uint32
 from numba.cuda.random import xoroshiro128p_type
 
 from fox_numba.actions import FLAT, HOLD, N_BRANCHES, N_HEADS, OrderType
@@ -166,6 +166,8 @@ _F2 = float32[:, ::1]
 _F3 = float32[:, :, ::1]
 _I1 = int32[::1]
 _I2 = int32[:, ::1]
+_NB_U = np.uint32(N_BRANCHES)  # uint32 index arithmetic (head_rows' header)
+_NS_U = np.uint32(N_STREAMS)
 N_ROW_STATS = 3  # per branch row: TD, target E[Q(s', a*)], target minus online E[Q(s', a*)]
 BOOTSTRAP_RULES = CHOICES["learner.bootstrap"]  # (header)
 # Shared-memory staging of the fused C51 kernels (header). Shared-array sizes must be single constants.
@@ -312,14 +314,15 @@ def select_q_rows(head, head_tgt, support_online, support_target, actions, rewar
     cuda.syncthreads()
     # the target rows of the a* only, coalesced within each row: per sample one (every branch bootstraps from the
     # direction branch's a* when shared) or four (row slot * 4 + b)
-    per = 1 if shared != 0 else N_BRANCHES
-    rows = count * per
-    d_row, d_j, row, j = walk_start(tid, threads, n_atoms)
+    per = uint32(1 if shared != 0 else N_BRANCHES)
+    rows = uint32(count * per)
+    nz = uint32(n_atoms)
+    d_row, d_j, row, j = walk_start(tid, threads, nz)
     while row < rows:
-        sample = row // per
-        a_star = next_sh[sample * N_BRANCHES + row - sample * per]
-        stage[row * stride + j] = combined_logit(head_tgt, first + sample, a_star, j, n_atoms)
-        row, j = carry(row, j, d_row, d_j, n_atoms)
+        sample = uint32(row // per)
+        a_star = next_sh[uint32(sample * _NB_U + row - sample * per)]
+        stage[uint32(row * uint32(stride) + j)] = combined_logit(head_tgt, first + sample, a_star, j, nz)
+        row, j = carry(row, j, d_row, d_j, nz)
     cuda.syncthreads()
     if not branch_row:
         return
@@ -329,19 +332,26 @@ def select_q_rows(head, head_tgt, support_online, support_target, actions, rewar
     a_t = off + taken
     a_n = next_sh[slot * N_BRANCHES + b]
     next_head[r] = a_n
-    row = (slot * per + min(b, per - 1)) * stride
+    row = uint32(uint32(slot * per + min(b, per - 1)) * uint32(stride))
+    end = uint32(row + nz)
     mx = stage[row]
-    for z in range(1, n_atoms):
-        mx = max(mx, stage[row + z])
+    at = uint32(row + uint32(1))
+    while at < end:  # uint32 counters (distributional.row_stats)
+        mx = max(mx, stage[at])
+        at = uint32(at + uint32(1))
     total = float32(0.0)
-    for z in range(n_atoms):
-        total += math.exp(stage[row + z] - mx)
+    at = row
+    while at < end:
+        total += math.exp(stage[at] - mx)
+        at = uint32(at + uint32(1))
     v_min = support_target[a_n, 0]
     dz = support_target[a_n, 2]
     e_tgt = float32(0.0)
-    for z in range(n_atoms):
-        p = math.exp(stage[row + z] - mx) / total
+    z = uint32(0)
+    while z < nz:
+        p = math.exp(stage[uint32(row + z)] - mx) / total
         e_tgt += p * (v_min + float32(z) * dz)
+        z = uint32(z + uint32(1))
     next_stats[r, 0] = mx
     next_stats[r, 1] = total
     reward = rewards[i]
@@ -384,15 +394,18 @@ def project_loss_scatter(head, head_tgt, next_head, next_stats, rew_r, disc_r, a
     r0 = cuda.blockIdx.x * per_block
     count = min(per_block, next_head.shape[0] - r0)
 
-    d_row, d_j, row, j = walk_start(tid, threads, n_atoms)
+    nz = uint32(n_atoms)  # uint32 walks (head_rows' header)
+    stride_u = uint32(stride)
+    d_row, d_j, row, j = walk_start(tid, threads, nz)
     while row < count:
-        r = r0 + row
-        i = r // N_BRANCHES
-        off, taken = _taken_head(actions, i, r - i * N_BRANCHES)
-        xt = combined_logit(head_tgt, i, next_head[r], j, n_atoms)
-        x_st[row * stride + j] = combined_logit(head, i, off + taken, j, n_atoms)
-        p_st[row * stride + j] = math.exp(xt - next_stats[r, 0]) / next_stats[r, 1]
-        row, j = carry(row, j, d_row, d_j, n_atoms)
+        r = uint32(r0 + row)
+        i = uint32(r // _NB_U)
+        off, taken = _taken_head(actions, i, uint32(r - i * _NB_U))
+        xt = combined_logit(head_tgt, i, next_head[r], j, nz)
+        at = uint32(row * stride_u + j)
+        x_st[at] = combined_logit(head, i, off + taken, j, nz)
+        p_st[at] = math.exp(xt - next_stats[r, 0]) / next_stats[r, 1]
+        row, j = carry(row, j, d_row, d_j, nz)
     cuda.syncthreads()
 
     if tid < count:
@@ -406,26 +419,26 @@ def project_loss_scatter(head, head_tgt, next_head, next_stats, rew_r, disc_r, a
         loss[r] = cross_entropy_row(x_st, base, m_st, base, weights[r], m_st, base, n_atoms)
     cuda.syncthreads()
 
-    i0 = r0 // N_BRANCHES
-    rows = (count // N_BRANCHES) * N_STREAMS
-    row = tid // n_atoms
-    j = tid - row * n_atoms
+    i0 = uint32(r0 // N_BRANCHES)
+    rows = uint32((count // N_BRANCHES) * N_STREAMS)
+    _dr, _dj, row, j = walk_start(tid, threads, nz)
     while row < rows:
-        sample = row // N_STREAMS
-        head_stream = row - sample * N_STREAMS
-        b = head_stream if head_stream < N_BRANCHES else branch_of(head_stream - N_BRANCHES)
+        sample = uint32(row // _NS_U)
+        head_stream = uint32(row - sample * _NS_U)
+        b = head_stream if head_stream < _NB_U else uint32(branch_of(uint32(head_stream - _NB_U)))
         off, size = branch_span(b)
-        taken = off + _taken_head(actions, i0 + sample, b)[1]
-        g_taken = m_st[(sample * N_BRANCHES + b) * stride + j]
+        taken = off + _taken_head(actions, uint32(i0 + sample), b)[1]
+        g_taken = m_st[uint32(uint32(sample * _NB_U + b) * stride_u + j)]
         total = float32(0.0)
         for k in range(size):
             total += g_taken if off + k == taken else float32(0.0)
-        if head_stream < N_BRANCHES:
-            dhead[i0 + sample, head_stream * n_atoms + j] = total
+        col = uint32(head_stream * nz + j)
+        if head_stream < _NB_U:
+            dhead[uint32(i0 + sample), col] = total
         else:
-            g = g_taken if head_stream - N_BRANCHES == taken else float32(0.0)
-            dhead[i0 + sample, head_stream * n_atoms + j] = g - total / float32(size)
-        row, j = carry(row, j, d_row, d_j, n_atoms)
+            g = g_taken if uint32(head_stream - _NB_U) == taken else float32(0.0)
+            dhead[uint32(i0 + sample), col] = g - total / float32(size)
+        row, j = carry(row, j, d_row, d_j, nz)
 
 
 @register((_F2, _I1, _F1, float32, _F2, float64[::1], int32, int32))
