@@ -26,6 +26,7 @@ from fox_numba.io import atomic_write_text, generated_doc_main
 
 CHOICES: dict[str, tuple[str, ...]] = {
     "market.session": ("regular", "full"),
+    "features.ema_start": ("first", "zero"),
     "learner.bootstrap": ("direction", "branch"),
     "learner.warmup_rule": ("seed", "damped"),
     "evaluation.network": ("online", "target", "average"),
@@ -75,6 +76,15 @@ class FeatureConfig:
     n_features: int = opt(32, "Width of the per-bar feature vector the network sees.")
     ofi_levels: int = opt(10, "Book levels summed into multi-level order-flow imbalance (1..10).")
     clip_sigma: float = opt(5.0, "Normalised features are clipped to +-clip_sigma standard deviations.")
+    ema_start: str = opt(
+        "first",
+        "How each day's EMA columns start (fox_numba/OBSERVATION.md). 'first': at the day's first bar the EMA is "
+        "that bar's z, an average of the day's bars so far that weighs its first, noisiest bars fully. 'zero': "
+        "the EMA starts from 0 before the first bar (ema = alpha z there), the same average shrunk towards the "
+        "training mean while the day has few bars, so a linear read can weigh the open's evidence less. With "
+        "'zero' the probe earned more on all seven suite markets and a ridge read of the latent fitted to the "
+        "truth correlated better with it on all seven (tools/results/learner_ablation_h200.md section 38).",
+    )
     forecast_horizons: list[int] = opt(  # noqa: RUF009 (opt gives a list default its default_factory)
         [],
         "Forecast columns appended to the observation's market part, one per horizon in bars (empty: none): "

@@ -7,7 +7,8 @@ default, when obs_dim is OBS_DIM):
 - Market part, precomputed on the host once per fold for every bar of the fold (`market_part`): the bar's
   fold-normalised features z (features/normalise.py, statistics from the fold's training rows only), then
   for each half-life h in EMA_HALF_LIVES the per-day EMA of z, restarting at each day's first bar:
-      ema[first] = z[first];  ema[t] = ema[t - 1] + alpha_h * (z[t] - ema[t - 1]),  alpha_h = 1 - 0.5**(1/h)
+      ema[t] = ema[t - 1] + alpha_h * (z[t] - ema[t - 1]),  alpha_h = 1 - 0.5**(1/h),  from
+      ema[first - 1] = z[first] (features.ema_start 'first': ema[first] = z[first]) or 0 ('zero')
   Each column of a bar uses that bar and earlier bars of its day only: no look-ahead. A forecast column is a
   linear function of the bar's feature columns fitted on the fold's training rows (features/forecast.py).
 - Portfolio part, computed on the device from an environment's state every step (kernels/env.py).
@@ -106,9 +107,10 @@ def column_names(features: FeatureConfig | None = None) -> tuple[str, ...]:
     return market + tuple(f"forecast.h{h}" for h in horizons) + tuple(f"port.{name}" for name, _ in PORTFOLIO)
 
 
-def market_part(z: np.ndarray, day_start: np.ndarray) -> np.ndarray:
+def market_part(z: np.ndarray, day_start: np.ndarray, ema_start: str = "first") -> np.ndarray:
     """The market part float32 [n, N_MARKET] of normalised features z [n, N_FEATURES] whose days start at
-    rows day_start[0] = 0 < ... < day_start[-1] = n (EMAs restart at every day's first row; float64 inside)."""
+    rows day_start[0] = 0 < ... < day_start[-1] = n (EMAs restart at every day's first row from that row's z, or
+    from 0 with ema_start 'zero': features.ema_start; float64 inside)."""
     z = np.asarray(z)
     day_start = np.asarray(day_start, np.int64)
     if z.ndim != 2 or z.shape[1] != N_FEATURES:
@@ -123,11 +125,14 @@ def market_part(z: np.ndarray, day_start: np.ndarray) -> np.ndarray:
     out[:, :N_FEATURES] = z
     first = np.zeros(n, bool)
     first[day_start[:-1]] = True
+    if ema_start not in ("first", "zero"):
+        raise ValueError(f"ema_start must be 'first' or 'zero', got {ema_start!r}")
     for k, h in enumerate(EMA_HALF_LIVES):
         alpha = ema_alpha(h)
         ema = np.empty_like(z64)
         for t in range(n):
-            ema[t] = z64[t] if first[t] else ema[t - 1] + alpha * (z64[t] - ema[t - 1])
+            before = (z64[t] if ema_start == "first" else 0.0) if first[t] else ema[t - 1]
+            ema[t] = before + alpha * (z64[t] - before)
         out[:, (k + 1) * N_FEATURES : (k + 2) * N_FEATURES] = ema
     return out
 
@@ -149,7 +154,8 @@ def observation_table_markdown() -> str:
             f"OBS_DIM = {OBS_DIM} float32 columns: the market part (N_MARKET = {N_MARKET}, precomputed per fold "
             f"on the host) then the portfolio part (N_PORTFOLIO = {N_PORTFOLIO}, computed on the device each "
             "step). Market features are normalised with the fold's training-window statistics and clipped to "
-            "+-features.clip_sigma; EMAs restart at each day's first bar (alpha = 1 - 0.5**(1/h))."
+            "+-features.clip_sigma; EMAs restart at each day's first bar (alpha = 1 - 0.5**(1/h)), from that bar's z "
+            "(features.ema_start = 'first', the default) or from 0 ('zero')."
         ),
         "",
         "## Market blocks",

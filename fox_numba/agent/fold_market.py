@@ -192,7 +192,7 @@ class FoldMarket:
         day_start = (np.asarray(raw.day_start[fold.train_first : fold.val_stop + 1]) - g0).astype(np.int32)
         train_stop, val_start, n = g_train_stop - g0, g_val - g0, g_end - g0
         mid = np.ascontiguousarray(raw.mid[rows], np.float64)
-        feature_obs = market_part(z, day_start)
+        feature_obs = market_part(z, day_start, features.ema_start)
         if given:
             if len(forecast) != len(features.forecast_horizons):
                 raise ConfigError(f"fold {fold.index}: {len(forecast)} forecast columns given for "

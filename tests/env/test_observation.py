@@ -33,8 +33,8 @@ def test_generated_table_is_current():
     assert all(f"`port.{name}`" in table for name, _ in ob.PORTFOLIO)
 
 
-def ema_reference(z, day_start):
-    """Plain loops: per day, per half-life, per column."""
+def ema_reference(z, day_start, ema_start="first"):
+    """Plain loops: per day, per half-life, per column; each day's EMA from its first bar's z, or from 0."""
     out = np.zeros((z.shape[0], ob.N_MARKET))
     out[:, : ob.N_FEATURES] = z
     for k, h in enumerate(ob.EMA_HALF_LIVES):
@@ -44,7 +44,7 @@ def ema_reference(z, day_start):
                 e = 0.0
                 for t in range(day_start[d], day_start[d + 1]):
                     x = float(z[t, col])
-                    e = x if t == day_start[d] else e + a * (x - e)
+                    e = x if t == day_start[d] and ema_start == "first" else e + a * (x - e)
                     out[t, (k + 1) * ob.N_FEATURES + col] = e
     return out
 
@@ -57,6 +57,21 @@ def test_market_part_matches_the_reference_and_restarts_each_day(rng):
     np.testing.assert_allclose(got, ema_reference(z, day_start), rtol=1e-6, atol=1e-6)
     np.testing.assert_array_equal(got[[0, 9, 10], 32:64], z[[0, 9, 10]], err_msg="the EMAs restart at a day's first bar")
     assert ob.ema_alpha(10) == pytest.approx(1 - 0.5**0.1)
+
+
+def test_market_part_zero_start_matches_the_reference(rng):
+    """features.ema_start = 'zero': each day's EMAs start from 0, so a day's first bar holds alpha z, and every
+    later bar the reference's recursion from there; the z block is unchanged."""
+    z = rng.normal(size=(23, ob.N_FEATURES)).astype(np.float32)
+    day_start = np.array([0, 9, 10, 23])
+    got = ob.market_part(z, day_start, "zero")
+    np.testing.assert_allclose(got, ema_reference(z, day_start, "zero"), rtol=1e-6, atol=1e-6)
+    for k, h in enumerate(ob.EMA_HALF_LIVES):
+        block = slice((k + 1) * ob.N_FEATURES, (k + 2) * ob.N_FEATURES)
+        np.testing.assert_allclose(got[[0, 9, 10], block], ob.ema_alpha(h) * z[[0, 9, 10]].astype(np.float64),
+                                   rtol=1e-6)
+    np.testing.assert_array_equal(got[:, : ob.N_FEATURES], z)
+    assert not np.allclose(got[1:9, 32:], ob.market_part(z, day_start)[1:9, 32:]), "the two starts must differ"
 
 
 def test_market_part_has_no_look_ahead(rng):
@@ -80,3 +95,5 @@ def test_market_part_rejects_bad_input():
         ob.market_part(z, np.array([0, 4]))
     with pytest.raises(ValueError, match="strictly increasing"):
         ob.market_part(z, np.array([0, 2, 2, 5]))
+    with pytest.raises(ValueError, match="ema_start"):
+        ob.market_part(z, np.array([0, 5]), "last")
