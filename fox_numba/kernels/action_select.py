@@ -144,6 +144,17 @@ _DRAW_WORDS = STAGE_SAMPLES * N_DIRECTIONS
 _U_WORDS = STAGE_SAMPLES * DRAWS
 _F2 = float32[:, ::1]
 
+# action_select_heads_kernel's residency: its q_sh lives in the value rows it no longer needs once the combine is done
+# (phase 2 first writes q_sh after the barrier that follows the uniform draws), which brings its shared memory to
+# 28,128 B + the driver's 1,024 a block, so eight blocks of 128 threads fit an sm_90 SM (233,472 B) instead of seven:
+# a collect batch of 16,384 is two waves of 1,056 blocks, not three of 924. launch_bounds keep the registers to it.
+HEADS_BLOCKS_PER_SM = 8
+_HEADS_OPTIONS = {} if SIMULATOR else {
+    "launch_bounds": (STAGE_SAMPLES * LANES, HEADS_BLOCKS_PER_SM),
+    "shared_memory_carveout": "MaxShared",
+}
+assert _Q_WORDS <= VALUE_WORDS
+
 # Phase 3 hard-codes three bins for every branch after direction: refuse an action space it cannot serve.
 assert all(b.size == 3 for b in BRANCHES[1:]), "action_select: _pick3 expects 3-bin non-direction branches"
 assert N_HEADS < LANES and STAGE_SAMPLES * LANES <= 1024
@@ -393,7 +404,7 @@ def action_select_kernel(logits, support, states, explore, spread, tau_mult, act
 
 @register((_F2, int32, F32_3D, xoroshiro128p_type[::1], int32, float32, float32, int32[:, ::1], float32[::1], int32,
            F32_3D, int32, int32, int32, int32))
-@cuda.jit
+@cuda.jit(**_HEADS_OPTIONS)
 def action_select_heads_kernel(head, n_atoms, support, states, explore, spread, tau_mult, actions, conviction, lanes,
                                values, mode, fix_magnitude, fix_order, fix_urgency):
     """action_select_kernel on the head GEMM's output rows head [B, head_width(Z)]: the block stages its samples'
@@ -401,7 +412,7 @@ def action_select_heads_kernel(head, n_atoms, support, states, explore, spread, 
     bits), so the [B, 13, Z] logits are neither written nor read; then the same phases on the same staged rows."""
     stage = cuda.shared.array(STAGE_WORDS, float32)
     value_sh = cuda.shared.array(VALUE_WORDS, float32)
-    q_sh = cuda.shared.array(_Q_WORDS, float32)
+    q_sh = value_sh[:_Q_WORDS]  # the value rows are dead once the combine is done (HEADS_BLOCKS_PER_SM)
     draw_sh = cuda.shared.array(_DRAW_WORDS, float32)
     u_sh = cuda.shared.array(_U_WORDS, float32)
     spb = cuda.blockDim.x // lanes
