@@ -10,10 +10,21 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from numba import cuda
+from numba import cuda, uint32
 from numba.cuda import config
 
 SIMULATOR: bool = bool(config.ENABLE_CUDASIM)
+
+
+def _same(x: Any) -> Any:
+    return x
+
+
+u32: Any = _same if SIMULATOR else uint32
+"""Index arithmetic in kernels: `u32(a + b)` is numba's uint32 cast on the GPU (no 64-bit arithmetic, no
+negative-index wrap: kernels/head_rows.py's header) and the value itself under the simulator, where the cast is a
+Python call of about 2 us that every staged element paid several times; the indices it wraps never leave uint32's
+range, so both give the same values."""
 # Control and producer kernels run on one block by design (the launch helpers size every grid), so
 # numba's per-launch low-occupancy warning would only be noise, and a cost on the eager launch path.
 config.CUDA_LOW_OCCUPANCY_WARNINGS = 0

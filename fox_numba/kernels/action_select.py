@@ -90,7 +90,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from numba import cuda, float32, int32, uint32
+from numba import cuda, float32, int32
 from numba.cuda.random import xoroshiro128p_dtype, xoroshiro128p_type
 
 from fox_numba.actions import (
@@ -108,7 +108,7 @@ from fox_numba.actions import (
 from fox_numba.device.launch import check_array, launch_rows
 from fox_numba.device.registry import register
 from fox_numba.device.rng import XOROSHIRO_DTYPE, xoroshiro128p_uniform_float32
-from fox_numba.device.runtime import SIMULATOR
+from fox_numba.device.runtime import SIMULATOR, u32
 from fox_numba.kernels.distributional import F32_3D, row_stats
 from fox_numba.kernels.head_rows import (
     MAX_ATOMS,
@@ -163,8 +163,8 @@ assert N_HEADS < LANES and STAGE_SAMPLES * LANES <= 1024
 @cuda.jit(device=True)
 def _divmod(a, n):
     """(a // n, a % n) of uint32 a and n, in uint32."""
-    q = uint32(a // n)
-    return q, uint32(a - q * n)
+    q = u32(a // n)
+    return q, u32(a - q * n)
 
 
 @cuda.jit(device=True)
@@ -244,15 +244,15 @@ def _stage_logits(logits, first, count, stage, stride, tid, threads, n_atoms):
     run is atom j of head row `row` (row * Z + j = k). Each pass loads four elements (k, k + T, k + 2T, k + 3T for T
     threads) before storing any, so four loads are in flight per thread; (row, j) advance by carries, with no
     division in the loop. The caller's barrier follows."""
-    total = uint32(count * N_HEADS * n_atoms)  # uint32 walk (head_rows' header)
-    nz = uint32(n_atoms)
-    stride = uint32(stride)
-    row1, j1 = _divmod(uint32(threads), nz)
-    row2, j2 = _divmod(uint32(2 * threads), nz)
-    row3, j3 = _divmod(uint32(3 * threads), nz)
-    row4, j4 = _divmod(uint32(4 * threads), nz)
-    row, j = _divmod(uint32(tid), nz)
-    k = uint32(tid)
+    total = u32(count * N_HEADS * n_atoms)  # uint32 walk (head_rows' header)
+    nz = u32(n_atoms)
+    stride = u32(stride)
+    row1, j1 = _divmod(u32(threads), nz)
+    row2, j2 = _divmod(u32(2 * threads), nz)
+    row3, j3 = _divmod(u32(3 * threads), nz)
+    row4, j4 = _divmod(u32(4 * threads), nz)
+    row, j = _divmod(u32(tid), nz)
+    k = u32(tid)
     while k < total:
         r1, c1 = carry(row, j, row1, j1, nz)
         r2, c2 = carry(row, j, row2, j2, nz)
@@ -267,14 +267,14 @@ def _stage_logits(logits, first, count, stage, stride, tid, threads, n_atoms):
             x2 = staged_row(logits, first, r2, c2)
         if k + 3 * threads < total:
             x3 = staged_row(logits, first, r3, c3)
-        stage[uint32(row * stride + j)] = x0
+        stage[u32(row * stride + j)] = x0
         if k + threads < total:
-            stage[uint32(r1 * stride + c1)] = x1
+            stage[u32(r1 * stride + c1)] = x1
         if k + 2 * threads < total:
-            stage[uint32(r2 * stride + c2)] = x2
+            stage[u32(r2 * stride + c2)] = x2
         if k + 3 * threads < total:
-            stage[uint32(r3 * stride + c3)] = x3
-        k = uint32(k + uint32(4 * threads))
+            stage[u32(r3 * stride + c3)] = x3
+        k = u32(k + u32(4 * threads))
         row, j = carry(row, j, row4, j4, nz)
 
 

@@ -39,10 +39,11 @@ import math
 from typing import Any
 
 import numpy as np
-from numba import cuda, float32, int32, uint32
+from numba import cuda, float32, int32
 
 from fox_numba.device.launch import check_array, launch
 from fox_numba.device.registry import register
+from fox_numba.device.runtime import u32
 
 F32_2D = float32[:, ::1]
 F32_3D = float32[:, :, ::1]
@@ -66,15 +67,15 @@ def row_stats(x, base, n_atoms, v_min, delta_z):
     -inf out of the arithmetic. `x` is any 1-D float32 array (a row of global logits, or a row staged
     in shared memory): every caller runs this same code, so E[Q] has the same bits in every kernel.
     """
-    b = uint32(base)  # uint32 indices: no 64-bit arithmetic, no negative-index wrap (kernels/head_rows.py)
+    b = u32(base)  # uint32 indices: no 64-bit arithmetic, no negative-index wrap (kernels/head_rows.py)
     m = x[b]
     s = float32(1.0)
     tz = v_min
     tlm = float32(0.0)
-    nz = uint32(n_atoms)
-    j = uint32(1)
+    nz = u32(n_atoms)
+    j = u32(1)
     while j < nz:  # a uint32 counter: numba's range() keeps a 64-bit (start, count) pair
-        xj = x[uint32(b + j)]
+        xj = x[u32(b + j)]
         if xj > m:
             shift = m - xj
             scale = math.exp(shift)
@@ -86,7 +87,7 @@ def row_stats(x, base, n_atoms, v_min, delta_z):
         s += w
         tz += w * (v_min + float32(j) * delta_z)
         tlm += w * (xj - m)
-        j = uint32(j + uint32(1))
+        j = u32(j + u32(1))
     return m, s, tz, tlm
 
 
@@ -119,16 +120,16 @@ def atom_pass(x, base, n_atoms, m, s, mean, v_min, delta_z):
     threshold = UTIL_THRESHOLD * s  # p_j > 1e-3  <=>  w_j > 1e-3 * S
     used = 0
     spread = float32(0.0)
-    b = uint32(base)
-    nz = uint32(n_atoms)
-    j = uint32(0)
+    b = u32(base)
+    nz = u32(n_atoms)
+    j = u32(0)
     while j < nz:
-        w = math.exp(x[uint32(b + j)] - m)
+        w = math.exp(x[u32(b + j)] - m)
         if w > threshold:
             used += 1
         d = (v_min + float32(j) * delta_z) - mean
         spread += w * (d * d)
-        j = uint32(j + uint32(1))
+        j = u32(j + u32(1))
     return used, spread
 
 
@@ -174,39 +175,39 @@ def project_row(p, p_base, reward, discount, v_min_next, dz_next, v_min_proj, dz
     top = float32(n_atoms - 1)
     last_lower = n_atoms - 2
     descending = discount * dz_next * inv_dz_proj < float32(0.0)
-    pb = uint32(p_base)  # uint32 indices (row_stats)
-    mb = uint32(m_base)
-    nz = uint32(n_atoms)
-    cur = uint32(0)
+    pb = u32(p_base)  # uint32 indices (row_stats)
+    mb = u32(m_base)
+    nz = u32(n_atoms)
+    cur = u32(0)
     acc_lo = float32(0.0)  # mass so far of atom cur
     acc_hi = float32(0.0)  # mass so far of atom cur + 1
-    step = uint32(0)
+    step = u32(0)
     while step < nz:
         j = step
         if descending:
-            j = uint32(nz - uint32(1) - step)
+            j = u32(nz - u32(1) - step)
         tz = reward + discount * (v_min_next + float32(j) * dz_next)
         b = min(max((tz - v_min_proj) * inv_dz_proj, float32(0.0)), top)
-        lower = uint32(min(int32(b), last_lower))  # floor: b >= 0
+        lower = u32(min(int32(b), last_lower))  # floor: b >= 0
         while cur < lower:
-            m[uint32(mb + cur)] = acc_lo
+            m[u32(mb + cur)] = acc_lo
             acc_lo = acc_hi
             acc_hi = float32(0.0)
-            cur = uint32(cur + uint32(1))
-        pj = p[uint32(pb + j)]
+            cur = u32(cur + u32(1))
+        pj = p[u32(pb + j)]
         w_lo = float32(1.0) - abs(b - float32(lower))
         w_hi = float32(1.0) - abs(b - float32(lower + 1))
         if w_lo > float32(0.0):
             acc_lo += pj * w_lo
         if w_hi > float32(0.0):
             acc_hi += pj * w_hi
-        step = uint32(step + uint32(1))
-    m[uint32(mb + cur)] = acc_lo
-    m[uint32(mb + cur + uint32(1))] = acc_hi
-    k = uint32(cur + uint32(2))
+        step = u32(step + u32(1))
+    m[u32(mb + cur)] = acc_lo
+    m[u32(mb + cur + u32(1))] = acc_hi
+    k = u32(cur + u32(2))
     while k < nz:
-        m[uint32(mb + k)] = float32(0.0)
-        k = uint32(k + uint32(1))
+        m[u32(mb + k)] = float32(0.0)
+        k = u32(k + u32(1))
 
 
 @register((F32_2D, float32[::1], float32[::1], F32_2D, F32_2D, F32_2D))
@@ -237,33 +238,33 @@ def cross_entropy_row(x, x_base, target, t_base, weight, dl, dl_base, n_atoms):
     returns -sum_k m_k log softmax(x)_k and writes dl[k] = weight * (sum(m) softmax(x)_k - m_k). dl may be the
     target itself (each m_k is read before dl[k] is written), as in the learner's fused loss (kernels/learner.py),
     which runs this same code on rows staged in shared memory."""
-    xb = uint32(x_base)  # uint32 indices (row_stats)
-    tb = uint32(t_base)
-    db = uint32(dl_base)
+    xb = u32(x_base)  # uint32 indices (row_stats)
+    tb = u32(t_base)
+    db = u32(dl_base)
     mx = x[xb]
     s = float32(1.0)
     mass = target[tb]
-    nz = uint32(n_atoms)
-    k = uint32(1)
+    nz = u32(n_atoms)
+    k = u32(1)
     while k < nz:
-        xk = x[uint32(xb + k)]
-        mass += target[uint32(tb + k)]
+        xk = x[u32(xb + k)]
+        mass += target[u32(tb + k)]
         if xk > mx:
             s = s * math.exp(mx - xk) + float32(1.0)
             mx = xk
         else:
             s += math.exp(xk - mx)
-        k = uint32(k + uint32(1))
+        k = u32(k + u32(1))
     inv_s = float32(1.0) / s
     scaled_mass = weight * mass * inv_s
     acc = float32(0.0)
-    k = uint32(0)
+    k = u32(0)
     while k < nz:
-        xk = x[uint32(xb + k)]
-        mk = target[uint32(tb + k)]
+        xk = x[u32(xb + k)]
+        mk = target[u32(tb + k)]
         acc += mk * (mx - xk)
-        dl[uint32(db + k)] = scaled_mass * math.exp(xk - mx) - weight * mk
-        k = uint32(k + uint32(1))
+        dl[u32(db + k)] = scaled_mass * math.exp(xk - mx) - weight * mk
+        k = u32(k + u32(1))
     return acc + mass * math.log(s)
 
 

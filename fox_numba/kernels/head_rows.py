@@ -16,9 +16,10 @@ stride-52 padding, 29,440 B, seven did). At batch 8,192 its 1,024 blocks are the
 """
 
 import numpy as np
-from numba import cuda, float32, uint32
+from numba import cuda, float32
 
 from fox_numba.actions import N_BRANCHES, N_HEADS
+from fox_numba.device.runtime import u32
 from fox_numba.kernels.heads import MAX_BRANCH_SIZE, N_STREAMS, branch_span
 
 STAGE_SAMPLES = 8  # samples a block stages at most
@@ -27,8 +28,9 @@ VALUE_WORDS = STAGE_SAMPLES * N_BRANCHES * 51  # 6.5 KB: their 4 value rows
 MAX_ATOMS = max(z for z in range(2, STAGE_WORDS) if N_HEADS * (z | 1) <= STAGE_WORDS)  # 407: one sample a block
 # The walks below index in uint32: numba types Python ints as int64 and promotes int32 arithmetic to it, and a
 # signed index also costs a negative-index wrap per access, so every staged element paid ~70 64-bit PTX operations
-# of index arithmetic. Unsigned 32-bit values, re-wrapped after each operation (uint32(a + b): LLVM narrows the
-# 64-bit operation back), need no wrap and no 64-bit multiply; every index here is far below 2**32.
+# of index arithmetic. Unsigned 32-bit values, re-wrapped after each operation (u32(a + b), device/runtime.py: numba's
+# uint32 cast on the GPU, where LLVM narrows the 64-bit operation back), need no wrap and no 64-bit multiply; every
+# index here is far below 2**32.
 _NS = np.uint32(N_STREAMS)
 _NB = np.uint32(N_BRANCHES)
 _NH = np.uint32(N_HEADS)
@@ -43,11 +45,11 @@ def stage_samples(n_atoms: int) -> int:
 @cuda.jit(device=True)
 def carry(row, j, d_row, d_j, n_atoms):
     """(row, j) + (d_row, d_j) in the mixed radix of rows of n_atoms atoms (d_j < n_atoms), in uint32."""
-    j = uint32(j + d_j)
-    row = uint32(row + d_row)
+    j = u32(j + d_j)
+    row = u32(row + d_row)
     if j >= n_atoms:
-        j = uint32(j - n_atoms)
-        row = uint32(row + uint32(1))
+        j = u32(j - n_atoms)
+        row = u32(row + u32(1))
     return row, j
 
 
@@ -55,39 +57,39 @@ def carry(row, j, d_row, d_j, n_atoms):
 def walk_start(tid, threads, n_atoms):
     """(d_row, d_j, row, j), uint32: the step of a block of `threads` threads and thread tid's first (row, atom) in
     the mixed radix of rows of n_atoms atoms."""
-    z = uint32(n_atoms)
-    t = uint32(threads)
-    i = uint32(tid)
-    d_row = uint32(t // z)
-    row = uint32(i // z)
-    return d_row, uint32(t - d_row * z), row, uint32(i - row * z)
+    z = u32(n_atoms)
+    t = u32(threads)
+    i = u32(tid)
+    d_row = u32(t // z)
+    row = u32(i // z)
+    return d_row, u32(t - d_row * z), row, u32(i - row * z)
 
 
 @cuda.jit(device=True)
 def staged_row(src, first, row, j):
     """Atom j of head row `row` counted from sample `first`: src[first + row // 13, row % 13, j]."""
-    sample = uint32(row // _NH)
-    return src[uint32(first + sample), uint32(row - sample * _NH), j]
+    sample = u32(row // _NH)
+    return src[u32(first + sample), u32(row - sample * _NH), j]
 
 
 @cuda.jit(device=True)
 def stream_atom(head, first, row, j, n_atoms):
     """Atom j of stream row `row` counted from sample `first` of the head GEMM's output rows head: stream
     row % 17 (values, then advantages, heads.N_STREAMS) of sample first + row // 17."""
-    sample = uint32(row // _NS)
-    return head[uint32(first + sample), uint32(uint32(row - sample * _NS) * n_atoms + j)]
+    sample = u32(row // _NS)
+    return head[u32(first + sample), u32(u32(row - sample * _NS) * n_atoms + j)]
 
 
 @cuda.jit(device=True)
 def put_stream(stage, values, row, j, stride, x):
     """Stream row `row` (as `stream_atom`) staged: a value stream into `values` [(s * 4 + b) * stride + j], an
     advantage stream into its head's row of `stage` [(s * 13 + h) * stride + j]."""
-    sample = uint32(row // _NS)
-    s = uint32(row - sample * _NS)
+    sample = u32(row // _NS)
+    s = u32(row - sample * _NS)
     if s < _NB:
-        values[uint32(uint32(sample * _NB + s) * stride + j)] = x
+        values[u32(u32(sample * _NB + s) * stride + j)] = x
     else:
-        stage[uint32(uint32(sample * _NH + s - _NB) * stride + j)] = x
+        stage[u32(u32(sample * _NH + s - _NB) * stride + j)] = x
 
 
 @cuda.jit(device=True)
@@ -97,9 +99,9 @@ def stage_combined_heads(head, first, count, stage, values, stride, tid, threads
     loads in flight per thread; `put_stream`), a barrier, then per (sample, branch, atom) the branch's mean and
     V + (A - mean) in place, dueling_combine_fwd's float32 operations in its order (the same bits). The caller's
     barrier follows."""
-    z = uint32(n_atoms)
-    stride = uint32(stride)
-    rows = uint32(count * _NS)
+    z = u32(n_atoms)
+    stride = u32(stride)
+    rows = u32(count * _NS)
     d_row, d_j, row, j = walk_start(tid, threads, z)
     while row < rows:
         row1, j1 = carry(row, j, d_row, d_j, z)
@@ -124,20 +126,20 @@ def stage_combined_heads(head, first, count, stage, values, stride, tid, threads
             put_stream(stage, values, row3, j3, stride, x3)
         row, j = carry(row3, j3, d_row, d_j, z)
     cuda.syncthreads()
-    rows = uint32(count * _NB)  # branch rows sample * 4 + b, walked without a division per step
+    rows = u32(count * _NB)  # branch rows sample * 4 + b, walked without a division per step
     d_row, d_j, row, j = walk_start(tid, threads, z)
     while row < rows:
-        sample = uint32(row // _NB)
-        off, size = branch_span(uint32(row - sample * _NB))
-        at = uint32(uint32(sample * _NH + uint32(off)) * stride + j)
+        sample = u32(row // _NB)
+        off, size = branch_span(u32(row - sample * _NB))
+        at = u32(u32(sample * _NH + u32(off)) * stride + j)
         mean = float32(0.0)
         for k in range(MAX_BRANCH_SIZE):
             if k < size:
-                mean += stage[uint32(at + uint32(k) * stride)]
+                mean += stage[u32(at + u32(k) * stride)]
         mean = mean / float32(size)
-        v = values[uint32(row * stride + j)]
+        v = values[u32(row * stride + j)]
         for k in range(MAX_BRANCH_SIZE):
             if k < size:
-                at_k = uint32(at + uint32(k) * stride)
+                at_k = u32(at + u32(k) * stride)
                 stage[at_k] = v + (stage[at_k] - mean)
         row, j = carry(row, j, d_row, d_j, z)

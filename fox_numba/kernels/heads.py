@@ -64,12 +64,13 @@ import math
 from typing import Any
 
 import numpy as np
-from numba import cuda, float32, int32, uint32
+from numba import cuda, float32, int32
 
 from fox_numba.actions import BRANCHES, MAG_OFFSET, N_BRANCHES, N_HEADS, ORDER_OFFSET, URGENCY_OFFSET
 from fox_numba.device.isv import ISV_TOTAL_DIM, Isv
 from fox_numba.device.launch import check_array, i32, launch_strided
 from fox_numba.device.registry import register
+from fox_numba.device.runtime import u32
 
 N_STREAMS = N_BRANCHES + N_HEADS  # value streams then advantage streams in the head GEMM's output
 N_AUX = 1  # auxiliary forecast columns after the streams
@@ -128,15 +129,15 @@ def combined_logit(head, i, a, z, n_atoms):
     dueling_combine_fwd's arithmetic (the same float32 operations in the same order: the same bits)."""
     b = branch_of(a)
     off, size = branch_span(b)
-    row = uint32(i)  # uint32 indices: no 64-bit multiply, no negative-index wrap (head_rows' header)
-    nz = uint32(n_atoms)
-    atom = uint32(z)
+    row = u32(i)  # uint32 indices: no 64-bit multiply, no negative-index wrap (head_rows' header)
+    nz = u32(n_atoms)
+    atom = u32(z)
     mean = float32(0.0)
     for k in range(MAX_BRANCH_SIZE):  # a constant trip count: unrolled, the loads issued together
         if k < size:
-            mean += head[row, uint32(uint32(N_BRANCHES + off + k) * nz + atom)]
+            mean += head[row, u32(u32(N_BRANCHES + off + k) * nz + atom)]
     mean = mean / float32(size)
-    return head[row, uint32(uint32(b) * nz + atom)] + (head[row, uint32(uint32(N_BRANCHES + a) * nz + atom)] - mean)
+    return head[row, u32(u32(b) * nz + atom)] + (head[row, u32(u32(N_BRANCHES + a) * nz + atom)] - mean)
 
 
 @register((_F2, _F3, int32))

@@ -95,7 +95,7 @@ import math
 from typing import Any
 
 import numpy as np
-from numba import cuda, float32, float64, from_dtype, int32, uint32
+from numba import cuda, float32, float64, from_dtype, int32
 from numba.cuda.random import xoroshiro128p_type
 
 from fox_numba.actions import FLAT, HOLD, N_BRANCHES, N_HEADS, OrderType
@@ -104,7 +104,7 @@ from fox_numba.device.isv import ISV_TOTAL_DIM, Isv
 from fox_numba.device.launch import check_array, i32, launch, launch_rows, launch_strided, strided_threads
 from fox_numba.device.memory import device_empty
 from fox_numba.device.registry import register
-from fox_numba.device.runtime import SIMULATOR
+from fox_numba.device.runtime import SIMULATOR, u32
 from fox_numba.device.rng import xoroshiro128p_uniform_float32
 from fox_numba.kernels.distributional import atom_pass, cross_entropy_row, project_row, row_stats
 from fox_numba.kernels.head_rows import (
@@ -314,14 +314,14 @@ def select_q_rows(head, head_tgt, support_online, support_target, actions, rewar
     cuda.syncthreads()
     # the target rows of the a* only, coalesced within each row: per sample one (every branch bootstraps from the
     # direction branch's a* when shared) or four (row slot * 4 + b)
-    per = uint32(1 if shared != 0 else N_BRANCHES)
-    rows = uint32(count * per)
-    nz = uint32(n_atoms)
+    per = u32(1 if shared != 0 else N_BRANCHES)
+    rows = u32(count * per)
+    nz = u32(n_atoms)
     d_row, d_j, row, j = walk_start(tid, threads, nz)
     while row < rows:
-        sample = uint32(row // per)
-        a_star = next_sh[uint32(sample * _NB_U + row - sample * per)]
-        stage[uint32(row * uint32(stride) + j)] = combined_logit(head_tgt, first + sample, a_star, j, nz)
+        sample = u32(row // per)
+        a_star = next_sh[u32(sample * _NB_U + row - sample * per)]
+        stage[u32(row * u32(stride) + j)] = combined_logit(head_tgt, first + sample, a_star, j, nz)
         row, j = carry(row, j, d_row, d_j, nz)
     cuda.syncthreads()
     if not branch_row:
@@ -332,26 +332,26 @@ def select_q_rows(head, head_tgt, support_online, support_target, actions, rewar
     a_t = off + taken
     a_n = next_sh[slot * N_BRANCHES + b]
     next_head[r] = a_n
-    row = uint32(uint32(slot * per + min(b, per - 1)) * uint32(stride))
-    end = uint32(row + nz)
+    row = u32(u32(slot * per + min(b, per - 1)) * u32(stride))
+    end = u32(row + nz)
     mx = stage[row]
-    at = uint32(row + uint32(1))
+    at = u32(row + u32(1))
     while at < end:  # uint32 counters (distributional.row_stats)
         mx = max(mx, stage[at])
-        at = uint32(at + uint32(1))
+        at = u32(at + u32(1))
     total = float32(0.0)
     at = row
     while at < end:
         total += math.exp(stage[at] - mx)
-        at = uint32(at + uint32(1))
+        at = u32(at + u32(1))
     v_min = support_target[a_n, 0]
     dz = support_target[a_n, 2]
     e_tgt = float32(0.0)
-    z = uint32(0)
+    z = u32(0)
     while z < nz:
-        p = math.exp(stage[uint32(row + z)] - mx) / total
+        p = math.exp(stage[u32(row + z)] - mx) / total
         e_tgt += p * (v_min + float32(z) * dz)
-        z = uint32(z + uint32(1))
+        z = u32(z + u32(1))
     next_stats[r, 0] = mx
     next_stats[r, 1] = total
     reward = rewards[i]
@@ -394,15 +394,15 @@ def project_loss_scatter(head, head_tgt, next_head, next_stats, rew_r, disc_r, a
     r0 = cuda.blockIdx.x * per_block
     count = min(per_block, next_head.shape[0] - r0)
 
-    nz = uint32(n_atoms)  # uint32 walks (head_rows' header)
-    stride_u = uint32(stride)
+    nz = u32(n_atoms)  # uint32 walks (head_rows' header)
+    stride_u = u32(stride)
     d_row, d_j, row, j = walk_start(tid, threads, nz)
     while row < count:
-        r = uint32(r0 + row)
-        i = uint32(r // _NB_U)
-        off, taken = _taken_head(actions, i, uint32(r - i * _NB_U))
+        r = u32(r0 + row)
+        i = u32(r // _NB_U)
+        off, taken = _taken_head(actions, i, u32(r - i * _NB_U))
         xt = combined_logit(head_tgt, i, next_head[r], j, nz)
-        at = uint32(row * stride_u + j)
+        at = u32(row * stride_u + j)
         x_st[at] = combined_logit(head, i, off + taken, j, nz)
         p_st[at] = math.exp(xt - next_stats[r, 0]) / next_stats[r, 1]
         row, j = carry(row, j, d_row, d_j, nz)
@@ -419,25 +419,25 @@ def project_loss_scatter(head, head_tgt, next_head, next_stats, rew_r, disc_r, a
         loss[r] = cross_entropy_row(x_st, base, m_st, base, weights[r], m_st, base, n_atoms)
     cuda.syncthreads()
 
-    i0 = uint32(r0 // N_BRANCHES)
-    rows = uint32((count // N_BRANCHES) * N_STREAMS)
+    i0 = u32(r0 // N_BRANCHES)
+    rows = u32((count // N_BRANCHES) * N_STREAMS)
     _dr, _dj, row, j = walk_start(tid, threads, nz)
     while row < rows:
-        sample = uint32(row // _NS_U)
-        head_stream = uint32(row - sample * _NS_U)
-        b = head_stream if head_stream < _NB_U else uint32(branch_of(uint32(head_stream - _NB_U)))
+        sample = u32(row // _NS_U)
+        head_stream = u32(row - sample * _NS_U)
+        b = head_stream if head_stream < _NB_U else u32(branch_of(u32(head_stream - _NB_U)))
         off, size = branch_span(b)
-        taken = off + _taken_head(actions, uint32(i0 + sample), b)[1]
-        g_taken = m_st[uint32(uint32(sample * _NB_U + b) * stride_u + j)]
+        taken = off + _taken_head(actions, u32(i0 + sample), b)[1]
+        g_taken = m_st[u32(u32(sample * _NB_U + b) * stride_u + j)]
         total = float32(0.0)
         for k in range(size):
             total += g_taken if off + k == taken else float32(0.0)
-        col = uint32(head_stream * nz + j)
+        col = u32(head_stream * nz + j)
         if head_stream < _NB_U:
-            dhead[uint32(i0 + sample), col] = total
+            dhead[u32(i0 + sample), col] = total
         else:
-            g = g_taken if uint32(head_stream - _NB_U) == taken else float32(0.0)
-            dhead[uint32(i0 + sample), col] = g - total / float32(size)
+            g = g_taken if u32(head_stream - _NB_U) == taken else float32(0.0)
+            dhead[u32(i0 + sample), col] = g - total / float32(size)
         row, j = carry(row, j, d_row, d_j, nz)
 
 
