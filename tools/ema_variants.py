@@ -28,12 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import latent_probe as lp  # noqa: E402
 
 from fox_numba.agent.fold_market import FoldMarket  # noqa: E402
-from fox_numba.config import FeatureConfig, load_config  # noqa: E402
-from fox_numba.market.default import ensure_default_store  # noqa: E402
-from fox_numba.market.select import select_market  # noqa: E402
-from fox_numba.market.synthetic import sidecar_paths  # noqa: E402
+from fox_numba.config import FeatureConfig  # noqa: E402
 from fox_numba.observation import EMA_HALF_LIVES, N_FEATURES, N_MARKET, ema_alpha  # noqa: E402
-from fox_numba.walkforward.driver import load_features  # noqa: E402
 from fox_numba.walkforward.folds import make_folds  # noqa: E402
 
 OPEN_BARS = 15
@@ -62,11 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE", help="config override")
     parser.add_argument("--out", type=Path, help="also write the table to this markdown file")
     args = parser.parse_args(argv)
-    store = args.store or ensure_default_store()
-    cfg = load_config("default", overrides=[f'market.store="{store}"', *args.set])
-    selection = select_market(cfg.market)
-    features = load_features(cfg, selection)
-    latent = np.load(sidecar_paths(store)[1])
+    cfg, selection, features, latent = lp.load_synthetic(parser, args.store, args.set)
     plain = FeatureConfig(**{**vars(cfg.features), "forecast_horizons": [], "ema_start": "first"})
     lines = ["| fold | columns | corr. with er, validation days | traded: validation daily Sharpe |",
              "| ---: | --- | ---: | ---: |"]

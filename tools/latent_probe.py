@@ -165,6 +165,18 @@ def mean_se(values: Sequence[float], digits: int) -> str:
     return f"{statistics.fmean(values):+.{digits}f} ({se:.{digits}f})"
 
 
+def load_synthetic(parser: argparse.ArgumentParser, store: Path | None, overrides: list[str]) -> tuple:
+    """(config, market selection, features, latent truth) of a synthetic store (default: the embedded default
+    market) under the default preset and `overrides`; a parser error when the store keeps no latent truth."""
+    store = store or ensure_default_store()
+    latent_path = sidecar_paths(store)[1]
+    if not latent_path.is_file():
+        parser.error(f"{store}: no latent truth beside it ({latent_path}); a synthetic store from `fox data synth`")
+    cfg = load_config("default", overrides=[f'market.store="{store}"', *overrides])
+    selection = select_market(cfg.market)
+    return cfg, selection, load_features(cfg, selection), np.load(latent_path)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--store", type=Path, help="synthetic market store (default: the embedded default market)")
@@ -175,14 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE", help="config override")
     parser.add_argument("--out", type=Path, help="also write the table to this markdown file")
     args = parser.parse_args(argv)
-    store = args.store or ensure_default_store()
-    latent_path = sidecar_paths(store)[1]
-    if not latent_path.is_file():
-        parser.error(f"{store}: no latent truth beside it ({latent_path}); a synthetic store from `fox data synth`")
-    cfg = load_config("default", overrides=[f'market.store="{store}"', *args.set])
-    selection = select_market(cfg.market)
-    features = load_features(cfg, selection)
-    latent = np.load(latent_path)
+    cfg, selection, features, latent = load_synthetic(parser, args.store, args.set)
     plain = FeatureConfig(**{**vars(cfg.features), "forecast_horizons": []})
     lines = ["| fold | signal | corr. with er, validation days | traded: validation daily Sharpe | of the oracle | "
              "round trips/day |", "| ---: | --- | ---: | ---: | ---: | ---: |"]
@@ -196,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
         ts = np.asarray(features.raw.ts[m.row0:m.row0 + len(m.mid)])
         at = np.searchsorted(latent["ts_event"], ts)
         if not (at < len(latent["ts_event"])).all() or not (latent["ts_event"][at] == ts).all():
-            raise SystemExit(f"{latent_path}: its bars do not cover fold {fold.index}'s rows")
+            raise SystemExit(f"{sidecar_paths(selection.path)[1]}: its bars do not cover fold {fold.index}'s rows")
         er = np.asarray(latent["expected_return"][at], dtype=np.float64)
         val = val_rows(m)
         train = np.arange(len(m.mid)) < m.train_stop
