@@ -6,7 +6,8 @@ in int64 unless told otherwise) and the integer divisions left in it.
     NUMBA_ENABLE_CUDASIM=0 python3 tools/select_residency.py [KERNEL ...]
 
 KERNEL: one of the defaults (learner.select_q_rows, learner.project_loss_scatter and
-action_select.action_select_heads_kernel, under fox_numba.kernels), each at the block its driver launches.
+action_select.action_select_heads_kernel, under fox_numba.kernels) or a tensor-core GEMM (gemm_tensor.linear_*_tf32),
+each at the block its driver launches.
 """
 
 import argparse
@@ -15,14 +16,17 @@ import re
 from fox_numba.kernels import compile_check as c
 
 DEFAULT_KERNELS = ("learner.select_q_rows", "learner.project_loss_scatter", "action_select.action_select_heads_kernel")
+GEMM_KERNELS = ("gemm_tensor.linear_fwd_tf32", "gemm_tensor.linear_bwd_in_tf32", "gemm_tensor.linear_wgrad_tf32")
 INT64_OP = re.compile(r"^\s*(?:@%p\d+\s+)?[a-z]+(?:\.[a-z0-9]+)*\.[sub]64\b", re.MULTILINE)
 INT_DIV = re.compile(r"^\s*(?:div|rem)\.[su](?:32|64)\b", re.MULTILINE)
 
 
 def launch_threads(name: str) -> int:
     """Threads of a block as the kernel's driver launches it at Z = 51."""
-    from fox_numba.kernels import action_select, head_rows, learner
+    from fox_numba.kernels import action_select, gemm_tensor, head_rows, learner
 
+    if name in GEMM_KERNELS:
+        return gemm_tensor.THREADS
     return {"learner.select_q_rows": learner.select_threads(head_rows.STAGE_SAMPLES),
             "learner.project_loss_scatter": learner.LOSS_ROWS * learner.LOSS_THREADS_PER_ROW,
             "action_select.action_select_heads_kernel": head_rows.STAGE_SAMPLES * action_select.LANES}[name]
@@ -35,11 +39,12 @@ def ptx_counts(ptx: str) -> tuple[int, int, int]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("kernels", nargs="*", default=list(DEFAULT_KERNELS), help=" | ".join(DEFAULT_KERNELS))
+    known = DEFAULT_KERNELS + GEMM_KERNELS
+    parser.add_argument("kernels", nargs="*", default=list(DEFAULT_KERNELS), help=" | ".join(known))
     args = parser.parse_args()
-    unknown = sorted(set(args.kernels) - set(DEFAULT_KERNELS))
+    unknown = sorted(set(args.kernels) - set(known))
     if unknown:
-        parser.error(f"unknown kernel(s) {unknown}: choose from {list(DEFAULT_KERNELS)}")
+        parser.error(f"unknown kernel(s) {unknown}: choose from {list(known)}")
     c._prepare_compiler((9, 0))
     from numba import cuda
 

@@ -21,10 +21,19 @@ that is contiguous along the reduction in global memory is kept [TILE][BK + 4] (
 fall in 32 different banks, and the stores from global memory are consecutive. Main loop as kernels.gemm:
 load tile t+1 into registers, multiply tile t out of shared memory, store tile t+1 into the other buffer,
 syncthreads. Out-of-range rows, columns and reduction indices are zero-filled on load and skipped on store.
+Epilogue: a lane's accumulators hold pairs of adjacent columns in 8 rows of a warp, so storing them straight to global
+memory writes 8-byte pieces 8 bytes apart (a third of each 32-byte sector used, the main cost of the forward GEMM in
+Nsight Compute: tools/results/bench_learner_u32_h200.md). Instead each warp writes 8 rows of its 32 columns
+(one accumulator row g of an mma tile row) into its slice of a shared staging array (STAGE_SHAPE) and reads it back a
+row at a time, a lane per column, so every store (and the mask's or the bias' load) of a warp covers 128 contiguous
+bytes. Columns are stored XOR `swizzle(row)`: the 32 lanes' writes (rows g, columns 8j + 2t (+1)) then fall in 32
+different banks, and a row's reads are a permutation of its 32 words, so neither side has a bank conflict. The
+barriers around the staging are block-wide (the simulator has no syncwarp; the control flow is uniform).
 Determinism: every output element is one lane's accumulator, updated by the mma tiles in reduction order from
 0; the mma itself is a fixed circuit, so a shape gives the same bits on every run. One BK tile is two TF32 k-steps
 of 8 or one bf16 k-step of 16.
-GPU only: the simulator cannot run mma (kernels/tensor_core.py); agent/dense.py runs the fp32 kernels there.
+GPU only: the simulator cannot run mma (kernels/tensor_core.py); agent/dense.py runs the fp32 kernels there. The
+epilogues run there alone (tests/kernels/test_gemm_tensor.py checks them against the accumulators' layout).
 """
 
 from typing import Any
@@ -48,6 +57,9 @@ UNIT_ROUNDOFF = {"tf32": 2.0**-11, "bf16": 2.0**-8}
 """Relative rounding error of an operand converted to each format (11 and 8 significant bits, round to nearest)."""
 K_MAJOR_SHAPE = (2, TILE, BK + 4)
 O_MAJOR_SHAPE = (2, BK, TILE + 8)
+STAGE_SHAPE = (THREADS // 32, 8, WARP_N)
+"""The epilogue's staging: per warp 8 rows of its WARP_N output columns (8 KiB a block, which keeps the k-major
+backward-input kernel's static shared memory at the 48 KiB limit)."""
 
 _F1 = float32[::1]
 _F2 = float32[:, ::1]
@@ -226,25 +238,42 @@ def put_plain(out, unused, flag, r, c, v):
         out[r, c] = v
 
 
+@cuda.jit(device=True)
+def swizzle(row):
+    """The staging column XOR mask of a staged row: bit 0 from row bit 0, bits 3-4 from row bits 1-2 (Epilogue)."""
+    return (row & 1) | ((row >> 1) << 3)
+
+
 def _epilogue(put: Any) -> Any:
-    """The device function that hands each of a lane's accumulators to `put(out, aux, flag, row, col, value)`."""
+    """The device function that hands each of a block's outputs to `put(out, aux, flag, row, col, value)`, 8 x 32
+    of a warp's outputs at a time staged through shared memory (module header: Epilogue)."""
 
     @cuda.jit(device=True)
     def epilogue(out, aux, flag, row0, col0, tid, acc):
+        stage = cuda.shared.array(STAGE_SHAPE, float32)
+        warp = tid // 32
+        lane = tid % 32
+        g = lane // 4
+        t2 = lane % 4 * 2
+        mask = swizzle(g)
+        r_warp = out_row(row0, tid, 0) - g  # the warp tile's first output row
+        c = out_col(col0, tid, 0) - t2 + lane  # this lane's output column when it writes rows out
         for i in range(MT):
-            r = out_row(row0, tid, i)
-            for j in range(NT):
-                c = out_col(col0, tid, j)
-                e = (i * NT + j) * 4
-                put(out, aux, flag, r, c, acc[e])
-                put(out, aux, flag, r, c + 1, acc[e + 1])
-                put(out, aux, flag, r + 8, c, acc[e + 2])
-                put(out, aux, flag, r + 8, c + 1, acc[e + 3])
+            for half in range(2):  # the accumulators' rows g, then g + 8
+                for j in range(NT):
+                    e = (i * NT + j) * 4 + 2 * half
+                    cc = j * 8 + t2
+                    stage[warp, g, cc ^ mask] = acc[e]
+                    stage[warp, g, (cc + 1) ^ mask] = acc[e + 1]
+                cuda.syncthreads()
+                for rr in range(8):
+                    put(out, aux, flag, r_warp + i * 16 + half * 8 + rr, c, stage[warp, rr, lane ^ swizzle(rr)])
+                cuda.syncthreads()
 
     return epilogue
 
 
-_epilogue_fwd, _epilogue_bwd_in, _epilogue_plain = _epilogue(put_fwd), _epilogue(put_bwd_in), _epilogue(put_plain)
+epilogue_fwd, epilogue_bwd_in, epilogue_plain = _epilogue(put_fwd), _epilogue(put_bwd_in), _epilogue(put_plain)
 
 
 def _kernel(fn: Any, sig: tuple) -> Any:
@@ -266,7 +295,7 @@ def _kernels(bf16: bool) -> tuple[Any, Any, Any]:
         row0 = uint32(cuda.blockIdx.y) * TILE
         col0 = uint32(cuda.blockIdx.x) * TILE
         product_fwd(x, row0, w, col0, 0, x.shape[1], acc, unused, False)
-        _epilogue_fwd(y, b, relu, row0, col0, uint32(cuda.threadIdx.x), acc)
+        epilogue_fwd(y, b, relu, row0, col0, uint32(cuda.threadIdx.x), acc)
 
     def linear_bwd_in(dy, w, act, dx, mask):
         """dx = dy @ w^T, zeroed where act <= 0 when mask != 0 (act is not read when mask == 0)."""
@@ -275,7 +304,7 @@ def _kernels(bf16: bool) -> tuple[Any, Any, Any]:
         row0 = uint32(cuda.blockIdx.y) * TILE
         col0 = uint32(cuda.blockIdx.x) * TILE
         product_bwd_in(dy, row0, w, col0, 0, dy.shape[1], acc, unused, False)
-        _epilogue_bwd_in(dx, act, mask, row0, col0, uint32(cuda.threadIdx.x), acc)
+        epilogue_bwd_in(dx, act, mask, row0, col0, uint32(cuda.threadIdx.x), acc)
 
     def linear_wgrad(x, dy, pw, pb, chunk):
         """pw[s] = x[rows]^T @ dy[rows], rows = [s*chunk, (s+1)*chunk) for split s = blockIdx.z; the blocks of the
@@ -291,7 +320,7 @@ def _kernels(bf16: bool) -> tuple[Any, Any, Any]:
         stop = min(start + chunk, x.shape[0])
         do_sums = row0 == 0
         product_wgrad(x, row0, dy, col0, start, stop, acc, sums, do_sums)
-        _epilogue_plain(pw[split], pb, 0, row0, col0, tid, acc)
+        epilogue_plain(pw[split], pb, 0, row0, col0, tid, acc)
         if do_sums:  # a column's rows are split over threads tid and tid + TILE (even and odd reduction rows)
             partial[tid] = sums[0]
             cuda.syncthreads()

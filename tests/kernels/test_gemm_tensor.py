@@ -14,14 +14,29 @@ tf32 or bf16. Two references per output, with u the format's unit roundoff (2^-1
   index off move an element by whole product terms.
 A wrong fragment index, tile edge or split moves an element by a whole product term, ~1/n of its magnitude and
 hundreds of times the bounds here. Outputs start as NaN, so an element no lane wrote fails.
+The epilogues (the shared-memory staging of the accumulators to global memory) also run under the simulator: a test
+kernel lays a matrix out in the lanes' accumulators as the mma leaves them and hands them to each epilogue.
 """
 
 import numpy as np
 import pytest
+from numba import cuda, float32, uint32
 
 from fox_numba.agent.dense import dense_kind, precision_dense
 from fox_numba.device.runtime import SIMULATOR
-from fox_numba.kernels.gemm_tensor import TILE, product_error
+from fox_numba.kernels.gemm_tensor import (
+    ACC,
+    MT,
+    NT,
+    THREADS,
+    TILE,
+    epilogue_bwd_in,
+    epilogue_fwd,
+    epilogue_plain,
+    out_col,
+    out_row,
+    product_error,
+)
 from fox_numba.kernels.nn import LinearWeightGrad, linear_backward_input, linear_forward
 from reference import ROUND
 
@@ -151,3 +166,39 @@ def test_bf16_round_is_nearest_with_ties_to_even(rng):
     got = ROUND["bf16"](x).astype(np.float64)
     np.testing.assert_array_equal(got, want)
     assert (d_low[-4000:] == d_high[-4000:]).all() and (got[-4000:] != low[-4000:]).any()  # ties, both ways
+
+
+@cuda.jit
+def _epilogues(src, b, act, y, dx, plain):
+    """Each lane's accumulators hold src at the mma's (row, column) of them (out_row, out_col; 0 outside src), then
+    go through each epilogue: y = src + b with ReLU, dx = src masked by act > 0, plain = src."""
+    acc = cuda.local.array(ACC, float32)
+    row0 = uint32(cuda.blockIdx.y) * TILE
+    col0 = uint32(cuda.blockIdx.x) * TILE
+    tid = uint32(cuda.threadIdx.x)
+    for i in range(MT):
+        for j in range(NT):
+            for e in range(4):
+                r = out_row(row0, tid, i) + e // 2 * 8
+                c = out_col(col0, tid, j) + e % 2
+                acc[(i * NT + j) * 4 + e] = src[r, c] if r < src.shape[0] and c < src.shape[1] else float32(0)
+    epilogue_fwd(y, b, 1, row0, col0, tid, acc)
+    epilogue_bwd_in(dx, act, 1, row0, col0, tid, acc)
+    epilogue_plain(plain, b, 0, row0, col0, tid, acc)
+
+
+def test_epilogues_write_every_accumulator_to_its_element(stream, stager, rng):
+    """Every output element of a ragged 2 x 2 block grid (200 x 150: partial tiles in both directions) receives the
+    accumulator the mma layout assigns it, through the staging: a lane or row mixed up moves an element to another's
+    value (src is random normal, so two elements never agree), an element left out stays NaN. Against float64:
+    y within one float32 rounding of src + b (then ReLU); dx and plain exact."""
+    rows, cols = 200, 150
+    src, b, act = normal(rng, rows, cols), normal(rng, cols), normal(rng, rows, cols)
+    outs = [stager.upload_new(np.full((rows, cols), np.nan, np.float32)) for _ in range(3)]
+    grid = (-(-cols // TILE), -(-rows // TILE))
+    _epilogues[grid, THREADS, stream](*(stager.upload_new(a) for a in (src, b, act)), *outs)
+    y, dx, plain = (stager.download(o).astype(np.float64) for o in outs)
+    ref = np.maximum(src.astype(np.float64) + b, 0.0)
+    within(y, ref, np.abs(src.astype(np.float64) + b) * 2.0**-24)
+    np.testing.assert_array_equal(dx, np.where(act > 0, src, 0.0))
+    np.testing.assert_array_equal(plain, src)
