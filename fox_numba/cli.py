@@ -26,7 +26,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from fox_numba.config import PRESETS, FoxConfig, check_preset, load_config, parse_override, toml_literal
+from fox_numba.config import PRESETS, FoxConfig, check_preset, load_config, load_run_config, parse_override, toml_literal
 from fox_numba.errors import INTERRUPTS, ConfigError, FoxError, Interrupted
 from fox_numba.market.calendar import CALENDARS
 from fox_numba.market.default import default_definition_path, default_store_path
@@ -379,7 +379,7 @@ def train(
     if resume is not None:
         if preset or config or set_ or store:
             raise ConfigError("--resume continues a run with its own config.toml; drop --preset/--config/--set/--store")
-        cfg, chosen = load_config(path=RunFolder.config_path(resume)), f"of {resume}"
+        cfg, chosen = load_run_config(RunFolder.config_path(resume)), f"of {resume}"
     else:
         cfg, chosen = stage_config(preset, config, set_, store)
     selection = prepare_market(cfg, defer=True)

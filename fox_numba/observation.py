@@ -107,7 +107,7 @@ def column_names(features: FeatureConfig | None = None) -> tuple[str, ...]:
     return market + tuple(f"forecast.h{h}" for h in horizons) + tuple(f"port.{name}" for name, _ in PORTFOLIO)
 
 
-def market_part(z: np.ndarray, day_start: np.ndarray, ema_start: str = "first") -> np.ndarray:
+def market_part(z: np.ndarray, day_start: np.ndarray, ema_start: str) -> np.ndarray:
     """The market part float32 [n, N_MARKET] of normalised features z [n, N_FEATURES] whose days start at
     rows day_start[0] = 0 < ... < day_start[-1] = n (EMAs restart at every day's first row from that row's z, or
     from 0 with ema_start 'zero': features.ema_start; float64 inside)."""
@@ -154,8 +154,8 @@ def observation_table_markdown() -> str:
             f"OBS_DIM = {OBS_DIM} float32 columns: the market part (N_MARKET = {N_MARKET}, precomputed per fold "
             f"on the host) then the portfolio part (N_PORTFOLIO = {N_PORTFOLIO}, computed on the device each "
             "step). Market features are normalised with the fold's training-window statistics and clipped to "
-            "+-features.clip_sigma; EMAs restart at each day's first bar (alpha = 1 - 0.5**(1/h)), from that bar's z "
-            "(features.ema_start = 'first', the default) or from 0 ('zero')."
+            "+-features.clip_sigma; EMAs restart at each day's first bar (alpha = 1 - 0.5**(1/h)), from 0 "
+            "(features.ema_start = 'zero', the default) or from that bar's z ('first')."
         ),
         "",
         "## Market blocks",

@@ -9,11 +9,13 @@ from fox_numba.config import (
     CHOICES,
     CONFIG_DOC_PATH,
     PRESETS,
+    RUN_FIELDS_ADDED,
     SECTIONS,
     FoxConfig,
     config_table_markdown,
     field_help,
     load_config,
+    load_run_config,
     to_toml,
     write_config,
 )
@@ -132,6 +134,24 @@ def test_written_config_reads_back_identically(tmp_path):
     assert "# Adam base learning rate" in path.read_text()
     assert tomllib.loads(path.read_text())["learner"]["lr"] == 1.25e-5
     assert list(tmp_path.joinpath("run").iterdir()) == [path]  # no temporary file left behind
+
+
+def test_a_run_config_without_a_later_field_keeps_the_value_its_run_used(tmp_path):
+    """A run's config.toml written before a RUN_FIELDS_ADDED field existed (its line removed here) reads back with
+    the value that run trained with, not today's default; a run that wrote the field keeps what it wrote."""
+    cfg = load_config("smoke", overrides=["learner.lr=1.25e-5"])
+    path = write_config(cfg, tmp_path / "config.toml")
+    assert load_run_config(path) == cfg
+    for key, value in RUN_FIELDS_ADDED.items():
+        section, name = key.split(".")
+        assert getattr(getattr(cfg, section), name) != value, f"{key}: the default changed, so the value differs"
+        lines = path.read_text().splitlines()
+        older = tmp_path / f"older_{name}.toml"
+        older.write_text("\n".join(line for line in lines if not line.startswith(f"{name} = ")) + "\n")
+        got = load_run_config(older)
+        assert getattr(getattr(got, section), name) == value
+        assert getattr(getattr(load_config("smoke", older), section), name) != value  # a plain config file: default
+        assert got.learner.lr == 1.25e-5
 
 
 def test_to_toml_covers_every_field():

@@ -37,7 +37,7 @@ from fox_numba.agent.evaluator import eval_network  # noqa: E402
 from fox_numba.agent.fold_market import FoldMarket  # noqa: E402
 from fox_numba.agent.network import ParamLayout  # noqa: E402
 from fox_numba.checkpoint import load_checkpoint  # noqa: E402
-from fox_numba.config import load_config  # noqa: E402
+from fox_numba.config import load_run_config  # noqa: E402
 from fox_numba.device.staging import Stager  # noqa: E402
 from fox_numba.device.runtime import new_stream  # noqa: E402
 from fox_numba.market.select import select_market  # noqa: E402
@@ -50,7 +50,7 @@ from fox_numba.walkforward.probe import probe_baseline  # noqa: E402
 def run_folds(run: Path) -> list[dict[str, Any]]:
     """Per fold of a finished run: the agent's, the signal's and the probe's validation Sharpe, daily and per bar,
     and the signal's validation R^2."""
-    cfg = load_config(path=run / "config.toml")
+    cfg = load_run_config(run / "config.toml")
     selection = select_market(cfg.market)
     folds = make_folds(cfg.folds, selection.days)
     features = load_features(cfg, selection)

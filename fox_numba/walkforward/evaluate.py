@@ -17,8 +17,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from fox_numba.agent.evaluator import Evaluator, eval_network
 from fox_numba.agent.fold_market import (
     BOOK_ARRAYS,
@@ -30,7 +28,7 @@ from fox_numba.agent.fold_market import (
 )
 from fox_numba.agent.network import ParamLayout
 from fox_numba.checkpoint import load_checkpoint, require_checkpoint
-from fox_numba.config import FoxConfig, load_config, parse_override, set_value
+from fox_numba.config import FoxConfig, load_run_config, parse_override, set_value
 from fox_numba.device.runtime import new_stream
 from fox_numba.device.staging import Stager
 from fox_numba.errors import InputError
@@ -62,7 +60,7 @@ def evaluate_checkpoint(checkpoint: Path, *, store: str | None, overrides: list[
     oracle (on a synthetic store)."""
     require_checkpoint(checkpoint)  # before its run's config.toml, which a missing checkpoint lacks too
     run_dir = checkpoint.resolve().parent.parent
-    cfg = load_config(path=run_dir / "config.toml")
+    cfg = load_run_config(run_dir / "config.toml")
     layout = ParamLayout.build(obs_dim(cfg.features), cfg.network)
     ck = load_checkpoint(checkpoint, expected_fingerprints={"params": layout.fingerprint})
     if store is None and not overrides:

@@ -58,7 +58,7 @@ from fox_numba.checkpoint import (
     remove_stale_temporaries,
     save_checkpoint,
 )
-from fox_numba.config import FoxConfig, load_config, write_config
+from fox_numba.config import FoxConfig, load_run_config, write_config
 from fox_numba.errors import ConfigError, InputError
 from fox_numba.io import atomic_path, atomic_write_text
 from fox_numba.walkforward.folds import Fold
@@ -246,7 +246,7 @@ class RunFolder:
     # ---- contents ----------------------------------------------------------------------------------
     def config(self) -> FoxConfig:
         """The run's resolved config, as written at creation."""
-        return load_config(path=self.path / CONFIG)
+        return load_run_config(self.path / CONFIG)
 
     def config_toml(self) -> str:
         return (self.path / CONFIG).read_text(encoding="utf-8")

@@ -52,11 +52,12 @@ def test_tensors_are_the_fold_rows_normalised_on_the_training_rows(fs):
     z = apply_normaliser(fs.values[rows], stats, FEATURES.clip_sigma)
     np.testing.assert_array_equal(fm.day_start, [0, 12, 16, 27, 37, 45, 52])
     np.testing.assert_array_equal(fm.day_first[[0, 11, 12, 15, 16, 51]], [0, 0, 12, 12, 16, 45])
-    np.testing.assert_array_equal(fm.market_obs, market_part(z, fm.day_start))
+    np.testing.assert_array_equal(fm.market_obs, market_part(z, fm.day_start, FEATURES.ema_start))
     assert fm.market_obs.shape == (52, N_MARKET) and fm.market_obs.dtype == np.float32
-    zero = FoldMarket.build(fs, WINDOWS, FeatureConfig(ema_start="zero"), ENV)
-    np.testing.assert_array_equal(zero.market_obs, market_part(z, fm.day_start, "zero"))
-    assert not np.array_equal(zero.market_obs, fm.market_obs), "features.ema_start reaches the observation"
+    other = "first" if FEATURES.ema_start == "zero" else "zero"
+    changed = FoldMarket.build(fs, WINDOWS, dataclasses.replace(FEATURES, ema_start=other), ENV)
+    np.testing.assert_array_equal(changed.market_obs, market_part(z, fm.day_start, other))
+    assert not np.array_equal(changed.market_obs, fm.market_obs), "features.ema_start reaches the observation"
     raw = fs.raw
     for name in ("bid_px", "ask_px", "mid", "trade_lo", "trade_hi"):
         np.testing.assert_array_equal(getattr(fm, name), getattr(raw, name)[rows], err_msg=name)

@@ -23,7 +23,11 @@ def test_a_mean_head_trainer_collects_trains_and_evaluates_on_the_head_values(ha
     trainer.collect()
     step = [r.kernel.rsplit(".", 1)[1] for r in trainer.collector.graph.launches]
     at = step.index("action_select_heads_kernel")
-    assert step[at - 1] == "dense_fwd"
+    # dense forwards (the strided kernel under the simulator, tiled GEMMs linear_fwd_* on the GPU): the trunk's
+    # layers, the heads, then the mean head's layer, right before action selection
+    forwards = step[step.index("gather_obs_kernel") + 1 : at]
+    assert all(k == "dense_fwd" or k.startswith("linear_fwd") for k in forwards)
+    assert len(forwards) == rt.cfg.network.n_layers + 2
     stats = trainer.train(lambda: None)
     assert np.isfinite(stats["loss_mean"]) and stats["loss_mean"] > 0 and stats["mean_gap"] > 0
     days = trainer.evaluate()[0]

@@ -52,7 +52,7 @@ def ema_reference(z, day_start, ema_start="first"):
 def test_market_part_matches_the_reference_and_restarts_each_day(rng):
     z = rng.normal(size=(23, ob.N_FEATURES)).astype(np.float32)
     day_start = np.array([0, 9, 10, 23])
-    got = ob.market_part(z, day_start)
+    got = ob.market_part(z, day_start, "first")
     assert got.dtype == np.float32 and got.shape == (23, ob.N_MARKET)
     np.testing.assert_allclose(got, ema_reference(z, day_start), rtol=1e-6, atol=1e-6)
     np.testing.assert_array_equal(got[[0, 9, 10], 32:64], z[[0, 9, 10]], err_msg="the EMAs restart at a day's first bar")
@@ -71,18 +71,18 @@ def test_market_part_zero_start_matches_the_reference(rng):
         np.testing.assert_allclose(got[[0, 9, 10], block], ob.ema_alpha(h) * z[[0, 9, 10]].astype(np.float64),
                                    rtol=1e-6)
     np.testing.assert_array_equal(got[:, : ob.N_FEATURES], z)
-    assert not np.allclose(got[1:9, 32:], ob.market_part(z, day_start)[1:9, 32:]), "the two starts must differ"
+    assert not np.allclose(got[1:9, 32:], ob.market_part(z, day_start, "first")[1:9, 32:]), "the two starts must differ"
 
 
 def test_market_part_has_no_look_ahead(rng):
     """Changing every row after r changes no market row at or before r."""
     z = rng.normal(size=(15, ob.N_FEATURES)).astype(np.float32)
     day_start = np.array([0, 6, 15])
-    base = ob.market_part(z, day_start)
+    base = ob.market_part(z, day_start, "first")
     for r in range(14):
         changed = z.copy()
         changed[r + 1 :] = rng.normal(size=changed[r + 1 :].shape)
-        got = ob.market_part(changed, day_start)
+        got = ob.market_part(changed, day_start, "first")
         np.testing.assert_array_equal(got[: r + 1], base[: r + 1])
         assert not np.array_equal(got[r + 1 :], base[r + 1 :])
 
@@ -90,10 +90,10 @@ def test_market_part_has_no_look_ahead(rng):
 def test_market_part_rejects_bad_input():
     z = np.zeros((5, ob.N_FEATURES), np.float32)
     with pytest.raises(ValueError, match="z must be"):
-        ob.market_part(z[:, :3], np.array([0, 5]))
+        ob.market_part(z[:, :3], np.array([0, 5]), "first")
     with pytest.raises(ValueError, match="day_start must run"):
-        ob.market_part(z, np.array([0, 4]))
+        ob.market_part(z, np.array([0, 4]), "first")
     with pytest.raises(ValueError, match="strictly increasing"):
-        ob.market_part(z, np.array([0, 2, 2, 5]))
+        ob.market_part(z, np.array([0, 2, 2, 5]), "first")
     with pytest.raises(ValueError, match="ema_start"):
         ob.market_part(z, np.array([0, 5]), "last")
