@@ -486,6 +486,16 @@ class LearnerConfig:
         "(network.position_cross): the value of holding is bilinear in the two (tools/results/"
         "learner_ablation_h200.md sections 27, 29). Needs learner.counterfactual.",
     )
+    counterfactual_history: int = opt(
+        0,
+        "With counterfactual_held, the longest history in bars a re-held long or short position is given: held k "
+        "bars, entered at the mid k - 1 bars before the drawn one, k uniform in [1, min(bars since the day's first "
+        "+ 1, this)] (kernels/counterfactual.py), so its unrealised PnL and bars-in-position columns take the "
+        "values held positions have. 0: one bar at the drawn bar's mid (unrealised PnL 0). In the linear fit of "
+        "the agent's counterfactual batch (tools/port_probe.py, default market, 5 seeds) one bar lost 7.2 daily "
+        "Sharpe on fold 0 against no portfolio columns, histories of up to 60 bars won back 4.2 of it and fold 1 "
+        "was unchanged (tools/results/learner_ablation_h200.md section 42).",
+    )
 
 
 @dataclass

@@ -30,6 +30,12 @@ the taken one included, is priced from it as above (the draws are uniform, so wh
 independent of their content). The value of holding is bilinear in the position and the market; the policy's own
 positions alone leave that term fitted on one side of q per market state (tools/results/learner_ablation_h200.md
 section 29).
+Re-held histories (learner.counterfactual_history H > 0): a re-held long or short position has been held k bars,
+entered at mid[b - k + 1] (k = 1 is the rule above), k = 1 + floor(u min(b - day_first[b] + 1, H)) with u the
+counter-based uniform of kernels/dropout.py `hash_uniform(idx[i], i, 0, b)` (the replay slot drawn, the transition's
+place in the batch, the bar): the unrealised PnL and bars-in-position columns then take the values held positions
+have, where one bar at this bar's mid sets them to 0 and 1 whatever the market did, so a head that reads them learns
+from re-held states unlike every state it acts in (tools/port_probe.py; learner_ablation_h200.md section 42).
 A stored transition this model cannot price (a resting order in its state, or a taken order type other than Market)
 gets NaN rewards on its untaken rows, so the learner's non-finite guard skips the step instead of training on a
 wrong target; the config checks (agent/learner.py) keep such transitions out of the replay.
@@ -43,11 +49,12 @@ import math
 from typing import Any
 
 import numpy as np
-from numba import cuda, float32, float64, int32
+from numba import cuda, float32, float64, int32, uint64
 
 from fox_numba.actions import FLAT, HOLD, N_BRANCHES, N_DIRECTIONS, OrderType
 from fox_numba.device.launch import check_array, launch
 from fox_numba.device.registry import register
+from fox_numba.kernels.dropout import hash_uniform
 from fox_numba.kernels.env import (
     N_PARAMS,
     PRM_BEYOND_TICKS,
@@ -73,12 +80,12 @@ _F64_1D, _F64_2D = float64[::1], float64[:, ::1]
 _I32_1D, _I32_2D = int32[::1], int32[:, ::1]
 
 
-@register((_F64_2D, _F64_2D, _F32_2D, _F32_2D, _F64_1D, _F64_1D, _F64_1D, int32, int32,
+@register((_F64_2D, _F64_2D, _F32_2D, _F32_2D, _F64_1D, _I32_1D, _F64_1D, _F64_1D, int32, int32, int32,
            _I32_1D, _I32_1D, _F32_2D, _I32_2D, _F32_1D, _F32_1D,
            _I32_1D, _F32_2D, _I32_2D, _F32_1D, _F32_1D))  # fmt: skip
 @cuda.jit
-def counterfactual_batch_kernel(bid_px, ask_px, bid_sz, ask_sz, mid, params, entry, magnitude, held,
-                                idx, rows_in, port_in, actions_in, rewards_in, discounts_in,
+def counterfactual_batch_kernel(bid_px, ask_px, bid_sz, ask_sz, mid, day_first, params, entry, magnitude, held,
+                                history, idx, rows_in, port_in, actions_in, rewards_in, discounts_in,
                                 rows, port, actions, rewards, discounts):  # fmt: skip
     """Output row j = 4 i + d of the pseudo-batch (module header)."""
     j = cuda.grid(1)
@@ -118,10 +125,15 @@ def counterfactual_batch_kernel(bid_px, ask_px, bid_sz, ask_sz, mid, params, ent
     pos0 = int32(round(float64(port_in[i, PORT_POSITION]) * max_pos))
     bars0 = int32(round(float64(port_in[i, PORT_BARS_IN_POS]) * episode_bars))
     avg = entry[idx[i]] if pos0 != 0 else 0.0
-    if rehold:  # short, flat or long T contracts, entered at this bar's mid one bar ago
+    if rehold:  # short, flat or long T contracts, held k bars (one, or a drawn history: module header)
         pos0 = (i % N_DIRECTIONS - 2) * int32(params[PRM_TARGET_0 + magnitude])
-        bars0 = 1 if pos0 != 0 else 0
-        avg = mid[b] if pos0 != 0 else 0.0
+        k = 1
+        span = min(b - day_first[b] + 1, history)
+        if span > 1:
+            u = hash_uniform(uint64(idx[i]), uint64(i), 0, uint64(b))
+            k = 1 + int32(float64(u) * span)
+        bars0 = k if pos0 != 0 else 0
+        avg = mid[b - k + 1] if pos0 != 0 else 0.0
         _write_port(port, j, pos0, avg, bars0, 0, 0.0, mid[b], b, b, params)
         port[j, PORT_BARS_LEFT] = port_in[i, PORT_BARS_LEFT]
     end = port_in[n + i, PORT_BARS_LEFT] <= float32(0.0)
@@ -157,23 +169,27 @@ def counterfactual_batch_kernel(bid_px, ask_px, bid_sz, ask_sz, mid, params, ent
 
 
 def counterfactual_batch(market: Any, params: Any, entry: Any, magnitude: int, batch: Any, out: Any, *,
-                         held: bool = False, stream: Any) -> None:  # fmt: skip
+                         held: bool = False, history: int = 0, stream: Any) -> None:  # fmt: skip
     """The pseudo-batch `out` (B = 4 n rows, agent/replay.py ReplayBatch) of the n transitions in `batch` (its idx,
     rows, port, actions, rewards, discounts; one-step: s' is the next bar), rules in the module header. market: the
-    fold's device book (FoldMarketDevice: bid_px, ask_px, bid_sz, ask_sz, mid); params float64 [N_PARAMS] (the
-    environment's, kernels/env.py); entry float64 [C] (the replay's average entry prices, by slot); magnitude: the
-    fixed magnitude bin of Short and Long; `held`: re-hold three of every four transitions at -T, 0, +T."""
+    fold's device book (FoldMarketDevice: bid_px, ask_px, bid_sz, ask_sz, mid, day_first); params float64 [N_PARAMS]
+    (the environment's, kernels/env.py); entry float64 [C] (the replay's average entry prices, by slot); magnitude:
+    the fixed magnitude bin of Short and Long; `held`: re-hold three of every four transitions at -T, 0, +T;
+    `history`: the longest history a re-held position is drawn (0 or 1: one bar at this bar's mid)."""
     n, n_out = batch.size, out.size
     if n_out != N_DIRECTIONS * n:
         raise ValueError(f"the counterfactual batch holds {N_DIRECTIONS} rows per transition: {n_out} for {n}")
     if not 0 <= magnitude < 3:
         raise ValueError(f"magnitude must be a bin 0..2, got {magnitude}")
+    if history < 0:
+        raise ValueError(f"history must be >= 0 bars, got {history}")
     n_bars = market.mid.shape[0]
     for name in ("bid_px", "ask_px"):
         check_array(name, getattr(market, name), f"[n_bars, {N_LEVELS}]", (n_bars, N_LEVELS), np.float64)
     for name in ("bid_sz", "ask_sz"):
         check_array(name, getattr(market, name), f"[n_bars, {N_LEVELS}]", (n_bars, N_LEVELS), np.float32)
     check_array("mid", market.mid, "[n_bars]", (n_bars,), np.float64)
+    check_array("day_first", market.day_first, "[n_bars]", (n_bars,), np.int32)
     check_array("params", params, f"[{N_PARAMS}]", (N_PARAMS,), np.float64)
     check_array("entry", entry, "[C]", (entry.shape[0],), np.float64)
     for name, size in (("batch", n), ("out", n_out)):
@@ -185,6 +201,7 @@ def counterfactual_batch(market: Any, params: Any, entry: Any, magnitude: int, b
         check_array(f"{name}.discounts", b.discounts, "[B]", (size,))
     check_array("batch.idx", batch.idx, "[B]", (n,), np.int32)
     launch(counterfactual_batch_kernel, n_out, market.bid_px, market.ask_px, market.bid_sz, market.ask_sz, market.mid,
-           params, entry, np.int32(magnitude), np.int32(held), batch.idx, batch.rows, batch.port, batch.actions,
+           market.day_first, params, entry, np.int32(magnitude), np.int32(held), np.int32(history), batch.idx,
+           batch.rows, batch.port, batch.actions,
            batch.rewards, batch.discounts, out.rows, out.port, out.actions, out.rewards, out.discounts,
            stream=stream, block=thread_block(n_out))  # fmt: skip

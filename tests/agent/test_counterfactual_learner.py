@@ -38,6 +38,15 @@ def test_held_positions_need_counterfactual_targets():
     check_counterfactual(load_config("smoke", overrides=[*ON, "learner.counterfactual_held=true"]))
 
 
+def test_held_histories_need_held_positions_and_a_length():
+    held = [*ON, "learner.counterfactual_held=true"]
+    check_counterfactual(load_config("smoke", overrides=[*held, "learner.counterfactual_history=60"]))
+    with pytest.raises(ConfigError, match="learner.counterfactual_history needs learner.counterfactual_held"):
+        check_counterfactual(load_config("smoke", overrides=[*ON, "learner.counterfactual_history=60"]))
+    with pytest.raises(ConfigError, match="learner.counterfactual_history must be >= 0"):
+        check_counterfactual(load_config("smoke", overrides=[*held, "learner.counterfactual_history=-1"]))
+
+
 def test_a_counterfactual_trainer_trains_every_direction_head_on_every_draw(four_day_store):
     rt = real_trainer(four_day_store, [*SMALL, "learner.batch_size=8", *ON])
     trainer, stager = rt.trainer, rt.trainer.stager

@@ -6,7 +6,9 @@ mode with five-bar episodes (forced closes and auto-resets). Before every step e
 and stepped once with each of the four directions: those are the expected rows of the pseudo-batch. Every output
 element is checked: the copied ones exactly, the computed rewards and next portfolios to float32 tolerance. With
 held positions (`held=True`), transitions k = 1, 2, 3 mod 4 are also stepped from a copy re-held at (k mod 4 - 2) T
-contracts, entered at the bar's mid one bar earlier, with no resting order: those are their expected rows.
+contracts, entered at the bar's mid one bar earlier, with no resting order: those are their expected rows. With a
+history (`history=H`), the copy has been held a drawn number of bars, entered at that many bars' earlier mid, the
+draw computed here from tests/reference.py's twin of the counter-based hash.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import copy
 
 import numpy as np
 import pytest
+from reference import hash_uniform64
 from reference_env import F32_TOL, Params, ReferenceEnv, Windows, env_config, random_feature_set
 
 from fox_numba.agent.environment import env_params
@@ -23,7 +26,7 @@ from fox_numba.agent.replay import ReplayBatch
 from fox_numba.config import FeatureConfig
 from fox_numba.device.rng import xoroshiro_states_host
 from fox_numba.kernels.counterfactual import counterfactual_batch
-from fox_numba.observation import PORT_BARS_LEFT, PORT_ORDER_SIDE, PORT_POSITION
+from fox_numba.observation import PORT_BARS_IN_POS, PORT_BARS_LEFT, PORT_ORDER_SIDE, PORT_POSITION
 
 SHORT, HOLD, LONG, FLAT = range(4)
 GAMMA = 0.9
@@ -35,8 +38,10 @@ def _action(d: int, magnitude: int, urgency: int) -> list[int]:
     return [d, magnitude if d in (SHORT, LONG) else 0, 0, urgency]
 
 
-def reference_transitions(seed: int, magnitude: int) -> tuple[FoldMarket, object, dict[str, np.ndarray]]:
-    """The market, its env config and the stored transitions with every direction's expected outcome."""
+def reference_transitions(seed: int, magnitude: int,
+                          history: int = 0) -> tuple[FoldMarket, object, dict[str, np.ndarray]]:  # fmt: skip
+    """The market, its env config and the stored transitions with every direction's expected outcome (re-held with
+    histories of up to `history` bars)."""
     rng = np.random.default_rng(seed)
     fs = random_feature_set(rng, [12, 9, 3, 10, 8])
     env = env_config(episode_bars=5)
@@ -50,7 +55,8 @@ def reference_transitions(seed: int, magnitude: int) -> tuple[FoldMarket, object
         for i, e in enumerate(ref.envs):
             urgency = int(rng.integers(0, 3))
             outs = [ref.step_one(i, copy.deepcopy(e), _action(d, magnitude, urgency), 0.05) for d in range(4)]
-            held = reheld(ref, e, (len(rec["row"]) % 4 - 2) * ref.p.targets[magnitude])
+            n = len(rec["row"])  # the transition's place in the batch, and its replay slot (run_kernel's idx)
+            held = reheld(ref, e, (n % 4 - 2) * ref.p.targets[magnitude], held_bars(market, e.row, n, history))
             held_outs = [ref.step_one(i, copy.deepcopy(held), _action(d, magnitude, urgency), 0.05) for d in range(4)]
             rec["held_port"].append(list(held.port))
             rec["held_reward"].append([o.reward for o in held_outs])
@@ -72,11 +78,20 @@ def reference_transitions(seed: int, magnitude: int) -> tuple[FoldMarket, object
     return market, env, arrays
 
 
-def reheld(ref: ReferenceEnv, e, pos: int):
-    """A copy of environment state e holding `pos` contracts entered at its bar's mid one bar ago, no resting order."""
+def held_bars(market: FoldMarket, row: int, i: int, history: int) -> int:
+    """Bars a re-held position of transition i (replay slot i) at `row` has been held: 1 + floor(u span), span =
+    min(bars since the day's first + 1, history), u the hash of (slot, place, 0, row); 1 when span <= 1."""
+    span = min(row - int(market.day_first[row]) + 1, history)
+    return 1 + int(np.floor(hash_uniform64(i, i, 0, row) * span)) if span > 1 else 1
+
+
+def reheld(ref: ReferenceEnv, e, pos: int, bars: int = 1):
+    """A copy of environment state e holding `pos` contracts for `bars` bars, entered at the mid bars - 1 bars before
+    its bar (one bar: at its bar's mid), no resting order."""
     h = copy.deepcopy(e)
     mid = float(ref.m.mid[h.row])
-    h.pos, h.bars_in_pos, h.avg = pos, int(pos != 0), mid if pos != 0 else 0.0
+    h.pos, h.bars_in_pos = pos, bars if pos != 0 else 0
+    h.avg = float(ref.m.mid[h.row - bars + 1]) if pos != 0 else 0.0
     h.oside = h.osize = h.olife = 0
     h.oprice = h.oqueue = 0.0
     bars_left = h.port[PORT_BARS_LEFT]
@@ -86,7 +101,7 @@ def reheld(ref: ReferenceEnv, e, pos: int):
 
 
 def run_kernel(stager, market, env, t: dict[str, np.ndarray], magnitude: int,
-               held: bool = False) -> dict[str, np.ndarray]:  # fmt: skip
+               held: bool = False, history: int = 0) -> dict[str, np.ndarray]:  # fmt: skip
     n = len(t["row"])
     batch, out = ReplayBatch(n, stream=stager.stream), ReplayBatch(4 * n, stream=stager.stream)
     stager.upload(np.arange(n, dtype=np.int32), batch.idx)
@@ -97,7 +112,8 @@ def run_kernel(stager, market, env, t: dict[str, np.ndarray], magnitude: int,
     stager.upload((GAMMA * (1.0 - t["done"])).astype(np.float32), batch.discounts)
     params = stager.upload_new(env_params(market, env, FeatureConfig()))
     entry = stager.upload_new(t["entry"].astype(np.float64))
-    counterfactual_batch(market.upload(stager), params, entry, magnitude, batch, out, held=held, stream=stager.stream)
+    counterfactual_batch(market.upload(stager), params, entry, magnitude, batch, out, held=held, history=history,
+                         stream=stager.stream)  # fmt: skip
     return {k: stager.download(getattr(out, k)) for k in ("rows", "port", "actions", "rewards", "discounts")}
 
 
@@ -127,13 +143,14 @@ def test_every_direction_matches_the_reference_environment(stager, magnitude):
     assert t["done"].any() and (t["port"][:, 0] != 0).any()  # forced closes and held positions were priced
 
 
-@pytest.mark.parametrize("magnitude", [0, 2])
-def test_held_positions_match_the_reference_environment(stager, magnitude):
-    """held=True: transition k = 0 mod 4 as without it; the others from their re-held state, every direction priced
-    (the taken one too), the s rows' portfolio that state's."""
-    market, env, t = reference_transitions(21 + magnitude, magnitude)
+@pytest.mark.parametrize(("magnitude", "history"), [(0, 0), (2, 0), (1, 6)])
+def test_held_positions_match_the_reference_environment(stager, magnitude, history):
+    """held=True: transition k = 0 mod 4 as without it; the others from their re-held state (held one bar, or a drawn
+    history of up to `history` bars), every direction priced (the taken one too), the s rows' portfolio that
+    state's."""
+    market, env, t = reference_transitions(21 + magnitude, magnitude, history)
     n = len(t["row"])
-    got = run_kernel(stager, market, env, t, magnitude, held=True)
+    got = run_kernel(stager, market, env, t, magnitude, held=True, history=history)
     plain = run_kernel(stager, market, env, t, magnitude)
     i = np.repeat(np.arange(n), 4)
     d = np.tile(np.arange(4), n)
@@ -154,6 +171,8 @@ def test_held_positions_match_the_reference_environment(stager, magnitude):
     stored = np.round(t["port"][i, PORT_POSITION] * env.max_position)
     assert (positions[held] != stored[held]).mean() > 0.3  # most re-held states differ from the stored ones
     assert not np.allclose(got["rewards"][held], plain["rewards"][held])  # and so do their rewards
+    bars = np.round(got["port"][: 4 * n, PORT_BARS_IN_POS] * env.episode_bars)[held & (positions != 0)]
+    assert (bars > 1).any() == (history > 1) and (bars >= 1).all()  # histories drawn only when asked for
 
 
 def test_a_transition_it_cannot_price_makes_its_untaken_rows_nan(stager):

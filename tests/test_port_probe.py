@@ -1,0 +1,100 @@
+"""tools/port_probe.py: the portfolio columns, the re-held histories and the counterfactual batch's gradient, each
+against a loop written from the module header, every element, on small seeded inputs."""
+
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+
+from port_probe import PORT_COLUMNS, Book, batch_grad, held_states, step_portfolio, trade_day  # noqa: E402
+from td_probe import Rows, next_position  # noqa: E402
+
+DAY_START = np.array([0, 9, 20])
+
+
+def book(rng: np.random.Generator) -> Book:
+    mid = 100.0 + np.cumsum(rng.normal(0.0, 0.5, DAY_START[-1]))
+    return Book.of(mid, DAY_START, 20, max_position=4, episode_bars=6)
+
+
+def test_columns_and_steps_follow_the_position_history(rng):
+    b = book(rng)
+    moves = np.concatenate([np.diff(b.mid[0:9]), np.diff(b.mid[9:20])])
+    assert b.risk == 4 * np.std(moves)
+    t, q = np.array([3, 12, 15]), np.array([1.0, -1.0, 0.0])
+    entry, bars = np.array([99.0, 101.0, 0.0]), np.array([2, 9, 0])
+    got = b.columns(t, q, entry, bars)
+    for k in range(3):
+        u = float(np.clip(q[k] * (b.mid[t[k]] - entry[k]) / b.risk, -5, 5)) if q[k] else 0.0
+        h = min(bars[k] / 6, 1.0) if q[k] else 0.0
+        left = min((b.last_row[t[k]] - t[k]) / 6, 1.0)
+        np.testing.assert_allclose(got[k], [u, h, left], rtol=0, atol=1e-12)
+    np.testing.assert_array_equal(b.first[[0, 8, 9, 19]], [0, 0, 9, 9])
+    np.testing.assert_array_equal(b.last_row[[0, 8, 9, 19]], [8, 8, 19, 19])
+    # kept side: same entry, one bar more; a flip or an entry: this bar's mid, one bar; flat: none
+    e, h = step_portfolio(np.array([1.0, 1.0, 0.0, -1.0]), np.array([99.0, 99.0, 0.0, 98.0]), np.array([3, 3, 0, 4]),
+                          np.array([1.0, -1.0, 1.0, 0.0]), np.array([100.0, 100.0, 100.0, 100.0]))
+    np.testing.assert_array_equal(e, [99.0, 100.0, 100.0, 100.0])
+    np.testing.assert_array_equal(h, [4, 1, 1, 0])
+
+
+def test_re_held_states_one_bar_or_a_history_inside_the_day(rng):
+    b = book(rng)
+    t = rng.integers(0, 19, 400)
+    q, entry, bars = held_states(b, t, "agent", 60, rng)
+    np.testing.assert_array_equal(q, np.arange(400) % 4 - 2)
+    held = q != 0
+    np.testing.assert_array_equal(entry[held], b.mid[t[held]])
+    assert (bars[held] == 1).all() and (bars[~held] == 0).all() and (entry[~held] == 0).all()
+    q, entry, bars = held_states(b, t, "history", 5, rng)
+    span = np.minimum(t - b.first[t], 5)
+    assert (bars[held] >= 1).all() and (bars[held] <= np.maximum(span[held], 1)).all()
+    assert len(np.unique(bars[held])) == 5  # every history length drawn
+    np.testing.assert_array_equal(entry[held], b.mid[np.maximum(t - bars, b.first[t])[held]])
+
+
+def test_batch_gradient_matches_a_loop_over_rows_and_directions(rng):
+    b = book(rng)
+    x = rng.normal(size=(20, 3))
+    xb = np.hstack([x, np.ones((20, 1))])
+    reward = np.full(20, np.nan)
+    last = np.zeros(20, bool)
+    for a, e in zip(DAY_START[:-1], DAY_START[1:], strict=True):
+        reward[a : e - 1] = np.diff(b.mid[a:e])
+        last[e - 2] = True
+    rows = Rows(np.flatnonzero(np.isfinite(reward)), reward, last, reward.copy(), cost=rng.uniform(0.05, 0.2, 20))
+    cols = PORT_COLUMNS["agent"]
+    w, w_tgt = rng.normal(size=(2 * 4 + 3, 4)), rng.normal(size=(2 * 4 + 3, 4))
+    t = np.array([1, 7, 10, 18])
+    q, entry, bars = np.array([1.0, -1.0, 0.0, 1.0]), np.array([100.5, 99.0, 0.0, 101.0]), np.array([3, 1, 0, 7])
+    got = batch_grad(xb, b, rows, t, q, entry, bars, w, w_tgt, 0.9, cols)
+
+    def phi(r, q_, e_, h_):
+        port = b.columns(np.array([r]), np.array([q_]), np.array([e_]), np.array([h_]))[0]
+        return np.concatenate([xb[r], [q_], q_ * xb[r, :-1], port])
+
+    want = np.zeros_like(w)
+    for k, r in enumerate(t):
+        f = phi(r, q[k], entry[k], bars[k])
+        for d, qn in enumerate(next_position(q[k])):
+            kept = qn == q[k] and q[k] != 0
+            e2, h2 = (entry[k], bars[k] + 1) if kept else (b.mid[r], 1 if qn != 0 else 0)
+            future = -rows.cost[r + 1] * abs(qn) if last[r] else 0.9 * max(phi(r + 1, qn, e2, h2) @ w_tgt)
+            y = -rows.cost[r] * abs(qn - q[k]) + qn * reward[r] + future
+            want[:, d] += 2.0 * f * (f @ w[:, d] - y) / len(t)
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+
+
+def test_a_day_traded_by_argmax_ends_flat_and_tracks_its_entries(rng):
+    b = book(rng)
+    xb = np.hstack([rng.normal(size=(20, 3)), np.ones((20, 1))])
+    w = rng.normal(size=(2 * 4 + 3, 4))
+    after, held, entry, bars = trade_day(xb, b, 9, 20, w, PORT_COLUMNS["agent"])
+    assert after[-1] == 0 and held[0] == 0 and (np.abs(after) <= 1).all()
+    np.testing.assert_array_equal(held[1:], after[:-1])
+    for k in range(1, 11):  # each bar's history follows step_portfolio from the one before
+        e, h = step_portfolio(held[k - 1 : k], entry[k - 1 : k], bars[k - 1 : k], held[k : k + 1],
+                              b.mid[8 + k : 9 + k])
+        assert (entry[k], bars[k]) == (e[0], h[0]) or held[k] == 0

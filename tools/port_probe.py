@@ -1,0 +1,262 @@
+"""Do the agent's portfolio columns cost its counterfactual learner the linear fit's read? (CPU)
+
+    python3 tools/port_probe.py [--store STORE.h5] [--modes plain agent history] [--seeds 0 1 2] \
+        [--set folds.n_folds=1 --set folds.val_days=30 --set folds.step_days=30] [--out tools/results/NAME.md]
+
+The agent with learner.counterfactual + counterfactual_held on the mean head's position x market input (`meancf`)
+earns about half of what the same values earn in tools/td_probe.py's linear fit (`qdir_cross`). That fit differs
+from the agent's learner in two ways this tool separates, on the same four direction values linear in
+[x, 1, q, q x] (x the 128 market columns, q the held position), Adam with the learner's schedule, a Polyak target,
+one-step targets -c |q' - q| + q' r + gamma max_d' Q_target(s', d') (the forced close at a day's end), and the same
+trade by argmax on the validation days:
+
+- the batch: `qdir_cross` prices every direction from all three positions on batch_size rows each step; the agent's
+  counterfactual batch holds batch_size / 4 transitions, one in four at the state its behaviour policy visited and
+  three re-held at -1, 0 and +1 (kernels/counterfactual.py). Here the behaviour policy is the values' own argmax plus
+  env.explore_spread x the return's standard deviation x a normal draw per direction (td_probe's `qdir_cross_draw`
+  rule), re-run over every training day from flat once per epoch (random in the first);
+- the portfolio columns: the agent's heads also read the unrealised PnL u, the bars in position h and the bars left
+  L (observation.PORTFOLIO: u = q (mid - entry) / risk unit clipped to +-5, h = bars / env.episode_bars and L = bars
+  to the day's end / env.episode_bars, both capped at 1). A re-held state enters at the bar's mid one bar earlier:
+  u = 0 and h one bar, whatever the market did; the states the policy visits, and the validation days, carry the
+  position's real history.
+
+Modes (each a row of the table):
+- `plain`: the agent's batch on [x, 1, q, q x] (no portfolio columns): against td_probe's `qdir_cross` row, what the
+  batch's composition costs;
+- `agent`: the agent's batch on [x, 1, q, q x, u, h, L], re-held states as the agent builds them;
+- `history`: the same, each re-held state given a history: entered k bars earlier at that bar's mid, k uniform in
+  [1, min(bars since the day's start, --history-bars)], so u and h take the values a held position has;
+- `left`: the agent's batch on [x, 1, q, q x, L]: the portfolio columns without the position's history.
+
+Fills are at the mid with the cost c (half spread + commission) charged per contract changed, as td_probe's. One
+fold per row of the plan; mean (SE) over the seeds (the seed draws the batches and the behaviour policy's noise).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+sys.path.insert(0, str(ROOT))
+
+from td_probe import Rows, adam, fold_rows, mean_se, next_position, traded_argmax  # noqa: E402
+
+from fox_numba.actions import N_DIRECTIONS  # noqa: E402
+from fox_numba.agent.fold_market import FoldMarket  # noqa: E402
+from fox_numba.config import FeatureConfig, LearnerConfig, load_config  # noqa: E402
+from fox_numba.market.default import ensure_default_store  # noqa: E402
+from fox_numba.market.select import select_market  # noqa: E402
+from fox_numba.observation import N_MARKET, UPNL_CLIP  # noqa: E402
+from fox_numba.walkforward.driver import half_spread, load_features  # noqa: E402
+from fox_numba.walkforward.folds import make_folds  # noqa: E402
+
+PORT_COLUMNS = {"plain": (), "agent": (0, 1, 2), "history": (0, 1, 2), "left": (2,)}
+"""Each mode's portfolio columns, of u, h, L (Book.columns; module header)."""
+MODES = tuple(PORT_COLUMNS)
+
+
+@dataclasses.dataclass(frozen=True)
+class Book:
+    """What the portfolio columns need per row: the mid, the risk unit in price units (env.max_position x the
+    one-bar move's standard deviation), env.episode_bars, each row's day start and day's last row."""
+
+    mid: np.ndarray
+    risk: float
+    episode_bars: int
+    first: np.ndarray
+    last_row: np.ndarray
+
+    @classmethod
+    def of(cls, mid: np.ndarray, day_start: np.ndarray, train_stop: int, max_position: int,
+           episode_bars: int) -> Book:
+        first = np.zeros(len(mid), np.int64)
+        last_row = np.zeros(len(mid), np.int64)
+        moves = []
+        for a, b in zip(day_start[:-1], day_start[1:], strict=True):
+            first[a:b], last_row[a:b] = a, b - 1
+            if b <= train_stop:
+                moves.append(np.diff(mid[a:b]))
+        return cls(mid, max_position * float(np.std(np.concatenate(moves))), episode_bars, first, last_row)
+
+    def columns(self, t: np.ndarray, q: np.ndarray, entry: np.ndarray, bars: np.ndarray) -> np.ndarray:
+        """[n, 3]: u, h, L of rows t held at q entered at `entry` `bars` bars ago (u = h = 0 when flat)."""
+        u = np.where(q != 0, np.clip(q * (self.mid[t] - entry) / self.risk, -UPNL_CLIP, UPNL_CLIP), 0.0)
+        h = np.where(q != 0, np.minimum(bars / self.episode_bars, 1.0), 0.0)
+        left = np.minimum((self.last_row[t] - t) / self.episode_bars, 1.0)
+        return np.stack([u, h, left], axis=1)
+
+
+def features(xb: np.ndarray, q: np.ndarray, port: np.ndarray) -> np.ndarray:
+    """[n, F]: [x, 1, q, q x] of rows xb [n, M + 1] (bias last) at held positions q [n], then the portfolio columns
+    port [n, k] (k may be 0)."""
+    return np.hstack([xb, q[:, None], q[:, None] * xb[:, :-1], port])
+
+
+def step_portfolio(q: np.ndarray, entry: np.ndarray, bars: np.ndarray, q_next: np.ndarray,
+                   mid_now: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(entry, bars) after moving from q to q_next at a bar of mid `mid_now`: a position kept on its side keeps its
+    entry and counts one bar more; a new side enters at the mid with one bar; flat holds none."""
+    kept = (q_next == q) & (q != 0)
+    new_entry = np.where(kept, entry, mid_now)
+    new_bars = np.where(kept, bars + 1, np.where(q_next != 0, 1, 0))
+    return new_entry, new_bars
+
+
+def held_states(book: Book, t: np.ndarray, mode: str, history: int,
+                rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(q, entry, bars) of transitions t re-held at -1, 0, +1 by t's position in the batch (i mod 4 = 1, 2, 3):
+    entered one bar earlier at the bar's mid (`agent`), or k bars earlier at that bar's mid (`history`)."""
+    q = (np.arange(len(t)) % 4 - 2).astype(np.float64)
+    if mode == "history":
+        k = 1 + np.floor(rng.random(len(t)) * np.minimum(t - book.first[t], history)).astype(np.int64)
+        k = np.maximum(k, 1)
+        entry = book.mid[np.maximum(t - k, book.first[t])]
+        return q, np.where(q != 0, entry, 0.0), np.where(q != 0, k, 0)
+    return q, np.where(q != 0, book.mid[t], 0.0), np.where(q != 0, 1, 0)
+
+
+def batch_grad(xb: np.ndarray, book: Book, rows: Rows, t: np.ndarray, q: np.ndarray, entry: np.ndarray,
+               bars: np.ndarray, w: np.ndarray, w_tgt: np.ndarray, gamma: float,
+               cols: tuple[int, ...]) -> np.ndarray:
+    """The squared TD error's gradient of the four direction values w [F, 4] on transitions t held at q (entry,
+    bars), every direction priced: 2 phi^T (phi w - y) / n."""
+    assert rows.cost is not None
+    phi = features(xb[t], q, book.columns(t, q, entry, bars)[:, cols])
+    targets = next_position(q)  # [n, 4]
+    y = np.empty_like(targets)
+    last = rows.last[t]
+    for d in range(N_DIRECTIONS):
+        qn = targets[:, d]
+        e2, b2 = step_portfolio(q, entry, bars, qn, book.mid[t])
+        phi2 = features(xb[t + 1], qn, book.columns(t + 1, qn, e2, b2)[:, cols])
+        future = np.where(last, -rows.cost[t + 1] * np.abs(qn), gamma * (phi2 @ w_tgt).max(axis=1))
+        y[:, d] = -rows.cost[t] * np.abs(qn - q) + qn * rows.reward[t] + future
+    return 2.0 * phi.T @ (phi @ w - y) / len(t)
+
+
+def trade_day(xb: np.ndarray, book: Book, a: int, b: int, w: np.ndarray, cols: tuple[int, ...],
+              noise: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Rows [a, b) of one day traded from flat by the argmax of the values (plus `noise` [b - a, 4] when given),
+    flat at the last row: (position after each row's decision, and the held q, entry and bars entering it)."""
+    n = b - a
+    held, entry, bars, after = np.zeros(n), np.zeros(n), np.zeros(n, np.int64), np.zeros(n)
+    q, e, h = 0.0, 0.0, 0
+    m1 = xb.shape[1]
+    base = xb[a:b] @ w[:m1]
+    slope = w[m1] + xb[a:b, :-1] @ w[m1 + 1 : 2 * m1]
+    rows = np.arange(a, b)
+    for k in range(n - 1):
+        held[k], entry[k], bars[k] = q, e, h
+        v = base[k] + q * slope[k]
+        if cols:
+            v = v + book.columns(rows[k : k + 1], np.array([q]), np.array([e]), np.array([h]))[0, cols] @ w[2 * m1 :]
+        if noise is not None:
+            v = v + noise[k]
+        q_next = float(next_position(q)[int(np.argmax(v))])
+        e_new, h_new = step_portfolio(np.array([q]), np.array([e]), np.array([h]), np.array([q_next]),
+                                      book.mid[rows[k : k + 1]])
+        q, e, h = q_next, float(e_new[0]), int(h_new[0])
+        after[k] = q
+    held[n - 1], entry[n - 1], bars[n - 1] = q, e, h
+    return after, held, entry, bars
+
+
+def behaviour(xb: np.ndarray, book: Book, rows: Rows, w: np.ndarray | None, cols: tuple[int, ...], noise: float,
+              rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(q, entry, bars) entering every training row when the values w trade each training day from flat with the
+    draw rule (module header); a uniformly random direction every bar when w is None (the first epoch)."""
+    q, entry, bars = np.zeros(len(xb)), np.zeros(len(xb)), np.zeros(len(xb), np.int64)
+    days = np.split(rows.idx, np.flatnonzero(np.diff(rows.idx) > 1) + 1)
+    width = 2 * xb.shape[1] + len(cols)
+    for day in days:
+        a, b = int(day[0]), int(day[-1]) + 2  # the rows with a next bar, and the day's last row
+        if w is None:
+            draws = rng.standard_normal((b - a, N_DIRECTIONS))
+            _, q[a:b], entry[a:b], bars[a:b] = trade_day(xb, book, a, b, np.zeros((width, N_DIRECTIONS)), cols,
+                                                         draws)
+        else:
+            draws = noise * rng.standard_normal((b - a, N_DIRECTIONS))
+            _, q[a:b], entry[a:b], bars[a:b] = trade_day(xb, book, a, b, w, cols, draws)
+    return q, entry, bars
+
+
+def learn(xb: np.ndarray, book: Book, rows: Rows, mode: str, lc: LearnerConfig, seed: int, spread: float,
+          history: int) -> np.ndarray:
+    """The four direction values' weights [F, 4] learned from the agent's counterfactual batches (module header)."""
+    rng = np.random.default_rng(seed)
+    cols = PORT_COLUMNS[mode]
+    w = np.zeros((2 * xb.shape[1] + len(cols), N_DIRECTIONS))
+    w_tgt = w.copy()
+    steps = lc.epochs * lc.steps_per_epoch
+    update = adam(lc, steps)
+    noise = spread * float(np.std(rows.ret[rows.idx]))
+    n = lc.batch_size // 4
+    for step in range(steps):
+        if step % lc.steps_per_epoch == 0:
+            vq, ve, vb = behaviour(xb, book, rows, w if step else None, cols, noise, rng)
+        t = rng.choice(rows.idx, size=n)
+        q, entry, bars = held_states(book, t, mode, history, rng)
+        stored = np.arange(n) % 4 == 0
+        q, entry, bars = (np.where(stored, vq[t], q), np.where(stored, ve[t], entry), np.where(stored, vb[t], bars))
+        w = update(step, w, batch_grad(xb, book, rows, t, q, entry, bars, w, w_tgt, lc.gamma, cols))
+        w_tgt = (1 - lc.tau) * w_tgt + lc.tau * w
+    return w
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--store", type=Path, help="market store (default: the embedded default market)")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
+    parser.add_argument("--history-bars", type=int, default=60, help="`history`: the longest re-held history")
+    parser.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE", help="config override")
+    parser.add_argument("--out", type=Path, help="also write the table to this markdown file")
+    args = parser.parse_args(argv)
+    store = args.store or ensure_default_store()
+    cfg = load_config("default", overrides=[f'market.store="{store}"', *args.set])
+    selection = select_market(cfg.market)
+    feats = load_features(cfg, selection)
+    plain = FeatureConfig(**{**vars(cfg.features), "forecast_horizons": []})
+    lc = cfg.learner
+    lines = ["| fold | mode | traded by argmax: validation daily Sharpe | round trips/day |",
+             "| ---: | --- | ---: | ---: |"]
+    for fold in make_folds(cfg.folds, selection.days):
+        m = FoldMarket.build(feats, fold, plain, cfg.env)
+        x = np.asarray(m.market_obs[:, :N_MARKET], dtype=np.float64)
+        xb = np.hstack([x, np.ones((len(x), 1))])
+        mid = np.asarray(m.mid, dtype=np.float64)
+        book = Book.of(mid, m.day_start, m.train_stop, cfg.env.max_position, cfg.env.episode_bars)
+        rows = fold_rows(mid, m.day_start, m.train_stop, lc.gamma)
+        rows = dataclasses.replace(rows, cost=half_spread(m) + cfg.env.commission / m.point_value)
+        for mode in args.modes:
+            cols = PORT_COLUMNS[mode]
+            fits = [learn(xb, book, rows, mode, lc, seed, cfg.env.explore_spread, args.history_bars)
+                    for seed in args.seeds]
+            acts = [traded_argmax(lambda a, b, w=w: trade_day(xb, book, a, b, w, cols)[0], m, cfg) for w in fits]
+            lines.append(f"| {fold.index} | {mode} | {mean_se([s for s, _ in acts], 2)} | "
+                         f"{mean_se([r for _, r in acts], 1, '')} |")
+            print(lines[-1], flush=True)
+    table = "\n".join(lines) + "\n"
+    print(table, end="")
+    if args.out is not None:
+        command = "python3 tools/port_probe.py " + " ".join(argv if argv is not None else sys.argv[1:])
+        args.out.write_text(f"# The agent's counterfactual batch and portfolio columns in the linear fit\n\n"
+                            f"Command: `{command}`\n\nStore: {selection.path}, {len(selection.days)} days; seeds "
+                            f"{args.seeds}; learner: lr {lc.lr} (cosine to x{lc.lr_min_frac}), batch "
+                            f"{lc.batch_size} ({lc.batch_size // 4} transitions x 4 directions), "
+                            f"{lc.epochs * lc.steps_per_epoch} steps, gamma {lc.gamma}, tau {lc.tau}; behaviour "
+                            f"spread {cfg.env.explore_spread}; history up to {args.history_bars} bars. Mean "
+                            f"(standard error) over the seeds of the validation daily Sharpe of the values' argmax "
+                            f"from flat each day.\n\n{table}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
