@@ -161,6 +161,15 @@ class EnvConfig:
         "A market order larger than the shown close book fills its excess at the last shown level's price "
         "plus this many ticks against it (0: at the last level's price).",
     )
+    position_history: bool = opt(
+        True,
+        "The portfolio part's unrealised PnL and bars-in-position columns (fox_numba/OBSERVATION.md): false writes "
+        "both as 0, so the network reads the held position but not what it has made or how long it has been held. "
+        "With learner.counterfactual_held, three quarters of each batch are re-held states whose two columns read "
+        "0 and one bar whatever the market did; in the linear fit of that batch (tools/port_probe.py) the columns "
+        "cost 7.2 daily Sharpe on the default market's fold 0 and without them the fit kept its +12.90 "
+        "(tools/results/learner_ablation_h200.md section 42).",
+    )
     limit_life_patient: int = opt(10, "Bars a Patient limit order rests before the rest is cancelled.")
     limit_life_normal: int = opt(4, "Bars a Normal-urgency limit order rests before the rest is cancelled.")
     limit_life_urgent: int = opt(1, "Bars an Urgent limit order rests before the rest is cancelled.")

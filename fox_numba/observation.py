@@ -45,10 +45,15 @@ PORTFOLIO: tuple[tuple[str, str], ...] = (
         "unrealised_pnl",
         (
             f"Unrealised PnL of the open position at the bar's close mid, (mid - average entry) * position * "
-            f"point value, / the fold's risk unit, clipped to +-{UPNL_CLIP:g}; 0 when flat."
+            f"point value, / the fold's risk unit, clipped to +-{UPNL_CLIP:g}; 0 when flat or with "
+            "env.position_history = false."
         ),
     ),
-    ("bars_in_position", "Bars the position has been held on its current side / env.episode_bars, capped at 1; 0 when flat."),
+    (
+        "bars_in_position",
+        "Bars the position has been held on its current side / env.episode_bars, capped at 1; 0 when flat or with "
+        "env.position_history = false.",
+    ),
     ("order_side", "Side of the resting limit order: +1 buy, -1 sell, 0 none."),
     (
         "order_distance",

@@ -128,6 +128,7 @@ class Params:
     w_stable: float
     clip_sigma: float
     episode_bars: int
+    position_history: bool
 
     @classmethod
     def of(cls, market, env: EnvConfig, features: FeatureConfig) -> Params:
@@ -138,6 +139,7 @@ class Params:
             lives=(env.limit_life_patient, env.limit_life_normal, env.limit_life_urgent), targets=targets,
             w_timing=env.w_timing, w_persist=env.w_persist, w_regime=env.w_regime, w_novelty=env.w_novelty,
             w_stable=env.w_stable, clip_sigma=features.clip_sigma, episode_bars=market.episode_bars,
+            position_history=env.position_history,
         )  # fmt: skip
 
 
@@ -209,13 +211,13 @@ class ReferenceEnv:
     def portfolio(self, pos, avg, bars_in_pos, oside, oprice, mid, row, last) -> list[np.float32]:
         p = self.p
         upnl = 0.0
-        if pos != 0:
+        if pos != 0 and p.position_history:
             upnl = min(max((mid - avg) * pos * p.point_value / p.risk_unit, -UPNL_CLIP), UPNL_CLIP)
         dist = oside * (oprice - mid) / p.tick / ORDER_DIST_TICKS if oside != 0 else 0.0
         return [
             np.float32(pos / p.max_position),
             np.float32(upnl),
-            np.float32(min(bars_in_pos / p.episode_bars, 1.0)),
+            np.float32(min(bars_in_pos / p.episode_bars, 1.0) if p.position_history else 0.0),
             np.float32(oside),
             np.float32(dist),
             np.float32(min((last - row) / p.episode_bars, 1.0)),

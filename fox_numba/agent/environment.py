@@ -58,6 +58,7 @@ from fox_numba.kernels.env import (
     PRM_LIFE_0,
     PRM_MAX_POSITION,
     PRM_POINT_VALUE,
+    PRM_POSITION_HISTORY,
     PRM_RISK_UNIT,
     PRM_TARGET_0,
     PRM_TICK,
@@ -111,6 +112,7 @@ def env_params(market: FoldMarket, env: EnvConfig, features: FeatureConfig) -> n
     p[PRM_W_STABLE] = env.w_stable
     p[PRM_CLIP_SIGMA] = features.clip_sigma
     p[PRM_EPISODE_BARS] = market.episode_bars
+    p[PRM_POSITION_HISTORY] = float(env.position_history)
     return p
 
 

@@ -143,8 +143,9 @@ MODE_EVAL, MODE_COLLECT = 0, 1
     PRM_W_STABLE,
     PRM_CLIP_SIGMA,
     PRM_EPISODE_BARS,
-) = range(19)
-N_PARAMS = 19
+    PRM_POSITION_HISTORY,
+) = range(20)
+N_PARAMS = 20
 
 # si: int32 [N_SI, N]
 SI_ROW, SI_LAST, SI_POS, SI_BARS_IN_POS, SI_ORD_SIDE, SI_ORD_SIZE, SI_ORD_LIFE, SI_FROZEN = range(8)
@@ -259,7 +260,8 @@ def _write_port(port, i, pos, avg, bars_in_pos, oside, oprice, mid, row, last, p
     max_pos = params[PRM_MAX_POSITION]
     episode_bars = params[PRM_EPISODE_BARS]
     upnl = 0.0
-    if pos != 0:
+    history = params[PRM_POSITION_HISTORY] != 0.0  # env.position_history: else u and bars in position read 0
+    if pos != 0 and history:
         upnl = (mid - avg) * pos * params[PRM_POINT_VALUE] / params[PRM_RISK_UNIT]
         upnl = min(max(upnl, -UPNL_CLIP), UPNL_CLIP)
     dist = 0.0
@@ -267,7 +269,7 @@ def _write_port(port, i, pos, avg, bars_in_pos, oside, oprice, mid, row, last, p
         dist = oside * (oprice - mid) / params[PRM_TICK] / ORDER_DIST_TICKS
     port[i, PORT_POSITION] = float32(pos / max_pos)
     port[i, PORT_UPNL] = float32(upnl)
-    port[i, PORT_BARS_IN_POS] = float32(min(bars_in_pos / episode_bars, 1.0))
+    port[i, PORT_BARS_IN_POS] = float32(min(bars_in_pos / episode_bars, 1.0)) if history else float32(0.0)
     port[i, PORT_ORDER_SIDE] = float32(oside)
     port[i, PORT_ORDER_DIST] = float32(dist)
     port[i, PORT_BARS_LEFT] = float32(min((last - row) / episode_bars, 1.0))

@@ -259,6 +259,7 @@ def test_episodes_end_at_the_day_and_restart_in_collect_mode(run_env):
     [
         (1, {"w_timing": 0.5, "w_persist": 0.3, "w_regime": 0.7, "w_novelty": 0.2, "w_stable": 0.4}),
         (2, {"beyond_depth_ticks": 0, "commission": 0.0, "limit_life_patient": 3, "w_novelty": 1.0}),
+        (3, {"position_history": False}),
     ],
 )
 def test_random_collect_sequences_match_the_reference(run_env, seed, overrides):
@@ -282,6 +283,9 @@ def test_random_collect_sequences_match_the_reference(run_env, seed, overrides):
         assert np.isin(got["si"][SI_ROW, got["done"] == 1], market.train_starts).all()
     acc = got["acc"]
     assert acc[ACC_EPISODES].sum() > 16 and acc[ACC_LIMIT_FILLED].sum() > 0 and acc[ACC_TRADED].sum() > 0
+    held = got["next_port"][:, PORT_POSITION] != 0
+    history = got["next_port"][held][:, [PORT_UPNL, PORT_BARS_IN_POS]]
+    assert held.any() and (history != 0).any() == env.position_history  # env.position_history hides both columns
 
 
 def test_random_eval_sequences_match_the_reference_and_freeze(run_env):

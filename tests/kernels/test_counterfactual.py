@@ -26,7 +26,7 @@ from fox_numba.agent.replay import ReplayBatch
 from fox_numba.config import FeatureConfig
 from fox_numba.device.rng import xoroshiro_states_host
 from fox_numba.kernels.counterfactual import counterfactual_batch
-from fox_numba.observation import PORT_BARS_IN_POS, PORT_BARS_LEFT, PORT_ORDER_SIDE, PORT_POSITION
+from fox_numba.observation import PORT_BARS_IN_POS, PORT_BARS_LEFT, PORT_ORDER_SIDE, PORT_POSITION, PORT_UPNL
 
 SHORT, HOLD, LONG, FLAT = range(4)
 GAMMA = 0.9
@@ -38,13 +38,13 @@ def _action(d: int, magnitude: int, urgency: int) -> list[int]:
     return [d, magnitude if d in (SHORT, LONG) else 0, 0, urgency]
 
 
-def reference_transitions(seed: int, magnitude: int,
-                          history: int = 0) -> tuple[FoldMarket, object, dict[str, np.ndarray]]:  # fmt: skip
+def reference_transitions(seed: int, magnitude: int, history: int = 0,
+                          position_history: bool = True) -> tuple[FoldMarket, object, dict[str, np.ndarray]]:
     """The market, its env config and the stored transitions with every direction's expected outcome (re-held with
-    histories of up to `history` bars)."""
+    histories of up to `history` bars; env.position_history as given)."""
     rng = np.random.default_rng(seed)
     fs = random_feature_set(rng, [12, 9, 3, 10, 8])
-    env = env_config(episode_bars=5)
+    env = env_config(episode_bars=5, position_history=position_history)
     market = FoldMarket.build(fs, Windows(0, 4, 4, 5, 2), FeatureConfig(), env)
     ref = ReferenceEnv(market, Params.of(market, env, FeatureConfig()), "collect", xoroshiro_states_host(N_ENVS, seed))
     ref.reset()
@@ -143,12 +143,13 @@ def test_every_direction_matches_the_reference_environment(stager, magnitude):
     assert t["done"].any() and (t["port"][:, 0] != 0).any()  # forced closes and held positions were priced
 
 
-@pytest.mark.parametrize(("magnitude", "history"), [(0, 0), (2, 0), (1, 6)])
-def test_held_positions_match_the_reference_environment(stager, magnitude, history):
+@pytest.mark.parametrize(("magnitude", "history", "position_history"), [(0, 0, True), (2, 0, True), (1, 6, True),
+                                                                       (1, 6, False)])
+def test_held_positions_match_the_reference_environment(stager, magnitude, history, position_history):
     """held=True: transition k = 0 mod 4 as without it; the others from their re-held state (held one bar, or a drawn
     history of up to `history` bars), every direction priced (the taken one too), the s rows' portfolio that
-    state's."""
-    market, env, t = reference_transitions(21 + magnitude, magnitude, history)
+    state's (its unrealised PnL and bars in position 0 without env.position_history)."""
+    market, env, t = reference_transitions(21 + magnitude, magnitude, history, position_history)
     n = len(t["row"])
     got = run_kernel(stager, market, env, t, magnitude, held=True, history=history)
     plain = run_kernel(stager, market, env, t, magnitude)
@@ -172,7 +173,10 @@ def test_held_positions_match_the_reference_environment(stager, magnitude, histo
     assert (positions[held] != stored[held]).mean() > 0.3  # most re-held states differ from the stored ones
     assert not np.allclose(got["rewards"][held], plain["rewards"][held])  # and so do their rewards
     bars = np.round(got["port"][: 4 * n, PORT_BARS_IN_POS] * env.episode_bars)[held & (positions != 0)]
-    assert (bars > 1).any() == (history > 1) and (bars >= 1).all()  # histories drawn only when asked for
+    if position_history:
+        assert (bars > 1).any() == (history > 1) and (bars >= 1).all()  # histories drawn only when asked for
+    else:
+        assert (bars == 0).all() and (got["port"][:, PORT_UPNL] == 0).all()
 
 
 def test_a_transition_it_cannot_price_makes_its_untaken_rows_nan(stager):
