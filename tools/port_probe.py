@@ -46,15 +46,22 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 sys.path.insert(0, str(ROOT))
 
-from td_probe import Rows, adam, fold_rows, mean_se, next_position, traded_argmax  # noqa: E402
+from td_probe import (  # noqa: E402
+    Rows,
+    adam,
+    finish_table,
+    fold_rows,
+    mean_se,
+    next_position,
+    probe_setup,
+    traded_argmax,
+)
 
 from fox_numba.actions import N_DIRECTIONS  # noqa: E402
 from fox_numba.agent.fold_market import FoldMarket  # noqa: E402
-from fox_numba.config import FeatureConfig, LearnerConfig, load_config  # noqa: E402
-from fox_numba.market.default import ensure_default_store  # noqa: E402
-from fox_numba.market.select import select_market  # noqa: E402
+from fox_numba.config import LearnerConfig  # noqa: E402
 from fox_numba.observation import N_MARKET, UPNL_CLIP  # noqa: E402
-from fox_numba.walkforward.driver import half_spread, load_features  # noqa: E402
+from fox_numba.walkforward.driver import half_spread  # noqa: E402
 from fox_numba.walkforward.folds import make_folds  # noqa: E402
 
 PORT_COLUMNS = {"plain": (), "agent": (0, 1, 2), "history": (0, 1, 2), "left": (2,)}
@@ -219,11 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE", help="config override")
     parser.add_argument("--out", type=Path, help="also write the table to this markdown file")
     args = parser.parse_args(argv)
-    store = args.store or ensure_default_store()
-    cfg = load_config("default", overrides=[f'market.store="{store}"', *args.set])
-    selection = select_market(cfg.market)
-    feats = load_features(cfg, selection)
-    plain = FeatureConfig(**{**vars(cfg.features), "forecast_horizons": []})
+    cfg, selection, feats, plain = probe_setup(args.store, args.set)
     lc = cfg.learner
     lines = ["| fold | mode | traded by argmax: validation daily Sharpe | round trips/day |",
              "| ---: | --- | ---: | ---: |"]
@@ -243,18 +246,13 @@ def main(argv: list[str] | None = None) -> int:
             lines.append(f"| {fold.index} | {mode} | {mean_se([s for s, _ in acts], 2)} | "
                          f"{mean_se([r for _, r in acts], 1, '')} |")
             print(lines[-1], flush=True)
-    table = "\n".join(lines) + "\n"
-    print(table, end="")
-    if args.out is not None:
-        command = "python3 tools/port_probe.py " + " ".join(argv if argv is not None else sys.argv[1:])
-        args.out.write_text(f"# The agent's counterfactual batch and portfolio columns in the linear fit\n\n"
-                            f"Command: `{command}`\n\nStore: {selection.path}, {len(selection.days)} days; seeds "
-                            f"{args.seeds}; learner: lr {lc.lr} (cosine to x{lc.lr_min_frac}), batch "
-                            f"{lc.batch_size} ({lc.batch_size // 4} transitions x 4 directions), "
-                            f"{lc.epochs * lc.steps_per_epoch} steps, gamma {lc.gamma}, tau {lc.tau}; behaviour "
-                            f"spread {cfg.env.explore_spread}; history up to {args.history_bars} bars. Mean "
-                            f"(standard error) over the seeds of the validation daily Sharpe of the values' argmax "
-                            f"from flat each day.\n\n{table}")
+    finish_table(lines, args.out, "port_probe.py", argv,
+                 "The agent's counterfactual batch and portfolio columns in the linear fit",
+                 f"Store: {selection.path}, {len(selection.days)} days; seeds {args.seeds}; learner: lr {lc.lr} "
+                 f"(cosine to x{lc.lr_min_frac}), batch {lc.batch_size} ({lc.batch_size // 4} transitions x 4 "
+                 f"directions), {lc.epochs * lc.steps_per_epoch} steps, gamma {lc.gamma}, tau {lc.tau}; behaviour "
+                 f"spread {cfg.env.explore_spread}; history up to {args.history_bars} bars. Mean (standard error) "
+                 "over the seeds of the validation daily Sharpe of the values' argmax from flat each day.")
     return 0
 
 

@@ -93,9 +93,10 @@ sys.path.insert(0, str(ROOT))
 from fox_numba.actions import N_DIRECTIONS, Direction  # noqa: E402
 from fox_numba.agent.fold_market import FoldMarket  # noqa: E402
 from fox_numba.config import FeatureConfig, FoxConfig, LearnerConfig, load_config  # noqa: E402
+from fox_numba.features.feature_set import FeatureSet  # noqa: E402
 from fox_numba.features.forecast import fit_probe, forward_change  # noqa: E402
 from fox_numba.market.default import ensure_default_store  # noqa: E402
-from fox_numba.market.select import select_market  # noqa: E402
+from fox_numba.market.select import MarketSelection, select_market  # noqa: E402
 from fox_numba.observation import N_MARKET  # noqa: E402
 from fox_numba.walkforward.driver import half_spread, load_features, scored_days  # noqa: E402
 from fox_numba.walkforward.folds import make_folds  # noqa: E402
@@ -475,6 +476,27 @@ def mean_se(values: list[float], digits: int = 3, sign: str = "+") -> str:
     return f"{statistics.fmean(values):{sign}.{digits}f} ({se:.{digits}f})"
 
 
+def probe_setup(store: Path | None, sets: list[str]) -> tuple[FoxConfig, MarketSelection, FeatureSet, FeatureConfig]:
+    """A CPU probe's market: the default preset on `store` (else the embedded default market) with the `--set`
+    overrides, its selection, its features, and the feature config without forecast columns (the probes read the
+    market columns alone)."""
+    cfg = load_config("default", overrides=[f'market.store="{store or ensure_default_store()}"', *sets])
+    selection = select_market(cfg.market)
+    plain = FeatureConfig(**{**vars(cfg.features), "forecast_horizons": []})
+    return cfg, selection, load_features(cfg, selection), plain
+
+
+def finish_table(lines: list[str], out: Path | None, tool: str, argv: list[str] | None, title: str,
+                 about: str) -> None:
+    """Print a probe's markdown table; with `out`, also write it under `title` with the command that made it (tool
+    and argv) and the paragraph `about`."""
+    table = "\n".join(lines) + "\n"
+    print(table, end="")
+    if out is not None:
+        command = f"python3 tools/{tool} " + " ".join(argv if argv is not None else sys.argv[1:])
+        out.write_text(f"# {title}\n\nCommand: `{command}`\n\n{about}\n\n{table}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--store", type=Path, help="market store (default: the embedded default market)")
@@ -483,11 +505,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE", help="config override")
     parser.add_argument("--out", type=Path, help="also write the table to this markdown file")
     args = parser.parse_args(argv)
-    store = args.store or ensure_default_store()
-    cfg = load_config("default", overrides=[f'market.store="{store}"', *args.set])
-    selection = select_market(cfg.market)
-    features = load_features(cfg, selection)
-    plain = FeatureConfig(**{**vars(cfg.features), "forecast_horizons": []})
+    cfg, selection, features, plain = probe_setup(args.store, args.set)
     lc, horizon = cfg.learner, cfg.evaluation.probe_horizon_bars
     lines = [f"| fold | signal | corr. with the {horizon}-bar move, validation days | same, training rows | "
              "traded: validation daily Sharpe | traded: round trips/day |",
@@ -521,18 +539,13 @@ def main(argv: list[str] | None = None) -> int:
                 lines.append(f"| {fold.index} | {target} argmax | n/a | n/a | {mean_se([a[0] for a in acts], 2)} | "
                              f"{mean_se([a[1] for a in acts], 1, '')} |")
                 print(lines[-1], flush=True)
-    table = "\n".join(lines) + "\n"
-    print(table, end="")
-    if args.out is not None:
-        command = "python3 tools/td_probe.py " + " ".join(argv if argv is not None else sys.argv[1:])
-        args.out.write_text(f"# One-step TD against the probe on the same linear read\n\nCommand: `{command}`\n\n"
-                            f"Store: {selection.path}, {len(selection.days)} days; seeds {args.seeds}; learner: lr "
-                            f"{lc.lr} (cosine to x{lc.lr_min_frac}), batch {lc.batch_size}, "
-                            f"{lc.epochs * lc.steps_per_epoch} steps, gamma {lc.gamma}, tau {lc.tau}. Mean (standard "
-                            f"error) over the seeds. Traded: each signal fitted ridge-free to the {horizon}-bar "
-                            "change on the training rows (the probe: its market columns, ridge "
-                            f"{cfg.evaluation.probe_ridge}) and traded on the validation days by the oracle's rule, "
-                            f"as tools/signal_probe.py trades the agent's signal.\n\n{table}")
+    finish_table(lines, args.out, "td_probe.py", argv, "One-step TD against the probe on the same linear read",
+                 f"Store: {selection.path}, {len(selection.days)} days; seeds {args.seeds}; learner: lr {lc.lr} "
+                 f"(cosine to x{lc.lr_min_frac}), batch {lc.batch_size}, {lc.epochs * lc.steps_per_epoch} steps, "
+                 f"gamma {lc.gamma}, tau {lc.tau}. Mean (standard error) over the seeds. Traded: each signal fitted "
+                 f"ridge-free to the {horizon}-bar change on the training rows (the probe: its market columns, ridge "
+                 f"{cfg.evaluation.probe_ridge}) and traded on the validation days by the oracle's rule, as "
+                 "tools/signal_probe.py trades the agent's signal.")
     return 0
 
 
