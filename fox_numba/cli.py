@@ -26,7 +26,15 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from fox_numba.config import PRESETS, FoxConfig, check_preset, load_config, load_run_config, parse_override, toml_literal
+from fox_numba.config import (
+    PRESETS,
+    FoxConfig,
+    check_preset,
+    load_config,
+    load_run_config,
+    parse_override,
+    toml_literal,
+)
 from fox_numba.errors import INTERRUPTS, ConfigError, FoxError, Interrupted
 from fox_numba.market.calendar import CALENDARS
 from fox_numba.market.default import default_definition_path, default_store_path
