@@ -525,7 +525,7 @@ def hand_market(
 
 def env_config(**overrides) -> EnvConfig:
     base = {"max_position": 4, "commission": 2.0, "beyond_depth_ticks": 2, "limit_life_patient": 10,
-            "limit_life_normal": 4, "limit_life_urgent": 1}  # fmt: skip
+            "limit_life_normal": 4, "limit_life_urgent": 1, "position_history": True}  # fmt: skip
     base.update(overrides)
     if "episode_bars" not in overrides:
         base["episode_bars"] = 10

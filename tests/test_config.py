@@ -139,7 +139,7 @@ def test_written_config_reads_back_identically(tmp_path):
 def test_a_run_config_without_a_later_field_keeps_the_value_its_run_used(tmp_path):
     """A run's config.toml written before a RUN_FIELDS_ADDED field existed (its line removed here) reads back with
     the value that run trained with, not today's default; a run that wrote the field keeps what it wrote."""
-    cfg = load_config("smoke", overrides=["learner.lr=1.25e-5"])
+    cfg = load_config("default", overrides=["learner.lr=1.25e-5"])
     path = write_config(cfg, tmp_path / "config.toml")
     assert load_run_config(path) == cfg
     for key, value in RUN_FIELDS_ADDED.items():
@@ -150,7 +150,7 @@ def test_a_run_config_without_a_later_field_keeps_the_value_its_run_used(tmp_pat
         older.write_text("\n".join(line for line in lines if not line.startswith(f"{name} = ")) + "\n")
         got = load_run_config(older)
         assert getattr(getattr(got, section), name) == value
-        assert getattr(getattr(load_config("smoke", older), section), name) != value  # a plain config file: default
+        assert getattr(getattr(load_config("default", older), section), name) != value  # a plain config file: default
         assert got.learner.lr == 1.25e-5
 
 

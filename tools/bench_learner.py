@@ -20,7 +20,9 @@ host's per-step work matters more), on a synthetic replay (uniform random transi
 random market_obs of --bars rows; with --priority-alpha > 0 prioritised replay, every slot starting at the
 priority the collector gives a new transition; with --noisy-sigma0 > 0 NoisyNet heads; with --iqn-quantiles > 0
 the IQN head beside C51, network.iqn_embed cosine features; with --moe-experts K > 0 mixture-of-experts heads, the
-controller's lambda at its base weight), measured as:
+controller's lambda at its base weight). Without --mean-head / --mean-cross the C51 heads act on the directions,
+and counterfactual targets are off: the default learner since section 43 of learner_ablation_h200.md prices them
+from a fold's book, which the synthetic replay has not (its step is timed inside `fox train`). Measured as:
 - eager: every kernel launched from Python each step (RunConfig.graphs = false);
 - graph, queued: the step captured once and replayed back to back with no host sync (the learner's
   train_epoch: per-step values live on the device, nothing is written from the host per step);
@@ -103,6 +105,9 @@ def make_learner(args: argparse.Namespace, stager: Stager, stream: Any, graphs: 
     cfg.network.position_cross = args.position_cross
     cfg.network.mean_head = args.mean_head or args.mean_cross
     cfg.network.mean_cross = args.mean_cross
+    # the synthetic replay has no fold book to price counterfactual targets from (the default learner since
+    # section 43 of learner_ablation_h200.md): this step is the one-step C51 step the flags above extend
+    cfg.learner.counterfactual = cfg.learner.counterfactual_held = False
     if args.layers is not None:
         cfg.network.n_layers, cfg.network.hidden = args.layers, args.hidden
     cfg.run.precision = args.precision

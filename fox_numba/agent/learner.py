@@ -213,7 +213,9 @@ def check_counterfactual(cfg: FoxConfig) -> None:
     )
     for broken, what in problems:
         if broken:
-            raise ConfigError(f"learner.counterfactual: {what}")
+            raise ConfigError(f"learner.counterfactual: {what} (counterfactual targets are on by default: set "
+                              "learner.counterfactual=false and learner.counterfactual_held=false to train without "
+                              "them)")
 
 
 class Learner:

@@ -223,7 +223,8 @@ class ParamLayout:
                                or cfg.tlob_window):
             raise ConfigError("network.mean_cross needs network.mean_head and a linear network (n_layers = 0) without "
                               "an encoder (mamba2_window, tlob_window); with position_cross every head already reads "
-                              "the crossed columns")
+                              "the crossed columns; it is on by default: set network.mean_cross=false for a trunk "
+                              "or an encoder")
         cross = cross_columns(cfg, obs_dim)
         layer_cross = 0 if cfg.mean_cross else cross
         mamba2 = encoder_dims(cfg, market_features)

@@ -34,7 +34,7 @@ def test_each_requirement_is_checked_by_name(override, message):
 
 def test_held_positions_need_counterfactual_targets():
     with pytest.raises(ConfigError, match="learner.counterfactual_held needs learner.counterfactual"):
-        check_counterfactual(load_config("smoke", overrides=["learner.counterfactual_held=true"]))
+        check_counterfactual(load_config("smoke", overrides=["learner.counterfactual=false"]))  # held: the default
     check_counterfactual(load_config("smoke", overrides=[*ON, "learner.counterfactual_held=true"]))
 
 
@@ -42,13 +42,15 @@ def test_held_histories_need_held_positions_and_a_length():
     held = [*ON, "learner.counterfactual_held=true"]
     check_counterfactual(load_config("smoke", overrides=[*held, "learner.counterfactual_history=60"]))
     with pytest.raises(ConfigError, match="learner.counterfactual_history needs learner.counterfactual_held"):
-        check_counterfactual(load_config("smoke", overrides=[*ON, "learner.counterfactual_history=60"]))
+        check_counterfactual(load_config("smoke", overrides=[*ON, "learner.counterfactual_held=false",
+                                                             "learner.counterfactual_history=60"]))
     with pytest.raises(ConfigError, match="learner.counterfactual_history must be >= 0"):
         check_counterfactual(load_config("smoke", overrides=[*held, "learner.counterfactual_history=-1"]))
 
 
 def test_a_counterfactual_trainer_trains_every_direction_head_on_every_draw(four_day_store):
-    rt = real_trainer(four_day_store, [*SMALL, "learner.batch_size=8", *ON])
+    rt = real_trainer(four_day_store, [*SMALL, "learner.batch_size=8", *ON, "learner.counterfactual_held=false",
+                                       "network.mean_head=false", "env.position_history=true"])  # C51's targets alone
     trainer, stager = rt.trainer, rt.trainer.stager
     learner = trainer.learner
     assert learner.draw.size == 2 and learner.batch.size == 8

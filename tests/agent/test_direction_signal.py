@@ -7,14 +7,14 @@ import reference
 from fox_numba.actions import LONG, N_HEADS, SHORT
 from fox_numba.agent.direction_signal import DirectionSignal, flat_portfolio
 from fox_numba.agent.network import ParamLayout, init_params
-from fox_numba.config import NetworkConfig
 from fox_numba.observation import N_PORTFOLIO, PORT_BARS_LEFT
+from plain_learner import plain_network
 
 MARKET = 5
 
 
 def test_every_bar_reads_the_reference_signal(stager, rng):
-    lay = ParamLayout.build(MARKET + N_PORTFOLIO, NetworkConfig(hidden=6, n_layers=1, n_atoms=7))
+    lay = ParamLayout.build(MARKET + N_PORTFOLIO, plain_network(hidden=6, n_layers=1, n_atoms=7))
     params = init_params(lay, 3) + rng.normal(0, 0.05, lay.size).astype(np.float32)  # logits that differ
     supports = reference.random_support(rng, (N_HEADS,), lay.n_atoms)
     market_obs = rng.standard_normal((10, MARKET)).astype(np.float32)
@@ -36,7 +36,7 @@ def test_every_bar_reads_the_reference_signal(stager, rng):
 def test_with_the_iqn_head_the_signal_is_the_joint_values_difference(stager, rng):
     """network.iqn_quantiles = 3: e_d = (E_C51[d] + E_IQN[d]) / 2 with E_IQN the mean over the levels 1/6, 1/2, 5/6
     (float64 reference of the head), e_long - e_short at every bar (the same tolerance as above)."""
-    cfg = NetworkConfig(hidden=6, n_layers=1, n_atoms=7, iqn_quantiles=3, iqn_embed=4)
+    cfg = plain_network(hidden=6, n_layers=1, n_atoms=7, iqn_quantiles=3, iqn_embed=4)
     lay = ParamLayout.build(MARKET + N_PORTFOLIO, cfg)
     params = init_params(lay, 3) + rng.normal(0, 0.05, lay.size).astype(np.float32)
     supports = reference.random_support(rng, (N_HEADS,), lay.n_atoms)
@@ -58,7 +58,7 @@ def test_with_the_iqn_head_the_signal_is_the_joint_values_difference(stager, rng
 def test_with_the_mean_head_the_signal_is_its_values_difference(stager, rng):
     """network.mean_head: m_long - m_short at every bar, m = x @ W_m + b_m on the trunk's output (float64 reference;
     the same tolerance as above), which differs from the C51 E[Q]'s difference."""
-    lay = ParamLayout.build(MARKET + N_PORTFOLIO, NetworkConfig(hidden=6, n_layers=1, n_atoms=7, mean_head=True))
+    lay = ParamLayout.build(MARKET + N_PORTFOLIO, plain_network(hidden=6, n_layers=1, n_atoms=7, mean_head=True))
     params = init_params(lay, 3) + rng.normal(0, 0.05, lay.size).astype(np.float32)
     supports = reference.random_support(rng, (N_HEADS,), lay.n_atoms)
     market_obs = rng.standard_normal((10, MARKET)).astype(np.float32)

@@ -18,10 +18,12 @@ from reference_env import Windows, env_config, random_feature_set
 from fox_numba.agent.evaluator import Evaluator
 from fox_numba.agent.fold_market import FoldMarket
 from fox_numba.agent.network import Network, ParamLayout, init_params
-from fox_numba.config import EvaluationConfig, FoxConfig, NetworkConfig
+from fox_numba.config import EvaluationConfig, NetworkConfig
 from fox_numba.device.isv import IsvBus
 from fox_numba.device.memory import device_zeros
 from fox_numba.observation import OBS_DIM
+from plain_learner import plain_network
+from plain_learner import plain_config
 
 DAY_BARS = [12, 10, 4, 6, 3]
 WINDOWS = Windows(train_first=0, train_stop=2, val_first=2, val_stop=5, purge_bars=2)
@@ -29,9 +31,9 @@ DAY_STEPS = [3, 5, 2]
 CHUNK_STEPS = [2, 2, 1]
 T = 3
 ENCODERS = {
-    "mamba2": (NetworkConfig(n_layers=1, hidden=8, n_atoms=5, mamba2_window=T, mamba2_heads=1, mamba2_head_dim=4,
+    "mamba2": (plain_network(n_layers=1, hidden=8, n_atoms=5, mamba2_window=T, mamba2_heads=1, mamba2_head_dim=4,
                              mamba2_state=4, mamba2_out=4), "mamba2_last.mamba2_last_weights_kernel", 1),
-    "tlob": (NetworkConfig(n_layers=1, hidden=8, n_atoms=5, tlob_window=T, tlob_width=4, tlob_heads=1, tlob_out=4),
+    "tlob": (plain_network(n_layers=1, hidden=8, n_atoms=5, tlob_window=T, tlob_width=4, tlob_heads=1, tlob_out=4),
              "tlob.attention_fwd_kernel", 2),
 }
 """Network config, a kernel of the encoder's own forward and its launches per encoder forward (the TLOB block attends
@@ -50,7 +52,7 @@ class PerStepEvaluator(Evaluator):
 
 def backtests(stager, net_cfg: NetworkConfig) -> tuple[Evaluator, Evaluator]:
     """(cached, per step) evaluators of the fold with the same seeded weights, each run once."""
-    cfg = FoxConfig(env=env_config(episode_bars=8), network=net_cfg, evaluation=EvaluationConfig(chunk_bars=2))
+    cfg = plain_config(env=env_config(episode_bars=8), network=net_cfg, evaluation=EvaluationConfig(chunk_bars=2))
     fs = random_feature_set(np.random.default_rng(20), DAY_BARS)
     market = FoldMarket.build(fs, WINDOWS, cfg.features, cfg.env).upload(stager)
     layout = ParamLayout.build(OBS_DIM, cfg.network)
@@ -105,7 +107,7 @@ def test_cached_encoder_backtest_is_bit_for_bit_the_per_step_one(stager, encoder
 
 def test_the_encoder_cache_is_refused_where_it_cannot_serve(stager, stream):
     """cache_samples needs an encoder; encoded= and rows= are exclusive; the backward needs a forward with rows=."""
-    plain = ParamLayout.build(OBS_DIM, NetworkConfig(n_layers=0, n_atoms=5))
+    plain = ParamLayout.build(OBS_DIM, plain_network(n_layers=0, n_atoms=5))
     with pytest.raises(ValueError, match="cache_samples"):
         Network(plain, 3, stream=stream, cache_samples=6)
     layout = ParamLayout.build(OBS_DIM, ENCODERS["mamba2"][0])

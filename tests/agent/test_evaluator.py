@@ -17,11 +17,13 @@ from reference_env import Params, ReferenceEnv, Windows, env_config, random_feat
 from fox_numba.agent.evaluator import Evaluator
 from fox_numba.agent.fold_market import FoldMarket
 from fox_numba.agent.network import ParamLayout
-from fox_numba.config import EvaluationConfig, FoxConfig, NetworkConfig
+from fox_numba.config import EvaluationConfig, FoxConfig
 from fox_numba.device.isv import IsvBus
 from fox_numba.device.rng import xoroshiro_states_host
 from fox_numba.errors import ConfigError
 from fox_numba.observation import N_MARKET, OBS_DIM, PORT_POSITION
+from plain_learner import plain_network
+from plain_learner import plain_config
 
 SHORT, HOLD, LONG, FLAT = range(4)
 FULL = 2
@@ -75,8 +77,8 @@ def reference_days(market: FoldMarket, cfg: FoxConfig, steps: int) -> list[tuple
 def test_each_day_records_its_own_steps_exactly(stager):
     """Each day's record holds exactly its own steps (3, 5, 2), with the reference's positions and dollars: a
     step too many or too few on any day changes a length or the closing step's record."""
-    cfg = FoxConfig(env=env_config(episode_bars=8, fixed_bins=[-1, -1, -1]),  # the network's Full, as the reference
-                    network=NetworkConfig(n_layers=0, n_atoms=2), evaluation=EvaluationConfig(chunk_bars=2))  # fmt: skip
+    cfg = plain_config(env=env_config(episode_bars=8, fixed_bins=[-1, -1, -1]),  # the network's Full, as the reference
+                    network=plain_network(n_layers=0, n_atoms=2), evaluation=EvaluationConfig(chunk_bars=2))  # fmt: skip
     fs = random_feature_set(np.random.default_rng(20), DAY_BARS)
     market = FoldMarket.build(fs, WINDOWS, cfg.features, cfg.env)
     layout = ParamLayout.build(OBS_DIM, cfg.network)
@@ -102,7 +104,7 @@ def test_fixed_bins_override_the_network_in_the_backtest(stager):
     backtest trades the reference's Full positions, where the free policy holds 2 of 4; a bin outside a branch is
     refused naming the key."""
     fs = random_feature_set(np.random.default_rng(20), DAY_BARS)
-    net = NetworkConfig(n_layers=0, n_atoms=2)
+    net = plain_network(n_layers=0, n_atoms=2)
     layout = ParamLayout.build(OBS_DIM, net)
     flat = flat_long_params(layout)
     layout.unpack(flat)["head.bias"][atom1(MAGNITUDE_FULL_HEAD - 1)] = 2.0  # Half over Full
@@ -110,7 +112,7 @@ def test_fixed_bins_override_the_network_in_the_backtest(stager):
     supports = stager.upload_new(np.tile(np.float32([-1.0, 1.0, 2.0]), (13, 1)))
     runs = {}
     for fixed in ([-1, -1, -1], [FULL, MARKET, PATIENT]):
-        cfg = FoxConfig(env=env_config(episode_bars=8, fixed_bins=fixed), network=net,
+        cfg = plain_config(env=env_config(episode_bars=8, fixed_bins=fixed), network=net,
                         evaluation=EvaluationConfig(chunk_bars=2))  # fmt: skip
         market = FoldMarket.build(fs, WINDOWS, cfg.features, cfg.env)
         runs[tuple(fixed)] = Evaluator(market.upload(stager), cfg, layout, params, supports, isv=IsvBus(stager).values,
@@ -119,7 +121,7 @@ def test_fixed_bins_override_the_network_in_the_backtest(stager):
     for (_, pos), (_, ref_pos) in zip(runs[(FULL, MARKET, PATIENT)], expected, strict=True):
         np.testing.assert_array_equal(pos, ref_pos)
     assert set(np.concatenate([pos for _, pos in runs[(-1, -1, -1)]])) == {0, 2}
-    bad = FoxConfig(env=env_config(episode_bars=8, fixed_bins=[3, 0, 0]), network=net)
+    bad = plain_config(env=env_config(episode_bars=8, fixed_bins=[3, 0, 0]), network=net)
     with pytest.raises(ConfigError, match="env.fixed_bins"):
         Evaluator(FoldMarket.build(fs, WINDOWS, bad.features, bad.env).upload(stager), bad, layout, params, supports,
                   isv=IsvBus(stager).values, stager=stager, use_graph=False)  # fmt: skip

@@ -2,6 +2,7 @@
 magnitude, order type and urgency (magnitude 0 under Hold and Flat), and the direction stays the policy's."""
 
 import numpy as np
+from plain_learner import PLAIN_OVERRIDES
 
 from fox_numba.actions import Direction
 from fox_numba.agent.fold_market import FoldMarket
@@ -16,7 +17,7 @@ def test_collect_takes_the_fixed_bins(four_day_store):
     cfg = load_config("smoke", overrides=[f'market.store="{four_day_store}"', "env.n_envs=16", "env.collect_steps=2",
                                           "network.hidden=8", "learner.batch_size=4", "learner.buffer_size=64",
                                           "env.fixed_bins=[1, 2, 0]", "folds.n_folds=1", "folds.train_days=2",
-                                          "folds.val_days=1"])  # fmt: skip
+                                          "folds.val_days=1", *PLAIN_OVERRIDES])  # fmt: skip
     selection = select_market(cfg.market)
     fold = make_folds(cfg.folds, selection.days)[0]
     trainer = Trainer(cfg)

@@ -18,13 +18,14 @@ from fox_numba.config import FoxConfig
 from fox_numba.errors import ConfigError
 from fox_numba.market.synthetic_oracle import oracle_threshold
 from fox_numba.observation import PORT_POSITION
+from plain_learner import plain_config
 
 N_ENVS, STEPS, HORIZON = 8, 6, 4
 FRACTION = 0.3125  # 2.5 environments: 3, halves up
 
 
 def config(fraction):
-    cfg = FoxConfig()
+    cfg = plain_config()
     cfg.network.hidden, cfg.network.n_layers, cfg.network.n_atoms = 4, 1, 5
     cfg.env.n_envs, cfg.env.episode_bars, cfg.env.hindsight_fraction = N_ENVS, 10, fraction
     cfg.evaluation.probe_horizon_bars = HORIZON

@@ -28,10 +28,10 @@ from test_learner import (
 from fox_numba.actions import N_HEADS
 from fox_numba.agent.iqn import EMBED_B, EMBED_W, HEAD_B, HEAD_W, IqnHead
 from fox_numba.agent.network import ParamLayout, init_params
-from fox_numba.config import NetworkConfig
 from fox_numba.device.isv import Isv
 from fox_numba.device.memory import device_zeros
 from fox_numba.kernels.signals import LOSS_ALPHA
+from plain_learner import plain_network
 
 N_TAUS, EMBED = 3, 4
 IQN_KERNELS = {"iqn_taus", "iqn_forward", "iqn_quantile_loss", "iqn_loss_ema", "iqn_backward", "iqn_grad_reduce"}
@@ -45,9 +45,9 @@ def iqn_config(n_layers=1, weight=1.0):
 
 
 def test_layout_appends_the_iqn_entries_and_initialises_them():
-    off = ParamLayout.build(7, NetworkConfig(hidden=4, n_layers=1, n_atoms=5, iqn_embed=EMBED))
-    on = ParamLayout.build(7, NetworkConfig(hidden=4, n_layers=1, n_atoms=5, iqn_quantiles=N_TAUS, iqn_embed=EMBED))
-    assert off.fingerprint == ParamLayout.build(7, NetworkConfig(hidden=4, n_layers=1, n_atoms=5)).fingerprint
+    off = ParamLayout.build(7, plain_network(hidden=4, n_layers=1, n_atoms=5, iqn_embed=EMBED))
+    on = ParamLayout.build(7, plain_network(hidden=4, n_layers=1, n_atoms=5, iqn_quantiles=N_TAUS, iqn_embed=EMBED))
+    assert off.fingerprint == ParamLayout.build(7, plain_network(hidden=4, n_layers=1, n_atoms=5)).fingerprint
     assert not off.iqn and on.iqn and on.fingerprint != off.fingerprint
     assert on.entries[: len(off.entries)] == off.entries  # off is the on layout's prefix
     added = [(e.name, e.shape, e.decay) for e in on.entries[len(off.entries):]]
@@ -65,7 +65,7 @@ def test_head_forward_and_backward_match_float64(stream, stager, rng):
     """B = 2 samples, W = 5 inputs (a ReLU's output: some zeros, masked in dx), random parameters: the fused
     kernels through the head's parameter and gradient views (each kernel: tests/kernels/test_iqn_kernels.py)."""
     b, width = 2, 5
-    lay = ParamLayout.build(width, NetworkConfig(n_atoms=5, iqn_quantiles=N_TAUS, iqn_embed=EMBED))
+    lay = ParamLayout.build(width, plain_network(n_atoms=5, iqn_quantiles=N_TAUS, iqn_embed=EMBED))
     flat = rng.standard_normal(lay.size).astype(np.float32)
     x = np.maximum(rng.standard_normal((b, width)), 0).astype(np.float32)
     taus = rng.random((b, N_TAUS)).astype(np.float32)

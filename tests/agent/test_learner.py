@@ -18,12 +18,12 @@ from fox_numba.agent.learner import Learner
 from fox_numba.agent.network import Network, ParamLayout, init_params
 from fox_numba.agent.replay import ReplayBuffer
 from fox_numba.checkpoint import LayoutMismatchError, load_checkpoint, save_checkpoint
-from fox_numba.config import FoxConfig
 from fox_numba.device.isv import Isv, bootstrap_values
 from fox_numba.device.rng import xoroshiro_states_host
 from fox_numba.kernels.distributional import expected_q
 from fox_numba.kernels.heads import base_support
 from fox_numba.kernels.optim import OPTIM_STATE_DTYPE
+from plain_learner import plain_config
 
 M, P = 3, 2  # market and portfolio columns of the observation
 STRIDE = 4  # transitions per collect step of the test rings (env.n_envs): an environment's next slot is 4 on
@@ -31,7 +31,7 @@ SHORT, HOLD, LONG, FLAT = (int(d) for d in Direction)
 
 
 def tiny_config(batch=6, hidden=4, n_layers=1, n_atoms=5, **learner):
-    cfg = FoxConfig()
+    cfg = plain_config()
     cfg.network.hidden, cfg.network.n_layers, cfg.network.n_atoms = hidden, n_layers, n_atoms
     cfg.learner.batch_size = batch
     cfg.learner.steps_per_epoch = 4
@@ -505,7 +505,7 @@ def test_learns_a_contextual_bandit(stream, stager):
     test took before 0.015-0.053) and every branch's argmax is right where the answer has one, at every seed
     tried. It cannot pass unlearned: an untrained network's E[Q] is about 0 on every head, 0.5 from the Long
     and Short answers."""
-    cfg = FoxConfig()
+    cfg = plain_config()
     cfg.network.hidden, cfg.network.n_layers, cfg.network.n_atoms = 8, 1, 11
     cfg.network.support_max_scale = 1.0
     cfg.learner.batch_size, cfg.learner.lr, cfg.learner.lr_min_frac = 8, 0.07, 0.05

@@ -21,18 +21,18 @@ from fox_numba.actions import N_HEADS
 from fox_numba.agent.fold_market import day_first_rows
 from fox_numba.agent.mamba2 import HEADS, IN_W, OUT_W
 from fox_numba.agent.network import Network, ParamLayout, init_params
-from fox_numba.config import NetworkConfig
 from fox_numba.errors import ConfigError
 from fox_numba.observation import N_MARKET, OBS_DIM
+from plain_learner import plain_network
 
 OBS, F, C, ROWS, GRAD_ROWS = 7, 5, 8, 6, 4
 DAY_START = np.array([0, 3, 9, 16])  # the market's days: rows 0-2, 3-8, 9-15
 SAMPLE_ROWS = np.array([4, 0, 9, 15, 3, 11], np.int32)  # day starts and rows near them: every window clamps
 SIZES = dict(mamba2_window=4, mamba2_heads=2, mamba2_head_dim=4, mamba2_state=3, mamba2_out=3)
-LINEAR = NetworkConfig(hidden=5, n_layers=0, n_atoms=3, **SIZES)
-TRUNK = NetworkConfig(hidden=5, n_layers=2, n_atoms=3, **SIZES)
-SPECTRAL = NetworkConfig(hidden=5, n_layers=2, n_atoms=3, spectral_norm=True, **SIZES)
-CROSS = NetworkConfig(hidden=5, n_layers=0, n_atoms=3, position_cross=True, **SIZES)  # [obs | q x market | enc]
+LINEAR = plain_network(hidden=5, n_layers=0, n_atoms=3, **SIZES)
+TRUNK = plain_network(hidden=5, n_layers=2, n_atoms=3, **SIZES)
+SPECTRAL = plain_network(hidden=5, n_layers=2, n_atoms=3, spectral_norm=True, **SIZES)
+CROSS = plain_network(hidden=5, n_layers=0, n_atoms=3, position_cross=True, **SIZES)  # [obs | q x market | enc]
 
 
 def build(cfg):
@@ -40,18 +40,18 @@ def build(cfg):
 
 
 def test_layout_entries_width_and_fingerprint():
-    plain = ParamLayout.build(OBS, NetworkConfig(hidden=5, n_layers=2, n_atoms=3))
+    plain = ParamLayout.build(OBS, plain_network(hidden=5, n_layers=2, n_atoms=3))
     lay = build(TRUNK)
     assert lay.in_dim == OBS + 3 and lay.entry("trunk.0.weight").shape == (OBS + 3, 5)
     assert [e.name for e in lay.entries[len(plain.entries) :]] == [IN_W, HEADS, OUT_W]
     assert lay.entry(IN_W).shape == (F, 2 * 8 + 2 * 3 + 2) and lay.entry(IN_W).decay
     assert lay.entry(OUT_W).shape == (8, 3) and not lay.entry(HEADS).decay
     assert build(LINEAR).entry("head.weight").shape[0] == OBS + 3
-    longer = build(NetworkConfig(**{**vars(TRUNK), "mamba2_window": 6}))
+    longer = build(plain_network(**{**vars(TRUNK), "mamba2_window": 6}))
     assert longer.entries == lay.entries  # the window is in no shape, only in the fingerprint
     assert len({plain.fingerprint, lay.fingerprint, longer.fingerprint}) == 3
-    real = ParamLayout.build(OBS_DIM, NetworkConfig(mamba2_window=8))
-    assert real.mamba2.n_features == N_MARKET and real.in_dim == OBS_DIM + 32 and not NetworkConfig().mamba2_window
+    real = ParamLayout.build(OBS_DIM, plain_network(mamba2_window=8))
+    assert real.mamba2.n_features == N_MARKET and real.in_dim == OBS_DIM + 32 and not plain_network().mamba2_window
     p, again = init_params(lay, 5), init_params(lay, 5)
     np.testing.assert_array_equal(p, again)
     heads = p[lay.entry(HEADS).offset : lay.entry(HEADS).stop].reshape(3, 2)
@@ -68,7 +68,7 @@ def test_layout_entries_width_and_fingerprint():
 ])
 def test_unsupported_settings_are_refused(change, match):
     with pytest.raises(ConfigError, match=match):
-        build(NetworkConfig(**{**vars(TRUNK), **change}))
+        build(plain_network(**{**vars(TRUNK), **change}))
 
 
 def market(stager, rng):
@@ -82,7 +82,7 @@ def test_forward_needs_the_market_and_rows(stream, stager, rng):
     _, market_obs, day_first = market(stager, rng)
     with pytest.raises(ValueError, match="day_first"):
         net.bind_market(market_obs, stager.upload_new(np.zeros(3, np.int32)))
-    plain = ParamLayout.build(OBS, NetworkConfig(hidden=5, n_layers=0, n_atoms=3))
+    plain = ParamLayout.build(OBS, plain_network(hidden=5, n_layers=0, n_atoms=3))
     with pytest.raises(ValueError, match="no Mamba2 encoder"):
         Network(plain, ROWS, stream=stream).bind_market(market_obs, day_first)
 

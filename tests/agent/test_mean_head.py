@@ -28,8 +28,8 @@ from test_learner import (
 from fox_numba.actions import N_BRANCHES, N_DIRECTIONS
 from fox_numba.agent.mean_head import MEAN_B, MEAN_W
 from fox_numba.agent.network import Network, ParamLayout, init_params
-from fox_numba.config import NetworkConfig
 from fox_numba.errors import ConfigError
+from plain_learner import plain_network
 
 MEAN_KERNELS = {"mean_loss_kernel"}
 
@@ -42,8 +42,8 @@ def mean_config(n_layers=1, weight=1.0):
 
 
 def test_layout_appends_the_mean_entries_and_initialises_them():
-    off = ParamLayout.build(7, NetworkConfig(hidden=4, n_layers=1, n_atoms=5))
-    on = ParamLayout.build(7, NetworkConfig(hidden=4, n_layers=1, n_atoms=5, mean_head=True))
+    off = ParamLayout.build(7, plain_network(hidden=4, n_layers=1, n_atoms=5))
+    on = ParamLayout.build(7, plain_network(hidden=4, n_layers=1, n_atoms=5, mean_head=True))
     assert not off.mean_head and on.mean_head and on.fingerprint != off.fingerprint
     assert on.entries[: len(off.entries)] == off.entries  # off is the on layout's prefix
     added = [(e.name, e.shape, e.decay) for e in on.entries[len(off.entries):]]
@@ -54,7 +54,7 @@ def test_layout_appends_the_mean_entries_and_initialises_them():
     assert 0 < np.abs(p[MEAN_W]).max() <= math.sqrt(6 / (4 + N_DIRECTIONS))  # Xavier, as the C51 head
     assert not p[MEAN_B].any()
     with pytest.raises(ConfigError, match="mean_head does not combine with an IQN head"):
-        ParamLayout.build(7, NetworkConfig(n_atoms=5, mean_head=True, iqn_quantiles=2))
+        ParamLayout.build(7, plain_network(n_atoms=5, mean_head=True, iqn_quantiles=2))
 
 
 def test_mean_cross_widens_the_mean_head_alone():
@@ -62,9 +62,9 @@ def test_mean_cross_widens_the_mean_head_alone():
     columns), the C51 head keeps the observation's; the fingerprint tells it from position_cross; it is refused
     without the mean head, with a trunk and beside position_cross."""
     obs_dim = 16
-    mean = ParamLayout.build(obs_dim, NetworkConfig(n_atoms=5, mean_head=True))
-    heads = ParamLayout.build(obs_dim, NetworkConfig(n_atoms=5, mean_head=True, position_cross=True))
-    alone = ParamLayout.build(obs_dim, NetworkConfig(n_atoms=5, mean_head=True, mean_cross=True))
+    mean = ParamLayout.build(obs_dim, plain_network(n_atoms=5, mean_head=True))
+    heads = ParamLayout.build(obs_dim, plain_network(n_atoms=5, mean_head=True, position_cross=True))
+    alone = ParamLayout.build(obs_dim, plain_network(n_atoms=5, mean_head=True, mean_cross=True))
     cross = obs_dim - 6
     assert alone.cross == heads.cross == cross and alone.mean_cross and not heads.mean_cross
     assert alone.entry("head.weight").shape == mean.entry("head.weight").shape == (obs_dim, mean.entry(
@@ -75,7 +75,7 @@ def test_mean_cross_widens_the_mean_head_alone():
     for bad in (dict(mean_cross=True), dict(mean_head=True, mean_cross=True, n_layers=1),
                 dict(mean_head=True, mean_cross=True, position_cross=True)):
         with pytest.raises(ConfigError, match="mean_cross needs network.mean_head and a linear network"):
-            ParamLayout.build(obs_dim, NetworkConfig(n_atoms=5, **bad))
+            ParamLayout.build(obs_dim, plain_network(n_atoms=5, **bad))
 
 
 @pytest.mark.parametrize("part", ["position_cross", "mean_cross"])
@@ -83,7 +83,7 @@ def test_the_mean_head_reads_the_crossed_columns(stream, stager, rng, part):
     """With either crossing the mean head's input (Network.mean_input) is [obs | q obs[:, :M]] (each product one
     float32 rounding: equal to float64's rounded); the C51 heads read it with position_cross, obs with mean_cross."""
     obs_dim, rows = 10, 3
-    lay = ParamLayout.build(obs_dim, NetworkConfig(n_atoms=5, mean_head=True, **{part: True}))
+    lay = ParamLayout.build(obs_dim, plain_network(n_atoms=5, mean_head=True, **{part: True}))
     net = Network(lay, rows, stream=stream)
     obs = rng.standard_normal((rows, obs_dim)).astype(np.float32)
     net.forward(stager.upload_new(init_params(lay, 1)), stager.upload_new(obs), None, stream=stream)

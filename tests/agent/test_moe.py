@@ -13,19 +13,20 @@ import reference
 
 from fox_numba.actions import N_BRANCHES, N_HEADS
 from fox_numba.agent.network import Network, ParamLayout, init_params
-from fox_numba.config import NetworkConfig, load_config
+from fox_numba.config import load_config
 from fox_numba.device.isv import Isv, bootstrap_values
 from fox_numba.device.memory import device_zeros
 from fox_numba.errors import ConfigError
 from fox_numba.kernels.heads import head_width
+from plain_learner import plain_network
 
 OBS, ROWS, GRAD_ROWS, K, Z = 7, 6, 4, 2, 3
 HW = head_width(Z)
 VSN_GROUPS = ((0, 2), (2, 3), (3, 6), (6, 7))
-LINEAR = NetworkConfig(hidden=5, n_layers=0, n_atoms=Z, moe_experts=K)
-TRUNK = NetworkConfig(hidden=5, n_layers=2, n_atoms=Z, moe_experts=K)
-LINEAR_VSN = NetworkConfig(hidden=5, n_layers=0, n_atoms=Z, moe_experts=K, vsn=True)
-TRUNK_VSN = NetworkConfig(hidden=5, n_layers=1, n_atoms=Z, moe_experts=3, vsn=True)
+LINEAR = plain_network(hidden=5, n_layers=0, n_atoms=Z, moe_experts=K)
+TRUNK = plain_network(hidden=5, n_layers=2, n_atoms=Z, moe_experts=K)
+LINEAR_VSN = plain_network(hidden=5, n_layers=0, n_atoms=Z, moe_experts=K, vsn=True)
+TRUNK_VSN = plain_network(hidden=5, n_layers=1, n_atoms=Z, moe_experts=3, vsn=True)
 LAMBDA = 0.3
 
 
@@ -34,22 +35,22 @@ def build(cfg):
 
 
 def test_layout_entries_checks_and_fingerprints():
-    plain = ParamLayout.build(OBS, NetworkConfig(hidden=5, n_layers=2, n_atoms=Z))
+    plain = ParamLayout.build(OBS, plain_network(hidden=5, n_layers=2, n_atoms=Z))
     moe = build(TRUNK)
-    three = build(NetworkConfig(**{**vars(TRUNK), "moe_experts": 3}))
+    three = build(plain_network(**{**vars(TRUNK), "moe_experts": 3}))
     assert not plain.moe and moe.moe and moe.moe_experts == K
     assert [e.name for e in moe.entries] == [e.name for e in plain.entries] + ["moe.weight", "moe.bias"]
     assert moe.entry("head.weight").shape == (5, K * HW) and moe.entry("head.bias").shape == (K * HW,)
     assert moe.entry("moe.weight").shape == (5, N_BRANCHES * K) and moe.entry("moe.weight").decay
     assert not moe.entry("moe.bias").decay
     assert len({plain.fingerprint, moe.fingerprint, three.fingerprint}) == 3
-    iqn = build(NetworkConfig(**{**vars(TRUNK), "iqn_quantiles": 4}))
+    iqn = build(plain_network(**{**vars(TRUNK), "iqn_quantiles": 4}))
     assert [e.name for e in iqn.entries][-1] == "iqn.head.bias"  # IQN after the gate
     for k, match in ((1, "0 \\(off\\) or 2 .. 8"), (9, "0 \\(off\\) or 2 .. 8"), (-1, "0 \\(off\\) or 2 .. 8")):
         with pytest.raises(ConfigError, match=match):
-            build(NetworkConfig(**{**vars(TRUNK), "moe_experts": k}))
+            build(plain_network(**{**vars(TRUNK), "moe_experts": k}))
     with pytest.raises(ConfigError, match="NoisyNet") as err:
-        build(NetworkConfig(**{**vars(TRUNK), "noisy_sigma0": 0.5}))
+        build(plain_network(**{**vars(TRUNK), "noisy_sigma0": 0.5}))
     assert "\n" not in str(err.value)
 
 
@@ -61,7 +62,7 @@ def test_init_draws_each_expert_as_one_head_and_a_uniform_gate():
     bound = math.sqrt(6.0 / (5 + HW))  # Xavier with one head's fan-out, per expert
     assert np.abs(experts).max() <= bound and np.abs(experts).max() > 0.9 * bound
     assert not np.array_equal(experts[:, 0], experts[:, 1])  # the experts differ: the gate can route
-    plain = ParamLayout.build(OBS, NetworkConfig(hidden=5, n_layers=2, n_atoms=Z))
+    plain = ParamLayout.build(OBS, plain_network(hidden=5, n_layers=2, n_atoms=Z))
     np.testing.assert_array_equal(init_params(plain, 5)[: plain.entry("head.weight").offset],
                                   init_params(lay, 5)[: lay.entry("head.weight").offset])  # the trunk is the plain one
 

@@ -16,12 +16,12 @@ import reference
 
 from fox_numba.actions import N_HEADS
 from fox_numba.agent.network import ALIGN, Dropout, Network, ParamLayout, init_params
-from fox_numba.config import NetworkConfig
 from fox_numba.device.memory import device_zeros
 from fox_numba.kernels.heads import head_width
+from plain_learner import plain_network
 
-TINY = NetworkConfig(hidden=5, n_layers=2, n_atoms=3)
-LINEAR = NetworkConfig(hidden=5, n_layers=0, n_atoms=3)  # the default: the head reads the observation
+TINY = plain_network(hidden=5, n_layers=2, n_atoms=3)
+LINEAR = plain_network(hidden=5, n_layers=0, n_atoms=3)  # the default: the head reads the observation
 OBS = 3
 
 
@@ -50,18 +50,18 @@ def test_layout_fingerprint():
     assert a.fingerprint == b.fingerprint and len(a.fingerprint) == 16
     others = [
         ParamLayout.build(OBS + 1, TINY),
-        ParamLayout.build(OBS, NetworkConfig(hidden=6, n_layers=2, n_atoms=3)),
-        ParamLayout.build(OBS, NetworkConfig(hidden=5, n_layers=1, n_atoms=3)),
-        ParamLayout.build(OBS, NetworkConfig(hidden=5, n_layers=2, n_atoms=5)),
+        ParamLayout.build(OBS, plain_network(hidden=6, n_layers=2, n_atoms=3)),
+        ParamLayout.build(OBS, plain_network(hidden=5, n_layers=1, n_atoms=3)),
+        ParamLayout.build(OBS, plain_network(hidden=5, n_layers=2, n_atoms=5)),
     ]
     assert len({a.fingerprint} | {o.fingerprint for o in others}) == 5
-    default = ParamLayout.build(134, NetworkConfig())
+    default = ParamLayout.build(134, plain_network())
     assert [e.name for e in default.entries] == ["head.weight", "head.bias"]  # linear: the head reads the obs
     assert default.entry("head.weight").shape == (134, 17 * 51 + 1)  # the streams, then the forecast
 
 
 def test_init_is_seeded_and_scaled():
-    lay = ParamLayout.build(OBS, NetworkConfig(hidden=64, n_layers=2, n_atoms=11))
+    lay = ParamLayout.build(OBS, plain_network(hidden=64, n_layers=2, n_atoms=11))
     p0, p1, p2 = init_params(lay, 7), init_params(lay, 7), init_params(lay, 8)
     assert p0.dtype == np.float32 and p0.shape == (lay.size,)
     np.testing.assert_array_equal(p0, p1)
@@ -173,7 +173,7 @@ def test_dropout_forward_and_backward_follow_the_reference(stream, stager, rng):
 
 def test_backward_reads_the_first_grad_rows(stream, stager, rng):
     """A forward over 2B rows and a backward over the first B (the learner's s and s' batch)."""
-    lay = ParamLayout.build(OBS, NetworkConfig(hidden=4, n_layers=1, n_atoms=5))
+    lay = ParamLayout.build(OBS, plain_network(hidden=4, n_layers=1, n_atoms=5))
     p0 = init_params(lay, 11)
     obs = rng.standard_normal((8, OBS)).astype(np.float32)
     dl = rng.standard_normal((4, N_HEADS, 5)).astype(np.float32)

@@ -13,13 +13,13 @@ import reference
 from fox_numba.actions import N_HEADS
 from fox_numba.agent.network import Network, ParamLayout, init_params
 from fox_numba.agent.noisy import BIAS_SIGMA, WEIGHT_SIGMA, NoiseKey
-from fox_numba.config import NetworkConfig
 from fox_numba.device.memory import device_zeros
 from fox_numba.kernels.heads import N_STREAMS
+from plain_learner import plain_network
 
 OBS, B = 3, 4
-NOISY = NetworkConfig(hidden=5, n_layers=1, n_atoms=3, noisy_sigma0=0.5)
-PLAIN = NetworkConfig(hidden=5, n_layers=1, n_atoms=3)
+NOISY = plain_network(hidden=5, n_layers=1, n_atoms=3, noisy_sigma0=0.5)
+PLAIN = plain_network(hidden=5, n_layers=1, n_atoms=3)
 
 
 def test_layout_adds_sigma_after_the_head_and_keeps_the_plain_prefix():
@@ -36,7 +36,7 @@ def test_layout_adds_sigma_after_the_head_and_keeps_the_plain_prefix():
     np.testing.assert_array_equal(sig[BIAS_SIGMA][:z], np.float32(0.5 / math.sqrt(5)))
     assert (sig[WEIGHT_SIGMA][:, z:] == 0).all() and (sig[BIAS_SIGMA][z:] == 0).all()  # the forecast column
     with pytest.raises(ValueError, match="noisy_sigma0 >= 0"):
-        ParamLayout.build(OBS, NetworkConfig(noisy_sigma0=-0.1))
+        ParamLayout.build(OBS, plain_network(noisy_sigma0=-0.1))
 
 
 def test_noisy_forward_and_backward_follow_the_reference(stream, stager, rng):

@@ -14,15 +14,15 @@ import reference
 
 from fox_numba.actions import N_HEADS
 from fox_numba.agent.network import Network, ParamLayout, init_params
-from fox_numba.config import NetworkConfig
 from fox_numba.device.memory import device_zeros
 from fox_numba.errors import ConfigError
 from fox_numba.observation import N_PORTFOLIO, OBS_DIM
+from plain_learner import plain_network
 
 MARKET = 4
 OBS = MARKET + N_PORTFOLIO  # 4 market columns, then the portfolio part (its first column the position)
-LINEAR = NetworkConfig(hidden=5, n_layers=0, n_atoms=3, position_cross=True)
-TRUNK = NetworkConfig(hidden=5, n_layers=2, n_atoms=3, position_cross=True)
+LINEAR = plain_network(hidden=5, n_layers=0, n_atoms=3, position_cross=True)
+TRUNK = plain_network(hidden=5, n_layers=2, n_atoms=3, position_cross=True)
 
 
 def test_layout_width_fingerprint_and_refusals():
@@ -30,12 +30,12 @@ def test_layout_width_fingerprint_and_refusals():
     assert (lay.cross, lay.position_col, lay.in_dim) == (MARKET, MARKET, OBS + MARKET)
     assert lay.entry("trunk.0.weight").shape == (OBS + MARKET, 5)
     assert ParamLayout.build(OBS, LINEAR).entry("head.weight").shape[0] == OBS + MARKET
-    plain = ParamLayout.build(OBS, NetworkConfig(hidden=5, n_layers=2, n_atoms=3))
+    plain = ParamLayout.build(OBS, plain_network(hidden=5, n_layers=2, n_atoms=3))
     assert plain.cross == 0 and plain.in_dim == OBS and plain.fingerprint != lay.fingerprint
-    default = ParamLayout.build(OBS_DIM, NetworkConfig(position_cross=True))
+    default = ParamLayout.build(OBS_DIM, plain_network(position_cross=True))
     assert default.in_dim == 2 * OBS_DIM - N_PORTFOLIO and default.position_col == OBS_DIM - N_PORTFOLIO
     with pytest.raises(ConfigError, match="network.vsn"):
-        ParamLayout.build(OBS, NetworkConfig(**{**vars(TRUNK), "vsn": True}))
+        ParamLayout.build(OBS, plain_network(**{**vars(TRUNK), "vsn": True}))
     with pytest.raises(ConfigError, match="market columns"):
         ParamLayout.build(N_PORTFOLIO, LINEAR)
 

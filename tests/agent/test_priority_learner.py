@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import reference
+from plain_learner import PLAIN_OVERRIDES
 from real_trainer import SMALL, real_trainer
 from test_learner import (
     M,
@@ -217,7 +218,7 @@ def test_a_prioritised_trainer_collects_trains_and_resets(half_hour_store):
     """The real trainer with priority_alpha > 0: the collect gives every new slot the running max, a training
     epoch moves the drawn slots' priorities and the max, every attribute is a registry entry or wiring, a
     checkpoint's arrays hold the priorities, and the fold boundary clears them with the ring."""
-    rt = real_trainer(half_hour_store, [*SMALL, "learner.priority_alpha=0.5"])
+    rt = real_trainer(half_hour_store, [*SMALL, "learner.priority_alpha=0.5", *PLAIN_OVERRIDES])
     cfg, trainer, kills, best, registry = rt.cfg, rt.trainer, rt.kills, rt.best, rt.registry
     assert audit_trainer(registry, trainer, kills, best) == []
     registry.reset(FoldReset, ResetContext(fold=0, seed=cfg.run.seed, stream=trainer.stream))

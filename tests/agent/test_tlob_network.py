@@ -20,19 +20,19 @@ from fox_numba.actions import N_HEADS
 from fox_numba.agent.fold_market import day_first_rows
 from fox_numba.agent.network import Network, ParamLayout, init_params
 from fox_numba.agent.tlob import TLOB_PREFIX, TlobLayout, tlob_entries
-from fox_numba.config import NetworkConfig
 from fox_numba.errors import ConfigError
 from fox_numba.features.book import BOOK_FEATURES
 from fox_numba.observation import OBS_DIM
+from plain_learner import plain_network
 
 OBS, C, ROWS, GRAD_ROWS = 7, 6, 6, 4
 DAY_START = np.array([0, 3, 9, 16])  # the market's days: rows 0-2, 3-8, 9-15
 SAMPLE_ROWS = np.array([4, 0, 9, 15, 3, 11], np.int32)  # day starts and rows near them: every window clamps
 SIZES = dict(tlob_window=4, tlob_width=4, tlob_blocks=1, tlob_heads=2, tlob_out=3)
-LINEAR = NetworkConfig(hidden=5, n_layers=0, n_atoms=3, **SIZES)
-TRUNK = NetworkConfig(hidden=5, n_layers=2, n_atoms=3, **SIZES)
-SPECTRAL = NetworkConfig(hidden=5, n_layers=2, n_atoms=3, spectral_norm=True, **SIZES)
-TWO_BLOCKS = NetworkConfig(hidden=5, n_layers=1, n_atoms=3, **{**SIZES, "tlob_blocks": 2})
+LINEAR = plain_network(hidden=5, n_layers=0, n_atoms=3, **SIZES)
+TRUNK = plain_network(hidden=5, n_layers=2, n_atoms=3, **SIZES)
+SPECTRAL = plain_network(hidden=5, n_layers=2, n_atoms=3, spectral_norm=True, **SIZES)
+TWO_BLOCKS = plain_network(hidden=5, n_layers=1, n_atoms=3, **{**SIZES, "tlob_blocks": 2})
 
 
 def build(cfg):
@@ -40,7 +40,7 @@ def build(cfg):
 
 
 def test_layout_entries_width_and_fingerprint():
-    plain = ParamLayout.build(OBS, NetworkConfig(hidden=5, n_layers=2, n_atoms=3))
+    plain = ParamLayout.build(OBS, plain_network(hidden=5, n_layers=2, n_atoms=3))
     lay = build(TRUNK)
     assert lay.windowed and lay.mamba2 is None and lay.in_dim == OBS + 3
     assert lay.entry("trunk.0.weight").shape == (OBS + 3, 5) and build(LINEAR).entry("head.weight").shape[0] == OBS + 3
@@ -48,12 +48,12 @@ def test_layout_entries_width_and_fingerprint():
     assert [(e.name, e.shape, e.decay) for e in lay.entries[len(plain.entries) :]] == own
     assert lay.entry(f"{TLOB_PREFIX}embed.weight").shape == (BOOK_FEATURES, 4)
     assert lay.entry(f"{TLOB_PREFIX}head.weight").shape == (4 * 4, 3)
-    wider = build(NetworkConfig(**{**vars(TRUNK), "tlob_heads": 1}))  # the same shapes, other heads
+    wider = build(plain_network(**{**vars(TRUNK), "tlob_heads": 1}))  # the same shapes, other heads
     assert [e.shape for e in wider.entries] == [e.shape for e in lay.entries]
     assert len({plain.fingerprint, lay.fingerprint, wider.fingerprint, build(TWO_BLOCKS).fingerprint}) == 4
-    real = ParamLayout.build(OBS_DIM, NetworkConfig(tlob_window=8))
-    assert real.tlob.n_in == BOOK_FEATURES and real.in_dim == OBS_DIM + NetworkConfig().tlob_out
-    assert not NetworkConfig().tlob_window and not ParamLayout.build(OBS, NetworkConfig()).windowed
+    real = ParamLayout.build(OBS_DIM, plain_network(tlob_window=8))
+    assert real.tlob.n_in == BOOK_FEATURES and real.in_dim == OBS_DIM + plain_network().tlob_out
+    assert not plain_network().tlob_window and not ParamLayout.build(OBS, plain_network()).windowed
     p, again = init_params(lay, 5), init_params(lay, 5)
     np.testing.assert_array_equal(p, again)
     first = len(plain.entries)
@@ -79,7 +79,7 @@ def test_layout_entries_width_and_fingerprint():
 ])
 def test_unsupported_settings_are_refused(change, match):
     with pytest.raises(ConfigError, match=match):
-        build(NetworkConfig(**{**vars(TRUNK), **change}))
+        build(plain_network(**{**vars(TRUNK), **change}))
 
 
 def market(stager, rng):
@@ -98,7 +98,7 @@ def test_forward_needs_the_book_and_rows(stream, stager, rng):
         net.bind_market(market_obs, day_first, market_obs)  # the market part is not the book
     with pytest.raises(ValueError, match="day_first"):
         net.bind_market(market_obs, stager.upload_new(np.zeros(3, np.int32)), book_obs)
-    plain = ParamLayout.build(OBS, NetworkConfig(hidden=5, n_layers=0, n_atoms=3))
+    plain = ParamLayout.build(OBS, plain_network(hidden=5, n_layers=0, n_atoms=3))
     with pytest.raises(ValueError, match="no TLOB encoder"):
         Network(plain, ROWS, stream=stream).bind_market(market_obs, day_first, book_obs)
 

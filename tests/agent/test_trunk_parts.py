@@ -15,22 +15,22 @@ from fox_numba.actions import N_HEADS
 from fox_numba.agent.depth import StochasticDepth
 from fox_numba.agent.network import Dropout, Network, ParamLayout, init_params
 from fox_numba.agent.spectral import SpectralKey, init_vectors, vector_views, vectors_len
-from fox_numba.config import NetworkConfig
 from fox_numba.device.memory import device_zeros
 from fox_numba.kernels.depth import drop_rate
 from fox_numba.kernels.optim import OPTIM_STATE_DTYPE
+from plain_learner import plain_network
 
 OBS, ROWS, GRAD_ROWS, STEP, SEED = 3, 6, 4, 7, 3
-SPECTRAL = NetworkConfig(hidden=5, n_layers=2, n_atoms=3, spectral_norm=True)
-DEPTH = NetworkConfig(hidden=5, n_layers=3, n_atoms=3, stochastic_depth=0.5)
-BOTH = NetworkConfig(hidden=5, n_layers=3, n_atoms=3, spectral_norm=True, stochastic_depth=0.5)
-PLAIN = NetworkConfig(hidden=5, n_layers=3, n_atoms=3)
+SPECTRAL = plain_network(hidden=5, n_layers=2, n_atoms=3, spectral_norm=True)
+DEPTH = plain_network(hidden=5, n_layers=3, n_atoms=3, stochastic_depth=0.5)
+BOTH = plain_network(hidden=5, n_layers=3, n_atoms=3, spectral_norm=True, stochastic_depth=0.5)
+PLAIN = plain_network(hidden=5, n_layers=3, n_atoms=3)
 
 
 def test_layout_checks_and_fingerprints():
-    plain, spectral = ParamLayout.build(OBS, PLAIN), ParamLayout.build(OBS, NetworkConfig(**{**vars(PLAIN),
+    plain, spectral = ParamLayout.build(OBS, PLAIN), ParamLayout.build(OBS, plain_network(**{**vars(PLAIN),
                                                                                             "spectral_norm": True}))
-    residual = ParamLayout.build(OBS, NetworkConfig(**{**vars(PLAIN), "residual": True}))
+    residual = ParamLayout.build(OBS, plain_network(**{**vars(PLAIN), "residual": True}))
     depth, both = ParamLayout.build(OBS, DEPTH), ParamLayout.build(OBS, BOTH)
     assert not plain.spectral_norm and not plain.residual and plain.head_input_relu
     assert spectral.spectral_norm and residual.residual and depth.residual and not depth.head_input_relu
@@ -39,11 +39,11 @@ def test_layout_checks_and_fingerprints():
     assert len({plain.fingerprint, spectral.fingerprint, residual.fingerprint, both.fingerprint}) == 4
     assert vectors_len(spectral) == (5 + OBS) + 2 * (5 + 5)
     for bad, match in (
-        (NetworkConfig(n_layers=0, spectral_norm=True), "spectral_norm needs a trunk"),
-        (NetworkConfig(n_layers=2, spectral_norm=True, spectral_iters=0), "spectral_iters >= 1"),
-        (NetworkConfig(n_layers=1, stochastic_depth=0.2), "need n_layers >= 2"),
-        (NetworkConfig(n_layers=1, residual=True), "need n_layers >= 2"),
-        (NetworkConfig(n_layers=3, stochastic_depth=1.0), "must be in"),
+        (plain_network(n_layers=0, spectral_norm=True), "spectral_norm needs a trunk"),
+        (plain_network(n_layers=2, spectral_norm=True, spectral_iters=0), "spectral_iters >= 1"),
+        (plain_network(n_layers=1, stochastic_depth=0.2), "need n_layers >= 2"),
+        (plain_network(n_layers=1, residual=True), "need n_layers >= 2"),
+        (plain_network(n_layers=3, stochastic_depth=1.0), "must be in"),
     ):
         with pytest.raises(ValueError, match=match):
             ParamLayout.build(OBS, bad)

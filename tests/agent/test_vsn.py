@@ -11,15 +11,16 @@ from fox_numba.actions import N_HEADS
 from fox_numba.agent.network import Network, ParamLayout, init_params
 from fox_numba.agent.spectral import SpectralKey, init_vectors, vector_views
 from fox_numba.agent.vsn import observation_groups
-from fox_numba.config import FeatureConfig, NetworkConfig
+from fox_numba.config import FeatureConfig
 from fox_numba.device.memory import device_zeros
 from fox_numba.observation import OBS_DIM, column_names
+from plain_learner import plain_network
 
 OBS, ROWS, GRAD_ROWS = 7, 6, 4
 GROUPS = ((0, 2), (2, 3), (3, 6), (6, 7))
-LINEAR = NetworkConfig(hidden=5, n_layers=0, n_atoms=3, vsn=True)
-TRUNK = NetworkConfig(hidden=5, n_layers=2, n_atoms=3, vsn=True)
-SPECTRAL = NetworkConfig(hidden=5, n_layers=2, n_atoms=3, vsn=True, spectral_norm=True)
+LINEAR = plain_network(hidden=5, n_layers=0, n_atoms=3, vsn=True)
+TRUNK = plain_network(hidden=5, n_layers=2, n_atoms=3, vsn=True)
+SPECTRAL = plain_network(hidden=5, n_layers=2, n_atoms=3, vsn=True, spectral_norm=True)
 
 
 def test_groups_follow_the_observation_layout():
@@ -41,7 +42,7 @@ def test_groups_follow_the_observation_layout():
 
 
 def test_layout_checks_and_fingerprints():
-    plain = ParamLayout.build(OBS, NetworkConfig(hidden=5, n_layers=2, n_atoms=3))
+    plain = ParamLayout.build(OBS, plain_network(hidden=5, n_layers=2, n_atoms=3))
     vsn = ParamLayout.build(OBS, TRUNK, vsn_groups=GROUPS)
     other = ParamLayout.build(OBS, TRUNK, vsn_groups=((0, 3), (3, 6), (6, 7)))
     assert not plain.vsn and plain.vsn_groups == () and vsn.vsn and vsn.vsn_groups == GROUPS
@@ -50,10 +51,10 @@ def test_layout_checks_and_fingerprints():
     assert vsn.entry("vsn.weight").shape == (OBS, 4) and vsn.entry("vsn.weight").decay
     assert not vsn.entry("vsn.bias").decay
     assert len({plain.fingerprint, vsn.fingerprint, other.fingerprint}) == 3
-    iqn = ParamLayout.build(OBS, NetworkConfig(**{**vars(TRUNK), "iqn_quantiles": 4}), vsn_groups=GROUPS)
+    iqn = ParamLayout.build(OBS, plain_network(**{**vars(TRUNK), "iqn_quantiles": 4}), vsn_groups=GROUPS)
     names = [e.name for e in iqn.entries]
     assert names[: len(vsn.entries)] == [e.name for e in vsn.entries] and names[-1] == "iqn.head.bias"  # IQN last
-    real = ParamLayout.build(OBS_DIM, NetworkConfig(vsn=True))
+    real = ParamLayout.build(OBS_DIM, plain_network(vsn=True))
     assert real.vsn_groups == tuple((g.begin, g.end) for g in observation_groups(OBS_DIM))
     p = init_params(real, 5)
     assert not p[real.entry("vsn.weight").offset : real.entry("vsn.bias").stop].any()  # a uniform gate at start
@@ -62,7 +63,7 @@ def test_layout_checks_and_fingerprints():
         (TRUNK, ((0, 3), (4, 7)), "must be 2 .. 16"),
         (TRUNK, ((0, 7),), "must be 2 .. 16"),
         (TRUNK, ((0, 3), (3, 6)), "must be 2 .. 16"),
-        (NetworkConfig(n_layers=0, vsn=True, iqn_quantiles=8), GROUPS, "needs a trunk"),
+        (plain_network(n_layers=0, vsn=True, iqn_quantiles=8), GROUPS, "needs a trunk"),
     ):
         with pytest.raises(ValueError, match=match):
             ParamLayout.build(OBS, cfg, vsn_groups=groups)
@@ -131,7 +132,7 @@ def test_a_zero_gate_is_the_identity(stream, stager, rng, cfg):
     """With the gate at its initial 0 (K = 4: K * 1/4 is exactly 1) the logits and the shared entries' gradients are
     the plain network's, bit for bit."""
     lay = ParamLayout.build(OBS, cfg, vsn_groups=GROUPS)
-    plain = ParamLayout.build(OBS, NetworkConfig(**{**vars(cfg), "vsn": False}))
+    plain = ParamLayout.build(OBS, plain_network(**{**vars(cfg), "vsn": False}))
     p0 = random_params(lay, rng)
     p0[lay.entry("vsn.weight").offset : lay.entry("vsn.bias").stop] = 0.0
     obs = rng.standard_normal((ROWS, OBS)).astype(np.float32)

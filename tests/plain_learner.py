@@ -1,0 +1,29 @@
+"""The network and learner as they were before section 43's defaults (tools/results/learner_ablation_h200.md): C51
+heads acting on the directions, no mean head, no counterfactual targets. Tests of the parts that the default
+counterfactual mean-head learner refuses (a trunk under the crossed columns, IQN, prioritised replay, n-step
+returns) or adds to (the layout, the step's kernels) build their configs from here, so each says which learner it
+checks."""
+
+from typing import Any
+
+from fox_numba.config import FoxConfig, NetworkConfig
+
+PLAIN_NETWORK = {"mean_head": False, "mean_cross": False}
+PLAIN_LEARNER = {"counterfactual": False, "counterfactual_held": False}
+PLAIN_OVERRIDES = [f"network.{k}=false" for k in PLAIN_NETWORK] + [f"learner.{k}=false" for k in PLAIN_LEARNER]
+"""The same as `--set` overrides, for load_config."""
+
+
+def plain_network(**fields: Any) -> NetworkConfig:
+    """NetworkConfig(**fields) with the plain C51 direction heads unless `fields` says otherwise."""
+    return NetworkConfig(**{**PLAIN_NETWORK, **fields})
+
+
+def plain_config(**sections: Any) -> FoxConfig:
+    """FoxConfig(**sections), its network and learner plain where `sections` does not give them."""
+    cfg = FoxConfig(**sections)
+    for name, plain in (("network", PLAIN_NETWORK), ("learner", PLAIN_LEARNER)):
+        if name not in sections:
+            for key, value in plain.items():
+                setattr(getattr(cfg, name), key, value)
+    return cfg
