@@ -8,7 +8,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 
-from port_probe import PORT_COLUMNS, Book, batch_grad, held_states, step_portfolio, trade_day  # noqa: E402
+from port_probe import PORT_COLUMNS, Book, batch_grad, held_states, held_target, step_portfolio, trade_day  # noqa: E402
 from td_probe import Rows, next_position  # noqa: E402
 
 DAY_START = np.array([0, 9, 20])
@@ -85,6 +85,48 @@ def test_batch_gradient_matches_a_loop_over_rows_and_directions(rng):
             y = -rows.cost[r] * abs(qn - q[k]) + qn * reward[r] + future
             want[:, d] += 2.0 * f * (f @ w[:, d] - y) / len(t)
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+
+
+def test_held_targets_match_a_loop_over_the_bars_held(rng):
+    """`held_target`: the move's cost, the discounted PnL of each bar held, then the discounted bootstrap at the row
+    reached, or the forced close where the day ends first; at one bar the one-step target of batch_grad."""
+    b = book(rng)
+    xb = np.hstack([rng.normal(size=(20, 3)), np.ones((20, 1))])
+    reward = np.full(20, np.nan)
+    last = np.zeros(20, bool)
+    for a, e in zip(DAY_START[:-1], DAY_START[1:], strict=True):
+        reward[a : e - 1] = np.diff(b.mid[a:e])
+        last[e - 2] = True
+    rows = Rows(np.flatnonzero(np.isfinite(reward)), reward, last, reward.copy(), cost=rng.uniform(0.05, 0.2, 20))
+    cols = PORT_COLUMNS["left"]
+    w_tgt = rng.normal(size=(2 * 4 + 1, 4))
+    t = np.array([0, 4, 6, 9, 15, 17])  # bootstraps inside the day, and days that end first
+    q = np.array([1.0, -1.0, 0.0, 1.0, 0.0, -1.0])
+    gamma = 0.9
+
+    def value(r, qn):
+        left = min((b.last_row[r] - r) / 6, 1.0)
+        return max(np.concatenate([xb[r], [qn], qn * xb[r, :-1], [left]]) @ w_tgt)
+
+    for n in (1, 3, 5):
+        for qn_of in (lambda q_: next_position(q_)[:, 0], lambda q_: next_position(q_)[:, 3]):
+            qn = qn_of(q)
+            got = held_target(xb, b, rows, t, q, qn, w_tgt, gamma, cols, n)
+            for k, r in enumerate(t):
+                y, disc, r_k = -rows.cost[r] * abs(qn[k] - q[k]), 1.0, r
+                for _ in range(n):
+                    y += disc * qn[k] * reward[r_k]
+                    if last[r_k]:
+                        y -= disc * rows.cost[r_k + 1] * abs(qn[k])
+                        break
+                    r_k, disc = r_k + 1, disc * gamma
+                else:
+                    y += disc * value(r_k, qn[k])
+                np.testing.assert_allclose(got[k], y, rtol=1e-12, atol=1e-12)
+                if n == 1:  # batch_grad's one-step target: the same
+                    one = -rows.cost[r] * abs(qn[k] - q[k]) + qn[k] * reward[r] + (
+                        -rows.cost[r + 1] * abs(qn[k]) if last[r] else gamma * value(r + 1, qn[k]))
+                    np.testing.assert_allclose(got[k], one, rtol=1e-12, atol=1e-12)
 
 
 def test_a_day_traded_by_argmax_ends_flat_and_tracks_its_entries(rng):

@@ -129,11 +129,33 @@ def held_states(book: Book, t: np.ndarray, mode: str, history: int,
     return q, np.where(q != 0, book.mid[t], 0.0), np.where(q != 0, 1, 0)
 
 
+def held_target(xb: np.ndarray, book: Book, rows: Rows, t: np.ndarray, q: np.ndarray, qn: np.ndarray,
+                w_tgt: np.ndarray, gamma: float, cols: tuple[int, ...], n_step: int) -> np.ndarray:
+    """The `n_step` target of moving from q to qn at rows t and holding qn for n_step bars: the cost of the move,
+    the discounted PnL of the bars held, then gamma^n_step max_d Q_target at the row reached, or the forced close's
+    cost where the day ends first (its last row). Only for modes whose portfolio columns do not follow the held
+    position's history (u and h), since the bootstrap row's columns are priced from t alone."""
+    assert rows.cost is not None
+    y = -rows.cost[t] * np.abs(qn - q)
+    alive = np.ones(len(t), bool)
+    tk, disc = t.copy(), 1.0
+    for _ in range(n_step):
+        y = y + np.where(alive, disc * qn * rows.reward[tk], 0.0)
+        ends = alive & rows.last[tk]
+        y = y - np.where(ends, disc * rows.cost[np.minimum(tk + 1, len(rows.cost) - 1)] * np.abs(qn), 0.0)
+        alive &= ~rows.last[tk]
+        tk = np.where(alive, tk + 1, tk)
+        disc *= gamma
+    unused = np.zeros(len(t))
+    phi = features(xb[tk], qn, book.columns(tk, qn, unused, unused)[:, cols])
+    return y + np.where(alive, disc * (phi @ w_tgt).max(axis=1), 0.0)
+
+
 def batch_grad(xb: np.ndarray, book: Book, rows: Rows, t: np.ndarray, q: np.ndarray, entry: np.ndarray,
                bars: np.ndarray, w: np.ndarray, w_tgt: np.ndarray, gamma: float,
-               cols: tuple[int, ...]) -> np.ndarray:
+               cols: tuple[int, ...], n_step: int = 1) -> np.ndarray:
     """The squared TD error's gradient of the four direction values w [F, 4] on transitions t held at q (entry,
-    bars), every direction priced: 2 phi^T (phi w - y) / n."""
+    bars), every direction priced (one step, or held n_step bars: `held_target`): 2 phi^T (phi w - y) / n."""
     assert rows.cost is not None
     phi = features(xb[t], q, book.columns(t, q, entry, bars)[:, cols])
     targets = next_position(q)  # [n, 4]
@@ -141,6 +163,9 @@ def batch_grad(xb: np.ndarray, book: Book, rows: Rows, t: np.ndarray, q: np.ndar
     last = rows.last[t]
     for d in range(N_DIRECTIONS):
         qn = targets[:, d]
+        if n_step > 1:
+            y[:, d] = held_target(xb, book, rows, t, q, qn, w_tgt, gamma, cols, n_step)
+            continue
         e2, b2 = step_portfolio(q, entry, bars, qn, book.mid[t])
         phi2 = features(xb[t + 1], qn, book.columns(t + 1, qn, e2, b2)[:, cols])
         future = np.where(last, -rows.cost[t + 1] * np.abs(qn), gamma * (phi2 @ w_tgt).max(axis=1))
@@ -195,7 +220,7 @@ def behaviour(xb: np.ndarray, book: Book, rows: Rows, w: np.ndarray | None, cols
 
 
 def learn(xb: np.ndarray, book: Book, rows: Rows, mode: str, lc: LearnerConfig, seed: int, spread: float,
-          history: int) -> np.ndarray:
+          history: int, n_step: int = 1) -> np.ndarray:
     """The four direction values' weights [F, 4] learned from the agent's counterfactual batches (module header)."""
     rng = np.random.default_rng(seed)
     cols = PORT_COLUMNS[mode]
@@ -212,7 +237,7 @@ def learn(xb: np.ndarray, book: Book, rows: Rows, mode: str, lc: LearnerConfig, 
         q, entry, bars = held_states(book, t, mode, history, rng)
         stored = np.arange(n) % 4 == 0
         q, entry, bars = (np.where(stored, vq[t], q), np.where(stored, ve[t], entry), np.where(stored, vb[t], bars))
-        w = update(step, w, batch_grad(xb, book, rows, t, q, entry, bars, w, w_tgt, lc.gamma, cols))
+        w = update(step, w, batch_grad(xb, book, rows, t, q, entry, bars, w, w_tgt, lc.gamma, cols, n_step))
         w_tgt = (1 - lc.tau) * w_tgt + lc.tau * w
     return w
 
@@ -223,9 +248,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
     parser.add_argument("--history-bars", type=int, default=60, help="`history`: the longest re-held history")
+    parser.add_argument("--n-step", type=int, default=1, help="targets of holding the reached position this many "
+                        "bars (`held_target`; plain and left only)")
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE", help="config override")
     parser.add_argument("--out", type=Path, help="also write the table to this markdown file")
     args = parser.parse_args(argv)
+    if args.n_step < 1 or (args.n_step > 1 and {"agent", "history"} & set(args.modes)):
+        parser.error("--n-step must be >= 1, and above 1 only with the modes plain and left")
     cfg, selection, feats, plain = probe_setup(args.store, args.set)
     lc = cfg.learner
     lines = ["| fold | mode | traded by argmax: validation daily Sharpe | round trips/day |",
@@ -240,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
         rows = dataclasses.replace(rows, cost=half_spread(m) + cfg.env.commission / m.point_value)
         for mode in args.modes:
             cols = PORT_COLUMNS[mode]
-            fits = [learn(xb, book, rows, mode, lc, seed, cfg.env.explore_spread, args.history_bars)
+            fits = [learn(xb, book, rows, mode, lc, seed, cfg.env.explore_spread, args.history_bars, args.n_step)
                     for seed in args.seeds]
             acts = [traded_argmax(lambda a, b, w=w: trade_day(xb, book, a, b, w, cols)[0], m, cfg) for w in fits]
             lines.append(f"| {fold.index} | {mode} | {mean_se([s for s, _ in acts], 2)} | "
@@ -251,8 +280,9 @@ def main(argv: list[str] | None = None) -> int:
                  f"Store: {selection.path}, {len(selection.days)} days; seeds {args.seeds}; learner: lr {lc.lr} "
                  f"(cosine to x{lc.lr_min_frac}), batch {lc.batch_size} ({lc.batch_size // 4} transitions x 4 "
                  f"directions), {lc.epochs * lc.steps_per_epoch} steps, gamma {lc.gamma}, tau {lc.tau}; behaviour "
-                 f"spread {cfg.env.explore_spread}; history up to {args.history_bars} bars. Mean (standard error) "
-                 "over the seeds of the validation daily Sharpe of the values' argmax from flat each day.")
+                 f"spread {cfg.env.explore_spread}; history up to {args.history_bars} bars; targets of {args.n_step} "
+                 "bar(s) held. Mean (standard error) over the seeds of the validation daily Sharpe of the values' "
+                 "argmax from flat each day.")
     return 0
 
 

@@ -78,7 +78,8 @@ def test_each_day_records_its_own_steps_exactly(stager):
     """Each day's record holds exactly its own steps (3, 5, 2), with the reference's positions and dollars: a
     step too many or too few on any day changes a length or the closing step's record."""
     cfg = plain_config(env=env_config(episode_bars=8, fixed_bins=[-1, -1, -1]),  # the network's Full, as the reference
-                    network=plain_network(n_layers=0, n_atoms=2), evaluation=EvaluationConfig(chunk_bars=2))  # fmt: skip
+                       network=plain_network(n_layers=0, n_atoms=2),
+                       evaluation=EvaluationConfig(chunk_bars=2))  # fmt: skip
     fs = random_feature_set(np.random.default_rng(20), DAY_BARS)
     market = FoldMarket.build(fs, WINDOWS, cfg.features, cfg.env)
     layout = ParamLayout.build(OBS_DIM, cfg.network)
@@ -113,7 +114,7 @@ def test_fixed_bins_override_the_network_in_the_backtest(stager):
     runs = {}
     for fixed in ([-1, -1, -1], [FULL, MARKET, PATIENT]):
         cfg = plain_config(env=env_config(episode_bars=8, fixed_bins=fixed), network=net,
-                        evaluation=EvaluationConfig(chunk_bars=2))  # fmt: skip
+                           evaluation=EvaluationConfig(chunk_bars=2))  # fmt: skip
         market = FoldMarket.build(fs, WINDOWS, cfg.features, cfg.env)
         runs[tuple(fixed)] = Evaluator(market.upload(stager), cfg, layout, params, supports, isv=IsvBus(stager).values,
                                        stager=stager, use_graph=False).run()  # fmt: skip

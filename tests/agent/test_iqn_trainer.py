@@ -19,7 +19,8 @@ def test_an_iqn_trainer_collects_trains_diagnoses_and_evaluates_on_the_joint_val
     with E_IQN from the midpoint levels alone (no draw: evaluation stays a function of the parameters; the levels
     and the states are checked in tests/kernels/test_iqn_kernels.py)."""
     rt = real_trainer(half_hour_store, [*SMALL, "env.collect_steps=2", "learner.steps_per_epoch=1",
-                                        f"network.iqn_quantiles={N_TAUS}", f"network.iqn_embed={EMBED}", *PLAIN_OVERRIDES])
+                                        f"network.iqn_quantiles={N_TAUS}", f"network.iqn_embed={EMBED}",
+                                        *PLAIN_OVERRIDES])
     trainer = rt.trainer
     assert audit_trainer(rt.registry, trainer, rt.kills, rt.best) == []
     rt.registry.reset(FoldReset, ResetContext(fold=0, seed=rt.cfg.run.seed, stream=trainer.stream))
