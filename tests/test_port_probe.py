@@ -19,6 +19,16 @@ def book(rng: np.random.Generator) -> Book:
     return Book.of(mid, DAY_START, 20, max_position=4, episode_bars=6)
 
 
+def day_rows(b: Book, rng: np.random.Generator) -> Rows:
+    """The transitions of the book's two days (td_probe.fold_rows' layout) with random per-row costs."""
+    reward = np.full(20, np.nan)
+    last = np.zeros(20, bool)
+    for a, e in zip(DAY_START[:-1], DAY_START[1:], strict=True):
+        reward[a : e - 1] = np.diff(b.mid[a:e])
+        last[e - 2] = True
+    return Rows(np.flatnonzero(np.isfinite(reward)), reward, last, reward.copy(), cost=rng.uniform(0.05, 0.2, 20))
+
+
 def test_columns_and_steps_follow_the_position_history(rng):
     b = book(rng)
     moves = np.concatenate([np.diff(b.mid[0:9]), np.diff(b.mid[9:20])])
@@ -59,12 +69,8 @@ def test_batch_gradient_matches_a_loop_over_rows_and_directions(rng):
     b = book(rng)
     x = rng.normal(size=(20, 3))
     xb = np.hstack([x, np.ones((20, 1))])
-    reward = np.full(20, np.nan)
-    last = np.zeros(20, bool)
-    for a, e in zip(DAY_START[:-1], DAY_START[1:], strict=True):
-        reward[a : e - 1] = np.diff(b.mid[a:e])
-        last[e - 2] = True
-    rows = Rows(np.flatnonzero(np.isfinite(reward)), reward, last, reward.copy(), cost=rng.uniform(0.05, 0.2, 20))
+    rows = day_rows(b, rng)
+    reward, last = rows.reward, rows.last
     cols = PORT_COLUMNS["agent"]
     w, w_tgt = rng.normal(size=(2 * 4 + 3, 4)), rng.normal(size=(2 * 4 + 3, 4))
     t = np.array([1, 7, 10, 18])
@@ -92,12 +98,8 @@ def test_held_targets_match_a_loop_over_the_bars_held(rng):
     reached, or the forced close where the day ends first; at one bar the one-step target of batch_grad."""
     b = book(rng)
     xb = np.hstack([rng.normal(size=(20, 3)), np.ones((20, 1))])
-    reward = np.full(20, np.nan)
-    last = np.zeros(20, bool)
-    for a, e in zip(DAY_START[:-1], DAY_START[1:], strict=True):
-        reward[a : e - 1] = np.diff(b.mid[a:e])
-        last[e - 2] = True
-    rows = Rows(np.flatnonzero(np.isfinite(reward)), reward, last, reward.copy(), cost=rng.uniform(0.05, 0.2, 20))
+    rows = day_rows(b, rng)
+    reward, last = rows.reward, rows.last
     cols = PORT_COLUMNS["left"]
     w_tgt = rng.normal(size=(2 * 4 + 1, 4))
     t = np.array([0, 4, 6, 9, 15, 17])  # bootstraps inside the day, and days that end first
