@@ -156,7 +156,7 @@ def test_tabulate_means_standard_errors_and_ratios(suite, tmp_path):
                            "runs": {str(s): {"returncode": 0, "wall_s": 10.0} for s in (0, 1, 2)}},
                   "odd": {"role": "held_out", "build": {"reused": False, "returncode": 0, "wall_s": 2.0},
                           "runs": {"0": {"returncode": 0, "wall_s": 9.0}, "1": {"returncode": 0, "wall_s": 9.0},
-                                   "2": {"returncode": 1, "wall_s": 1.0}}}}}
+                                   "2": {"returncode": 1, "wall_s": 1.0, "error": "ValueError: boom"}}}}}
     earlier = tmp_path / "earlier.json"
     earlier.write_text(json.dumps(record))
     out = tmp_path / "table"
@@ -177,7 +177,7 @@ def test_tabulate_means_standard_errors_and_ratios(suite, tmp_path):
     assert "| odd | held_out | 2/3 | -0.25 ± 0.25 | -1.00 | +0.50 | +12.00 | n/a | -0.02 | +4.75 ± 0.25 | 6 |" in text
     assert "last epoch's validation Sharpe (chosen by nothing) in the 5 of 5 runs" in text
     assert "'in sample' is the validation Sharpe of each fold's epoch with the best validation Sharpe" in text
-    assert "| odd | -0.50 | +0.00 | exit 1 |" in text and "Failed: odd seed 2 (exit 1)" in text
+    assert "| odd | -0.50 | +0.00 | exit 1 |" in text and "Failed: odd seed 2 (exit 1: ValueError: boom)" in text
 
 
 def test_the_epoch_table_averages_folds_then_seeds_then_markets(suite, tmp_path):

@@ -3,6 +3,7 @@ and the note saying which days chose each fold's checkpoint."""
 
 import importlib.util
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -53,3 +54,16 @@ def test_tabulate_rereads_the_run_folders(tmp_path, chosen_on, note):
     assert result["across_seeds"]["last"] == pytest.approx(1.5)
     assert result["across_seeds"]["every"] == pytest.approx(1.875)
     assert result["seeds"]["3"]["wall_s"] == 11.0 and result["seeds"]["1"]["chosen_on"] == chosen_on
+
+
+def test_run_jobs_keeps_each_failed_jobs_last_log_line(tmp_path):
+    """A job that fails reports its log's last non-blank line (the exception) beside its exit code; one that
+    succeeds reports none; at most `parallel` run at a time and every job ends."""
+    module = load_script()
+    fail = [sys.executable, "-c", "import sys; print('first'); sys.exit('ValueError: boom\\n\\n')"]
+    ok = [sys.executable, "-c", "print('fine')"]
+    jobs = [module.Job("bad", fail, tmp_path / "bad.log"), module.Job("good", ok, tmp_path / "good.log")]
+    done = module.run_jobs(jobs, parallel=1, poll_s=0.01)
+    assert done["bad"]["returncode"] == 1 and done["bad"]["error"] == "ValueError: boom"
+    assert done["good"]["returncode"] == 0 and "error" not in done["good"]
+    assert (tmp_path / "bad.log").read_text().startswith("first")

@@ -331,6 +331,11 @@ def ended(run: Mapping[str, Any]) -> str:
     return "not run" if run.get("returncode") is None else f"exit {run['returncode']}"
 
 
+def why(job: Mapping[str, Any]) -> str:
+    """': ' and a failed job's last log line (run_jobs' `error`), or '' where it has none."""
+    return f": {job['error']}" if job.get("error") else ""
+
+
 def pm(value: float | None, se: float | None) -> str:
     return f"{fmt(value)} ± {fmt(se, '.2f')}" if se is not None else fmt(value)
 
@@ -384,9 +389,10 @@ def write_tables(out: Path, record: dict[str, Any]) -> int:
                  for s in record["seeds"]]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     lines += epoch_table(markets, runs, record["seeds"])
-    failed = [f"{n} store build (exit {m['build']['returncode']})" for n, m in markets.items()
+    failed = [f"{n} store build (exit {m['build']['returncode']}{why(m['build'])})" for n, m in markets.items()
               if m["build"].get("returncode", 0) != 0]
-    failed += [f"{n} seed {s} ({ended(r)})" for n in markets for s, r in runs[n].items() if r.get("returncode") != 0]
+    failed += [f"{n} seed {s} ({ended(r)}{why(r)})" for n in markets for s, r in runs[n].items()
+               if r.get("returncode") != 0]
     if failed:
         lines += ["", f"Failed: {'; '.join(failed)}; logs beside the run folders and the stores."]
     atomic_write_text(out.with_suffix(".md"), "\n".join(lines) + "\n")

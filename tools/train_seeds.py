@@ -80,7 +80,8 @@ class Job(NamedTuple):
 
 def run_jobs(jobs: Sequence[Job], parallel: int, poll_s: float = 1.0) -> dict[Hashable, dict[str, Any]]:
     """Run the jobs in order from the repository root, at most `parallel` at a time (they share the GPU), each
-    with stdout and stderr in its log; {key: {returncode, wall_s}} once all have ended."""
+    with stdout and stderr in its log; {key: {returncode, wall_s}} once all have ended, and for a job that failed
+    `error`, its log's last line (the exception, as a rule), so the tables say why without the log at hand."""
     pending = list(jobs)
     running: dict[Hashable, tuple[subprocess.Popen, float, IO[str]]] = {}
     done: dict[Hashable, dict[str, Any]] = {}
@@ -96,8 +97,16 @@ def run_jobs(jobs: Sequence[Job], parallel: int, poll_s: float = 1.0) -> dict[Ha
             if proc.poll() is not None:
                 log.close()
                 done[key] = {"returncode": proc.returncode, "wall_s": time.perf_counter() - t0}
+                if proc.returncode != 0:
+                    done[key]["error"] = last_line(log.name)
                 del running[key]
     return done
+
+
+def last_line(path: str | Path, width: int = 200) -> str:
+    """The last non-blank line of a text file, at most `width` characters ('' when it has none)."""
+    lines = [line.strip() for line in Path(path).read_text(encoding="utf-8", errors="replace").splitlines()]
+    return next((line[:width] for line in reversed(lines) if line), "")
 
 
 def train_command(args: Sequence[str], seed: int, runs: Path) -> list[str]:
