@@ -8,7 +8,16 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 
-from port_probe import PORT_COLUMNS, Book, batch_grad, held_states, held_target, step_portfolio, trade_day  # noqa: E402
+from port_probe import (  # noqa: E402
+    PORT_COLUMNS,
+    Book,
+    batch_grad,
+    enters_average,
+    held_states,
+    held_target,
+    step_portfolio,
+    trade_day,
+)
 from td_probe import Rows, next_position  # noqa: E402
 
 DAY_START = np.array([0, 9, 20])
@@ -142,3 +151,9 @@ def test_a_day_traded_by_argmax_ends_flat_and_tracks_its_entries(rng):
         e, h = step_portfolio(held[k - 1 : k], entry[k - 1 : k], bars[k - 1 : k], held[k : k + 1],
                               b.mid[8 + k : 9 + k])
         assert (entry[k], bars[k]) == (e[0], h[0]) or held[k] == 0
+
+
+def test_the_average_takes_epoch_ends_or_every_step_from_its_start():
+    """3 epochs of 4 steps, averaged from epoch 1: 'epoch' takes steps 7 and 11, 'step' steps 4-11, 'none' none."""
+    taken = {a: [s for s in range(12) if enters_average(s, 4, a, 1)] for a in ("none", "epoch", "step")}
+    assert taken == {"none": [], "epoch": [7, 11], "step": list(range(4, 12))}

@@ -219,9 +219,19 @@ def behaviour(xb: np.ndarray, book: Book, rows: Rows, w: np.ndarray | None, cols
     return q, entry, bars
 
 
+def enters_average(step: int, steps_per_epoch: int, average: str, start: int) -> bool:
+    """Whether the weights after `step` (0-based) enter the traded average (`learn`): with 'epoch' an epoch's last
+    step from epoch `start` on, with 'step' every step from there; with 'none' none (the last weights are traded)."""
+    epoch, last = step // steps_per_epoch, (step + 1) % steps_per_epoch == 0
+    return epoch >= start and (average == "step" or (average == "epoch" and last))
+
+
 def learn(xb: np.ndarray, book: Book, rows: Rows, mode: str, lc: LearnerConfig, seed: int, spread: float,
-          history: int, n_step: int = 1) -> np.ndarray:
-    """The four direction values' weights [F, 4] learned from the agent's counterfactual batches (module header)."""
+          history: int, n_step: int = 1, average: str = "none", average_start: int = 1) -> np.ndarray:
+    """The four direction values' weights [F, 4] learned from the agent's counterfactual batches (module header).
+    `average`: 'none' returns the last step's weights; 'epoch' the mean of the epoch-end weights from epoch
+    `average_start` on (the agent's evaluation.network = 'average'); 'step' the mean of every step's weights from
+    that epoch on (Polyak-Ruppert averaging)."""
     rng = np.random.default_rng(seed)
     cols = PORT_COLUMNS[mode]
     w = np.zeros((2 * xb.shape[1] + len(cols), N_DIRECTIONS))
@@ -230,6 +240,7 @@ def learn(xb: np.ndarray, book: Book, rows: Rows, mode: str, lc: LearnerConfig, 
     update = adam(lc, steps)
     noise = spread * float(np.std(rows.ret[rows.idx]))
     n = lc.batch_size // 4
+    total, count = np.zeros_like(w), 0
     for step in range(steps):
         if step % lc.steps_per_epoch == 0:
             vq, ve, vb = behaviour(xb, book, rows, w if step else None, cols, noise, rng)
@@ -239,7 +250,9 @@ def learn(xb: np.ndarray, book: Book, rows: Rows, mode: str, lc: LearnerConfig, 
         q, entry, bars = (np.where(stored, vq[t], q), np.where(stored, ve[t], entry), np.where(stored, vb[t], bars))
         w = update(step, w, batch_grad(xb, book, rows, t, q, entry, bars, w, w_tgt, lc.gamma, cols, n_step))
         w_tgt = (1 - lc.tau) * w_tgt + lc.tau * w
-    return w
+        if enters_average(step, lc.steps_per_epoch, average, average_start):
+            total, count = total + w, count + 1
+    return total / count if count else w
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -250,6 +263,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--history-bars", type=int, default=60, help="`history`: the longest re-held history")
     parser.add_argument("--n-step", type=int, default=1, help="targets of holding the reached position this many "
                         "bars (`held_target`; plain and left only)")
+    parser.add_argument("--average", choices=("none", "epoch", "step"), default="none",
+                        help="weights traded: the last step's, the mean of the epoch-end ones, or of every step's, "
+                        "from epoch --average-start on (`learn`)")
+    parser.add_argument("--average-start", type=int, default=1, help="first epoch averaged (0-based)")
+    parser.add_argument("--forecast", action="store_true", help="x also holds the forecast columns of "
+                        "features.forecast_horizons (set them with --set), crossed with q as the market columns are")
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE", help="config override")
     parser.add_argument("--out", type=Path, help="also write the table to this markdown file")
     args = parser.parse_args(argv)
@@ -260,8 +279,9 @@ def main(argv: list[str] | None = None) -> int:
     lines = ["| fold | mode | traded by argmax: validation daily Sharpe | round trips/day |",
              "| ---: | --- | ---: | ---: |"]
     for fold in make_folds(cfg.folds, selection.days):
-        m = FoldMarket.build(feats, fold, plain, cfg.env)
-        x = np.asarray(m.market_obs[:, :N_MARKET], dtype=np.float64)
+        m = FoldMarket.build(feats, fold, cfg.features if args.forecast else plain, cfg.env)
+        width = N_MARKET + (len(cfg.features.forecast_horizons) if args.forecast else 0)
+        x = np.asarray(m.market_obs[:, :width], dtype=np.float64)
         xb = np.hstack([x, np.ones((len(x), 1))])
         mid = np.asarray(m.mid, dtype=np.float64)
         book = Book.of(mid, m.day_start, m.train_stop, cfg.env.max_position, cfg.env.episode_bars)
@@ -269,8 +289,8 @@ def main(argv: list[str] | None = None) -> int:
         rows = dataclasses.replace(rows, cost=half_spread(m) + cfg.env.commission / m.point_value)
         for mode in args.modes:
             cols = PORT_COLUMNS[mode]
-            fits = [learn(xb, book, rows, mode, lc, seed, cfg.env.explore_spread, args.history_bars, args.n_step)
-                    for seed in args.seeds]
+            fits = [learn(xb, book, rows, mode, lc, seed, cfg.env.explore_spread, args.history_bars, args.n_step,
+                          args.average, args.average_start) for seed in args.seeds]
             acts = [traded_argmax(lambda a, b, w=w: trade_day(xb, book, a, b, w, cols)[0], m, cfg) for w in fits]
             lines.append(f"| {fold.index} | {mode} | {mean_se([s for s, _ in acts], 2)} | "
                          f"{mean_se([r for _, r in acts], 1, '')} |")
@@ -281,8 +301,10 @@ def main(argv: list[str] | None = None) -> int:
                  f"(cosine to x{lc.lr_min_frac}), batch {lc.batch_size} ({lc.batch_size // 4} transitions x 4 "
                  f"directions), {lc.epochs * lc.steps_per_epoch} steps, gamma {lc.gamma}, tau {lc.tau}; behaviour "
                  f"spread {cfg.env.explore_spread}; history up to {args.history_bars} bars; targets of {args.n_step} "
-                 "bar(s) held. Mean (standard error) over the seeds of the validation daily Sharpe of the values' "
-                 "argmax from flat each day.")
+                 f"bar(s) held; forecast columns: {cfg.features.forecast_horizons if args.forecast else 'none'}; "
+                 f"weights traded: averaged '{args.average}' (from epoch {args.average_start}). Mean "
+                 "(standard error) over the seeds of the validation daily Sharpe of the values' argmax from flat "
+                 "each day.")
     return 0
 
 
