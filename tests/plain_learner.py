@@ -1,5 +1,6 @@
 """The network and learner as they were before section 43's defaults (tools/results/learner_ablation_h200.md): C51
-heads acting on the directions, no mean head, no counterfactual targets. Tests of the parts that the default
+heads acting on the directions, no mean head, no counterfactual targets; and the exact fp32 dense layers (the
+default is tf32 since section 45), so that on a GPU these tests hold float32 arithmetic to their references. Tests of the parts that the default
 counterfactual mean-head learner refuses (a trunk under the crossed columns, IQN, prioritised replay, n-step
 returns) or adds to (the layout, the step's kernels) build their configs from here, so each says which learner it
 checks."""
@@ -10,7 +11,9 @@ from fox_numba.config import FoxConfig, NetworkConfig
 
 PLAIN_NETWORK = {"mean_head": False, "mean_cross": False}
 PLAIN_LEARNER = {"counterfactual": False, "counterfactual_held": False}
-PLAIN_OVERRIDES = [f"network.{k}=false" for k in PLAIN_NETWORK] + [f"learner.{k}=false" for k in PLAIN_LEARNER]
+PLAIN_RUN = {"precision": "fp32"}
+PLAIN_OVERRIDES = ([f"network.{k}=false" for k in PLAIN_NETWORK] + [f"learner.{k}=false" for k in PLAIN_LEARNER]
+                   + [f'run.{k}="{v}"' for k, v in PLAIN_RUN.items()])
 """The same as `--set` overrides, for load_config."""
 
 
@@ -20,9 +23,9 @@ def plain_network(**fields: Any) -> NetworkConfig:
 
 
 def plain_config(**sections: Any) -> FoxConfig:
-    """FoxConfig(**sections), its network and learner plain where `sections` does not give them."""
+    """FoxConfig(**sections), its network, learner and run plain where `sections` does not give them."""
     cfg = FoxConfig(**sections)
-    for name, plain in (("network", PLAIN_NETWORK), ("learner", PLAIN_LEARNER)):
+    for name, plain in (("network", PLAIN_NETWORK), ("learner", PLAIN_LEARNER), ("run", PLAIN_RUN)):
         if name not in sections:
             for key, value in plain.items():
                 setattr(getattr(cfg, name), key, value)
