@@ -1,9 +1,9 @@
 """The network and learner as they were before section 43's defaults (tools/results/learner_ablation_h200.md): C51
 heads acting on the directions, no mean head, no counterfactual targets; and the exact fp32 dense layers (the
-default is tf32 since section 45), so that on a GPU these tests hold float32 arithmetic to their references. Tests of the parts that the default
-counterfactual mean-head learner refuses (a trunk under the crossed columns, IQN, prioritised replay, n-step
-returns) or adds to (the layout, the step's kernels) build their configs from here, so each says which learner it
-checks."""
+default is tf32 since section 45), so that on a GPU these tests hold float32 arithmetic to their references. Tests
+of the parts that the default counterfactual mean-head learner refuses (a trunk under the crossed columns, IQN,
+prioritised replay, n-step returns) or adds to (the layout, the step's kernels) build their configs from here, so
+each says which learner it checks."""
 
 from typing import Any
 
