@@ -555,7 +555,7 @@ class RunConfig:
                 "operands rounded to 10 or 7 mantissa bits, fp32 accumulation; kernels/gemm_tensor.py). The simulator "
                 "always runs fp32. tf32 by default since section 45 of tools/results/learner_ablation_h200.md: on the "
                 "market suite (5 seeds) its honest figure paired with fp32's is -0.00 (SE 0.02) on the seen markets "
-                "and +0.02 (0.02) on the held-out ones, every market within 0.05, in 353 s of suite against 444 s.",
+                "and +0.02 (0.02) on the held-out ones, every market within 0.05.",
     )
     diag_every: int = opt(50, "Gradient steps between HEALTH_DIAG snapshots.")
     tensorboard: bool = opt(
