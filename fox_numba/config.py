@@ -389,6 +389,13 @@ class LearnerConfig:
     )
     steps_per_epoch: int = opt(1000, "Gradient steps per epoch.")
     epochs: int = opt(5, "Epochs per fold.")
+    fold_keep: float = opt(
+        0.8,
+        "Fold boundary shrink-and-perturb: theta = fold_keep * theta + (1 - fold_keep) * theta_fresh, theta_fresh "
+        "drawn per (run seed, fold); the reset runs at fold 0 too, over the initial network. 0.8 is the seed's; 1 "
+        "carries the network over unchanged, 0 starts every fold from a fresh network (the Adam moments are shrunk "
+        "as always: walkforward/trainer_state.py).",
+    )
     lr: float = opt(
         1e-3,
         "Adam base learning rate (before the cosine schedule and warm-up damping). 1e-3 is for the linear network "

@@ -11,6 +11,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 from port_probe import (  # noqa: E402
     PORT_COLUMNS,
     Book,
+    Carry,
     batch_grad,
     enters_average,
     held_states,
@@ -157,3 +158,12 @@ def test_the_average_takes_epoch_ends_or_every_step_from_its_start():
     """3 epochs of 4 steps, averaged from epoch 1: 'epoch' takes steps 7 and 11, 'step' steps 4-11, 'none' none."""
     taken = {a: [s for s in range(12) if enters_average(s, 4, a, 1)] for a in ("none", "epoch", "step")}
     assert taken == {"none": [], "epoch": [7, 11], "step": list(range(4, 12))}
+
+
+def test_a_carried_fold_starts_from_the_shrunk_weights_and_moments(rng):
+    """Carry.start is the agent's fold boundary (learner.fold_keep = 0.3 here): w x 0.3, m x 0.1, v x 0.01."""
+    w, m, v = rng.normal(size=(5, 4)), rng.normal(size=(5, 4)), rng.uniform(0.1, 1.0, (5, 4))
+    w0, (m0, v0) = Carry(w, [m, v]).start(0.3)
+    np.testing.assert_allclose(w0, 0.3 * w, rtol=1e-15)
+    np.testing.assert_allclose(m0, 0.1 * m, rtol=1e-7)
+    np.testing.assert_allclose(v0, 0.01 * v, rtol=1e-7)

@@ -60,6 +60,7 @@ from td_probe import (  # noqa: E402
 from fox_numba.actions import N_DIRECTIONS  # noqa: E402
 from fox_numba.agent.fold_market import FoldMarket  # noqa: E402
 from fox_numba.config import LearnerConfig  # noqa: E402
+from fox_numba.kernels.optim import ADAM_SHRINK_M, ADAM_SHRINK_V  # noqa: E402
 from fox_numba.observation import N_MARKET, UPNL_CLIP  # noqa: E402
 from fox_numba.walkforward.driver import half_spread  # noqa: E402
 from fox_numba.walkforward.folds import make_folds  # noqa: E402
@@ -226,24 +227,41 @@ def enters_average(step: int, steps_per_epoch: int, average: str, start: int) ->
     return epoch >= start and (average == "step" or (average == "epoch" and last))
 
 
+@dataclasses.dataclass
+class Carry:
+    """What a fold hands the next (`--carry`): the last weights and Adam's moments, as the agent's fold boundary
+    does with learner.fold_keep = keep: w = keep w (the replica's fresh weights are zero), m *= 0.1, v *= 0.01,
+    the step and the schedule from 0, the target re-synced (walkforward/trainer_state.py)."""
+
+    w: np.ndarray
+    moments: list[np.ndarray]
+
+    def start(self, keep: float) -> tuple[np.ndarray, list[np.ndarray]]:
+        m, v = self.moments
+        return keep * self.w, [ADAM_SHRINK_M * m, ADAM_SHRINK_V * v]
+
+
 def learn(xb: np.ndarray, book: Book, rows: Rows, mode: str, lc: LearnerConfig, seed: int, spread: float,
-          history: int, n_step: int = 1, average: str = "none", average_start: int = 1) -> np.ndarray:
-    """The four direction values' weights [F, 4] learned from the agent's counterfactual batches (module header).
-    `average`: 'none' returns the last step's weights; 'epoch' the mean of the epoch-end weights from epoch
-    `average_start` on (the agent's evaluation.network = 'average'); 'step' the mean of every step's weights from
-    that epoch on (Polyak-Ruppert averaging)."""
+          history: int, n_step: int = 1, average: str = "none", average_start: int = 1,
+          start: tuple[np.ndarray, list[np.ndarray]] | None = None) -> tuple[np.ndarray, Carry]:
+    """The four direction values' weights [F, 4] learned from the agent's counterfactual batches (module header),
+    and the state a next fold would carry. `average`: 'none' trades the last step's weights; 'epoch' the mean of
+    the epoch-end weights from epoch `average_start` on (the agent's evaluation.network = 'average'); 'step' the
+    mean of every step's weights from that epoch on (Polyak-Ruppert averaging). `start`: the weights and Adam
+    moments to begin from (Carry.start), else zeros; a carried start also drives the first epoch's behaviour."""
     rng = np.random.default_rng(seed)
     cols = PORT_COLUMNS[mode]
-    w = np.zeros((2 * xb.shape[1] + len(cols), N_DIRECTIONS))
+    w = np.zeros((2 * xb.shape[1] + len(cols), N_DIRECTIONS)) if start is None else start[0].copy()
     w_tgt = w.copy()
     steps = lc.epochs * lc.steps_per_epoch
-    update = adam(lc, steps)
+    moments = [] if start is None else [a.copy() for a in start[1]]
+    update = adam(lc, steps, moments)
     noise = spread * float(np.std(rows.ret[rows.idx]))
     n = lc.batch_size // 4
     total, count = np.zeros_like(w), 0
     for step in range(steps):
         if step % lc.steps_per_epoch == 0:
-            vq, ve, vb = behaviour(xb, book, rows, w if step else None, cols, noise, rng)
+            vq, ve, vb = behaviour(xb, book, rows, w if step or start is not None else None, cols, noise, rng)
         t = rng.choice(rows.idx, size=n)
         q, entry, bars = held_states(book, t, mode, history, rng)
         stored = np.arange(n) % 4 == 0
@@ -252,7 +270,7 @@ def learn(xb: np.ndarray, book: Book, rows: Rows, mode: str, lc: LearnerConfig, 
         w_tgt = (1 - lc.tau) * w_tgt + lc.tau * w
         if enters_average(step, lc.steps_per_epoch, average, average_start):
             total, count = total + w, count + 1
-    return total / count if count else w
+    return (total / count if count else w), Carry(w, moments)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -269,6 +287,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--average-start", type=int, default=1, help="first epoch averaged (0-based)")
     parser.add_argument("--forecast", action="store_true", help="x also holds the forecast columns of "
                         "features.forecast_horizons (set them with --set), crossed with q as the market columns are")
+    parser.add_argument("--carry", type=float, metavar="KEEP", help="each fold after the first starts from the last "
+                        "one's weights x KEEP and its Adam moments shrunk, as the agent's learner.fold_keep (`Carry`); "
+                        "default: every fold from zero")
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE", help="config override")
     parser.add_argument("--out", type=Path, help="also write the table to this markdown file")
     args = parser.parse_args(argv)
@@ -278,6 +299,7 @@ def main(argv: list[str] | None = None) -> int:
     lc = cfg.learner
     lines = ["| fold | mode | traded by argmax: validation daily Sharpe | round trips/day |",
              "| ---: | --- | ---: | ---: |"]
+    carried: dict[str, list[Carry]] = {}
     for fold in make_folds(cfg.folds, selection.days):
         m = FoldMarket.build(feats, fold, cfg.features if args.forecast else plain, cfg.env)
         width = N_MARKET + (len(cfg.features.forecast_horizons) if args.forecast else 0)
@@ -289,8 +311,11 @@ def main(argv: list[str] | None = None) -> int:
         rows = dataclasses.replace(rows, cost=half_spread(m) + cfg.env.commission / m.point_value)
         for mode in args.modes:
             cols = PORT_COLUMNS[mode]
-            fits = [learn(xb, book, rows, mode, lc, seed, cfg.env.explore_spread, args.history_bars, args.n_step,
-                          args.average, args.average_start) for seed in args.seeds]
+            prev = carried.get(mode) if args.carry is not None else None
+            out = [learn(xb, book, rows, mode, lc, seed, cfg.env.explore_spread, args.history_bars, args.n_step,
+                         args.average, args.average_start, prev[i].start(args.carry) if prev else None)
+                   for i, seed in enumerate(args.seeds)]
+            fits, carried[mode] = [w for w, _ in out], [c for _, c in out]
             acts = [traded_argmax(lambda a, b, w=w: trade_day(xb, book, a, b, w, cols)[0], m, cfg) for w in fits]
             lines.append(f"| {fold.index} | {mode} | {mean_se([s for s, _ in acts], 2)} | "
                          f"{mean_se([r for _, r in acts], 1, '')} |")
@@ -302,7 +327,8 @@ def main(argv: list[str] | None = None) -> int:
                  f"directions), {lc.epochs * lc.steps_per_epoch} steps, gamma {lc.gamma}, tau {lc.tau}; behaviour "
                  f"spread {cfg.env.explore_spread}; history up to {args.history_bars} bars; targets of {args.n_step} "
                  f"bar(s) held; forecast columns: {cfg.features.forecast_horizons if args.forecast else 'none'}; "
-                 f"weights traded: averaged '{args.average}' (from epoch {args.average_start}). Mean "
+                 f"weights traded: averaged '{args.average}' (from epoch {args.average_start}); folds after the "
+                 f"first start from {'zero' if args.carry is None else f'the last x {args.carry}'}. Mean "
                  "(standard error) over the seeds of the validation daily Sharpe of the values' argmax from flat "
                  "each day.")
     return 0

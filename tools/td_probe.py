@@ -156,10 +156,12 @@ def fold_rows(mid: np.ndarray, day_start: np.ndarray, stop: int, gamma: float) -
     return Rows(idx, reward, last, ret)
 
 
-def adam(lc: LearnerConfig, steps: int) -> Callable[[int, np.ndarray, np.ndarray], np.ndarray]:
+def adam(lc: LearnerConfig, steps: int,
+         moments: list[np.ndarray] | None = None) -> Callable[[int, np.ndarray, np.ndarray], np.ndarray]:
     """The learner's update as a function (step, w, grad) -> new w: Adam with its betas, the cosine learning rate
-    from lc.lr to lc.lr * lc.lr_min_frac over `steps`."""
-    moments: list[np.ndarray] = []
+    from lc.lr to lc.lr * lc.lr_min_frac over `steps`. `moments`: [m, v] to start from (updated in place; zeros
+    if empty or None)."""
+    moments = [] if moments is None else moments
 
     def update(step: int, w: np.ndarray, grad: np.ndarray) -> np.ndarray:
         if not moments:

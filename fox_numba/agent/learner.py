@@ -183,9 +183,6 @@ from fox_numba.kernels.signals import (
 )
 from fox_numba.kernels.spectral import spectral_epoch_stat
 
-SHRINK_KEEP = 0.8  # fold boundary: theta = 0.8 theta + 0.2 theta_fresh (the seed's shrink-and-perturb)
-
-
 def check_counterfactual(cfg: FoxConfig) -> None:
     """learner.counterfactual's requirements (config.py), a ConfigError naming the first key that breaks one: the
     untaken directions are priced as market orders of one size from a state with no resting order, with the
@@ -247,10 +244,10 @@ class Learner:
             raise ValueError(f"learner.branch_weights needs {N_BRANCHES} weights >= 0, got {lc.branch_weights}")
         if not (0.0 <= lc.gamma < 1.0 and 0.0 <= lc.lr_min_frac <= 1.0 and 0.0 <= lc.tau_min_frac <= 1.0
                 and 0.0 < lc.tau <= 1.0 and lc.batch_size >= 1 and lc.steps_per_epoch >= 1 and lc.aux_weight >= 0
-                and lc.obs_noise >= 0 and 0.0 <= lc.dropout < 1.0):
-            raise ValueError("learner config out of range: need 0 <= gamma < 1, lr_min_frac and tau_min_frac in "
-                             "[0, 1], 0 < tau <= 1, batch_size >= 1, steps_per_epoch >= 1, aux_weight >= 0, obs_noise "
-                             ">= 0, 0 <= dropout < 1")
+                and lc.obs_noise >= 0 and 0.0 <= lc.dropout < 1.0 and 0.0 <= lc.fold_keep <= 1.0):
+            raise ValueError("learner config out of range: need 0 <= gamma < 1, lr_min_frac, tau_min_frac and "
+                             "fold_keep in [0, 1], 0 < tau <= 1, batch_size >= 1, steps_per_epoch >= 1, aux_weight "
+                             ">= 0, obs_noise >= 0, 0 <= dropout < 1")
         if cfg.evaluation.average_start < 0:
             raise ValueError(f"evaluation.average_start must be >= 0, got {cfg.evaluation.average_start}")
         if lc.n_step < 1:
@@ -531,9 +528,10 @@ class Learner:
     # ---- fold boundary (each a kernel launch or two; the walk-forward driver calls them) -----------------
 
     def shrink_perturb(self, seed: int) -> None:
-        """theta = 0.8 theta + 0.2 theta_fresh, theta_fresh = init_params(layout, seed)."""
+        """theta = keep theta + (1 - keep) theta_fresh, keep = learner.fold_keep, theta_fresh = init_params(layout,
+        seed)."""
         self.stager.upload(init_params(self.layout, seed), self.fresh)
-        shrink_perturb(self.params, self.fresh, SHRINK_KEEP, stream=self.stream)
+        shrink_perturb(self.params, self.fresh, self.cfg.learner.fold_keep, stream=self.stream)
 
     def sync_target(self) -> None:
         """target = params and target supports = online supports."""

@@ -324,7 +324,7 @@ def register_isv(registry: StateResetRegistry, bus: IsvBus) -> list[Entry]:
 REQUIRED_FOLD_RESETS: tuple[str, ...] = (
     "learner.adam_moments",  # Adam m *= 0.1, v *= 0.01
     "learner.adam_step",  # Adam step counter 0 (bias correction restarts)
-    "learner.params",  # theta = 0.8 theta + 0.2 theta_fresh (seeded with ctx.seed_for)
+    "learner.params",  # theta = k theta + (1 - k) theta_fresh, k = learner.fold_keep (seeded with ctx.seed_for)
     "learner.target",  # target re-synced to the perturbed theta (registered after learner.params)
     "learner.fold_step",  # per-fold step counter 0 (warm-up gates apply again)
     "learner.adaptive_tau",  # adaptive-tau state

@@ -7,7 +7,8 @@ The registry is the one place a fold boundary's resets are written (DESIGN.md): 
     learner.adam_step      Adam's t and the schedule's per-fold step restart at 0 (bias correction, cosine,
     learner.fold_step        the warm-up gates and the curriculum of episode starts start again); one kernel
                              resets both counters
-    learner.params         theta = 0.8 theta + 0.2 theta_fresh, theta_fresh seeded per (run seed, fold)
+    learner.params         theta = k theta + (1 - k) theta_fresh, k = learner.fold_keep (0.8, the seed's),
+                           theta_fresh seeded per (run seed, fold)
     learner.target         target (and its supports) re-synced to the perturbed online network
     learner.average        the epoch-end weight average (evaluation.network = 'average') restarts there too
     learner.spectral_uv    (network.spectral_norm) the power-iteration vectors re-drawn from (run seed, fold) and
@@ -68,7 +69,8 @@ def register_trainer(registry: StateResetRegistry, trainer: Trainer, kills: Kill
              action=lambda ctx: lrn.reset_step_counter(), batch=counters)
     r.action("fold_step", FoldReset, "per-fold step counter = 0 (cosine, warm-up gates and curriculum restart)",
              fields=("optim_state",), action=lambda ctx: lrn.reset_step_counter(), batch=counters)
-    r.action("params", FoldReset, "theta = 0.8 theta + 0.2 theta_fresh (seeded per fold)", fields=("params", "fresh"),
+    r.action("params", FoldReset, "theta = k theta + (1 - k) theta_fresh, k = learner.fold_keep (seeded per fold)",
+             fields=("params", "fresh"),
              action=lambda ctx: lrn.shrink_perturb(ctx.seed_for("learner.params")))
     r.action("target", FoldReset, "target network and supports re-synced to the online ones",
              fields=("target", "support_target"), action=lambda ctx: lrn.sync_target())

@@ -556,16 +556,17 @@ def test_epoch_schedule_and_stats(stream, stager, rng):
     assert learner.epoch_stats()["steps"] == 0  # the sums restart after a read
 
 
-def test_fold_boundary_pieces(stream, stager, rng):
-    cfg = tiny_config()
+@pytest.mark.parametrize("keep", [0.8, 0.35, 0.0])
+def test_fold_boundary_pieces(stream, stager, rng, keep):
+    cfg = tiny_config(fold_keep=keep)
     learner, _ = build(stager, stream, cfg, random_replay(rng), rng.standard_normal((12, M)).astype(np.float32),
                        bootstrap_values())
     learner.train_epoch(3)
     before = host_state(learner)
     learner.shrink_perturb(seed=99)
     fresh = init_params(learner.layout, 99).astype(np.float64)
-    np.testing.assert_allclose(stager.download(learner.params), 0.8 * before["params"] + 0.2 * fresh, rtol=1e-6,
-                               atol=1e-7)
+    np.testing.assert_allclose(stager.download(learner.params), keep * before["params"] + (1 - keep) * fresh,
+                               rtol=1e-6, atol=1e-7)
     learner.sync_target()
     np.testing.assert_array_equal(stager.download(learner.target), stager.download(learner.params))
     np.testing.assert_array_equal(stager.download(learner.support_target), stager.download(learner.support_online))
@@ -620,6 +621,9 @@ def test_constructor_checks(stream, stager, rng):
                 stream=stream)
     with pytest.raises(ValueError, match="branch_weights"):
         build(stager, stream, tiny_config(branch_weights=[1.0, 1.0]), replay, market[:, :M], bootstrap_values())
+    for keep in (-0.1, 1.5):
+        with pytest.raises(ValueError, match="fold_keep"):
+            build(stager, stream, tiny_config(fold_keep=keep), replay, market[:, :M], bootstrap_values())
 
 
 def test_observation_noise_enters_the_step_only_when_asked(stream, stager, rng):
