@@ -228,6 +228,11 @@ class NetworkConfig:
         "256 memorised the default market's training window and traded worse out of sample "
         "(tools/results/learner_ablation_h200.md sections 7-9).",
     )
+    head_init_scale: float = opt(
+        1.0,
+        "The heads' initial weights (C51, IQN and mean heads: Xavier-uniform) times this; the fold boundary's fresh "
+        "draw (learner.fold_keep) too. 0 starts the heads at zero, as the linear replica tools/port_probe.py starts.",
+    )
     position_cross: bool = opt(
         False,
         "The network's first layer (the heads, without a trunk) also reads the held position times each market "

@@ -248,6 +248,8 @@ class Learner:
             raise ValueError("learner config out of range: need 0 <= gamma < 1, lr_min_frac, tau_min_frac and "
                              "fold_keep in [0, 1], 0 < tau <= 1, batch_size >= 1, steps_per_epoch >= 1, aux_weight "
                              ">= 0, obs_noise >= 0, 0 <= dropout < 1")
+        if not cfg.network.head_init_scale >= 0:
+            raise ValueError(f"network.head_init_scale must be >= 0, got {cfg.network.head_init_scale}")
         if cfg.evaluation.average_start < 0:
             raise ValueError(f"evaluation.average_start must be >= 0, got {cfg.evaluation.average_start}")
         if lc.n_step < 1:
@@ -275,7 +277,7 @@ class Learner:
         self.market_obs, self.aux_target = market_obs, aux_target
 
         # parameters, target, optimiser state (the layout's one flat buffer each)
-        self.params = stager.upload_new(init_params(layout, self.seed))
+        self.params = stager.upload_new(init_params(layout, self.seed, cfg.network.head_init_scale))
         self.target = device_empty(n, np.float32)
         self.grads = device_zeros(n, np.float32, stream=stream)
         self.adam_m = device_zeros(n, np.float32, stream=stream)
@@ -529,8 +531,8 @@ class Learner:
 
     def shrink_perturb(self, seed: int) -> None:
         """theta = keep theta + (1 - keep) theta_fresh, keep = learner.fold_keep, theta_fresh = init_params(layout,
-        seed)."""
-        self.stager.upload(init_params(self.layout, seed), self.fresh)
+        seed, network.head_init_scale)."""
+        self.stager.upload(init_params(self.layout, seed, self.cfg.network.head_init_scale), self.fresh)
         shrink_perturb(self.params, self.fresh, self.cfg.learner.fold_keep, stream=self.stream)
 
     def sync_target(self) -> None:

@@ -31,7 +31,8 @@ fingerprint hashes the table and the sizes it came from; a checkpoint stores it.
 Initialisation (`init_params`, host, float32, deterministic in (layout, seed)): each entry draws from its
 own generator numpy.random.default_rng([seed, entry index]); trunk weights Kaiming-uniform for ReLU
 (U(+-sqrt(6 / fan_in))), head weights Xavier-uniform (U(+-sqrt(6 / (fan_in + fan_out)))), so fresh logits
-have unit scale and every head starts near a smooth distribution (with MoE heads, fan_out is one expert's); biases
+have unit scale and every head starts near a smooth distribution (with MoE heads, fan_out is one expert's), times
+`head_scale` (network.head_init_scale; 0 starts the heads at zero: uniform distributions, equal values); biases
 and the VSN and MoE gates 0.
 
 `Network(layout, batch, stream=s, grad_rows=G)` keeps the forward's activations so `backward` can follow;
@@ -413,8 +414,9 @@ def cross_columns(cfg: NetworkConfig, obs_dim: int) -> int:
     return obs_dim - N_PORTFOLIO
 
 
-def init_params(layout: ParamLayout, seed: int) -> np.ndarray:
-    """Seeded, deterministic float32 parameters [layout.size] (scheme in the module header)."""
+def init_params(layout: ParamLayout, seed: int, head_scale: float = 1.0) -> np.ndarray:
+    """Seeded, deterministic float32 parameters [layout.size] (scheme in the module header); the heads' weights
+    (C51, IQN and mean heads) scaled by `head_scale`."""
     flat = np.zeros(layout.size, np.float32)
     for index, e in enumerate(layout.entries):
         if not e.decay or e.name.startswith((VSN_PREFIX, MOE_PREFIX, MAMBA2_PREFIX, TLOB_PREFIX)):
@@ -424,7 +426,7 @@ def init_params(layout: ParamLayout, seed: int) -> np.ndarray:
         if e.name == "head.weight":
             fan_out = head_width(layout.n_atoms)  # per expert: each of a mixture's K experts is drawn as one head
         xavier = e.name.startswith(("head.", IQN_HEAD_PREFIX, MEAN_HEAD_PREFIX))
-        bound = math.sqrt(6.0 / (fan_in + fan_out)) if xavier else math.sqrt(6.0 / fan_in)
+        bound = head_scale * math.sqrt(6.0 / (fan_in + fan_out)) if xavier else math.sqrt(6.0 / fan_in)
         flat[e.offset : e.stop] = rng.uniform(-bound, bound, e.size).astype(np.float32)
     if layout.noisy:
         init_sigma(flat, layout)

@@ -624,6 +624,10 @@ def test_constructor_checks(stream, stager, rng):
     for keep in (-0.1, 1.5):
         with pytest.raises(ValueError, match="fold_keep"):
             build(stager, stream, tiny_config(fold_keep=keep), replay, market[:, :M], bootstrap_values())
+    cfg = tiny_config()
+    cfg.network.head_init_scale = -0.5
+    with pytest.raises(ValueError, match="head_init_scale"):
+        build(stager, stream, cfg, replay, market[:, :M], bootstrap_values())
 
 
 def test_observation_noise_enters_the_step_only_when_asked(stream, stager, rng):

@@ -81,6 +81,23 @@ def test_init_is_seeded_and_scaled():
     assert not p0[gaps].any()
 
 
+def test_head_init_scale_scales_the_heads_alone():
+    """network.head_init_scale multiplies the heads' draws (C51 and mean head here) and leaves the trunk's."""
+    cfg = plain_network(hidden=8, n_layers=1, n_atoms=5)
+    cfg.mean_head = True
+    lay = ParamLayout.build(OBS, cfg)
+    one, part, zero = (lay.unpack(init_params(lay, 3, scale)) for scale in (1.0, 0.25, 0.0))
+    heads = [e.name for e in lay.entries if e.decay and e.name.startswith(("head.", "mean.head."))]
+    assert len(heads) == 2
+    for e in lay.entries:
+        if e.name in heads:
+            np.testing.assert_allclose(part[e.name], 0.25 * one[e.name].astype(np.float64), rtol=1e-6)
+            assert not zero[e.name].any() and one[e.name].any()
+        else:
+            np.testing.assert_array_equal(part[e.name], one[e.name])
+            np.testing.assert_array_equal(zero[e.name], one[e.name])
+
+
 def forward_backward(stager, stream, lay, p0, obs, dl, dense, grad_rows=None, daux=None):
     """(logits, grads, net) of one forward and backward; `daux` [grad_rows] goes into the forecast column of
     dhead first, as the learner's aux loss writes it (the column stays 0 without it)."""
