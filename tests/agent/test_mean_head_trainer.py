@@ -45,9 +45,12 @@ def test_with_mean_cross_the_mean_head_alone_reads_the_crossed_columns(half_hour
     position x market columns, the C51 heads the observation alone, so its weight has obs_dim + cross rows; the
     second collect step's values are that input times the weights (float64, 1e-5: sums of ~260 float32 products of
     size ~1), and in the learner's last step the head's weight gradient is its crossed s rows times dm (float64,
-    2e-5). With position_cross the head reads layer 0's crossed input: tests/agent/test_mean_head.py."""
+    2e-5). With position_cross the head reads layer 0's crossed input: tests/agent/test_mean_head.py. The run is
+    pinned to fp32: under the tf32 default a GPU's head GEMM rounds its inputs to 10-bit mantissas (the tolerance above
+    is float32's; tf32's is in tests/kernels/test_gemm_tensor.py)."""
     rt = real_trainer(half_hour_store, [*SMALL, "env.collect_steps=2", "learner.steps_per_epoch=1",
-                                        "network.mean_head=true", "network.mean_cross=true", "network.n_layers=0"])
+                                        "network.mean_head=true", "network.mean_cross=true", "network.n_layers=0",
+                                        'run.precision="fp32"'])
     trainer, lay = rt.trainer, rt.trainer.layout
     assert lay.cross > 0 and lay.entry("mean.head.weight").shape == (lay.obs_dim + lay.cross, 4)
     rt.registry.reset(FoldReset, ResetContext(fold=0, seed=rt.cfg.run.seed, stream=trainer.stream))
