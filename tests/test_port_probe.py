@@ -12,6 +12,7 @@ from port_probe import (  # noqa: E402
     PORT_COLUMNS,
     Book,
     Carry,
+    initial_weights,
     batch_grad,
     enters_average,
     held_states,
@@ -167,3 +168,13 @@ def test_a_carried_fold_starts_from_the_shrunk_weights_and_moments(rng):
     np.testing.assert_allclose(w0, 0.3 * w, rtol=1e-15)
     np.testing.assert_allclose(m0, 0.1 * m, rtol=1e-7)
     np.testing.assert_allclose(v0, 0.01 * v, rtol=1e-7)
+
+
+def test_initial_weights_are_the_mean_head_draw_scaled_with_a_zero_bias():
+    """--init-scale: U(+-s sqrt(6 / (n + 4))) in every row but the bias row; zeros at 0; the draw is the seed's."""
+    w, half = initial_weights(11, 4, 1.0, seed=3), initial_weights(11, 4, 0.5, seed=3)
+    bound = np.sqrt(6.0 / 15)
+    assert w.shape == (11, 4) and not w[4].any() and np.abs(w).max() <= bound and np.abs(w).max() > 0.5 * bound
+    np.testing.assert_allclose(half, 0.5 * w, rtol=1e-15)
+    assert not initial_weights(11, 4, 0.0, seed=3).any()
+    assert not np.array_equal(w, initial_weights(11, 4, 1.0, seed=4))

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import sys
 from pathlib import Path
 
@@ -241,17 +242,33 @@ class Carry:
         return keep * self.w, [ADAM_SHRINK_M * m, ADAM_SHRINK_V * v]
 
 
+def initial_weights(n_in: int, bias_row: int, scale: float, seed: int) -> np.ndarray:
+    """The values' starting weights [n_in, 4] (rows as `features` orders them): the agent's mean-head draw
+    (Xavier-uniform, U(+-sqrt(6 / (n_in + 4))), agent/network.py init_params) times `scale`
+    (network.head_init_scale), the bias row at 0 as the agent's bias; zeros at scale 0. Drawn from a generator of
+    its own, so the batches' draws do not move."""
+    w = np.zeros((n_in, N_DIRECTIONS))
+    if scale > 0:
+        bound = scale * math.sqrt(6.0 / (n_in + N_DIRECTIONS))
+        w[:] = np.random.default_rng([seed, 1]).uniform(-bound, bound, w.shape)
+        w[bias_row] = 0.0
+    return w
+
+
 def learn(xb: np.ndarray, book: Book, rows: Rows, mode: str, lc: LearnerConfig, seed: int, spread: float,
           history: int, n_step: int = 1, average: str = "none", average_start: int = 1,
-          start: tuple[np.ndarray, list[np.ndarray]] | None = None) -> tuple[np.ndarray, Carry]:
+          start: tuple[np.ndarray, list[np.ndarray]] | None = None,
+          init_scale: float = 0.0) -> tuple[np.ndarray, Carry]:
     """The four direction values' weights [F, 4] learned from the agent's counterfactual batches (module header),
     and the state a next fold would carry. `average`: 'none' trades the last step's weights; 'epoch' the mean of
     the epoch-end weights from epoch `average_start` on (the agent's evaluation.network = 'average'); 'step' the
     mean of every step's weights from that epoch on (Polyak-Ruppert averaging). `start`: the weights and Adam
-    moments to begin from (Carry.start), else zeros; a carried start also drives the first epoch's behaviour."""
+    moments to begin from (Carry.start), else `initial_weights` with `init_scale` (0: zeros); a carried or random
+    start also drives the first epoch's behaviour."""
     rng = np.random.default_rng(seed)
     cols = PORT_COLUMNS[mode]
-    w = np.zeros((2 * xb.shape[1] + len(cols), N_DIRECTIONS)) if start is None else start[0].copy()
+    n_in = 2 * xb.shape[1] + len(cols)
+    w = initial_weights(n_in, xb.shape[1] - 1, init_scale, seed) if start is None else start[0].copy()
     w_tgt = w.copy()
     steps = lc.epochs * lc.steps_per_epoch
     moments = [] if start is None else [a.copy() for a in start[1]]
@@ -261,7 +278,8 @@ def learn(xb: np.ndarray, book: Book, rows: Rows, mode: str, lc: LearnerConfig, 
     total, count = np.zeros_like(w), 0
     for step in range(steps):
         if step % lc.steps_per_epoch == 0:
-            vq, ve, vb = behaviour(xb, book, rows, w if step or start is not None else None, cols, noise, rng)
+            drawn = step or start is not None or init_scale > 0
+            vq, ve, vb = behaviour(xb, book, rows, w if drawn else None, cols, noise, rng)
         t = rng.choice(rows.idx, size=n)
         q, entry, bars = held_states(book, t, mode, history, rng)
         stored = np.arange(n) % 4 == 0
@@ -290,6 +308,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--carry", type=float, metavar="KEEP", help="each fold after the first starts from the last "
                         "one's weights x KEEP and its Adam moments shrunk, as the agent's learner.fold_keep (`Carry`); "
                         "default: every fold from zero")
+    parser.add_argument("--init-scale", type=float, default=0.0, help="start the weights from the agent's mean-head "
+                        "draw times this (network.head_init_scale; `initial_weights`), not from zero")
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE", help="config override")
     parser.add_argument("--out", type=Path, help="also write the table to this markdown file")
     args = parser.parse_args(argv)
@@ -313,7 +333,8 @@ def main(argv: list[str] | None = None) -> int:
             cols = PORT_COLUMNS[mode]
             prev = carried.get(mode) if args.carry is not None else None
             out = [learn(xb, book, rows, mode, lc, seed, cfg.env.explore_spread, args.history_bars, args.n_step,
-                         args.average, args.average_start, prev[i].start(args.carry) if prev else None)
+                         args.average, args.average_start, prev[i].start(args.carry) if prev else None,
+                         args.init_scale)
                    for i, seed in enumerate(args.seeds)]
             fits, carried[mode] = [w for w, _ in out], [c for _, c in out]
             acts = [traded_argmax(lambda a, b, w=w: trade_day(xb, book, a, b, w, cols)[0], m, cfg) for w in fits]
@@ -328,7 +349,8 @@ def main(argv: list[str] | None = None) -> int:
                  f"spread {cfg.env.explore_spread}; history up to {args.history_bars} bars; targets of {args.n_step} "
                  f"bar(s) held; forecast columns: {cfg.features.forecast_horizons if args.forecast else 'none'}; "
                  f"weights traded: averaged '{args.average}' (from epoch {args.average_start}); folds after the "
-                 f"first start from {'zero' if args.carry is None else f'the last x {args.carry}'}. Mean "
+                 f"first start from {'zero' if args.carry is None else f'the last x {args.carry}'}; initial weights: "
+                 f"{'zero' if not args.init_scale else f'the mean head draw x {args.init_scale}'}. Mean "
                  "(standard error) over the seeds of the validation daily Sharpe of the values' argmax from flat "
                  "each day.")
     return 0
