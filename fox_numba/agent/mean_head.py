@@ -34,7 +34,7 @@ from fox_numba.agent.dense import WeightGrad, dense_backward_input, dense_forwar
 from fox_numba.device.memory import device_empty
 from fox_numba.device.runtime import device_address
 from fox_numba.kernels.learner import BranchRows
-from fox_numba.kernels.mean_head import mean_loss
+from fox_numba.kernels.mean_head import mean_loss, mean_loss_partials_shape
 
 if TYPE_CHECKING:
     from fox_numba.agent.network import ParamLayout
@@ -66,6 +66,7 @@ class MeanStep:
         self.m = device_empty((2 * batch, N_DIRECTIONS), np.float32)  # online: s rows, then s' rows
         self.m_tgt = device_empty((batch, N_DIRECTIONS), np.float32)
         self.dm = device_empty((batch, N_DIRECTIONS), np.float32)
+        self.partials = device_empty(mean_loss_partials_shape(batch), np.float64)
         self.dx = device_empty((batch, layout.head_in), np.float32) if layout.n_layers else None
         self._wgrad = WeightGrad(self.kind, batch, layout.mean_in, N_DIRECTIONS)
 
@@ -76,7 +77,7 @@ class MeanStep:
         b, p = self.batch, self._p
         dense_forward(self.kind, x, p[MEAN_W], p[MEAN_B], self.m, relu=False, stream=stream)
         dense_forward(self.kind, x_next, self._t[MEAN_W], self._t[MEAN_B], self.m_tgt, relu=False, stream=stream)
-        mean_loss(self.m, self.m_tgt, actions, rows, self.weight, self.dm, epoch, stream=stream)
+        mean_loss(self.m, self.m_tgt, actions, rows, self.weight, self.dm, self.partials, epoch, stream=stream)
         x_s = x[:b]
         self._wgrad(x_s, self.dm, self._g[MEAN_W], self._g[MEAN_B], stream=stream)
         if self.dx is not None:

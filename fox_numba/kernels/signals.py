@@ -148,7 +148,7 @@ def tree_sums(acc, n_sums, tid):
 
 
 @cuda.jit(device=True)
-def _sum_partials(partials, n_partials, acc, n_sums, tid):
+def sum_partials(partials, n_partials, acc, n_sums, tid):
     """acc[k, tid] = partials[j, k] summed over j = tid, tid + blockDim, ... (k < n_sums), in order."""
     for k in range(n_sums):
         acc[k, tid] = float64(0.0)
@@ -218,7 +218,7 @@ def q_finish(partials, isv, epoch, n_partials, n_rows, n_atoms):
     tid = cuda.threadIdx.x
     acc = cuda.shared.array((N_Q_SUMS, STATS_BLOCK), float64)
     top = cuda.shared.array(STATS_BLOCK, float64)
-    _sum_partials(partials, n_partials, acc, N_Q_SUMS, tid)
+    sum_partials(partials, n_partials, acc, N_Q_SUMS, tid)
     hi = float64(0.0)
     j = tid
     while j < n_partials:
@@ -285,7 +285,7 @@ def loss_finish(partials, isv, epoch, n_partials, n_samples):
     """The loss signals of the module header from the first n_partials partials of `loss_partials`."""
     tid = cuda.threadIdx.x
     acc = cuda.shared.array((N_LOSS_SUMS, STATS_BLOCK), float64)
-    _sum_partials(partials, n_partials, acc, N_LOSS_SUMS, tid)
+    sum_partials(partials, n_partials, acc, N_LOSS_SUMS, tid)
     tree_sums(acc, N_LOSS_SUMS, tid)
     if tid == 0:
         n_rows = n_samples * N_BRANCHES

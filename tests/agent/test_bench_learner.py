@@ -22,4 +22,4 @@ def test_bench_learner_tiny(tmp_path, extra):
     assert results["command"].endswith(" ".join(["--tiny", *extra]))
     text = out.with_suffix(".md").read_text()
     assert "| graph, each replay waiting" in text and "learner.select_q_rows" in text
-    assert ("mean_head.mean_loss_kernel" in text) == bool(extra)
+    assert ("mean_head.mean_loss_partials" in text) == bool(extra)

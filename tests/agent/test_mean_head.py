@@ -31,7 +31,7 @@ from fox_numba.agent.network import Network, ParamLayout, init_params
 from fox_numba.errors import ConfigError
 from plain_learner import plain_network
 
-MEAN_KERNELS = {"mean_loss_kernel"}
+MEAN_KERNELS = {"mean_loss_partials", "mean_loss_finish"}
 
 
 def mean_config(n_layers=1, weight=1.0):
@@ -152,8 +152,8 @@ def test_at_weight_zero_the_c51_gradient_is_the_mean_less_steps(stream, stager, 
     first = next(k for k, (a, b) in enumerate(zip(step, names[1])) if a != b)
     backward = first + len(step) - len(names[1]) - 1  # the head's launches, less the trunk's axpy
     mean = step[first:backward]  # the dense kernels' names depend on the path (simulator or GPU, tiled or TF32)
-    assert all("fwd" in n for n in mean[:2]) and mean[2] == "mean_loss_kernel", mean
-    assert all("wgrad" in n for n in mean[3:-1]) and "bwd_in" in mean[-1], mean
+    assert all("fwd" in n for n in mean[:2]) and mean[2:4] == ["mean_loss_partials", "mean_loss_finish"], mean
+    assert all("wgrad" in n for n in mean[4:-1]) and "bwd_in" in mean[-1], mean
     rest = step[:first] + step[backward:]
     rest.remove("axpy_f32")  # the head's input gradient added into the trunk's
     assert rest == names[1]  # otherwise the mean-less step's launches, in order

@@ -12,24 +12,24 @@ import pytest
 from fox_numba.actions import N_BRANCHES, N_DIRECTIONS
 from fox_numba.device.memory import device_empty
 from fox_numba.kernels.learner import BranchRows
-from fox_numba.kernels.mean_head import mean_loss
+from fox_numba.kernels.mean_head import mean_loss, mean_loss_partials_shape
 from fox_numba.kernels.signals import N_EPOCH_STATS, EpochStat
 
 B = 37  # more samples than the simulator's block has threads, so threads walk several
 
 
-def loss_inputs(rng):
+def loss_inputs(rng, b=B):
     """Random heads of a few units, random actions, branch rows whose non-direction rows hold decoys (read, the test
     fails); three samples' next-state heads tie exactly between two directions."""
-    m = rng.standard_normal((2 * B, N_DIRECTIONS)).astype(np.float32)
-    m[B + 3, [1, 3]] = m[B + 3].max() + 0.5  # a* ties 1 and 3: the lowest wins
-    m[B + 8, [0, 2]] = m[B + 8].max() + 0.25
-    m[B + 20, :] = 0.75  # all four tie: direction 0
-    m_tgt = rng.standard_normal((B, N_DIRECTIONS)).astype(np.float32)
-    actions = np.stack([rng.integers(0, 4, B)] + [rng.integers(0, 3, B) for _ in range(3)], 1).astype(np.int32)
-    rewards = (0.5 * rng.standard_normal(N_BRANCHES * B)).astype(np.float32)
-    discounts = rng.uniform(0, 0.95, N_BRANCHES * B).astype(np.float32)
-    weights = rng.uniform(0.1, 1, N_BRANCHES * B).astype(np.float32) / B
+    m = rng.standard_normal((2 * b, N_DIRECTIONS)).astype(np.float32)
+    m[b + 3, [1, 3]] = m[b + 3].max() + 0.5  # a* ties 1 and 3: the lowest wins
+    m[b + 8, [0, 2]] = m[b + 8].max() + 0.25
+    m[b + 20, :] = 0.75  # all four tie: direction 0
+    m_tgt = rng.standard_normal((b, N_DIRECTIONS)).astype(np.float32)
+    actions = np.stack([rng.integers(0, 4, b)] + [rng.integers(0, 3, b) for _ in range(3)], 1).astype(np.int32)
+    rewards = (0.5 * rng.standard_normal(N_BRANCHES * b)).astype(np.float32)
+    discounts = rng.uniform(0, 0.95, N_BRANCHES * b).astype(np.float32)
+    weights = rng.uniform(0.1, 1, N_BRANCHES * b).astype(np.float32) / b
     weights[N_BRANCHES * 5] = 0.0  # a direction row of weight 0: no gradient, no share of the loss
     return m, m_tgt, actions, rewards, discounts, weights
 
@@ -52,23 +52,26 @@ def mean_loss64(m, m_tgt, actions, rewards, discounts, weights, weight):
 
 def run(stream, stager, inputs, weight, epoch0):
     m, m_tgt, actions, rewards, discounts, weights = inputs
-    rows = BranchRows(B, 2)
+    b = m_tgt.shape[0]
+    rows = BranchRows(b, 2)
     for name, arr in (("rewards", rewards), ("discounts", discounts), ("weights", weights)):
         stager.upload(arr, getattr(rows, name))
-    dm = stager.upload_new(np.full((B, N_DIRECTIONS), np.nan, np.float32))
+    dm = stager.upload_new(np.full((b, N_DIRECTIONS), np.nan, np.float32))
     epoch = stager.upload_new(epoch0)
     up = stager.upload_new
-    mean_loss(up(m), up(m_tgt), up(actions), rows, weight, dm, epoch, stream=stream)
+    partials = device_empty(mean_loss_partials_shape(b), np.float64)
+    mean_loss(up(m), up(m_tgt), up(actions), rows, weight, dm, partials, epoch, stream=stream)
     return stager.download(dm), stager.download(epoch)
 
 
-def test_mean_loss_every_gradient_element_and_the_epoch_sums(stream, stager, rng):
-    inputs = loss_inputs(rng)
+@pytest.mark.parametrize("b", [B, 600])  # 600: three blocks' partials on the GPU (one under the simulator)
+def test_mean_loss_every_gradient_element_and_the_epoch_sums(stream, stager, rng, b):
+    inputs = loss_inputs(rng, b)
     epoch0 = rng.uniform(0, 1, N_EPOCH_STATS)
     dm, epoch = run(stream, stager, inputs, 0.8, epoch0)
     want_dm, want_loss, want_gap = mean_loss64(*inputs, 0.8)
     np.testing.assert_allclose(dm, want_dm, rtol=1e-6, atol=1e-6)
-    assert (dm != 0).sum() == B - 1  # one taken column per sample, but the weight-0 row
+    assert (dm != 0).sum() == b - 1  # one taken column per sample, but the weight-0 row
     want = epoch0.copy()
     want[EpochStat.LOSS_MEAN] += want_loss
     want[EpochStat.MEAN_GAP] += want_gap
@@ -109,9 +112,12 @@ def test_mean_loss_checks_its_arguments(stream, stager):
     m, m_tgt = device_empty((2 * B, N_DIRECTIONS), np.float32), device_empty((B, N_DIRECTIONS), np.float32)
     actions, dm = device_empty((B, N_BRANCHES), np.int32), device_empty((B, N_DIRECTIONS), np.float32)
     epoch = device_empty(N_EPOCH_STATS, np.float64)
+    part = device_empty(mean_loss_partials_shape(B), np.float64)
     with pytest.raises(ValueError, match="mean_weight"):
-        mean_loss(m, m_tgt, actions, rows, -0.5, dm, epoch, stream=stream)
+        mean_loss(m, m_tgt, actions, rows, -0.5, dm, part, epoch, stream=stream)
     with pytest.raises(ValueError, match="m_tgt"):
-        mean_loss(m, m, actions, rows, 1.0, dm, epoch, stream=stream)
+        mean_loss(m, m, actions, rows, 1.0, dm, part, epoch, stream=stream)
     with pytest.raises(ValueError, match="actions"):
-        mean_loss(m, m_tgt, device_empty((B, N_BRANCHES), np.float32), rows, 1.0, dm, epoch, stream=stream)
+        mean_loss(m, m_tgt, device_empty((B, N_BRANCHES), np.float32), rows, 1.0, dm, part, epoch, stream=stream)
+    with pytest.raises(ValueError, match="partials"):
+        mean_loss(m, m_tgt, actions, rows, 1.0, dm, device_empty((1, 2), np.float64), epoch, stream=stream)
