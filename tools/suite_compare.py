@@ -1,12 +1,14 @@
 """Configs against a baseline on the market suite, paired by seed: one markdown table from tools/suite.py JSONs.
 
-    python3 tools/suite_compare.py tools/results/suite_default_h200.json NAME=tools/results/suite_X.json [...]
+    python3 tools/suite_compare.py [--by-fold] tools/results/suite_default_h200.json NAME=tools/results/suite_X.json [...]
 
 Per market (and pooled over the seen and over the held-out markets, a seed's pooled figure being its mean over
 the group's markets): the baseline's honest mean, then for each config its mean and its difference from the
 baseline paired by seed, with the standard error of that difference. Pairing by seed removes what the seed
 does to both runs alike (the same collect streams and initial weights), so the paired standard error is the
-one that says whether a config differs; a difference inside two of them is noise.
+one that says whether a config differs; a difference inside two of them is noise. --by-fold gives a row per market
+and fold instead (each fold's honest checkpoint, the runs' `folds` entries), no pooled rows: where a config's
+difference comes from.
 """
 
 from __future__ import annotations
@@ -34,6 +36,21 @@ def per_seed(suite: dict[str, Any]) -> dict[str, dict[int, float]]:
     return table
 
 
+def per_seed_fold(suite: dict[str, Any]) -> dict[str, dict[int, float]]:
+    """{"MARKET fold K": {seed: that fold's honest figure}} of the runs' fold rows with a finite figure, in the
+    suite's market order, then by fold."""
+    table: dict[str, dict[int, float]] = {}
+    for market, entry in suite["markets"].items():
+        folds: dict[int, dict[int, float]] = {}
+        for s, run in entry["runs"].items():
+            for row in run.get("folds") or []:
+                value = row.get("agent")
+                if value is not None and math.isfinite(value):
+                    folds.setdefault(int(row["fold"]), {})[int(s)] = value
+        table |= {f"{market} fold {k}": folds[k] for k in sorted(folds)}
+    return table
+
+
 def paired(base: dict[int, float], other: dict[int, float]) -> str:
     seeds = sorted(set(base) & set(other))
     if len(seeds) < 2:
@@ -46,11 +63,13 @@ def mean(values: dict[int, float]) -> str:
     return f"{statistics.mean(values.values()):+.2f}" if values else "n/a"
 
 
-def compare(base: dict[str, Any], others: list[tuple[str, dict[str, Any]]]) -> str:
+def compare(base: dict[str, Any], others: list[tuple[str, dict[str, Any]]], by_fold: bool = False) -> str:
     """The markdown table (module docstring)."""
-    b = per_seed(base)
-    tables = [(name, per_seed(s)) for name, s in others]
+    rows_of = per_seed_fold if by_fold else per_seed
+    b = rows_of(base)
+    tables = [(name, rows_of(s)) for name, s in others]
     roles = {m: e.get("role", "") for m, e in base["markets"].items()}
+    roles |= {row: roles[row.rsplit(" fold ", 1)[0]] for row in b if " fold " in row}
     head = "| market | role | baseline | " + " | ".join(f"{n} | paired" for n, _ in tables) + " |"
     rows = [head, "| --- | --- | ---: | " + " | ".join("---: | ---:" for _ in tables) + " |"]
     for market in b:
@@ -62,6 +81,7 @@ def compare(base: dict[str, Any], others: list[tuple[str, dict[str, Any]]]) -> s
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--by-fold", action="store_true", help="a row per market and fold (module docstring)")
     parser.add_argument("baseline", type=Path, help="the baseline's tools/suite.py JSON")
     parser.add_argument("configs", nargs="+", help="NAME=PATH of each config's tools/suite.py JSON")
     args = parser.parse_args(argv)
@@ -71,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         if not sep:
             parser.error(f"expected NAME=PATH, got {item!r}")
         others.append((name, json.loads(Path(path).read_text())))
-    print(compare(json.loads(args.baseline.read_text()), others), end="")
+    print(compare(json.loads(args.baseline.read_text()), others, args.by_fold), end="")
     return 0
 
 

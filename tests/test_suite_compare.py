@@ -1,0 +1,56 @@
+"""tools/suite_compare.py: per market (and pooled, or per fold) the baseline's mean, each config's mean and the
+seed-paired difference with its standard error, on small suite records written here."""
+
+import json
+import math
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+
+from suite_compare import compare, main  # noqa: E402
+
+
+def suite(honest: dict[str, list[float]], fold1_shift: float = 0.0) -> dict:
+    """A suite record (tools/suite.py JSON) of markets a (seen) and b (held out), each seed's honest figure the mean
+    of its two folds: fold 0 at honest - 1 - fold1_shift, fold 1 at honest + 1 + fold1_shift."""
+    markets = {}
+    for name, values in honest.items():
+        runs = {str(s): {"honest": v, "folds": [{"fold": 0, "agent": v - 1 - fold1_shift},
+                                                {"fold": 1, "agent": v + 1 + fold1_shift}]}
+                for s, v in enumerate(values)}  # fmt: skip
+        markets[name] = {"role": "seen" if name == "a" else "held_out", "runs": runs}
+    return {"markets": markets, "pooled": {"seen": {"markets": ["a"]}, "held_out": {"markets": ["b"]}}}
+
+
+def cells(table: str) -> dict[str, list[str]]:
+    return {r.split("|")[1].strip(): [c.strip() for c in r.split("|")[2:-1]] for r in table.splitlines()[2:]}
+
+
+def test_paired_difference_per_market_and_pooled():
+    base = suite({"a": [1.0, 2.0, 3.0], "b": [0.0, 0.5, 1.0]})
+    other = suite({"a": [1.5, 2.1, 3.9], "b": [0.0, 0.5, 1.0]})
+    rows = cells(compare(base, [("x", other)]))
+    diff = [0.5, 0.1, 0.9]
+    se = statistics.stdev(diff) / math.sqrt(3)
+    assert rows["a"] == ["seen", "+2.00", "+2.50", f"+{statistics.mean(diff):.2f} ({se:.2f})"]
+    assert rows["b"][2:] == ["+0.50", "+0.00 (0.00)"]
+    assert rows["seen, pooled"][1:3] == ["+2.00", "+2.50"]
+
+
+def test_by_fold_rows_show_where_a_difference_comes_from(tmp_path, capsys):
+    """The other config moves 0.5 from fold 0 to fold 1 of every run: the pooled rows see nothing, the fold rows
+    see -0.5 and +0.5 with a zero standard error."""
+    base = suite({"a": [1.0, 2.0, 3.0], "b": [0.0, 0.5, 1.0]})
+    other = suite({"a": [1.0, 2.0, 3.0], "b": [0.0, 0.5, 1.0]}, fold1_shift=0.5)
+    assert cells(compare(base, [("x", other)]))["a"][-1] == "+0.00 (0.00)"
+    rows = cells(compare(base, [("x", other)], by_fold=True))
+    assert list(rows) == ["a fold 0", "a fold 1", "b fold 0", "b fold 1"]
+    assert rows["a fold 0"] == ["seen", "+1.00", "+0.50", "-0.50 (0.00)"]
+    assert rows["b fold 1"] == ["held out", "+1.50", "+2.00", "+0.50 (0.00)"]
+    paths = [tmp_path / "base.json", tmp_path / "x.json"]
+    for path, record in zip(paths, (base, other), strict=True):
+        path.write_text(json.dumps(record))
+    assert main(["--by-fold", str(paths[0]), f"x={paths[1]}"]) == 0
+    assert "| a fold 1 | seen | +3.00 | +3.50 | +0.50 (0.00) |" in capsys.readouterr().out
