@@ -11,7 +11,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 from port_probe import (  # noqa: E402
     PORT_COLUMNS,
     Book,
+    AGENT_GRAD_SCALE,
     Carry,
+    in_risk_units,
     initial_weights,
     batch_grad,
     enters_average,
@@ -178,3 +180,16 @@ def test_initial_weights_are_the_mean_head_draw_scaled_with_a_zero_bias():
     np.testing.assert_allclose(half, 0.5 * w, rtol=1e-15)
     assert not initial_weights(11, 4, 0.0, seed=3).any()
     assert not np.array_equal(w, initial_weights(11, 4, 1.0, seed=4))
+
+
+def test_risk_units_divide_rewards_returns_and_costs_and_the_agents_gradient_is_an_eighth(rng):
+    """--agent-units: every money figure of the rows over the risk unit in points; the agent's mean-head loss
+    (kernels/mean_head.py) averages e**2 / 2 over B = 4 n rows where batch_grad takes 2 / n over n transitions."""
+    b = book(rng)
+    rows = day_rows(b, rng)
+    scaled = in_risk_units(rows, 2.5)
+    for name in ("reward", "ret", "cost"):
+        np.testing.assert_allclose(getattr(scaled, name), getattr(rows, name) / 2.5, rtol=1e-15)
+    np.testing.assert_array_equal(scaled.idx, rows.idx)
+    n = 5
+    assert AGENT_GRAD_SCALE * 2.0 / n == 1.0 / (4 * n)

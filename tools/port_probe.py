@@ -255,16 +255,32 @@ def initial_weights(n_in: int, bias_row: int, scale: float, seed: int) -> np.nda
     return w
 
 
+AGENT_GRAD_SCALE = 1.0 / 8.0
+"""The agent's mean-head gradient over this fit's: sum over B rows of e x / B (kernels/mean_head.py, w_i = 1 / B)
+against 2 / n times the sum over n = B / 4 transitions of their four directions' e x (`batch_grad`)."""
+
+
+def in_risk_units(rows: Rows, risk_points: float) -> Rows:
+    """`rows` with rewards, returns and costs divided by the agent's risk unit in price points (env.max_position x
+    the one-bar mid change's standard deviation: FoldMarket.risk_unit / point_value), the units of its rewards."""
+    assert rows.cost is not None
+    return dataclasses.replace(rows, reward=rows.reward / risk_points, ret=rows.ret / risk_points,
+                               cost=rows.cost / risk_points)
+
+
 def learn(xb: np.ndarray, book: Book, rows: Rows, mode: str, lc: LearnerConfig, seed: int, spread: float,
           history: int, n_step: int = 1, average: str = "none", average_start: int = 1,
           start: tuple[np.ndarray, list[np.ndarray]] | None = None,
-          init_scale: float = 0.0) -> tuple[np.ndarray, Carry]:
+          init_scale: float = 0.0, agent_units: bool = False) -> tuple[np.ndarray, Carry]:
     """The four direction values' weights [F, 4] learned from the agent's counterfactual batches (module header),
     and the state a next fold would carry. `average`: 'none' trades the last step's weights; 'epoch' the mean of
     the epoch-end weights from epoch `average_start` on (the agent's evaluation.network = 'average'); 'step' the
     mean of every step's weights from that epoch on (Polyak-Ruppert averaging). `start`: the weights and Adam
     moments to begin from (Carry.start), else `initial_weights` with `init_scale` (0: zeros); a carried or random
-    start also drives the first epoch's behaviour."""
+    start also drives the first epoch's behaviour. `agent_units`: the gradient of the agent's mean-head loss, the
+    mean over the batch's rows (each a transition's direction) of e**2 / 2, one eighth of this fit's 2 / n sum
+    over transitions, and Adam with the agent's epsilon (learner.adam_eps); pass rows in risk units with it
+    (`in_risk_units`)."""
     rng = np.random.default_rng(seed)
     cols = PORT_COLUMNS[mode]
     n_in = 2 * xb.shape[1] + len(cols)
@@ -272,7 +288,8 @@ def learn(xb: np.ndarray, book: Book, rows: Rows, mode: str, lc: LearnerConfig, 
     w_tgt = w.copy()
     steps = lc.epochs * lc.steps_per_epoch
     moments = [] if start is None else [a.copy() for a in start[1]]
-    update = adam(lc, steps, moments)
+    update = adam(lc, steps, moments, lc.adam_eps if agent_units else 1e-8)
+    grad_scale = AGENT_GRAD_SCALE if agent_units else 1.0
     noise = spread * float(np.std(rows.ret[rows.idx]))
     n = lc.batch_size // 4
     total, count = np.zeros_like(w), 0
@@ -284,7 +301,8 @@ def learn(xb: np.ndarray, book: Book, rows: Rows, mode: str, lc: LearnerConfig, 
         q, entry, bars = held_states(book, t, mode, history, rng)
         stored = np.arange(n) % 4 == 0
         q, entry, bars = (np.where(stored, vq[t], q), np.where(stored, ve[t], entry), np.where(stored, vb[t], bars))
-        w = update(step, w, batch_grad(xb, book, rows, t, q, entry, bars, w, w_tgt, lc.gamma, cols, n_step))
+        w = update(step, w, grad_scale * batch_grad(xb, book, rows, t, q, entry, bars, w, w_tgt, lc.gamma, cols,
+                                                    n_step))
         w_tgt = (1 - lc.tau) * w_tgt + lc.tau * w
         if enters_average(step, lc.steps_per_epoch, average, average_start):
             total, count = total + w, count + 1
@@ -310,6 +328,8 @@ def main(argv: list[str] | None = None) -> int:
                         "default: every fold from zero")
     parser.add_argument("--init-scale", type=float, default=0.0, help="start the weights from the agent's mean-head "
                         "draw times this (network.head_init_scale; `initial_weights`), not from zero")
+    parser.add_argument("--agent-units", action="store_true", help="rewards in the agent's risk units, its "
+                        "mean-head loss's gradient scale and its Adam epsilon (`learn`, `in_risk_units`)")
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE", help="config override")
     parser.add_argument("--out", type=Path, help="also write the table to this markdown file")
     args = parser.parse_args(argv)
@@ -317,8 +337,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--n-step must be >= 1, and above 1 only with the modes plain and left")
     cfg, selection, feats, plain = probe_setup(args.store, args.set)
     lc = cfg.learner
-    lines = ["| fold | mode | traded by argmax: validation daily Sharpe | round trips/day |",
-             "| ---: | --- | ---: | ---: |"]
+    lines = ["| fold | mode | traded by argmax: validation daily Sharpe | round trips/day | per seed |",
+             "| ---: | --- | ---: | ---: | --- |"]
     carried: dict[str, list[Carry]] = {}
     for fold in make_folds(cfg.folds, selection.days):
         m = FoldMarket.build(feats, fold, cfg.features if args.forecast else plain, cfg.env)
@@ -329,17 +349,19 @@ def main(argv: list[str] | None = None) -> int:
         book = Book.of(mid, m.day_start, m.train_stop, cfg.env.max_position, cfg.env.episode_bars)
         rows = fold_rows(mid, m.day_start, m.train_stop, lc.gamma)
         rows = dataclasses.replace(rows, cost=half_spread(m) + cfg.env.commission / m.point_value)
+        if args.agent_units:
+            rows = in_risk_units(rows, m.risk_unit / m.point_value)
         for mode in args.modes:
             cols = PORT_COLUMNS[mode]
             prev = carried.get(mode) if args.carry is not None else None
             out = [learn(xb, book, rows, mode, lc, seed, cfg.env.explore_spread, args.history_bars, args.n_step,
                          args.average, args.average_start, prev[i].start(args.carry) if prev else None,
-                         args.init_scale)
+                         args.init_scale, args.agent_units)
                    for i, seed in enumerate(args.seeds)]
             fits, carried[mode] = [w for w, _ in out], [c for _, c in out]
             acts = [traded_argmax(lambda a, b, w=w: trade_day(xb, book, a, b, w, cols)[0], m, cfg) for w in fits]
             lines.append(f"| {fold.index} | {mode} | {mean_se([s for s, _ in acts], 2)} | "
-                         f"{mean_se([r for _, r in acts], 1, '')} |")
+                         f"{mean_se([r for _, r in acts], 1, '')} | {' '.join(f'{s:+.2f}' for s, _ in acts)} |")
             print(lines[-1], flush=True)
     finish_table(lines, args.out, "port_probe.py", argv,
                  "The agent's counterfactual batch and portfolio columns in the linear fit",
@@ -350,9 +372,11 @@ def main(argv: list[str] | None = None) -> int:
                  f"bar(s) held; forecast columns: {cfg.features.forecast_horizons if args.forecast else 'none'}; "
                  f"weights traded: averaged '{args.average}' (from epoch {args.average_start}); folds after the "
                  f"first start from {'zero' if args.carry is None else f'the last x {args.carry}'}; initial weights: "
-                 f"{'zero' if not args.init_scale else f'the mean head draw x {args.init_scale}'}. Mean "
+                 f"{'zero' if not args.init_scale else f'the mean head draw x {args.init_scale}'}; units: "
+                 f"{f'the agent (risk units, Adam eps {lc.adam_eps})' if args.agent_units else 'price points'}. Mean "
                  "(standard error) over the seeds of the validation daily Sharpe of the values' argmax from flat "
-                 "each day.")
+                 "each day, and each seed's (in order; a seed's random draws are the same in every variant, so two "
+                 "variants pair by seed).")
     return 0
 
 

@@ -1,6 +1,7 @@
 """Configs against a baseline on the market suite, paired by seed: one markdown table from tools/suite.py JSONs.
 
-    python3 tools/suite_compare.py [--by-fold] tools/results/suite_default_h200.json NAME=tools/results/suite_X.json [...]
+    python3 tools/suite_compare.py [--by-fold] tools/results/suite_default_h200.json \
+        NAME=tools/results/suite_X.json [...]
 
 Per market (and pooled over the seen and over the held-out markets, a seed's pooled figure being its mean over
 the group's markets): the baseline's honest mean, then for each config its mean and its difference from the

@@ -156,11 +156,11 @@ def fold_rows(mid: np.ndarray, day_start: np.ndarray, stop: int, gamma: float) -
     return Rows(idx, reward, last, ret)
 
 
-def adam(lc: LearnerConfig, steps: int,
-         moments: list[np.ndarray] | None = None) -> Callable[[int, np.ndarray, np.ndarray], np.ndarray]:
-    """The learner's update as a function (step, w, grad) -> new w: Adam with its betas, the cosine learning rate
-    from lc.lr to lc.lr * lc.lr_min_frac over `steps`. `moments`: [m, v] to start from (updated in place; zeros
-    if empty or None)."""
+def adam(lc: LearnerConfig, steps: int, moments: list[np.ndarray] | None = None,
+         eps: float = 1e-8) -> Callable[[int, np.ndarray, np.ndarray], np.ndarray]:
+    """The learner's update as a function (step, w, grad) -> new w: Adam with its betas and `eps`, the cosine
+    learning rate from lc.lr to lc.lr * lc.lr_min_frac over `steps`. `moments`: [m, v] to start from (updated in
+    place; zeros if empty or None)."""
     moments = [] if moments is None else moments
 
     def update(step: int, w: np.ndarray, grad: np.ndarray) -> np.ndarray:
@@ -173,7 +173,7 @@ def adam(lc: LearnerConfig, steps: int,
         v += (1 - lc.adam_beta2) * grad * grad
         lr = lc.lr * (lc.lr_min_frac + (1 - lc.lr_min_frac) * 0.5 * (1 + math.cos(math.pi * step / steps)))
         m_hat, v_hat = m / (1 - lc.adam_beta1 ** (step + 1)), v / (1 - lc.adam_beta2 ** (step + 1))
-        return w - lr * m_hat / (np.sqrt(v_hat) + 1e-8)
+        return w - lr * m_hat / (np.sqrt(v_hat) + eps)
 
     return update
 
