@@ -38,16 +38,17 @@ def vsn_config(vsn, n_layers=1):
 @pytest.mark.parametrize("n_layers", [0, 1])
 def test_steps_launch_the_gate_and_follow_the_seed(stream, stager, rng, n_layers):
     """On: the online forward gates (and produces the focus), the target forward gates, the backward takes one gate
-    gradient; two learners of one seed give the same bits. Off: not one VSN kernel."""
+    gradient; two learners of one seed give the same bits. Off: not one VSN kernel (one learner: the plain step's
+    determinism is test_learner's)."""
     replay, market, isv0 = random_replay(rng), rng.standard_normal((12, M)).astype(np.float32), steady_isv(rng)
     for vsn in (False, True):
         cfg = vsn_config(vsn, n_layers)
         runs = []
-        for _ in range(2):
+        for _ in range(2 if vsn else 1):
             learner, isv = build(stager, stream, cfg, replay, market, isv0, seed=3)
             learner.train_epoch(2)
             runs.append({**host_state(learner), "isv": stager.download(isv)})
-        for key in runs[0]:
+        for key in runs[0] if vsn else ():
             np.testing.assert_array_equal(runs[0][key], runs[1][key], err_msg=f"vsn={vsn}: {key}")
         names = [r.kernel.rsplit(".", 1)[1] for r in learner.graph.launches]
         if not vsn:
