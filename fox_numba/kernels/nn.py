@@ -167,7 +167,8 @@ class LinearWeightGrad:
 
     The batch is cut into `splits` chunks of `chunk` rows; each block sums its chunk for one output
     tile into `partial_w[s]` (and the first row of tiles into `partial_b[s]`), a narrow layer's one thread per
-    element and split (`narrow`, module header), then `wgrad_reduce` adds the splits in order. The partial buffers are allocated here, once, so calls can be captured.
+    element and split (`narrow`, module header), then `wgrad_reduce` adds the splits in order. The partial
+    buffers are allocated here, once, so calls can be captured.
     """
 
     def __init__(

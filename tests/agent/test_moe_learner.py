@@ -4,7 +4,6 @@ float64, the fold-boundary resets, a checkpoint of another layout refused, and a
 (HEALTH_DIAG's moe_* words, epoch stat moe_balance) and evaluates with the mixture on."""
 
 import importlib.util
-import json
 import math
 from pathlib import Path
 
