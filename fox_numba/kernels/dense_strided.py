@@ -3,7 +3,6 @@
     strided_linear_forward(x, w, b, y, relu=True, stream=s)      y  = relu(x @ w + b)
     strided_linear_backward_input(dy, w, dx, act=a, stream=s)    dx = (dy @ w.T) * (a > 0)  (act=None: no mask)
     strided_linear_weight_grad(x, dy, dw, db, stream=s)          dw = x.T @ dy, db = dy summed over the rows
-    strided_weight_grad_splits(x, dy, pw, pb, chunk, stream=s)   pw[s], pb[s]: the same over rows [s*chunk, +chunk)
 
 The same operations as `fox_numba.kernels.nn` (same shapes, same argument checks), computed the plain way:
 each output element is one thread's chain of multiply-adds over the reduction in index order from 0
@@ -11,15 +10,10 @@ each output element is one thread's chain of multiply-adds over the reduction in
 is, so forward and backward-input give the tiled kernels' bits, and so does the weight gradient wherever
 the tiled one runs the batch in one split (B <= its minimum split, 128 rows).
 
-The split form is the tiled weight gradient's first pass at its split plan (kernels.gemm.wgrad_reduce adds the
-splits in order, for both), so with the same plan the two give the same bits at any batch.
-
 Why a second path: the tiled kernels start blocks of 256 threads with a barrier per reduction step. That
 is right for the network's real sizes on the GPU, and ruinous under the CUDA simulator, which runs each
 thread as a Python thread (~0.3 s per block): a tiny network's training step there would take seconds.
-`Network` picks these kernels under the simulator (and on request), the tiled ones on the GPU. On the GPU
-kernels.nn also runs them for narrow layers (a few output columns), where a tile of 128 columns would compute
-mostly padding.
+`Network` picks these kernels under the simulator (and on request), the tiled ones on the GPU.
 Launch shape: 1-D grid-stride over the outputs; no shared memory, no barriers, no atomics.
 """
 
@@ -34,7 +28,6 @@ from fox_numba.device.registry import register
 
 _F1 = float32[::1]
 _F2 = float32[:, ::1]
-_F3 = float32[:, :, ::1]
 
 
 @register((_F2, _F2, _F1, _F2, int32, int32))
@@ -97,35 +90,6 @@ def dense_wgrad(x, dy, dw, db, n):
         t += cuda.gridsize(1)
 
 
-@register((_F2, _F2, _F3, _F2, int32, int32))
-@cuda.jit
-def dense_wgrad_splits(x, dy, pw, pb, chunk, n):
-    """pw[s, k, j] = sum_i x[i, k] dy[i, j] and pb[s, j] = sum_i dy[i, j] over the rows i of split s, [s * chunk,
-    (s + 1) * chunk), in order; n = S * (K * N + N)."""
-    n_k, n_cols = pw.shape[1], pw.shape[2]
-    n_w = n_k * n_cols
-    per = n_w + n_cols
-    t = cuda.grid(1)
-    while t < n:
-        s = t // per
-        u = t - s * per
-        lo = s * chunk
-        hi = min(lo + chunk, x.shape[0])
-        acc = float32(0.0)
-        if u < n_w:
-            k = u // n_cols
-            j = u - k * n_cols
-            for i in range(lo, hi):
-                acc += x[i, k] * dy[i, j]
-            pw[s, k, j] = acc
-        else:
-            j = u - n_w
-            for i in range(lo, hi):
-                acc += dy[i, j]
-            pb[s, j] = acc
-        t += cuda.gridsize(1)
-
-
 def _shape(arr: Any) -> tuple[int, ...]:
     return tuple(int(d) for d in arr.shape)
 
@@ -166,16 +130,3 @@ def strided_linear_weight_grad(x: Any, dy: Any, dw: Any, db: Any, *, stream: Any
     _check("strided_linear_weight_grad", {"x": x, "dy": dy, "dw": dw, "db": db},
            {"x": (n_batch, k), "dy": (n_batch, n), "dw": (k, n), "db": (n,)})
     launch_strided(dense_wgrad, k * n + n, x, dy, dw, db, i32(k * n + n), stream=stream)
-
-
-def strided_weight_grad_splits(x: Any, dy: Any, pw: Any, pb: Any, chunk: int, *, stream: Any) -> None:
-    """pw[s] = x[rows of s].T @ dy[rows of s], pb[s] = those rows of dy summed, for the S = len(pw) splits of
-    `chunk` rows (the last one shorter); kernels.gemm.wgrad_reduce then adds them in order."""
-    n_batch, k, n = _shape(x)[0], _shape(x)[-1], _shape(dy)[-1]
-    splits = _shape(pw)[0]
-    if chunk < 1 or -(-n_batch // chunk) != splits:
-        raise ValueError(f"strided_weight_grad_splits: {splits} splits of {chunk} rows do not cover {n_batch} rows")
-    _check("strided_weight_grad_splits", {"x": x, "dy": dy, "pw": pw, "pb": pb},
-           {"x": (n_batch, k), "dy": (n_batch, n), "pw": (splits, k, n), "pb": (splits, n)})
-    total = splits * (k * n + n)
-    launch_strided(dense_wgrad_splits, total, x, dy, pw, pb, i32(chunk), i32(total), stream=stream)

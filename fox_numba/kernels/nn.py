@@ -22,12 +22,12 @@ give the same bits under either configuration; the weight gradient's bits depend
 - `precision="tf32"` or `"bf16"` takes that format's one configuration (128 x 128 tiles, 2 blocks per SM, the
   128x8 split plan): its operands are rounded to 10 (TF32) or 7 (bf16) mantissa bits, so its bits differ from the
   fp32 kernels'.
-- narrow layers, at every precision: an output of at most NARROW_COLS columns (forward, weight gradient) or a
-  reduction over at most NARROW_COLS (backward-input) runs the grid-stride kernels of kernels/dense_strided.py, one
-  thread per output element (the weight gradient per split, at the fp32 split plan). A 128-column tile of which 4
-  columns are used (the mean head's, a mixture's gate) costs about a full layer's time; these are exact fp32 and
-  give the fp32 tiled kernels' bits, so fp32 results are unchanged and the other precisions compute these layers
-  in fp32. An explicit `config` keeps the tiled kernels.
+- narrow layers, at every precision: an output of at most NARROW_COLS columns (forward, weight gradient) runs the
+  kernels of kernels/dense_narrow.py (the weight gradient at the fp32 split plan), a backward-input reducing over
+  at most NARROW_COLS the grid-stride one of kernels/dense_strided.py (one thread per output element, a chain of
+  at most 8). A 128-column tile of which 4 columns are used (the mean head's, a mixture's gate) costs about a wide
+  layer's time; these are exact fp32 and give the fp32 tiled kernels' bits, so fp32 results are unchanged and the
+  other precisions compute these layers in fp32. An explicit `config` keeps the tiled kernels.
 """
 
 from __future__ import annotations
@@ -40,11 +40,9 @@ from fox_numba.config import CHOICES
 from fox_numba.device.launch import check_array, i32, launch, launch_tiles
 from fox_numba.device.memory import device_empty
 from fox_numba.kernels import gemm_tensor as tc
-from fox_numba.kernels.dense_strided import (
-    strided_linear_backward_input,
-    strided_linear_forward,
-    strided_weight_grad_splits,
-)
+from fox_numba.kernels.dense_narrow import COLS as NARROW_COLS
+from fox_numba.kernels.dense_narrow import narrow_forward, narrow_weight_grad_splits
+from fox_numba.kernels.dense_strided import strided_linear_backward_input
 from fox_numba.kernels.gemm import BK, CONFIGS, GEMMS, Config, GemmKernels, wgrad_reduce
 
 SMS = 132  # multiprocessors of an H200, the wave the choices fill: a constant, so no result depends on the GPU
@@ -52,7 +50,6 @@ MAX_PAD = 1.25  # 128x8 may pad the output at most this much more than a 64 tile
 MIN_BLOCKS_128 = 3 * SMS // 4  # 128x8 needs this many blocks
 LONG_REDUCTION = 16 * BK  # ... each reducing over this many rows at least
 MIN_SPLIT_ROWS = 16 * BK  # batch rows per weight-gradient split at least
-NARROW_COLS = 8  # layers this narrow run the grid-stride kernels (module header)
 
 _FLAG = {False: np.int32(0), True: np.int32(1)}
 
@@ -95,7 +92,7 @@ def _gemm(name: str) -> GemmKernels:
 
 
 def _narrow(precision: str, config: str | None, cols: int) -> bool:
-    """Whether a layer of `cols` outputs (or reducing over `cols`, backward-input) runs the grid-stride kernels."""
+    """Whether a layer of `cols` outputs (or reducing over `cols`, backward-input) runs the narrow kernels."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
     return config is None and cols <= NARROW_COLS
@@ -136,7 +133,7 @@ def linear_forward(
         {"x": (n_batch, k), "w": (k, n), "b": (n,), "y": (n_batch, n)},
     )
     if _narrow(precision, config, n):
-        strided_linear_forward(x, w, b, y, relu=relu, stream=stream)
+        narrow_forward(x, w, b, y, relu=relu, stream=stream)
         return
     g = _gemm(_config(precision, config, n_batch, n, k))
     grid = (_cdiv(n, g.config.tile), _cdiv(n_batch, g.config.tile))
@@ -166,8 +163,8 @@ class LinearWeightGrad:
     """dw = x.T @ dy and db = sum of dy over the batch for a fixed (batch, k, n), deterministically.
 
     The batch is cut into `splits` chunks of `chunk` rows; each block sums its chunk for one output
-    tile into `partial_w[s]` (and the first row of tiles into `partial_b[s]`), a narrow layer's one thread per
-    element and split (`narrow`, module header), then `wgrad_reduce` adds the splits in order. The partial
+    tile into `partial_w[s]` (and the first row of tiles into `partial_b[s]`; a narrow layer's kernel, `narrow`,
+    module header), then `wgrad_reduce` adds the splits in order. The partial
     buffers are allocated here, once, so calls can be captured.
     """
 
@@ -209,7 +206,7 @@ class LinearWeightGrad:
         g = self.gemm
         pw, pb = self.partial_w, self.partial_b
         if self.narrow:
-            strided_weight_grad_splits(x, dy, pw, pb, self.chunk, stream=stream)
+            narrow_weight_grad_splits(x, dy, pw, pb, self.chunk, stream=stream)
         else:
             launch_tiles(g.wgrad, (*self.grid_tiles, self.splits), g.config.threads, x, dy, pw, pb, i32(self.chunk),
                          stream=stream)

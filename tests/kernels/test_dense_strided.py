@@ -13,9 +13,8 @@ from fox_numba.kernels.dense_strided import (
     strided_linear_backward_input,
     strided_linear_forward,
     strided_linear_weight_grad,
-    strided_weight_grad_splits,
 )
-from fox_numba.kernels.nn import NARROW_COLS, LinearWeightGrad, linear_backward_input, linear_forward
+from fox_numba.kernels.nn import LinearWeightGrad, linear_backward_input, linear_forward
 
 U = 2.0**-24
 B, K, N = 9, 6, 11
@@ -93,55 +92,6 @@ def test_weight_grad(stream, stager, data):
     grads(dev_x, dev_dy, tw, tb, stream=stream)
     np.testing.assert_array_equal(stager.download(tw).view(np.uint32), got_w.view(np.uint32))
     np.testing.assert_array_equal(stager.download(tb).view(np.uint32), got_b.view(np.uint32))
-
-
-def test_weight_grad_splits_against_float64_and_the_tiled_kernel(stream, stager, rng):
-    """Each split's partial against float64 over its own rows (the last split shorter), and the partials equal to the
-    tiled kernel's at the same plan, bit for bit."""
-    b, k, n, chunk = 300, 6, 4, 128
-    x, dy = rng.standard_normal((b, k)).astype(np.float32), rng.standard_normal((b, n)).astype(np.float32)
-    dev_x, dev_dy = stager.upload_new(x), stager.upload_new(dy)
-    pw, pb = nan(stager, 3, k, n), nan(stager, 3, n)
-    strided_weight_grad_splits(dev_x, dev_dy, pw, pb, chunk, stream=stream)
-    got_w, got_b = stager.download(pw), stager.download(pb)
-    for s in range(3):
-        x64, dy64 = x[s * chunk:(s + 1) * chunk].astype(np.float64), dy[s * chunk:(s + 1) * chunk].astype(np.float64)
-        within(got_w[s], x64.T @ dy64, gamma(len(x64)) * (np.abs(x64).T @ np.abs(dy64)))
-        within(got_b[s], dy64.sum(0), gamma(len(x64)) * np.abs(dy64).sum(0))
-    tiled = LinearWeightGrad(b, k, n, config="64x4", chunk=chunk)
-    assert tiled.splits == 3
-    tiled(dev_x, dev_dy, nan(stager, k, n), nan(stager, n), stream=stream)
-    np.testing.assert_array_equal(stager.download(tiled.partial_w).view(np.uint32), got_w.view(np.uint32))
-    np.testing.assert_array_equal(stager.download(tiled.partial_b).view(np.uint32), got_b.view(np.uint32))
-    with pytest.raises(ValueError, match="do not cover"):
-        strided_weight_grad_splits(dev_x, dev_dy, pw, pb, 64, stream=stream)
-
-
-def test_narrow_layers_take_the_strided_kernels_at_every_precision(stream, stager, rng):
-    """kernels.nn runs a layer of at most NARROW_COLS outputs (or a backward-input reducing over as few) on these
-    kernels, at the fp32 split plan, whatever the precision: asked for tf32, the tiled fp32 bits (the tensor-core
-    kernels cannot run here, so a launch that reached them would fail), the weight gradient over several splits."""
-    precision = "tf32"
-    b, k, n = 300, 6, NARROW_COLS
-    x, w = rng.standard_normal((b, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
-    bias, dy = rng.standard_normal(n).astype(np.float32), rng.standard_normal((b, n)).astype(np.float32)
-    dev_x, dev_w, dev_b, dev_dy = (stager.upload_new(a) for a in (x, w, bias, dy))
-    y, y_tiled = nan(stager, b, n), nan(stager, b, n)
-    linear_forward(dev_x, dev_w, dev_b, y, relu=True, stream=stream, precision=precision)
-    linear_forward(dev_x, dev_w, dev_b, y_tiled, relu=True, stream=stream, config="64x4")
-    np.testing.assert_array_equal(stager.download(y).view(np.uint32), stager.download(y_tiled).view(np.uint32))
-    dx, dx_tiled = nan(stager, b, k), nan(stager, b, k)
-    linear_backward_input(dev_dy, dev_w, dx, act=dev_x, stream=stream, precision=precision)
-    linear_backward_input(dev_dy, dev_w, dx_tiled, act=dev_x, stream=stream, config="64x4")
-    np.testing.assert_array_equal(stager.download(dx).view(np.uint32), stager.download(dx_tiled).view(np.uint32))
-    narrow = LinearWeightGrad(b, k, n, precision=precision)
-    assert narrow.narrow and narrow.splits > 1
-    tiled = LinearWeightGrad(b, k, n, config=narrow.gemm.config.name, chunk=narrow.chunk)
-    outs = [(nan(stager, k, n), nan(stager, n)) for _ in range(2)]
-    for grads, (dw, db) in zip((narrow, tiled), outs, strict=True):
-        grads(dev_x, dev_dy, dw, db, stream=stream)
-    for a, t in zip(*outs, strict=True):
-        np.testing.assert_array_equal(stager.download(a).view(np.uint32), stager.download(t).view(np.uint32))
 
 
 def test_shapes_are_checked(stream, stager, data):
