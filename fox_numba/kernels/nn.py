@@ -20,14 +20,8 @@ give the same bits under either configuration; the weight gradient's bits depend
 - the weight gradient splits the batch into chunks of whole BK-row steps: enough splits to fill one wave
   of resident blocks, none shorter than MIN_SPLIT_ROWS (shorter ones measured slower).
 - `precision="tf32"` or `"bf16"` takes that format's one configuration (128 x 128 tiles, 2 blocks per SM, the
-  128x8 split plan): its operands are rounded to 10 (TF32) or 7 (bf16) mantissa bits, so its bits differ from the
-  fp32 kernels'.
-- narrow layers, at every precision: an output of at most NARROW_COLS columns (forward, weight gradient) runs the
-  kernels of kernels/dense_narrow.py (the weight gradient at the fp32 split plan), a backward-input reducing over
-  at most NARROW_COLS the grid-stride one of kernels/dense_strided.py (one thread per output element, a chain of
-  at most 8). A 128-column tile of which 4 columns are used (the mean head's, a mixture's gate) costs about a wide
-  layer's time; these are exact fp32 and give the fp32 tiled kernels' bits, so fp32 results are unchanged and the
-  other precisions compute these layers in fp32. An explicit `config` keeps the tiled kernels.
+  128x8 split plan), whatever the shapes: its operands are rounded to 10 (TF32) or 7 (bf16) mantissa bits, so its
+  bits differ from the fp32 kernels'.
 """
 
 from __future__ import annotations
@@ -40,9 +34,6 @@ from fox_numba.config import CHOICES
 from fox_numba.device.launch import check_array, i32, launch, launch_tiles
 from fox_numba.device.memory import device_empty
 from fox_numba.kernels import gemm_tensor as tc
-from fox_numba.kernels.dense_narrow import COLS as NARROW_COLS
-from fox_numba.kernels.dense_narrow import narrow_forward, narrow_weight_grad_splits
-from fox_numba.kernels.dense_strided import strided_linear_backward_input
 from fox_numba.kernels.gemm import BK, CONFIGS, GEMMS, Config, GemmKernels, wgrad_reduce
 
 SMS = 132  # multiprocessors of an H200, the wave the choices fill: a constant, so no result depends on the GPU
@@ -91,13 +82,6 @@ def _gemm(name: str) -> GemmKernels:
     return KERNEL_SETS[name]
 
 
-def _narrow(precision: str, config: str | None, cols: int) -> bool:
-    """Whether a layer of `cols` outputs (or reducing over `cols`, backward-input) runs the narrow kernels."""
-    if precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
-    return config is None and cols <= NARROW_COLS
-
-
 def _config(precision: str, config: str | None, rows: int, cols: int, reduction: int) -> str:
     """The configuration: `config` when given, the tensor-core kernels of precision 'tf32' or 'bf16', else the
     shapes' pick."""
@@ -132,9 +116,6 @@ def linear_forward(
         {"x": x, "w": w, "b": b, "y": y},
         {"x": (n_batch, k), "w": (k, n), "b": (n,), "y": (n_batch, n)},
     )
-    if _narrow(precision, config, n):
-        narrow_forward(x, w, b, y, relu=relu, stream=stream)
-        return
     g = _gemm(_config(precision, config, n_batch, n, k))
     grid = (_cdiv(n, g.config.tile), _cdiv(n_batch, g.config.tile))
     launch_tiles(g.fwd, grid, g.config.threads, x, w, b, y, _FLAG[relu], stream=stream)
@@ -150,9 +131,6 @@ def linear_backward_input(
     if act is not None:
         arrays["act"], expected["act"] = act, (n_batch, k)
     _check("linear_backward_input", "dy[B,N] @ w[K,N].T -> dx[B,K], act[B,K]", arrays, expected)
-    if _narrow(precision, config, n):
-        strided_linear_backward_input(dy, w, dx, act=act, stream=stream)
-        return
     g = _gemm(_config(precision, config, n_batch, k, n))
     grid = (_cdiv(k, g.config.tile), _cdiv(n_batch, g.config.tile))
     mask_src = dx if act is None else act  # not read when the mask is off
@@ -163,9 +141,8 @@ class LinearWeightGrad:
     """dw = x.T @ dy and db = sum of dy over the batch for a fixed (batch, k, n), deterministically.
 
     The batch is cut into `splits` chunks of `chunk` rows; each block sums its chunk for one output
-    tile into `partial_w[s]` (and the first row of tiles into `partial_b[s]`; a narrow layer's kernel, `narrow`,
-    module header), then `wgrad_reduce` adds the splits in order. The partial
-    buffers are allocated here, once, so calls can be captured.
+    tile into `partial_w[s]` (and the first row of tiles into `partial_b[s]`), then `wgrad_reduce` adds
+    the splits in order. The partial buffers are allocated here, once, so calls can be captured.
     """
 
     def __init__(
@@ -177,8 +154,7 @@ class LinearWeightGrad:
             raise ValueError(f"LinearWeightGrad: batch={batch}, k={k}, n={n} must be positive")
         if chunk is not None and (chunk < BK or chunk % BK):
             raise ValueError(f"LinearWeightGrad: chunk={chunk} must be a positive multiple of {BK}")
-        self.narrow = _narrow(precision, config, n) and chunk is None  # at the fp32 plan (module header)
-        if config is None and precision != "fp32" and not self.narrow:
+        if config is None and precision != "fp32":
             config = _config(precision, None, k, n, batch)
         if config is None:
             splits_128, chunk_128 = split_rows(batch, _tiles(k, n, 128), CONFIGS["128x8"])
@@ -204,10 +180,7 @@ class LinearWeightGrad:
             {"x": (b, k), "dy": (b, n), "dw": (k, n), "db": (n,)},
         )
         g = self.gemm
+        grid = (*self.grid_tiles, self.splits)
         pw, pb = self.partial_w, self.partial_b
-        if self.narrow:
-            narrow_weight_grad_splits(x, dy, pw, pb, self.chunk, stream=stream)
-        else:
-            launch_tiles(g.wgrad, (*self.grid_tiles, self.splits), g.config.threads, x, dy, pw, pb, i32(self.chunk),
-                         stream=stream)
+        launch_tiles(g.wgrad, grid, g.config.threads, x, dy, pw, pb, i32(self.chunk), stream=stream)
         launch(wgrad_reduce, k * n + n, pw, pb, dw, db, i32(self.splits), stream=stream)
