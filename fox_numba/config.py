@@ -231,7 +231,8 @@ class NetworkConfig:
     head_init_scale: float = opt(
         1.0,
         "The heads' initial weights (C51, IQN and mean heads: Xavier-uniform) times this; the fold boundary's fresh "
-        "draw (learner.fold_keep) too. 0 starts the heads at zero, as the linear replica tools/port_probe.py starts.",
+        "draw (learner.fold_keep) too. 0 starts the heads at zero, as the linear replica tools/port_probe.py starts "
+        "(on the suite: noise, learner_ablation_h200.md section 50).",
     )
     position_cross: bool = opt(
         False,
@@ -399,7 +400,8 @@ class LearnerConfig:
         "Fold boundary shrink-and-perturb: theta = fold_keep * theta + (1 - fold_keep) * theta_fresh, theta_fresh "
         "drawn per (run seed, fold); the reset runs at fold 0 too, over the initial network. 0.8 is the seed's; 1 "
         "carries the network over unchanged, 0 starts every fold from a fresh network (the Adam moments are shrunk "
-        "as always: walkforward/trainer_state.py).",
+        "as always: walkforward/trainer_state.py). 0 on the suite: seen -0.38 (SE 0.29), held out -0.55 (0.20) "
+        "(learner_ablation_h200.md section 48).",
     )
     lr: float = opt(
         1e-3,
@@ -435,7 +437,11 @@ class LearnerConfig:
     )
     adam_beta1: float = opt(0.9, "Adam first-moment decay.")
     adam_beta2: float = opt(0.999, "Adam second-moment decay.")
-    adam_eps: float = opt(1.5e-4, "Adam epsilon (Rainbow's value; guards the first steps of a fold).")
+    adam_eps: float = opt(
+        1.5e-4,
+        "Adam epsilon (Rainbow's value; guards the first steps of a fold). 1e-8 on the suite: noise "
+        "(learner_ablation_h200.md section 50).",
+    )
     clip_ema_mult: float = opt(2.0, "Adaptive clip: clip_base = grad_norm_ema * clip_ema_mult.")
     bootstrap: str = opt(
         "direction",
