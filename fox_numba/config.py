@@ -408,6 +408,13 @@ class LearnerConfig:
         "Adam base learning rate (before the cosine schedule and warm-up damping). 1e-3 is for the linear network "
         "(at 1e-4 it lost money, at 3e-3 it was unstable); the 2 x 256 trunk did best at 1e-4.",
     )
+    refit_lr_scale: float = opt(
+        1.0,
+        "Every fold after the first trains at lr times this (its whole cosine schedule): those folds start from "
+        "the last fold's network (learner.fold_keep), which on the suite validates best after their first epoch "
+        "and drifts down after it on the default and high-cost markets (learner_ablation_h200.md section 50). "
+        "1: every fold alike.",
+    )
     lr_min_frac: float = opt(
         0.1,
         "Cosine schedule ends at lr * lr_min_frac. 0.01 was noise on the market suite and left the direction "

@@ -226,7 +226,7 @@ class Learner:
         "online", "target_net", "graph", "batch", "obs", "obs_next", "rows", "q", "entropy",
         "util", "grads", "aux_target", "norm_partials", "adam_partials", "polyak_partials", "loss_partials",
         "q_partials", "hidden_partials", "decay_mask", "branch_weights", "schedule", "epoch",
-        "is_weights", "iqn", "mean", "draw", "book", "env_params",
+        "is_weights", "iqn", "mean", "draw", "book", "env_params", "lr_scale",
     )
 
     def __init__(
@@ -244,10 +244,11 @@ class Learner:
             raise ValueError(f"learner.branch_weights needs {N_BRANCHES} weights >= 0, got {lc.branch_weights}")
         if not (0.0 <= lc.gamma < 1.0 and 0.0 <= lc.lr_min_frac <= 1.0 and 0.0 <= lc.tau_min_frac <= 1.0
                 and 0.0 < lc.tau <= 1.0 and lc.batch_size >= 1 and lc.steps_per_epoch >= 1 and lc.aux_weight >= 0
-                and lc.obs_noise >= 0 and 0.0 <= lc.dropout < 1.0 and 0.0 <= lc.fold_keep <= 1.0):
+                and lc.obs_noise >= 0 and 0.0 <= lc.dropout < 1.0 and 0.0 <= lc.fold_keep <= 1.0
+                and lc.refit_lr_scale > 0):
             raise ValueError("learner config out of range: need 0 <= gamma < 1, lr_min_frac, tau_min_frac and "
                              "fold_keep in [0, 1], 0 < tau <= 1, batch_size >= 1, steps_per_epoch >= 1, aux_weight "
-                             ">= 0, obs_noise >= 0, 0 <= dropout < 1")
+                             ">= 0, obs_noise >= 0, 0 <= dropout < 1, refit_lr_scale > 0")
         if not cfg.network.head_init_scale >= 0:
             raise ValueError(f"network.head_init_scale must be >= 0, got {cfg.network.head_init_scale}")
         if cfg.evaluation.average_start < 0:
@@ -287,6 +288,8 @@ class Learner:
         self.average = device_zeros(n, np.float32, stream=stream)  # the fold's running mean of epoch-end params
         self.optim_state = device_zeros(1, OPTIM_STATE_DTYPE, stream=stream)
         self.schedule = ControlBlock(SCHEDULE_DTYPE)
+        self.lr_scale = 1.0
+        """The fold's factor on learner.lr (learner.refit_lr_scale after the first fold; the trainer sets it)."""
         weights = np.asarray(lc.branch_weights, np.float32)
         if lc.counterfactual:  # only the direction branch trains (its four rows per transition)
             weights[1:] = 0.0
@@ -468,7 +471,7 @@ class Learner:
         """Write the schedule constants (host, once per epoch) and queue their upload on the stream."""
         lc = self.cfg.learner
         self.schedule.set(
-            lr_base=np.float32(lc.lr), lr_min_frac=np.float32(lc.lr_min_frac), tau_base=np.float32(lc.tau),
+            lr_base=np.float32(lc.lr * self.lr_scale), lr_min_frac=np.float32(lc.lr_min_frac), tau_base=np.float32(lc.tau),
             tau_min_frac=np.float32(lc.tau_min_frac), horizon=lc.epochs * lc.steps_per_epoch,
         )
         self.schedule.upload(self.stream)

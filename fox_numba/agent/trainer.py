@@ -92,6 +92,7 @@ class Trainer:
         else:
             self.learner.set_market(dev.market_obs, aux_target, dev.day_first, dev, book_obs=dev.book_obs)
         lrn = self.learner
+        lrn.lr_scale = 1.0 if fold == 0 else cfg.learner.refit_lr_scale
         self.market, self.fold = dev, fold
         self.env = VecEnv(dev, cfg.env, cfg.features, self.bus.values, stager=self.stager, mode="collect",
                           seed=stream_seed(seed, SEED_ENV, fold))  # fmt: skip

@@ -539,17 +539,21 @@ def test_learns_a_contextual_bandit(stream, stager):
 # ---- per epoch and per fold -----------------------------------------------------------------------------
 
 
-def test_epoch_schedule_and_stats(stream, stager, rng):
+@pytest.mark.parametrize("lr_scale", [1.0, 0.25])
+def test_epoch_schedule_and_stats(stream, stager, rng, lr_scale):
+    """The cosine schedule of the step's learning rate, times the fold's factor (lr_scale: the trainer writes
+    learner.refit_lr_scale there after the first fold), and the epoch's stats."""
     cfg = tiny_config(lr=1e-3, lr_min_frac=0.2)
     learner, _ = build(stager, stream, cfg, random_replay(rng), rng.standard_normal((12, M)).astype(np.float32),
                        bootstrap_values())
+    learner.lr_scale = lr_scale
     learner.train_epoch()
     assert not learner.schedule.pending
     rec = learner.read_optim_state()
     horizon = cfg.learner.epochs * cfg.learner.steps_per_epoch
     cosine = 0.5 * (1 + math.cos(math.pi * 3 / horizon))
     assert rec["step"] == 4 and rec["adam_t"] == 4
-    assert rec["lr"] == pytest.approx(1e-3 * (0.2 + 0.8 * cosine), rel=1e-6)
+    assert rec["lr"] == pytest.approx(lr_scale * 1e-3 * (0.2 + 0.8 * cosine), rel=1e-6)
     stats = learner.epoch_stats()
     assert stats["steps"] == 4 and stats["applied_steps"] == 4 and stats["grad_norm"] > 0
     assert all(np.isfinite(v) for v in stats.values())
