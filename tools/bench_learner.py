@@ -231,19 +231,27 @@ def bench_kernels(args: argparse.Namespace) -> dict[str, Any]:
     learner, _ = make_learner(args, stager, stream, graphs=False)
     learner.train_epoch(2)
     busy = stager.upload_new(np.ones(1, np.float32))
-    timings = Timings()
+    timings = Timings(by_grid=True)
     for _ in range(args.kernel_steps):
         if not SIMULATOR:
             launch_rows(spin, 1, 1, busy, np.int32(args.spin), stream=stream)
         with timings.kernels():
             learner.graph.replay()
         stream.synchronize()
-    rows = []
-    for name, stat in sorted(timings.stats().items(), key=lambda kv: -kv[1].total_ms):
-        rows.append({"kernel": name, "launches_per_step": stat.count / args.kernel_steps,
-                     "ms_per_step": stat.total_ms / args.kernel_steps, "ms_per_launch": stat.mean_ms})
-    return {"kernels": rows, "sum_ms_per_step": sum(r["ms_per_step"] for r in rows), "clock":
-            "CUDA events" if timings.use_events else "wall clock (simulator)"}
+    by_grid = sorted(timings.stats().items(), key=lambda kv: -kv[1].total_ms)
+    per_name: dict[str, list[float]] = {}  # kernel -> [launches, total ms] over its grids
+    for name, stat in by_grid:
+        acc = per_name.setdefault(name.rsplit(" ", 1)[0], [0.0, 0.0])
+        acc[0], acc[1] = acc[0] + stat.count, acc[1] + stat.total_ms
+
+    def row(name: str, count: float, total_ms: float) -> dict[str, Any]:
+        return {"kernel": name, "launches_per_step": count / args.kernel_steps,
+                "ms_per_step": total_ms / args.kernel_steps, "ms_per_launch": total_ms / count}
+
+    rows = sorted((row(name, *acc) for name, acc in per_name.items()), key=lambda r: -r["ms_per_step"])
+    grids = [row(name, stat.count, stat.total_ms) for name, stat in by_grid]
+    return {"kernels": rows, "launch_shapes": grids, "sum_ms_per_step": sum(r["ms_per_step"] for r in rows),
+            "clock": "CUDA events" if timings.use_events else "wall clock (simulator)"}
 
 
 def markdown_batch(modes: dict[str, Any], kernels: dict[str, Any], args: argparse.Namespace) -> list[str]:
@@ -316,7 +324,15 @@ def markdown_batch(modes: dict[str, Any], kernels: dict[str, Any], args: argpars
     ]
     for r in kernels["kernels"]:
         lines.append(f"| {r['kernel']} | {r['launches_per_step']:g} | {r['ms_per_step']:.4f} | {r['ms_per_launch']:.4f} |")
-    lines += [f"| sum | | {kernels['sum_ms_per_step']:.4f} | |", ""]
+    lines += [f"| sum | | {kernels['sum_ms_per_step']:.4f} | |", "",
+              "The same launches by grid (a kernel launched on several shapes, such as the GEMMs of different layers, "
+              "gets a row per grid):", "", "| kernel | grid | launches per step | ms per step | ms per launch |",
+              "| --- | --- | ---: | ---: | ---: |"]
+    for r in kernels["launch_shapes"]:
+        name, grid = r["kernel"].rsplit(" ", 1)
+        lines.append(f"| {name} | {grid} | {r['launches_per_step']:g} | {r['ms_per_step']:.4f} | "
+                     f"{r['ms_per_launch']:.4f} |")
+    lines.append("")
     return lines
 
 

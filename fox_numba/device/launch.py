@@ -197,7 +197,7 @@ def _launch(
         trace.arrays.extend(a for a in args if is_device_array(a))
     timer = timing.active_kernel_timer()
     if timer is not None and not (trace is not None and trace.capturing):
-        with timer.region(k.short, stream):
+        with timer.region(f"{k.short} {'x'.join(map(str, grid))}" if timer.by_grid else k.short, stream):
             kernel[grid, block, stream](*args)
     else:
         kernel[grid, block, stream](*args)

@@ -57,8 +57,11 @@ class Stat:
 class Timings:
     """Named timings; `use_events` defaults to CUDA events on the GPU and the wall clock otherwise."""
 
-    def __init__(self, use_events: bool | None = None) -> None:
+    def __init__(self, use_events: bool | None = None, *, by_grid: bool = False) -> None:
+        """`by_grid`: `kernels()` names each launch by its kernel and grid ("name 7x128"), so one kernel launched
+        on several shapes (the GEMMs of different layers) gets a row per shape."""
         self.use_events = (not SIMULATOR) if use_events is None else use_events
+        self.by_grid = by_grid
         if self.use_events and SIMULATOR:
             raise ValueError("the CUDA simulator has no timing events")
         self._stats: dict[str, Stat] = {}

@@ -22,4 +22,7 @@ def test_bench_learner_tiny(tmp_path, extra):
     assert results["command"].endswith(" ".join(["--tiny", *extra]))
     text = out.with_suffix(".md").read_text()
     assert "| graph, each replay waiting" in text and "learner.select_q_rows" in text
+    kernels = only["per_kernel"]
+    assert "| kernel | grid |" in text and sum(r["launches_per_step"] for r in kernels["launch_shapes"]) == sum(
+        r["launches_per_step"] for r in kernels["kernels"])  # the by-grid rows split the per-kernel ones
     assert ("mean_head.mean_loss_partials" in text) == bool(extra)

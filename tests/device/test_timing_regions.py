@@ -55,6 +55,17 @@ def test_kernels_inside_a_captured_step_are_not_timed_but_the_replay_region_is()
     assert stats["elementwise.fill_f32"].count == expected_kernel_count
 
 
+def test_kernels_by_grid_get_a_row_per_launch_shape():
+    stream = new_stream()
+    x = device_empty(600, np.float32)
+    timings = Timings(by_grid=True)
+    with timings.kernels():
+        for n in (64, 600, 64):
+            launch(fill_f32, n, x, np.float32(1.0), i32(n), stream=stream)
+    stats = timings.stats()
+    assert {name: s.count for name, s in stats.items()} == {"elementwise.fill_f32 1": 2, "elementwise.fill_f32 3": 1}
+
+
 @pytest.mark.gpu_only("timing events do not exist in the simulator")
 def test_event_regions_time_gpu_work():
     stream = new_stream()
