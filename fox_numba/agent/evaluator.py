@@ -101,6 +101,8 @@ class Evaluator:
         """`spectral_uv`: the spectral-norm vectors the network reads as they are (network.spectral_norm)."""
         if cfg.evaluation.chunk_bars < 1:
             raise ValueError(f"evaluation.chunk_bars must be at least 1, got {cfg.evaluation.chunk_bars}")
+        if not cfg.evaluation.hold_margin >= 0:
+            raise ValueError(f"evaluation.hold_margin must be >= 0, got {cfg.evaluation.hold_margin}")
         self.env = VecEnv(market, cfg.env, cfg.features, isv, stager=stager, mode="eval")
         n = self.env.n
         self.steps = self.env.eval_steps
@@ -125,6 +127,7 @@ class Evaluator:
         self.conviction = device_empty(n, np.float32)
         self.rng_states = xoroshiro_states(n, 0, stager)  # argmax draws nothing; the kernel takes states
         self.fixed_bins = fixed_bins(cfg.env)
+        self.hold_margin = cfg.evaluation.hold_margin
         self.iqn = (IqnActor(layout, n, cfg.network.iqn_quantiles, explore=False)
                     if layout.iqn else None)
         self.mean = MeanActor(layout, n, dense=precision_dense(cfg.run.precision)) if layout.mean_head else None
@@ -157,7 +160,7 @@ class Evaluator:
         if self.mean is not None:
             self.mean.run(self.params, self.net.mean_input(env.n), stream=s)
         select_actions(self.net.head_out, self.support_rows, self.rng_states, self.actions, self.conviction,
-                       explore=False, stream=s, fixed=self.fixed_bins,
+                       explore=False, stream=s, fixed=self.fixed_bins, hold_margin=self.hold_margin,
                        iqn=None if self.iqn is None else self.iqn.values,
                        mean=None if self.mean is None else self.mean.values)  # fmt: skip
         env.step(self.actions, stream=s)

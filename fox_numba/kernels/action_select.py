@@ -48,6 +48,11 @@ Policy (the seed's Plan C), for sample i with E[Q] q_a = sum_j softmax(logits[i,
   (env.explore_tau) does the same for the other three branches. Their defaults, and the measurements that
   chose them (tools/results/learner_ablation_h200.md), are in fox_numba/config.py (table: CONFIG.md).
 - explore = 0 (evaluation): argmax E[Q] in every branch, ties to the lowest bin; the RNG is not touched.
+  A hold margin h >= 0 (evaluation.hold_margin) then keeps the position unless the best direction's value beats
+  Hold's by at least h: a best direction other than Hold whose value - Hold's value < h becomes Hold, with
+  conviction 0. h = 0 is the plain argmax (bit for bit). Why: the direction values' gaps are a fraction of a
+  round trip's cost and noisy, so the plain argmax turns on every small swing of the estimate; the probe and the
+  oracle trade with the same kind of hysteresis (enter past the cost, hold while the sign agrees).
   The seed kept Boltzmann for magnitude, order type and urgency in evaluation (its T8); we keep argmax.
   Evaluation scores a checkpoint (validation Sharpe picks the best one and feeds the kill criteria):
   Boltzmann at tau = the Q range plays the best bin only 58% of the time at any Q scale, so the score
@@ -280,7 +285,7 @@ def _stage_logits(logits, first, count, stage, stride, tid, threads, n_atoms):
 
 @cuda.jit(device=True)
 def _select_staged(stage, q_sh, draw_sh, u_sh, support, states, explore, spread, tau_mult, actions, conviction,
-                   lanes, values, mode, fix_magnitude, fix_order, fix_urgency, n_atoms, n_samples):
+                   lanes, values, mode, fix_magnitude, fix_order, fix_urgency, hold_margin, n_atoms, n_samples):
     """Phases 2 and 3 of the module header on the block's staged head rows (stage[(slot * 13 + h) * stride + j]),
     after the uniforms are drawn: the kernels' common body, so both give the same bits from the same rows."""
     stride = n_atoms | 1
@@ -346,6 +351,10 @@ def _select_staged(stage, q_sh, draw_sh, u_sh, support, states, explore, spread,
                 second_q = q
         direction = best_d
         conv = best_q - second_q
+        if explore == 0 and best_d != HOLD:
+            if best_q - _direction_value(q_sh[qb + DIR_OFFSET + HOLD], values, mode, i, HOLD) < hold_margin:
+                direction = HOLD
+                conv = float32(0.0)
         if explore != 0:
             direction = _thompson_winner(draw_sh, slot * N_DIRECTIONS, u_sh[ub + DRAW_TIE])
             chosen = _direction_value(q_sh[qb + DIR_OFFSET + direction], values, mode, i, direction)
@@ -378,17 +387,17 @@ def _select_staged(stage, q_sh, draw_sh, u_sh, support, states, explore, spread,
 
 
 @register((F32_3D, F32_3D, xoroshiro128p_type[::1], int32, float32, float32, int32[:, ::1], float32[::1], int32,
-           F32_3D, int32, int32, int32, int32))
+           F32_3D, int32, int32, int32, int32, float32))
 @cuda.jit
 def action_select_kernel(logits, support, states, explore, spread, tau_mult, actions, conviction, lanes, values,
-                         mode, fix_magnitude, fix_order, fix_urgency):
+                         mode, fix_magnitude, fix_order, fix_urgency, hold_margin):
     """actions[i] and conviction[i] for the samples of this block (launch shape and policy in the module
     header): `lanes` threads per sample, block b serving samples b * spb ... with spb = blockDim.x // lanes.
     Lane l owns heads l, l + lanes, ...; lane N_HEADS % lanes, which owns the fewest, draws the uniforms.
     With mode = MODE_IQN the directions act on their joint values with the IQN head, values[i] = (E_IQN [4], the
     sampled quantiles [4]); with MODE_MEAN on the mean head's values[i, 0] (module header); MODE_C51 reads nothing
     from `values`. fix_magnitude, fix_order and
-    fix_urgency >= 0 fix that branch's bin (-1: the policy chooses it)."""
+    fix_urgency >= 0 fix that branch's bin (-1: the policy chooses it); hold_margin: evaluation's (module header)."""
     stage = cuda.shared.array(STAGE_WORDS, float32)
     q_sh = cuda.shared.array(_Q_WORDS, float32)
     draw_sh = cuda.shared.array(_DRAW_WORDS, float32)
@@ -399,14 +408,14 @@ def action_select_kernel(logits, support, states, explore, spread, tau_mult, act
     count = min(spb, logits.shape[0] - first)
     _stage_logits(logits, first, count, stage, n_atoms | 1, cuda.threadIdx.x, cuda.blockDim.x, n_atoms)
     _select_staged(stage, q_sh, draw_sh, u_sh, support, states, explore, spread, tau_mult, actions, conviction,
-                   lanes, values, mode, fix_magnitude, fix_order, fix_urgency, n_atoms, logits.shape[0])
+                   lanes, values, mode, fix_magnitude, fix_order, fix_urgency, hold_margin, n_atoms, logits.shape[0])
 
 
 @register((_F2, int32, F32_3D, xoroshiro128p_type[::1], int32, float32, float32, int32[:, ::1], float32[::1], int32,
-           F32_3D, int32, int32, int32, int32))
+           F32_3D, int32, int32, int32, int32, float32))
 @cuda.jit(**_HEADS_OPTIONS)
 def action_select_heads_kernel(head, n_atoms, support, states, explore, spread, tau_mult, actions, conviction, lanes,
-                               values, mode, fix_magnitude, fix_order, fix_urgency):
+                               values, mode, fix_magnitude, fix_order, fix_urgency, hold_margin):
     """action_select_kernel on the head GEMM's output rows head [B, head_width(Z)]: the block stages its samples'
     stream columns and forms their dueling combine in shared memory (head_rows.stage_combined_heads, the combine's
     bits), so the [B, 13, Z] logits are neither written nor read; then the same phases on the same staged rows."""
@@ -421,7 +430,7 @@ def action_select_heads_kernel(head, n_atoms, support, states, explore, spread, 
     stage_combined_heads(head, first, count, stage, value_sh, n_atoms | 1, cuda.threadIdx.x, cuda.blockDim.x,
                          n_atoms)
     _select_staged(stage, q_sh, draw_sh, u_sh, support, states, explore, spread, tau_mult, actions, conviction,
-                   lanes, values, mode, fix_magnitude, fix_order, fix_urgency, n_atoms, head.shape[0])
+                   lanes, values, mode, fix_magnitude, fix_order, fix_urgency, hold_margin, n_atoms, head.shape[0])
 
 
 def check_fixed_bins(fixed: Sequence[int]) -> tuple[int, ...]:
@@ -448,6 +457,7 @@ def select_actions(
     iqn: Any = None,
     mean: Any = None,
     fixed: tuple[int, ...] = FREE_BINS,
+    hold_margin: float = 0.0,
 ) -> None:
     """Choose one action per sample: logits[B, 13, Z] (or the head GEMM's output rows [B, head_width(Z)], whose
     dueling combine the kernel then forms in shared memory: the same bits, without the [B, 13, Z] logits in global
@@ -461,6 +471,8 @@ def select_actions(
     float32 (network.mean_head; agent/mean_head.py MeanActor): the mean head's direction values, which the
     directions then act on (module header); at most one of `iqn` and `mean`. `fixed`: the bin
     of magnitude, order type and urgency every sample takes, -1 where the policy chooses (module header).
+    `hold_margin` >= 0: in evaluation a change of position must beat Hold's value by this much (module header; the
+    values' units, risk units of reward); collection ignores it.
 
     `lanes` (1 to LANES, default LANES = 16 on the GPU, 1 under the simulator) sets the threads per sample. Every head is computed by one
     thread with the same code and the uniforms by one thread in the same order, whatever the lanes, so
@@ -499,6 +511,8 @@ def select_actions(
     if not (0.0 <= spread <= 1.0 and 0.0 < tau_mult <= 1.0):
         raise ValueError(f"exploration needs 0 <= spread <= 1 and 0 < tau_mult <= 1, got {spread}, {tau_mult}")
     fixed = check_fixed_bins(fixed)
+    if not hold_margin >= 0.0:
+        raise ValueError(f"hold_margin must be >= 0, got {hold_margin}")
     if iqn is not None and mean is not None:
         raise ValueError("select_actions: the directions act on the IQN head's values or the mean head's, not both")
     values, mode = support, MODE_C51  # MODE_C51 reads nothing from `values`
@@ -516,5 +530,5 @@ def select_actions(
     launch_rows(
         source[0], -(-b // spb), spb * lanes, *source[1:], support, states, flag, np.float32(spread),
         np.float32(tau_mult), actions, conviction, np.int32(lanes), values, np.int32(mode),
-        *(np.int32(f) for f in fixed), stream=stream,
+        *(np.int32(f) for f in fixed), np.float32(hold_margin), stream=stream,
     )  # fmt: skip

@@ -100,6 +100,30 @@ def test_each_day_records_its_own_steps_exactly(stager):
     np.testing.assert_array_equal(days[1][1], [4, 0, 4, 0, 0])  # Long, Flat, Long, Flat, Long closed at the end
 
 
+def test_a_hold_margin_wider_than_any_value_gap_never_trades(stager):
+    """evaluation.hold_margin reaches the backtest: the policy above trades at every step, but with a margin of 2 (the
+    widest gap two E[Q] on [-1, 1] can have) no change of position beats Hold, so every day stays flat; a negative
+    margin is refused."""
+    fs = random_feature_set(np.random.default_rng(20), DAY_BARS)
+    net = plain_network(n_layers=0, n_atoms=2)
+    layout = ParamLayout.build(OBS_DIM, net)
+    params = stager.upload_new(flat_long_params(layout))
+    supports = stager.upload_new(np.tile(np.float32([-1.0, 1.0, 2.0]), (13, 1)))
+    for margin in (2.0, -0.5):
+        cfg = plain_config(env=env_config(episode_bars=8, fixed_bins=[-1, -1, -1]), network=net,
+                           evaluation=EvaluationConfig(chunk_bars=2, hold_margin=margin))  # fmt: skip
+        market = FoldMarket.build(fs, WINDOWS, cfg.features, cfg.env).upload(stager)
+        if margin < 0:
+            with pytest.raises(ValueError, match="hold_margin"):
+                Evaluator(market, cfg, layout, params, supports, isv=IsvBus(stager).values, stager=stager,
+                          use_graph=False)  # fmt: skip
+            continue
+        days = Evaluator(market, cfg, layout, params, supports, isv=IsvBus(stager).values, stager=stager,
+                         use_graph=False).run()  # fmt: skip
+        assert [len(pos) for _, pos in days] == DAY_STEPS
+        assert all(not pos.any() and not pnl.any() for pnl, pos in days)
+
+
 def test_fixed_bins_override_the_network_in_the_backtest(stager):
     """env.fixed_bins = [2, 0, 0] (Full, Market, Patient) over a network whose magnitude branch prefers Half: the
     backtest trades the reference's Full positions, where the free policy holds 2 of 4; a bin outside a branch is

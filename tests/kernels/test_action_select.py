@@ -817,14 +817,51 @@ def test_select_actions_rejects_head_rows_of_another_width(stream, stager):
                        conviction, explore=False, stream=stream)  # fmt: skip
 
 
-def run_select_values(stream, stager, logits, support, explore, spread=1.0, seed=3, **values):
+def run_select_values(stream, stager, logits, support, explore, spread=1.0, seed=3, hold_margin=0.0, **values):
     """select_actions with the directions' other values (`iqn=` or `mean=`, host arrays): (actions, conviction)."""
     b = logits.shape[0]
     actions, conviction = device_empty((b, N_BRANCHES), np.int32), device_empty(b, np.float32)
     select_actions(stager.upload_new(logits), stager.upload_new(support), xoroshiro_states(b, seed, stager), actions,
                    conviction, explore=explore, stream=stream, lanes=TEST_LANES, spread=spread,
-                   **{k: stager.upload_new(v) for k, v in values.items()})
+                   hold_margin=hold_margin, **{k: stager.upload_new(v) for k, v in values.items()})
     return stager.download(actions), stager.download(conviction)
+
+
+@pytest.mark.parametrize("mode", ["mean", "c51"])
+def test_the_hold_margin_keeps_the_position_in_evaluation_only(stream, stager, rng, mode):
+    """64 samples of random heads (and mean-head values), the margin h the median lead over Hold of the samples whose
+    best direction is not Hold: evaluation takes the float64 argmax of the
+    acting values, then Hold wherever a best direction other than Hold beats Hold's value by less than h, with
+    conviction 0 there and the top-two gap elsewhere; the other branches keep their argmax. The draw gives both
+    outcomes on many samples (checked), no value gap lies within CONV_TOL of h or of a tie (checked), so float32
+    rounding cannot flip a choice. Collection at spread 0 (the draw is the value itself) ignores the margin."""
+    b, z = 64, 11
+    logits = rng.uniform(-1, 1, (b, N_HEADS, z)).astype(np.float32)
+    support = random_support(rng, (b, N_HEADS), z)
+    q = expected_q64(logits, support)
+    values = {}
+    if mode == "mean":
+        mean = rng.uniform(-0.3, 0.3, (b, N_DIRECTIONS)).astype(np.float32)
+        values["mean"] = mean[:, None, :]
+        q[:, :N_DIRECTIONS] = mean
+    acting = q[:, :N_DIRECTIONS]
+    best = acting.argmax(1)
+    lead = acting.max(1) - acting[:, HOLD]
+    h = float(np.median(lead[best != HOLD]))
+    top2 = np.sort(acting, axis=1)[:, -2:]
+    held = (best != HOLD) & (lead < h)
+    h = 0.5 * (lead[held].max() + lead[(best != HOLD) & ~held].min())  # halfway between the two nearest leads
+    assert (top2[:, 1] - top2[:, 0] > CONV_TOL).all() and (np.abs(lead - h) > CONV_TOL).all()
+    assert held.sum() >= 8 and ((best != HOLD) & ~held).sum() >= 8
+    want = eval_policy64(q)
+    want[held, 0], want[held, 1] = HOLD, 0
+    actions, conviction = run_select_values(stream, stager, logits, support, False, hold_margin=h, **values)
+    np.testing.assert_array_equal(actions, want)
+    np.testing.assert_allclose(conviction, np.where(held, 0.0, top2[:, 1] - top2[:, 0]), rtol=0, atol=CONV_TOL)
+    explored, _ = run_select_values(stream, stager, logits, support, True, spread=0.0, hold_margin=h, **values)
+    np.testing.assert_array_equal(explored[:, 0], best)
+    with pytest.raises(ValueError, match="hold_margin"):
+        run_select_values(stream, stager, logits, support, False, hold_margin=-0.1, **values)
 
 
 @pytest.mark.parametrize("explore", [False, True])
