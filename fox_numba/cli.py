@@ -412,8 +412,9 @@ def evaluate(
 ) -> None:
     """Backtest a checkpoint with the deterministic policy (argmax E[Q]) on every selected day of a store.
 
-    The normalisation and risk unit are those of the fold it was trained on. Without --store/--set, the days
-    are the run's own store's validation days of the checkpoint's fold."""
+    The normalisation and risk unit are those of the fold it was trained on. Without --store or a --set of a
+    market.* or folds.* field, the days are the run's own store's validation days of the checkpoint's fold, so
+    `--set evaluation.hold_margin=0.02` scores another margin on the days the run scored."""
     from fox_numba.walkforward.evaluate import evaluate_checkpoint
 
     results = evaluate_checkpoint(checkpoint, store=store, overrides=set_ or [], log=lambda m: typer.echo(m, err=True))

@@ -5,7 +5,8 @@ network.spectral_norm, the power-iteration vectors), the ISV bus, and the fold's
 risk unit (`market.*` arrays). Observations of the evaluated
 days are normalised with those statistics (never refitted on the days evaluated), every selected day is
 a validation day, and the backtest is the training run's own (agent/evaluator.py: argmax E[Q], the same
-fill model). Without --store / --set, the days are the validation days of the checkpoint's fold. Flat,
+fill model). Without --store or a --set of a market.* or folds.* field (DAY_SECTIONS), the days are the validation
+days of the checkpoint's fold: `--set evaluation.hold_margin=...` re-scores the run's own days. Flat,
 buy-and-hold and the oracle are scored on the agent's days: the selected days of 2+ bars (a shorter day holds
 no step).
 """
@@ -54,6 +55,10 @@ class AllValidation:
     select_days: int = 0
 
 
+DAY_SECTIONS = ("market", "folds")
+"""Config sections whose --set chooses the days `fox evaluate` scores (else the checkpoint fold's validation days)."""
+
+
 def evaluate_checkpoint(checkpoint: Path, *, store: str | None, overrides: list[str],
                         log: Callable[[str], None] = print) -> dict[str, Any]:
     """The validation figures of the checkpoint's network on the chosen days, beside flat, buy-and-hold and the
@@ -63,17 +68,16 @@ def evaluate_checkpoint(checkpoint: Path, *, store: str | None, overrides: list[
     cfg = load_run_config(run_dir / "config.toml")
     layout = ParamLayout.build(obs_dim(cfg.features), cfg.network)
     ck = load_checkpoint(checkpoint, expected_fingerprints={"params": layout.fingerprint})
-    if store is None and not overrides:
-        selection = select_market(cfg.market, defer=True)
+    settings = [parse_override(text) for text in overrides]
+    if store is not None:
+        set_value(cfg, "market.store", store)
+    for key, value in settings:
+        set_value(cfg, key, value)
+    selection = select_market(cfg.market, defer=True)
+    if store is None and not any(key.split(".")[0] in DAY_SECTIONS for key, _ in settings):
         fold = make_folds(cfg.folds, selection.days)[int(ck.meta["fold"])]
         selection = MarketSelection(selection.path, fold.val_days, selection.session,
                                     unchecked=tuple(d for d in fold.val_days if d in selection.unchecked))
-    else:
-        if store is not None:
-            set_value(cfg, "market.store", store)
-        for text in overrides:
-            set_value(cfg, *parse_override(text))
-        selection = select_market(cfg.market, defer=True)
     net = [f"learner.{name}" for name in eval_network(cfg.evaluation.network)]
     spectral = ["learner.spectral_uv"] if layout.spectral_norm else []
     forecast = FORECAST_ARRAYS if cfg.features.forecast_horizons else ()

@@ -212,6 +212,12 @@ def test_evaluate_reproduces_the_best_epoch_and_takes_a_day_range(reference, sto
     assert rows["agent_total_return"] == pytest.approx(len(train_days) * rows["agent_mean_daily_pnl"], rel=1e-5)
     assert rows["agent_total_return"] != pytest.approx(got["agent_total_return"], rel=1e-3)
 
+    proc = fox("evaluate", str(ck), "--set", "evaluation.hold_margin=1000", "--json")  # not a day-choosing section
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    held = json.loads(proc.stdout)
+    assert held["days"] == got["days"] and held["agent_n_bars"] == got["agent_n_bars"]  # the same validation days
+    assert held["agent_trades"] == 0 < got["agent_trades"]  # no change of position beats Hold by 1000
+
 
 def test_report_command_rewrites_the_report(reference, tmp_path):
     run = tmp_path / "ref"
