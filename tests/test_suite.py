@@ -136,10 +136,10 @@ def fold(k: int, honest: float, best: float, probe: float, oracle: float) -> dic
             "kill": None, "last_val": {"sharpe_daily": honest}, "every_epoch_sharpe_mean": 0.0}
 
 
-def write_run(runs: Path, market: str, seed: int, folds: list[dict]) -> None:
+def write_run(runs: Path, market: str, seed: int, folds: list[dict], chosen: str = "validation") -> None:
     run = runs / market / f"seed_{seed}"
     run.mkdir(parents=True)
-    (run / "summary.json").write_text(json.dumps({"folds": folds, "best_chosen_on": "validation"}))
+    (run / "summary.json").write_text(json.dumps({"folds": folds, "best_chosen_on": chosen}))
 
 
 def test_tabulate_means_standard_errors_and_ratios(suite, tmp_path):
@@ -279,3 +279,58 @@ def test_from_runs_tabulates_what_the_run_folders_hold(suite, tmp_path):
     text = out.with_suffix(".md").read_text()
     assert "tabulated from run folders trained by earlier calls" in text
     assert "| a | +2.00 | not run | +5.00 |" in text and "Failed: a seed 1 (not run)" in text
+
+
+FAKE_EVALUATE = """import json, sys
+from pathlib import Path
+checkpoint, margin = Path(sys.argv[1]), float(sys.argv[3].split("=")[1])
+if not checkpoint.is_file():
+    sys.exit("no checkpoint " + str(checkpoint))
+print("evaluating " + str(checkpoint), file=sys.stderr, flush=True)
+fold, seed = int(checkpoint.parent.name[5:]), int(checkpoint.parent.parent.name[5:])
+print(json.dumps({"agent_sharpe_daily": 10 * margin + fold + 0.5 * seed, "days": 3}, indent=1))
+"""
+
+
+def test_rescore_scores_each_fold_checkpoint_again(suite, tmp_path, monkeypatch):
+    """--tabulate --rescore: one `fox evaluate --set` per fold checkpoint of every finished run (a stand-in prints a
+    figure from the margin, fold and seed), the fold and honest figures replaced, pooled and paired as any suite; a
+    run whose checkpoint is missing ends with the evaluation's error instead of a figure, and one whose best.h5 was
+    chosen on its validation days (in sample) is refused."""
+    runs = tmp_path / "runs"
+    for seed in (0, 1, 2):
+        write_run(runs, "calm", seed, [fold(0, 1.0, 2.0, 0.5, 9.0), fold(1, 3.0, 4.0, 0.5, 9.0)], chosen="last")
+        for k in (0, 1):
+            if (seed, k) != (2, 1):
+                (runs / "calm" / f"seed_{seed}" / f"fold_{k:02d}").mkdir()
+                (runs / "calm" / f"seed_{seed}" / f"fold_{k:02d}" / "best.h5").write_bytes(b"ck")
+    record = {"command": "python3 tools/suite.py --seeds 0 1 2", "wall_s": 30.0, "parallel": 2, "seeds": [0, 1, 2],
+              "machine": {"date_utc": "2026-12-06 10:00", "device": "X"}, "suite": "s.toml", "runs": str(runs),
+              "markets": {"calm": {"role": "seen", "build": {"reused": True},
+                                   "runs": {str(s): {"returncode": 0, "wall_s": 10.0} for s in (0, 1, 2)}}}}
+    earlier, out = tmp_path / "earlier.json", tmp_path / "rescored"
+    earlier.write_text(json.dumps(record))
+    script = tmp_path / "fake_evaluate.py"
+    script.write_text(FAKE_EVALUATE)
+    monkeypatch.setattr(suite, "evaluate_command",
+                        lambda checkpoint, sets: [sys.executable, str(script), str(checkpoint), *suite.set_options(sets)])
+    argv = ["--tabulate", str(earlier), "--rescore", "evaluation.hold_margin=0.2", "--parallel", "3", "--out", str(out)]
+    assert suite.main(argv) == 1  # seed 2's fold 1 has no checkpoint
+    result = json.loads(out.with_suffix(".json").read_text())
+    in_sample = runs / "calm" / "seed_1" / "summary.json"
+    in_sample.write_text(in_sample.read_text().replace('"last"', '"validation"'))
+    assert suite.main([*argv[:-1], str(tmp_path / "again")]) == 1
+    again = json.loads((tmp_path / "again.json").read_text())["markets"]["calm"]["runs"]["1"]
+    assert again["honest"] is None and "chosen on the validation days" in again["error"]
+    calm = result["markets"]["calm"]["runs"]
+    for seed in (0, 1):  # folds 2 + 0 + 0.5 seed and 2 + 1 + 0.5 seed
+        assert [row["agent"] for row in calm[str(seed)]["folds"]] == pytest.approx([2 + 0.5 * seed, 3 + 0.5 * seed])
+        assert calm[str(seed)]["honest"] == pytest.approx(2.5 + 0.5 * seed)
+    assert calm["2"]["honest"] is None and "no checkpoint" in calm["2"]["error"]
+    assert result["table"]["calm"]["honest"] == pytest.approx(2.75) and result["table"]["calm"]["n"] == 2
+    assert result["rescore"] == ["evaluation.hold_margin=0.2"] and result["rescored_from"] == str(earlier)
+    text = out.with_suffix(".md").read_text()
+    assert "with `--set evaluation.hold_margin=0.2` on the fold's validation days" in text
+    assert result["command"].endswith("--rescore evaluation.hold_margin=0.2 --parallel 3 --out " + str(out))
+    with pytest.raises(SystemExit):
+        suite.main(["--rescore", "evaluation.hold_margin=0.2", "--out", str(out)])

@@ -25,6 +25,13 @@ times are recorded. Exit status 1 if a build or a run failed, 2 for a bad suite 
 rewrites OUT.md and OUT.json from the run folders (by default those recorded in OUT.json) and the command,
 machine and wall times recorded in OUT.json.
 
+    python3 tools/suite.py --tabulate OUT.json --rescore evaluation.hold_margin=0.02 [...] --out OUT2 [--parallel N]
+
+scores each finished run's fold checkpoints (RUN/fold_KK/best.h5, the honest ones) again with `fox evaluate --set`
+of those settings, N at a time, on the fold's own validation days, and tabulates those figures in place of the
+runs' (the in-sample figures and the epoch table stay the training's): a setting that changes no training, such as
+the backtests' hold margin, measured without training again. The run folders must still hold their checkpoints.
+
     python3 tools/suite.py --from-runs --runs RUNS --seeds ... --out OUT [-- the runs' fox train arguments]
 
 tabulates the run folders RUNS already holds and trains nothing: a suite whose calls were cut short and
@@ -374,6 +381,11 @@ def write_tables(out: Path, record: dict[str, Any]) -> int:
     honest_note = (f"'honest' is summary.json's `{HONEST_FIELD}`" if not fallback else
                    f"'honest' is each fold's last epoch's validation Sharpe (chosen by nothing) in the {fallback} of "
                    f"{len(sources)} runs whose summary.json holds no `{HONEST_FIELD}`, else that field")
+    if record.get("rescore"):
+        honest_note = (f"'honest' is `fox evaluate` of each fold's checkpoint (best.h5) with `--set "
+                       f"{' '.join(record['rescore'])}` on the fold's validation days, the runs of "
+                       f"`{record['rescored_from']}` scored again (the in-sample figures and the epoch table are "
+                       "the training's)")
     lines += ["", f"{honest_note}, averaged over the run's folds; ± is the standard error across seeds (sample std "
               "/ sqrt(n)). Probe (ridge on the agent's observation, training days only), buy-and-hold and the oracle "
               "are scored on the same validation days. A ratio to a baseline at or below 0 is n/a. 'in sample' is "
@@ -411,14 +423,69 @@ def finished_runs(markets: Sequence[Market], runs: Path, seeds: Sequence[int]
     return builds, done
 
 
-def tabulate(earlier: Path, out: Path, runs: Path | None) -> int:
-    """Rewrite the tables of an earlier OUT.json from its run folders (or those in `runs`)."""
+def tabulate(earlier: Path, out: Path, runs: Path | None, rescore: Sequence[str] = (), parallel: int = 1,
+             command: str = "") -> int:
+    """Rewrite the tables of an earlier OUT.json from its run folders (or those in `runs`); with `rescore`, from
+    `fox evaluate` of their fold checkpoints with those --set settings (module header)."""
     record = json.loads(earlier.read_text(encoding="utf-8"))
     if runs is not None:
         record["runs"] = str(runs)
     for name, m in record["markets"].items():
         m["runs"] = {s: {**r, **run_result(Path(record["runs"]), name, int(s))} for s, r in m["runs"].items()}
+    if rescore:
+        rescore_runs(record, rescore, parallel, out.with_name(out.name + "_logs"))
+        record |= {"command": command, "rescored_from": str(earlier), "rescore": list(rescore)}
     return write_tables(out, record)
+
+
+def evaluate_command(checkpoint: Path, sets: Sequence[str]) -> list[str]:
+    """The `fox evaluate` of one fold checkpoint with `sets`, printing JSON."""
+    return [sys.executable, "-m", "fox_numba", "evaluate", str(checkpoint), *set_options(sets), "--json"]
+
+
+def evaluate_json(log: Path) -> dict[str, Any]:
+    """The JSON `fox evaluate --json` printed into `log` (its progress lines on stderr come first)."""
+    text = log.read_text(encoding="utf-8")
+    return json.loads(text[text.index("\n{") + 1 :] if not text.startswith("{") else text)
+
+
+def rescore_runs(record: dict[str, Any], sets: Sequence[str], parallel: int, logs: Path) -> None:
+    """Each finished run's fold figures ('agent') and honest figure (their mean) from `fox evaluate` of the fold's
+    best.h5 with `sets`, `parallel` at a time; a run whose evaluation failed keeps no honest figure and says why."""
+    runs = Path(record["runs"])
+    for name, m in record["markets"].items():  # best.h5 is the honest checkpoint unless chosen on its own days
+        for s, r in m["runs"].items():
+            path = runs / name / f"seed_{s}" / "summary.json"
+            if r.get("returncode") == 0 and json.loads(path.read_text(encoding="utf-8")).get(
+                    "best_chosen_on") == "validation":
+                r |= {"returncode": 1, "honest": None,
+                      "error": f"{path}: its best.h5 was chosen on the validation days (in sample)"}
+    jobs = [Job((name, s, int(row["fold"])),
+                evaluate_command(runs / name / f"seed_{s}" / f"fold_{int(row['fold']):02d}" / "best.h5", sets),
+                logs / f"{name}_seed_{s}_fold_{int(row['fold']):02d}.log")
+            for name, m in record["markets"].items() for s, r in m["runs"].items()
+            if r.get("returncode") == 0 for row in r["folds"]]  # fmt: skip
+    done = run_jobs(jobs, parallel)
+    for name, m in record["markets"].items():
+        for s, r in m["runs"].items():
+            keys = [(name, s, int(row["fold"])) for row in r["folds"]] if r.get("returncode") == 0 else []
+            if not keys:
+                continue
+            failed = [k for k in keys if done[k]["returncode"] != 0]
+            if failed:
+                r |= {"returncode": done[failed[0]]["returncode"], "honest": None,
+                      "error": f"fox evaluate of fold {failed[0][2]}: {done[failed[0]].get('error', '')}"}
+                continue
+            for row, job in zip(r["folds"], jobs_of(jobs, keys), strict=True):
+                row["agent"] = json_number(evaluate_json(job.log)["agent_sharpe_daily"])
+            r["honest"] = json_number(mean([row["agent"] for row in r["folds"]]))
+            r["honest_source"] = "fox evaluate --set " + " ".join(sets)
+
+
+def jobs_of(jobs: Sequence[Job], keys: Sequence[tuple[str, str, int]]) -> list[Job]:
+    """The jobs of `keys`, in that order."""
+    by_key = {job.key: job for job in jobs}
+    return [by_key[k] for k in keys]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -438,10 +505,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tabulate", type=Path, help="an earlier OUT.json: re-tabulate its runs, train nothing")
     parser.add_argument("--from-runs", action="store_true", help="tabulate the run folders --runs holds, train "
                         "nothing (a run with a summary.json finished; the extra arguments record their command)")
+    parser.add_argument("--rescore", nargs="+", default=[], metavar="SECTION.FIELD=VALUE",
+                        help="with --tabulate: score the runs' fold checkpoints again with `fox evaluate --set` of "
+                        "these (settings that change no training), --parallel at a time (module header)")
     args = parser.parse_args(own)
+    if args.rescore and args.tabulate is None:
+        parser.error("--rescore needs --tabulate (the earlier suite whose run folders it scores again)")
     try:
         if args.tabulate is not None:
-            return tabulate(args.tabulate, args.out, args.runs)
+            return tabulate(args.tabulate, args.out, args.runs, args.rescore, args.parallel,
+                            "python3 tools/suite.py " + " ".join(argv))
         check_extra(extra)
         suite = load_suite(args.suite)
         markets = pick(suite, args.markets)
