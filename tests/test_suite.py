@@ -312,8 +312,8 @@ def test_rescore_scores_each_fold_checkpoint_again(suite, tmp_path, monkeypatch)
     earlier.write_text(json.dumps(record))
     script = tmp_path / "fake_evaluate.py"
     script.write_text(FAKE_EVALUATE)
-    monkeypatch.setattr(suite, "evaluate_command",
-                        lambda checkpoint, sets: [sys.executable, str(script), str(checkpoint), *suite.set_options(sets)])
+    monkeypatch.setattr(suite, "evaluate_command", lambda checkpoint, sets: [
+        sys.executable, str(script), str(checkpoint), *suite.set_options(sets)])
     argv = ["--tabulate", str(earlier), "--rescore", "evaluation.hold_margin=0.2", "--parallel", "3", "--out", str(out)]
     assert suite.main(argv) == 1  # seed 2's fold 1 has no checkpoint
     result = json.loads(out.with_suffix(".json").read_text())

@@ -471,7 +471,8 @@ class Learner:
         """Write the schedule constants (host, once per epoch) and queue their upload on the stream."""
         lc = self.cfg.learner
         self.schedule.set(
-            lr_base=np.float32(lc.lr * self.lr_scale), lr_min_frac=np.float32(lc.lr_min_frac), tau_base=np.float32(lc.tau),
+            lr_base=np.float32(lc.lr * self.lr_scale), lr_min_frac=np.float32(lc.lr_min_frac),
+            tau_base=np.float32(lc.tau),
             tau_min_frac=np.float32(lc.tau_min_frac), horizon=lc.epochs * lc.steps_per_epoch,
         )
         self.schedule.upload(self.stream)
