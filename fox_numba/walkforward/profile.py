@@ -47,7 +47,8 @@ from fox_numba.market.select import MarketSelection
 from fox_numba.walkforward.driver import load_features
 from fox_numba.walkforward.folds import make_folds
 
-GEMM_PREFIXES = ("gemm.linear_fwd", "gemm.linear_bwd_in", "gemm.linear_wgrad")
+GEMM_MODULES = ("gemm", "gemm_tensor")  # the dense layers' GEMMs: fp32 and tensor-core (kernels.nn)
+GEMM_OPS = ("linear_fwd", "linear_bwd_in", "linear_wgrad")
 COPY_BYTES = 256 << 20
 
 
@@ -74,37 +75,51 @@ def copy_bandwidth(stream: Any) -> float:
     return 2 * 4 * n / (stat.min_ms * 1e-3) / 1e9
 
 
+def gemm_op(name: str) -> str | None:
+    """The GEMM operation (GEMM_OPS) a kernel's short name runs, None for any other kernel."""
+    module, _, kernel = name.partition(".")
+    return next((op for op in GEMM_OPS if kernel.startswith(op + "_")), None) if module in GEMM_MODULES else None
+
+
+def launch_name(rec: Any) -> str:
+    """A launch's row in the kernel tables: the kernel and its grid ("gemm_tensor.linear_fwd_tf32 7x128"), so one
+    kernel launched on several shapes (the GEMMs of different layers) gets a row per shape, as the kernel timer
+    names it (Timings(by_grid=True))."""
+    return f"{short_kernel_name(rec.kernel)} {'x'.join(map(str, rec.grid))}"
+
+
 def _work(rec: Any) -> tuple[float, float]:
     """(bytes, flops) of one launch from its argument keys: arrays' bytes, and 2 B K N for the GEMMs."""
     arrays = [a for a in rec.args if a[0] == "array"]
     nbytes = float(sum(int(np.prod(a[2])) * np.dtype(a[3]).itemsize for a in arrays))
-    name = short_kernel_name(rec.kernel)
+    op = gemm_op(short_kernel_name(rec.kernel))
     flops = 0.0
-    if name.startswith("gemm.linear_fwd"):  # x[B,K], w[K,N]
+    if op == "linear_fwd":  # x[B,K], w[K,N]
         (b, k), (_, n) = arrays[0][2], arrays[1][2]
         flops = 2.0 * b * k * n
-    elif name.startswith("gemm.linear_bwd_in"):  # dy[B,N], w[K,N]
+    elif op == "linear_bwd_in":  # dy[B,N], w[K,N]
         (b, n), (k, _) = arrays[0][2], arrays[1][2]
         flops = 2.0 * b * k * n
-    elif name.startswith("gemm.linear_wgrad"):  # x[B,K], dy[B,N]
+    elif op == "linear_wgrad":  # x[B,K], dy[B,N]
         (b, k), (_, n) = arrays[0][2], arrays[1][2]
         flops = 2.0 * b * k * n
     return nbytes, flops
 
 
 def kernel_table(body: Callable[[Any], None], stream: Any, steps: int) -> tuple[list[dict[str, Any]], int]:
-    """Per kernel of one eager step of `body`: calls per step, mean us, total share, TFLOP/s or GB/s."""
+    """Per kernel and grid (`launch_name`) of one eager step of `body`: calls per step, mean us, total share,
+    TFLOP/s or GB/s."""
     trace = LaunchTrace(stream)
     with tracing(trace):
         body(stream)
     work: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])
     for rec in trace.launches:
-        w = work[short_kernel_name(rec.kernel)]
+        w = work[launch_name(rec)]
         b, f = _work(rec)
         w[0] += 1
         w[1] += b
         w[2] += f
-    timings, hold = Timings(), StreamHold(stream)
+    timings, hold = Timings(by_grid=True), StreamHold(stream)
     for _ in range(steps):
         hold.timed(body, timings)
     stats = timings.stats()
@@ -115,7 +130,7 @@ def kernel_table(body: Callable[[Any], None], stream: Any, steps: int) -> tuple[
         per_call_s = s.mean_ms * 1e-3
         row = {"kernel": name, "calls_per_step": calls, "mean_us": s.mean_ms * 1e3, "total_ms": s.total_ms,
                "share": s.total_ms / total}
-        if name.startswith(GEMM_PREFIXES):
+        if gemm_op(name.rsplit(" ", 1)[0]):
             row["tflops"] = flops / calls / per_call_s / 1e12 if per_call_s > 0 else 0.0
         else:
             row["gb_per_s"] = nbytes / calls / per_call_s / 1e9 if per_call_s > 0 else 0.0
@@ -218,7 +233,7 @@ def markdown(p: dict[str, Any]) -> str:
               f"{t['gradient_steps_per_s']:.0f} gradient steps/s, {t['evaluation_steps_per_s'] / 1e6:.3f} M evaluation "
               "environment steps/s.", ""]
     for stage, rows in p["kernels"].items():
-        lines += [f"## {stage}: kernels of one eager step (CUDA events per launch)", "",
+        lines += [f"## {stage}: kernels of one eager step (CUDA events per launch; a row per kernel and grid)", "",
                   "| kernel | calls/step | mean us | share | share of epoch | TFLOP/s | GB/s (est.) |",
                   "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
         for r in rows:
