@@ -207,6 +207,11 @@ def test_the_epoch_table_averages_folds_then_seeds_then_markets(suite, tmp_path)
     assert "| a | +1.50 | +2.00 | +3.00 |" in text and "| b | -1.00 | +1.00 | +3.00 |" in text
     assert "| **seen markets** | +1.50 | +2.00 | +3.00 |" in text
     assert "| **held_out markets** | -1.00 | +1.00 | +3.00 |" in text
+    # by fold: a fold 0 seeds [1, 2, 3] and [0, 0, 1] -> [0.5, 1, 2], last - first 2 and 1 -> +1.50 (SE 0.50);
+    # fold 1 [3, 4, 5] and [2, 2, 3] -> [2.5, 3, 4], 2 and 1; b one seed, no SE
+    assert "| a fold 0 | +0.50 | +1.00 | +2.00 | +1.50 ± 0.50 |" in text
+    assert "| a fold 1 | +2.50 | +3.00 | +4.00 | +1.50 ± 0.50 |" in text
+    assert "| b fold 0 | -1.00 | +1.00 | +3.00 | +4.00 |" in text
 
 
 FAKE_TRAIN = """import json, pathlib, sys

@@ -256,6 +256,7 @@ def run_result(runs: Path, market: str, seed: int) -> dict[str, Any]:
     rows = fold_rows(summary)
     return {"honest": honest, "honest_source": source if rows else None, "in_sample": in_sample_sharpe(summary),
             "folds": rows, "by_epoch": epoch_curve(path.parent / "metrics.jsonl"),
+            "by_fold_epoch": fold_epoch_curves(path.parent / "metrics.jsonl"),
             **{k: json_number(mean([r[k] for r in rows])) for k in ("probe", "buy_and_hold", "oracle")}}
 
 
@@ -269,6 +270,18 @@ def epoch_curve(metrics: Path) -> list[float | None]:
             line = json.loads(text)
             by_epoch.setdefault(int(line["epoch"]), []).append(line["val"].get("sharpe_daily"))
     return [json_number(mean(by_epoch[e])) for e in sorted(by_epoch)]
+
+
+def fold_epoch_curves(metrics: Path) -> dict[str, list[float | None]]:
+    """Validation daily Sharpe by epoch of each fold ({fold: [epoch 0, 1, ...]}, from metrics.jsonl; empty when
+    the run wrote none; a resumed epoch's later line wins): whether a fold learns over its epochs or, started from
+    the last fold's network, is best after its first (learner_ablation_h200.md section 50)."""
+    curves: dict[int, dict[int, float | None]] = {}
+    if metrics.is_file():
+        for text in metrics.read_text(encoding="utf-8").splitlines():
+            line = json.loads(text)
+            curves.setdefault(int(line["fold"]), {})[int(line["epoch"])] = json_number(line["val"].get("sharpe_daily"))
+    return {str(k): [c[e] for e in sorted(c)] for k, c in sorted(curves.items())}
 
 
 def mean_se(values: Sequence[float | None]) -> tuple[float | None, float | None, int]:
@@ -330,6 +343,32 @@ def epoch_table(markets: Mapping[str, Mapping[str, Any]], runs: Mapping[str, Map
         if names:
             cells = [fmt(mean([curves[n][e] if e < len(curves[n]) else None for n in names])) for e in range(width)]
             lines.append(f"| **{role} markets** | " + " | ".join(cells) + " |")
+    return lines
+
+
+def fold_epoch_table(markets: Mapping[str, Mapping[str, Any]], runs: Mapping[str, Mapping[int, Mapping[str, Any]]],
+                     seeds: Sequence[int]) -> list[str]:
+    """The table of validation daily Sharpe by fold and epoch: per market and fold the mean over the finished seeds
+    of each epoch, and the last epoch minus the first per seed (mean and SE across seeds)."""
+    rows = []
+    for name in markets:
+        ok = [runs[name][s].get("by_fold_epoch") or {} for s in seeds if runs[name][s].get("returncode") == 0]
+        for k in sorted({int(f) for curves in ok for f in curves}):
+            curves = [c.get(str(k)) or [] for c in ok]
+            width = max(len(c) for c in curves)
+            cells = [mean([c[e] if e < len(c) else None for c in curves]) for e in range(width)]
+            drift, drift_se, _ = mean_se([c[-1] - c[0] for c in curves
+                                          if len(c) > 1 and c[0] is not None and c[-1] is not None])
+            rows.append((f"{name} fold {k}", cells, drift, drift_se))
+    width = max((len(cells) for _, cells, _, _ in rows), default=0)
+    if width == 0:
+        return []
+    lines = ["", "## validation daily Sharpe by fold and epoch (mean over seeds; last - first per seed, its mean and "
+             "SE)", "", "| market, fold | " + " | ".join(f"epoch {e}" for e in range(width)) + " | last - first |",
+             "| --- |" + " ---: |" * (width + 1)]
+    for label, cells, drift, drift_se in rows:
+        lines.append(f"| {label} | " + " | ".join(fmt(cells[e]) if e < len(cells) else "" for e in range(width))
+                     + f" | {pm(drift, drift_se)} |")
     return lines
 
 
@@ -401,6 +440,7 @@ def write_tables(out: Path, record: dict[str, Any]) -> int:
                  for s in record["seeds"]]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     lines += epoch_table(markets, runs, record["seeds"])
+    lines += fold_epoch_table(markets, runs, record["seeds"])
     failed = [f"{n} store build (exit {m['build']['returncode']}{why(m['build'])})" for n, m in markets.items()
               if m["build"].get("returncode", 0) != 0]
     failed += [f"{n} seed {s} ({ended(r)}{why(r)})" for n in markets for s, r in runs[n].items()
