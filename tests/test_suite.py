@@ -313,7 +313,7 @@ def test_rescore_scores_each_fold_checkpoint_again(suite, tmp_path, monkeypatch)
               "machine": {"date_utc": "2026-12-06 10:00", "device": "X"}, "suite": "s.toml", "runs": str(runs),
               "markets": {"calm": {"role": "seen", "build": {"reused": True},
                                    "runs": {str(s): {"returncode": 0, "wall_s": 10.0} for s in (0, 1, 2)}}}}
-    earlier, out = tmp_path / "earlier.json", tmp_path / "rescored"
+    earlier, out = tmp_path / "earlier.json", tmp_path / "rescored_margin0.2"  # a dot in the name stays
     earlier.write_text(json.dumps(record))
     script = tmp_path / "fake_evaluate.py"
     script.write_text(FAKE_EVALUATE)
@@ -321,7 +321,7 @@ def test_rescore_scores_each_fold_checkpoint_again(suite, tmp_path, monkeypatch)
         sys.executable, str(script), str(checkpoint), *suite.set_options(sets)])
     argv = ["--tabulate", str(earlier), "--rescore", "evaluation.hold_margin=0.2", "--parallel", "3", "--out", str(out)]
     assert suite.main(argv) == 1  # seed 2's fold 1 has no checkpoint
-    result = json.loads(out.with_suffix(".json").read_text())
+    result = json.loads((tmp_path / "rescored_margin0.2.json").read_text())
     in_sample = runs / "calm" / "seed_1" / "summary.json"
     in_sample.write_text(in_sample.read_text().replace('"last"', '"validation"'))
     assert suite.main([*argv[:-1], str(tmp_path / "again")]) == 1
@@ -334,7 +334,7 @@ def test_rescore_scores_each_fold_checkpoint_again(suite, tmp_path, monkeypatch)
     assert calm["2"]["honest"] is None and "no checkpoint" in calm["2"]["error"]
     assert result["table"]["calm"]["honest"] == pytest.approx(2.75) and result["table"]["calm"]["n"] == 2
     assert result["rescore"] == ["evaluation.hold_margin=0.2"] and result["rescored_from"] == str(earlier)
-    text = out.with_suffix(".md").read_text()
+    text = (tmp_path / "rescored_margin0.2.md").read_text()
     assert "with `--set evaluation.hold_margin=0.2` on the fold's validation days" in text
     assert result["command"].endswith("--rescore evaluation.hold_margin=0.2 --parallel 3 --out " + str(out))
     with pytest.raises(SystemExit):

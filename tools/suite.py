@@ -447,8 +447,8 @@ def write_tables(out: Path, record: dict[str, Any]) -> int:
                if r.get("returncode") != 0]
     if failed:
         lines += ["", f"Failed: {'; '.join(failed)}; logs beside the run folders and the stores."]
-    atomic_write_text(out.with_suffix(".md"), "\n".join(lines) + "\n")
-    atomic_write_text(out.with_suffix(".json"), json.dumps({**record, "table": rows, "pooled": groups}, indent=1))
+    atomic_write_text(with_ext(out, ".md"), "\n".join(lines) + "\n")
+    atomic_write_text(with_ext(out, ".json"), json.dumps({**record, "table": rows, "pooled": groups}, indent=1))
     print("\n".join(lines))
     return 1 if failed else 0
 
@@ -476,6 +476,11 @@ def tabulate(earlier: Path, out: Path, runs: Path | None, rescore: Sequence[str]
         rescore_runs(record, rescore, parallel, out.with_name(out.name + "_logs"))
         record |= {"command": command, "rescored_from": str(earlier), "rescore": list(rescore)}
     return write_tables(out, record)
+
+
+def with_ext(out: Path, ext: str) -> Path:
+    """`out` with `ext` appended: --out names no suffix, and a name such as suite_margin0.01 keeps its dot."""
+    return out.with_name(out.name + ext)
 
 
 def evaluate_command(checkpoint: Path, sets: Sequence[str]) -> list[str]:
