@@ -18,6 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from fox_numba.device.kernel_cache import enable_disk_cache
+
 
 @dataclass(frozen=True)
 class KernelSpec:
@@ -50,13 +52,15 @@ def kernel_name(kernel: Any) -> str:
 
 
 def register(*signatures: tuple[Any, ...]) -> Callable[[Any], Any]:
-    """Record a kernel with the argument-type tuples it is launched with; returns the kernel unchanged."""
+    """Record a kernel with the argument-type tuples it is launched with and turn on its on-disk cache
+    (device/kernel_cache.py); returns the kernel."""
     if not signatures:
         raise ValueError("register() needs at least one signature")
 
     def deco(kernel: Any) -> Any:
         name = kernel_name(kernel)
         KERNELS[name] = KernelSpec(name, kernel, tuple(tuple(s) for s in signatures))
+        enable_disk_cache(kernel)
         return kernel
 
     return deco

@@ -1,0 +1,82 @@
+"""The on-disk cache of compiled kernels: a run loads the PTX and cubins an earlier run of the same code compiled.
+
+Compiling the package's kernels takes most of a cold `fox train`'s first epoch (about 25 s of a 47 s default
+run on an H100); every later process of the same code on the same GPU model loads them instead. `register`
+(device/registry.py) calls `enable_disk_cache` on every kernel it records.
+
+Where: `$FOX_KERNEL_CACHE/kernels-<digest>`, else `$XDG_CACHE_HOME/fox_numba/kernels-<digest>` (default
+`~/.cache/fox_numba/...`); `FOX_KERNEL_CACHE=0` turns the cache off. `<digest>` hashes every source file of the
+package and the numba-cuda version, so a change anywhere in the package (a constant a kernel imports from
+another module, which numba's own key does not see) starts a new folder; numba keys each entry on the kernel's
+bytecode, its closure's values, the signature and the GPU's compute capability. A folder that cannot be created
+or written turns the cache off for the process (it compiles as before). Not cached: kernels that link CUDA C++
+(numba-cuda cannot serialise them: the tensor-core GEMMs, kernels/tensor_core.py) and everything under the
+simulator.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+from pathlib import Path
+from typing import Any
+
+import numba_cuda
+
+ENV = "FOX_KERNEL_CACHE"
+"""Environment variable: the cache's parent folder, or 0 for no cache."""
+
+PACKAGE = Path(__file__).resolve().parent.parent
+
+
+def source_digest(package: Path = PACKAGE) -> str:
+    """sha256 over the package's .py files (relative path and content, in path order) and numba-cuda's version."""
+    h = hashlib.sha256(numba_cuda.__version__.encode())
+    for path in sorted(package.rglob("*.py")):
+        h.update(str(path.relative_to(package)).encode() + b"\0")
+        h.update(path.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def cache_parent(environ: dict[str, str] | os._Environ[str] = os.environ) -> Path | None:
+    """The folder that holds the kernels-<digest> folders, or None when FOX_KERNEL_CACHE is 0."""
+    setting = environ.get(ENV, "")
+    if setting == "0":
+        return None
+    if setting:
+        return Path(setting).expanduser()
+    xdg = environ.get("XDG_CACHE_HOME", "")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "fox_numba"
+
+
+@functools.cache
+def cache_folder() -> Path | None:
+    """This code's cache folder, created; None when the cache is off or the folder is not writable."""
+    parent = cache_parent()
+    if parent is None:
+        return None
+    folder = parent / f"kernels-{source_digest()}"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return None
+    return folder if os.access(folder, os.W_OK | os.X_OK) else None
+
+
+def enable_disk_cache(kernel: Any) -> None:
+    """Turn on numba-cuda's file cache for `kernel` in `cache_folder()`; a no-op under the simulator, for a
+    kernel that links external code, or when the cache is off."""
+    if not hasattr(kernel, "enable_caching") or kernel.targetoptions.get("link"):
+        return
+    folder = cache_folder()
+    if folder is None:
+        return
+    from numba.cuda.core import config  # the CUDA target's config, read by the cache's locator once, here
+
+    saved = config.CACHE_DIR
+    config.CACHE_DIR = str(folder)
+    try:
+        kernel.enable_caching()
+    finally:
+        config.CACHE_DIR = saved

@@ -1,0 +1,85 @@
+"""The on-disk kernel cache's folder, key and switch (device/kernel_cache.py). Loading from it needs a GPU: the
+device calls time a cold and a warm `fox train` and compare their figures (tools/results/train_cache_h100.md)."""
+
+from pathlib import Path
+
+import pytest
+from numba.cuda.core import config
+
+from fox_numba.device import elementwise, kernel_cache
+from fox_numba.device.runtime import SIMULATOR
+
+
+def test_the_digest_follows_every_source_file(tmp_path):
+    """Any change to any .py file of the package (content or name) gives another digest; other files do not."""
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "a.py").write_text("X = 1\n")
+    (tmp_path / "sub" / "b.py").write_text("Y = 2\n")
+    first = kernel_cache.source_digest(tmp_path)
+    assert len(first) == 16 and kernel_cache.source_digest(tmp_path) == first
+    (tmp_path / "notes.txt").write_text("not source")
+    assert kernel_cache.source_digest(tmp_path) == first
+    (tmp_path / "sub" / "b.py").write_text("Y = 3\n")
+    changed = kernel_cache.source_digest(tmp_path)
+    assert changed != first
+    (tmp_path / "sub" / "b.py").rename(tmp_path / "sub" / "c.py")
+    assert kernel_cache.source_digest(tmp_path) not in (first, changed)
+
+
+def test_the_parent_folder_from_the_environment(tmp_path):
+    assert kernel_cache.cache_parent({"FOX_KERNEL_CACHE": "0"}) is None
+    assert kernel_cache.cache_parent({"FOX_KERNEL_CACHE": str(tmp_path)}) == tmp_path
+    assert kernel_cache.cache_parent({"XDG_CACHE_HOME": str(tmp_path)}) == tmp_path / "fox_numba"
+    assert kernel_cache.cache_parent({}) == Path.home() / ".cache" / "fox_numba"
+
+
+class Dispatcher:
+    """Stands in for numba-cuda's CUDADispatcher: records the CACHE_DIR its enable_caching saw."""
+
+    def __init__(self, link=None):
+        self.targetoptions = {"link": link}
+        self.saw = None
+
+    def enable_caching(self):
+        self.saw = config.CACHE_DIR
+
+
+@pytest.fixture
+def folder(tmp_path, monkeypatch):
+    monkeypatch.setenv("FOX_KERNEL_CACHE", str(tmp_path))
+    kernel_cache.cache_folder.cache_clear()
+    yield tmp_path / f"kernels-{kernel_cache.source_digest()}"
+    kernel_cache.cache_folder.cache_clear()
+
+
+def test_a_kernel_caches_into_the_digest_folder_and_the_config_is_restored(folder):
+    before = config.CACHE_DIR
+    kernel = Dispatcher()
+    kernel_cache.enable_disk_cache(kernel)
+    assert kernel.saw == str(folder) and folder.is_dir()
+    assert config.CACHE_DIR == before
+
+
+def test_no_cache_for_linked_kernels_when_off_or_not_writable(folder, monkeypatch, tmp_path):
+    linked = Dispatcher(link=["tensor_core.cu"])
+    kernel_cache.enable_disk_cache(linked)
+    assert linked.saw is None
+    monkeypatch.setenv("FOX_KERNEL_CACHE", "0")
+    kernel_cache.cache_folder.cache_clear()
+    off = Dispatcher()
+    kernel_cache.enable_disk_cache(off)
+    assert off.saw is None
+    blocker = tmp_path / "a_file"
+    blocker.write_text("x")
+    monkeypatch.setenv("FOX_KERNEL_CACHE", str(blocker))  # its kernels-<digest> folder cannot be created
+    kernel_cache.cache_folder.cache_clear()
+    assert kernel_cache.cache_folder() is None
+
+
+@pytest.mark.skipif(not SIMULATOR, reason="the simulator's kernels")
+def test_simulator_kernels_are_left_alone(folder):
+    """Under the simulator a registered kernel has no file cache to enable; enabling one is a no-op."""
+    kernel = elementwise.fill_f32
+    assert not hasattr(kernel, "enable_caching")
+    kernel_cache.enable_disk_cache(kernel)
+    assert not folder.exists()
