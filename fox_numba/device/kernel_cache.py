@@ -8,8 +8,9 @@ Where: `$FOX_KERNEL_CACHE/kernels-<digest>`, else `$XDG_CACHE_HOME/fox_numba/ker
 `~/.cache/fox_numba/...`); `FOX_KERNEL_CACHE=0` turns the cache off. `<digest>` hashes every source file of the
 package and the numba-cuda version, so a change anywhere in the package (a constant a kernel imports from
 another module, which numba's own key does not see) starts a new folder; numba keys each entry on the kernel's
-bytecode, its closure's values, the signature and the GPU's compute capability. A folder that cannot be created
-or written turns the cache off for the process (it compiles as before). Not cached: kernels that link CUDA C++
+bytecode, its closure's values, the signature and the GPU's compute capability. Creating a folder deletes all but
+the KEEP most recently modified of the others (about 12 MB each for a default run's kernels). A folder that cannot
+be created or written turns the cache off for the process (it compiles as before). Not cached: kernels that link CUDA C++
 (numba-cuda cannot serialise them: the tensor-core GEMMs, kernels/tensor_core.py) and everything under the
 simulator.
 """
@@ -19,6 +20,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +30,9 @@ ENV = "FOX_KERNEL_CACHE"
 """Environment variable: the cache's parent folder, or 0 for no cache."""
 
 PACKAGE = Path(__file__).resolve().parent.parent
+
+KEEP = 3
+"""Folders of other versions of the package kept beside the current one (the most recently modified)."""
 
 
 def source_digest(package: Path = PACKAGE) -> str:
@@ -58,10 +63,23 @@ def cache_folder() -> Path | None:
         return None
     folder = parent / f"kernels-{source_digest()}"
     try:
+        new = not folder.is_dir()
         folder.mkdir(parents=True, exist_ok=True)
     except OSError:
         return None
+    if new:
+        prune(parent, folder)
     return folder if os.access(folder, os.W_OK | os.X_OK) else None
+
+
+def prune(parent: Path, current: Path, keep: int = KEEP) -> list[Path]:
+    """Delete the kernels-* folders in `parent` other than `current` and the `keep` most recently modified of the
+    others; returns those deleted (a folder another process still writes is rebuilt by it)."""
+    others = [p for p in parent.glob("kernels-*") if p.is_dir() and p != current]
+    others.sort(key=lambda p: p.stat().st_mtime, reverse=True)
+    for old in others[keep:]:
+        shutil.rmtree(old, ignore_errors=True)
+    return others[keep:]
 
 
 def enable_disk_cache(kernel: Any) -> None:

@@ -76,6 +76,29 @@ def test_no_cache_for_linked_kernels_when_off_or_not_writable(folder, monkeypatc
     assert kernel_cache.cache_folder() is None
 
 
+def test_a_new_folder_prunes_all_but_the_newest_others(tmp_path, monkeypatch):
+    """Creating this version's folder keeps the KEEP most recently modified folders of other versions, deletes the
+    older ones and leaves other files alone; an existing folder prunes nothing."""
+    import os
+
+    for age in range(5):  # kernels-old0 newest ... kernels-old4 oldest
+        old = tmp_path / f"kernels-old{age}"
+        old.mkdir()
+        (old / "k.nbi").write_text("x")
+        os.utime(old, (1e9 - age * 1000, 1e9 - age * 1000))
+    (tmp_path / "notes.txt").write_text("kept")
+    monkeypatch.setenv("FOX_KERNEL_CACHE", str(tmp_path))
+    kernel_cache.cache_folder.cache_clear()
+    folder = kernel_cache.cache_folder()
+    kept = sorted(p.name for p in tmp_path.iterdir())
+    assert kept == sorted([folder.name, "kernels-old0", "kernels-old1", "kernels-old2", "notes.txt"])
+    assert kernel_cache.KEEP == 3
+    (tmp_path / "kernels-new").mkdir()
+    kernel_cache.cache_folder.cache_clear()
+    assert kernel_cache.cache_folder() == folder and (tmp_path / "kernels-new").is_dir()
+    kernel_cache.cache_folder.cache_clear()
+
+
 @pytest.mark.skipif(not SIMULATOR, reason="the simulator's kernels")
 def test_simulator_kernels_are_left_alone(folder):
     """Under the simulator a registered kernel has no file cache to enable; enabling one is a no-op."""
