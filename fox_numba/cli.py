@@ -279,8 +279,15 @@ def backend_line(preset: str | None = None) -> str:
     """Where the kernels run (and the preset a stage chose), in one line for stderr."""
     from fox_numba.device.runtime import SIMULATOR
 
-    where = ("no CUDA GPU: kernels run on the CPU under numba's CUDA simulator (slow; timings mean nothing)"
-             if SIMULATOR else "CUDA GPU found: kernels run on the GPU")
+    if SIMULATOR:
+        where = "no CUDA GPU: kernels run on the CPU under numba's CUDA simulator (slow; timings mean nothing)"
+    else:
+        from fox_numba.device.kernel_cache import cache_folder
+
+        folder = cache_folder()
+        where = "CUDA GPU found: kernels run on the GPU" + (
+            f"; compiled kernels cached in {folder} (the first run of a version compiles them)" if folder
+            else "; no kernel cache (FOX_KERNEL_CACHE=0 or its folder is not writable): every run compiles")
     return where + (f"; preset {preset}" if preset else "")
 
 

@@ -627,7 +627,9 @@ PRESETS: dict[str, dict[str, Any]] = {
     "default": {},
     # Small enough that a whole fold runs in minutes under the CUDA simulator on two CPU cores. It keeps a
     # one-layer trunk, where the default network is linear, so that the end-to-end runs cover the trunk's path
-    # (and so leaves out network.mean_cross, which reads the observation directly).
+    # (and so leaves out network.mean_cross, which reads the observation directly). Its heads start from their
+    # Xavier draw: from the default zero start its few learner steps leave equal values and a policy that never
+    # trades, and the run would not exercise the backtest's trade accounting.
     "smoke": {
         "folds.n_folds": 2,
         "folds.train_days": 2,
@@ -640,6 +642,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "network.n_layers": 1,
         "network.mean_cross": False,
         "network.n_atoms": 11,
+        "network.head_init_scale": 1.0,
         "learner.batch_size": 16,
         "learner.buffer_size": 256,
         "learner.steps_per_epoch": 2,

@@ -106,3 +106,16 @@ def test_simulator_kernels_are_left_alone(folder):
     assert not hasattr(kernel, "enable_caching")
     kernel_cache.enable_disk_cache(kernel)
     assert not folder.exists()
+
+
+def test_the_backend_line_names_the_cache_on_a_gpu(monkeypatch, tmp_path):
+    """On a GPU `fox train`'s first line says where the compiled kernels are kept, or that every run compiles."""
+    from fox_numba import cli
+    from fox_numba.device import runtime
+
+    monkeypatch.setattr(runtime, "SIMULATOR", False)
+    monkeypatch.setattr(kernel_cache, "cache_folder", lambda: tmp_path / "kernels-x")
+    line = cli.backend_line("default")
+    assert line.startswith("CUDA GPU found") and str(tmp_path / "kernels-x") in line and line.endswith("preset default")
+    monkeypatch.setattr(kernel_cache, "cache_folder", lambda: None)
+    assert "no kernel cache" in cli.backend_line()
