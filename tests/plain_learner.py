@@ -1,6 +1,7 @@
 """The network and learner as they were before section 43's defaults (tools/results/learner_ablation_h200.md): C51
 heads acting on the directions, no mean head, no counterfactual targets, heads started from their Xavier draw (the
-default starts them at zero since section 51); and the exact fp32 dense layers (the default is tf32 since section 45), so that on a GPU these tests hold float32 arithmetic to their references. Tests
+default starts them at zero since section 51); and the exact fp32 dense layers (the default is tf32 since section
+45), so that on a GPU these tests hold float32 arithmetic to their references. Tests
 of the parts that the default counterfactual mean-head learner refuses (a trunk under the crossed columns, IQN,
 prioritised replay, n-step returns) or adds to (the layout, the step's kernels) build their configs from here, so
 each says which learner it checks."""
@@ -18,8 +19,8 @@ def _toml(value: Any) -> str:
     return str(value).lower() if isinstance(value, bool) else f'"{value}"' if isinstance(value, str) else repr(value)
 
 
-PLAIN_OVERRIDES = [f"{section}.{k}={_toml(v)}" for section, plain in
-                   (("network", PLAIN_NETWORK), ("learner", PLAIN_LEARNER), ("run", PLAIN_RUN)) for k, v in plain.items()]
+PLAIN_SECTIONS = (("network", PLAIN_NETWORK), ("learner", PLAIN_LEARNER), ("run", PLAIN_RUN))
+PLAIN_OVERRIDES = [f"{section}.{k}={_toml(v)}" for section, plain in PLAIN_SECTIONS for k, v in plain.items()]
 """The same as `--set` overrides, for load_config."""
 
 
