@@ -31,11 +31,14 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-import numba
-import numpy as np
-from numba import cuda
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from fox_numba.accelerator import choose_backend  # noqa: E402
+
+choose_backend()  # the GPU or the simulator, decided before numba is first imported (a tool run without a GPU)
+import numba  # noqa: E402
+import numpy as np  # noqa: E402
+from numba import cuda  # noqa: E402
 
 from fox_numba.device.control import CONTROL_DTYPE, ControlBlock  # noqa: E402
 from fox_numba.device.elementwise import axpy_f32, scale_f32  # noqa: E402
