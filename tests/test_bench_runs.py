@@ -5,15 +5,12 @@ simulator; the command the tool builds is tools/train_seeds.py's, tested there."
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
-from pathlib import Path
 
 import pytest
+from tool_loader import tool_module
 
-ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "tools" / "bench_runs.py"
 
 FAKE_TRAIN = """import json, pathlib, sys
 runs, seed = pathlib.Path(sys.argv[1]), int(sys.argv[2])
@@ -31,12 +28,7 @@ sys.exit(3 if "--fail" in sys.argv and seed == 1 else 0)
 
 @pytest.fixture(scope="module")
 def tool():
-    spec = importlib.util.spec_from_file_location("bench_runs_tool", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    yield module
-    del sys.modules[spec.name]
+    yield from tool_module("bench_runs")
 
 
 @pytest.fixture

@@ -3,15 +3,12 @@ small synthetic market with its latent truth."""
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-
-SCRIPT = Path(__file__).resolve().parents[1] / "tools" / "latent_probe.py"
+from tool_loader import tool_module
 
 
 @pytest.fixture(scope="module")
@@ -29,12 +26,7 @@ def small_synth_store(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def latent_probe():
-    spec = importlib.util.spec_from_file_location("latent_probe_tool", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    yield module
-    del sys.modules[spec.name]
+    yield from tool_module("latent_probe")
 
 
 def test_ar1_noise_has_unit_variance_and_the_asked_persistence(latent_probe):

@@ -5,7 +5,6 @@ ratios are those of the runs' summary.json files. The runner itself is run end t
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import statistics
@@ -13,24 +12,18 @@ import sys
 from pathlib import Path
 
 import pytest
+from tool_loader import tool_module
 
 from fox_numba.config import load_config
 from fox_numba.errors import ConfigError
 from fox_numba.market.default import DEFINITION_PATH, built_hash
 from fox_numba.market.synthetic_definition import load_definition
 
-ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "tools" / "suite.py"
 
 
 @pytest.fixture(scope="module")
 def suite():
-    spec = importlib.util.spec_from_file_location("suite_tool", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses resolve their annotations there
-    spec.loader.exec_module(module)
-    yield module
-    del sys.modules[spec.name]
+    yield from tool_module("suite")
 
 
 def test_the_committed_suite(suite):

@@ -3,27 +3,18 @@ a known answer."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
 import pytest
+from tool_loader import tool_module
 
 from fox_numba.config import load_config
-
-SCRIPT = Path(__file__).resolve().parents[1] / "tools" / "td_probe.py"
 
 
 @pytest.fixture(scope="module")
 def td_probe():
-    spec = importlib.util.spec_from_file_location("td_probe_tool", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses resolve their annotations there
-    spec.loader.exec_module(module)
-    yield module
-    del sys.modules[spec.name]
+    yield from tool_module("td_probe")
 
 
 def test_fold_rows_rewards_day_ends_and_discounted_returns(td_probe):
