@@ -12,7 +12,7 @@ from fox_numba.device.control import CONTROL_DTYPE, ControlBlock
 from fox_numba.device.elementwise import axpy_f32, scale_f32
 from fox_numba.device.graphs import GraphError, StepGraph
 from fox_numba.device.launch import i32, launch
-from fox_numba.device.memory import copy_device, device_empty
+from fox_numba.device.memory import copy_device, device_empty, device_zeros
 from fox_numba.device.registry import register
 from fox_numba.device.runtime import SIMULATOR, new_stream
 from fox_numba.device.staging import Stager
@@ -124,7 +124,7 @@ def test_a_scalar_argument_that_changes_is_refused(stager, stream):
 
 def test_an_array_allocated_per_replay_is_refused(stream):
     def body(s):
-        x = device_empty(N, np.float32)
+        x = device_zeros(N, np.float32, stream=s)  # a new array every replay (zeros: no NaN from stale memory)
         launch(scale_f32, N, x, np.float32(0.5), i32(N), stream=s)
 
     step = StepGraph("realloc", body, stream, use_graph=True)
