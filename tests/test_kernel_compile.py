@@ -22,7 +22,9 @@ FIXTURES = Path(__file__).parent / "compile_fixtures"
 
 
 def run_compile_check(*extra: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "0"}  # 0, not unset: unset, the package picks the simulator here
+    # 0, not unset: unset, the package picks the simulator here; no kernel cache: the check compiles PTX itself and
+    # would only leave an empty cache folder in the user's home
+    env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "0", "FOX_KERNEL_CACHE": "0"}
     proc = subprocess.run(
         [sys.executable, "-m", "fox_numba.kernels.compile_check", *map(str, extra)],
         capture_output=True,
