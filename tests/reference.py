@@ -127,15 +127,30 @@ def branch_spans():
     return [(b.offset, b.size) for b in BRANCHES]
 
 
+def split_streams(head, n_atoms, dtype=np.float64):
+    """(values [B, 4, Z], advantages [B, 13, Z]) of the head GEMM output [B, 17 * Z (+ aux)], whose streams run
+    branch by branch: a branch's value, then its heads' advantages (kernels/heads.py)."""
+    spans = branch_spans()
+    n_streams = len(spans) + sum(size for _, size in spans)
+    h = np.asarray(head, dtype)[:, : n_streams * n_atoms].reshape(head.shape[0], n_streams, n_atoms)
+    value = np.stack([h[:, off + b] for b, (off, _) in enumerate(spans)], axis=1)
+    adv = np.concatenate([h[:, off + b + 1 : off + b + 1 + size] for b, (off, size) in enumerate(spans)], axis=1)
+    return value, adv
+
+
+def join_streams(value, adv):
+    """The stream columns [B, 17 * Z] of (values [B, 4, Z], advantages [B, 13, Z]): `split_streams` inverted."""
+    parts = []
+    for b, (off, size) in enumerate(branch_spans()):
+        parts += [value[:, b : b + 1], adv[:, off : off + size]]
+    return np.concatenate(parts, axis=1).reshape(value.shape[0], -1)
+
+
 def dueling64(head, n_atoms):
     """logits [B, 13, Z] = V_b + (A_a - mean of the branch's A) from the head GEMM output [B, 17 * Z (+ aux)]."""
-    spans = branch_spans()
-    nb = len(spans)
-    n_streams = nb + sum(size for _, size in spans)
-    h = np.asarray(head, np.float64)[:, : n_streams * n_atoms].reshape(head.shape[0], n_streams, n_atoms)
-    value, adv = h[:, :nb], h[:, nb:]
+    value, adv = split_streams(head, n_atoms)
     out = np.empty_like(adv)
-    for b, (off, size) in enumerate(spans):
+    for b, (off, size) in enumerate(branch_spans()):
         a = adv[:, off : off + size]
         out[:, off : off + size] = value[:, b : b + 1] + (a - a.mean(axis=1, keepdims=True))
     return out
@@ -145,13 +160,9 @@ def dueling32(head, n_atoms):
     """`dueling64` in float32 with the kernels' order of operations (kernels/heads.py dueling_combine_fwd and
     combined_logit: the branch's advantages summed in head order, divided by its size, then V + (A - mean)), so
     its logits are the kernels' bit for bit."""
-    spans = branch_spans()
-    nb = len(spans)
-    n_streams = nb + sum(size for _, size in spans)
-    h = np.asarray(head, np.float32)[:, : n_streams * n_atoms].reshape(head.shape[0], n_streams, n_atoms)
-    value, adv = h[:, :nb], h[:, nb:]
+    value, adv = split_streams(head, n_atoms, np.float32)
     out = np.empty_like(adv)
-    for b, (off, size) in enumerate(spans):
+    for b, (off, size) in enumerate(branch_spans()):
         mean = np.zeros((head.shape[0], n_atoms), np.float32)
         for k in range(size):
             mean = mean + adv[:, off + k]
@@ -164,13 +175,12 @@ def dueling_backward64(dlogits):
     """d head [B, 17 * Z] (the stream columns) of d logits [B, 13, Z] (the transpose of `dueling64`)."""
     spans = branch_spans()
     dl = np.asarray(dlogits, np.float64)
-    bsz = dl.shape[0]
     dv = np.stack([dl[:, off : off + size].sum(axis=1) for off, size in spans], axis=1)
     da = np.empty_like(dl)
     for off, size in spans:
         part = dl[:, off : off + size]
         da[:, off : off + size] = part - part.mean(axis=1, keepdims=True)
-    return np.concatenate([dv, da], axis=1).reshape(bsz, -1)
+    return join_streams(dv, da)
 
 
 def dropout_keep64(rows, hidden, *, seed, step, layer, rate):
@@ -394,16 +404,14 @@ def replay_gather64(host, idx, *, stride=1, n_step=1, gamma=0.9):
     return out
 
 
-def noisy_columns64(n_atoms):
-    """The branch of every head column (kernels/noisy.py), -1 for the auxiliary ones, from the action table."""
-    from fox_numba.actions import BRANCHES, N_BRANCHES
+def column_branches64(n_atoms):
+    """The branch of every head column (kernels/heads.py column_branch), -1 for the auxiliary ones, from the action
+    table: each branch's value and advantage streams side by side."""
     from fox_numba.kernels.heads import N_STREAMS, head_width
 
     out = []
-    for s in range(N_STREAMS):
-        head = s - N_BRANCHES
-        b = s if s < N_BRANCHES else next(k for k, br in enumerate(BRANCHES) if br.offset <= head < br.offset + br.size)
-        out += [b] * n_atoms
+    for b, (_, size) in enumerate(branch_spans()):
+        out += [b] * ((1 + size) * n_atoms)
     return np.array(out + [-1] * (head_width(n_atoms) - N_STREAMS * n_atoms))
 
 
@@ -411,7 +419,7 @@ def noisy_factors64(f_eps, n_in, n_atoms):
     """(f_in [n_in, q]: each column's branch input noise, f_out [q]) of a draw f_eps, zero on auxiliary columns."""
     from fox_numba.actions import N_BRANCHES
 
-    branch = noisy_columns64(n_atoms)
+    branch = column_branches64(n_atoms)
     f_out = np.asarray(f_eps[N_BRANCHES * n_in :], np.float64).copy()
     f_in = np.zeros((n_in, len(branch)))
     for o, b in enumerate(branch):
@@ -557,19 +565,10 @@ def vsn_focus64(w):
     return float(np.clip(w.max(axis=1).mean(), 1.0 / k, 1.0)), float(np.clip(ent.mean(), 0.0, 1.0))
 
 
-def moe_column_branches64(n_atoms):
-    """The branch of every head column [head_width(Z)] (kernels/moe.py b(c)); -1 for the auxiliary column."""
-    from fox_numba.actions import BRANCHES
-
-    branches = [b for b in range(len(BRANCHES))]
-    branches += [b for b, br in enumerate(BRANCHES) for _ in range(br.size)]
-    return np.array([s for s in branches for _ in range(n_atoms)] + [-1])
-
-
 def moe_mix64(e, w, n_atoms):
     """Head rows [R, HW] of the experts' outputs e [R, K * HW] under the gate weights w [R, 4, K] (kernels/moe.py):
     the gate-weighted sum per column's branch, the auxiliary column the experts' mean."""
-    cb = moe_column_branches64(n_atoms)
+    cb = column_branches64(n_atoms)
     rows, k = w.shape[0], w.shape[2]
     e = np.asarray(e, np.float64).reshape(rows, k, cb.size)
     gw = np.where(cb[None, :, None] >= 0, w[:, np.maximum(cb, 0), :], 1.0 / k)  # [R, HW, K]
@@ -595,7 +594,7 @@ def moe_usage64(w):
 def moe_backward64(dout, e, w, lam, n_atoms):
     """(d experts [G, K * HW], d gate logits [G, 4K]) of the mixture plus lam * sum_b K sum_k u_bk**2 (kernels/moe.py),
     from dout [G, HW], the experts' outputs e [G, K * HW] and the gate weights w [G, 4, K] of the same rows."""
-    cb = moe_column_branches64(n_atoms)
+    cb = column_branches64(n_atoms)
     dout, w = np.asarray(dout, np.float64), np.asarray(w, np.float64)
     rows, nb, k = w.shape
     e = np.asarray(e, np.float64).reshape(rows, k, cb.size)

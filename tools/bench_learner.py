@@ -58,6 +58,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_device import machine, results_header
 
+from fox_numba.actions import N_BRANCHES
 from fox_numba.agent.learner import Learner
 from fox_numba.agent.network import ParamLayout
 from fox_numba.agent.replay import ReplayBuffer
@@ -135,7 +136,8 @@ def make_learner(args: argparse.Namespace, stager: Stager, stream: Any, graphs: 
     isv = stager.upload_new(bootstrap_values())
     # the gate's groups: the observation's; a narrower input (--tiny, --obs-dim) gates market | portfolio
     groups = None if args.obs_dim >= OBS_DIM else ((0, m), (m, args.obs_dim))
-    layout = ParamLayout.build(args.obs_dim, cfg.network, vsn_groups=groups, market_features=min(m, N_MARKET))
+    layout = ParamLayout.build(args.obs_dim, cfg.network, vsn_groups=groups, market_features=min(m, N_MARKET),
+                               live_branches=args.live_branches)
     aux_target = stager.upload_new(rng.standard_normal(bars).astype(np.float32))
     day_first = stager.upload_new((np.arange(bars) // BENCH_DAY_BARS * BENCH_DAY_BARS).astype(np.int32))
     book_obs = stager.upload_new(rng.standard_normal((bars, BOOK_FEATURES)).astype(np.float32))  # normalised snapshots
@@ -269,7 +271,7 @@ def markdown_batch(modes: dict[str, Any], kernels: dict[str, Any], args: argpars
         f"network.vsn {args.vsn}, network.moe_experts {args.moe_experts}, network.mamba2_window "
         f"{args.mamba2_window}, network.tlob_window {args.tlob_window}, network.position_cross "
         f"{args.position_cross}, network.mean_head {args.mean_head or args.mean_cross}, network.mean_cross "
-        f"{args.mean_cross}. "
+        f"{args.mean_cross}, live branches {args.live_branches} (4: every head column computed; 1: the direction branch's alone). "
         f"Replay of {args.capacity} random transitions "
         f"over {args.bars} market rows. Best of {args.windows} windows of {args.steps} steps after "
         f"{args.warmup} warm-up steps."
@@ -374,6 +376,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="network.mean_head: the direction mean head's squared error beside the C51 loss")
     parser.add_argument("--mean-cross", action="store_true",
                         help="network.mean_cross (with mean_head): the mean head alone reads position x market")
+    parser.add_argument("--live-branches", type=int, default=N_BRANCHES,
+                        help="the head's live branches (agent/network.py): 1 computes the direction branch's columns "
+                             "alone, as the default counterfactual learner's network does (default: all 4)")
     parser.add_argument("--layers", type=int, default=None, help="network.n_layers (default: the config's)")
     parser.add_argument("--hidden", type=int, default=256, help="network.hidden with --layers")
     parser.add_argument("--precision", choices=PRECISIONS, default="fp32", help="run.precision of the dense layers")

@@ -35,6 +35,7 @@ sys.path.insert(0, str(ROOT))
 from fox_numba.agent.direction_signal import SIGNAL_CHUNK, DirectionSignal  # noqa: E402
 from fox_numba.agent.evaluator import eval_network  # noqa: E402
 from fox_numba.agent.fold_market import FoldMarket  # noqa: E402
+from fox_numba.agent.learner import live_branches  # noqa: E402
 from fox_numba.agent.network import ParamLayout  # noqa: E402
 from fox_numba.checkpoint import load_checkpoint  # noqa: E402
 from fox_numba.config import load_run_config  # noqa: E402
@@ -54,7 +55,7 @@ def run_folds(run: Path) -> list[dict[str, Any]]:
     selection = select_market(cfg.market)
     folds = make_folds(cfg.folds, selection.days)
     features = load_features(cfg, selection)
-    layout = ParamLayout.build(obs_dim(cfg.features), cfg.network)
+    layout = ParamLayout.build(obs_dim(cfg.features), cfg.network, live_branches=live_branches(cfg))
     stager = Stager(new_stream())
     lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     ev, out = cfg.evaluation, []

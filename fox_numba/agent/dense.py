@@ -3,7 +3,8 @@
     kind = dense_kind("auto", "Network")                       'tiled' on the GPU, 'strided' under the simulator
     kind = dense_kind(precision_dense("tf32"), "Network")      'tf32' on the GPU, 'strided' under the simulator
                                                                (and 'bf16' likewise)
-    dense_forward(kind, x, w, b, y, relu=True, stream=s)       y = x @ w + b (then ReLU)
+    dense_forward(kind, x, w, b, y, relu=True, stream=s)       y = x @ w + b (then ReLU; cols=: the leading columns
+                                                               alone on the GPU, the others zero by their weights)
     dense_backward_input(kind, dy, w, dx, act=a, stream=s)     dx = (dy @ w.T) * (a > 0)  (act=None: no mask)
     WeightGrad(kind, rows, n_in, n_out)(x, dy, dw, db, stream=s)   dw = x.T @ dy, db = dy summed over rows
 
@@ -49,10 +50,13 @@ def dense_kind(dense: str, owner: str) -> str:
     return "tiled" if dense == "auto" else dense
 
 
-def dense_forward(kind: str, x: Any, w: Any, b: Any, y: Any, *, relu: bool, stream: Any) -> None:
-    """y = x @ w + b, then ReLU when `relu`."""
+def dense_forward(kind: str, x: Any, w: Any, b: Any, y: Any, *, relu: bool, stream: Any, cols: int | None = None
+                  ) -> None:
+    """y = x @ w + b, then ReLU when `relu`. `cols`: the caller's promise that w's and b's columns past the first
+    `cols` are zero and y's there hold their output (zero, or its ReLU); the GPU kinds then launch only the column
+    tiles before `cols`, 'strided' computes every column (the same numbers)."""
     if kind != "strided":
-        linear_forward(x, w, b, y, relu=relu, stream=stream, precision=_PRECISION[kind])
+        linear_forward(x, w, b, y, relu=relu, stream=stream, precision=_PRECISION[kind], cols=cols)
     else:
         strided_linear_forward(x, w, b, y, relu=relu, stream=stream)
 
@@ -66,11 +70,15 @@ def dense_backward_input(kind: str, dy: Any, w: Any, dx: Any, *, act: Any, strea
 
 
 class WeightGrad:
-    """dw = x.T @ dy and db = dy summed over the rows, for one layer shape (rows, n_in -> n_out)."""
+    """dw = x.T @ dy and db = dy summed over the rows, for one layer shape (rows, n_in -> n_out). `cols`: the
+    caller's promise that dy is zero past its first `cols` columns; the GPU kinds then compute only those columns'
+    tiles and write 0 after them, 'strided' computes them all (the same numbers)."""
 
-    def __init__(self, kind: str, rows: int, n_in: int, n_out: int) -> None:
+    def __init__(self, kind: str, rows: int, n_in: int, n_out: int, *, cols: int | None = None, stream: Any = 0
+                 ) -> None:
         self._tiled = (
-            LinearWeightGrad(rows, n_in, n_out, precision=_PRECISION[kind]) if kind != "strided" else None
+            LinearWeightGrad(rows, n_in, n_out, precision=_PRECISION[kind], cols=cols, stream=stream)
+            if kind != "strided" else None
         )
 
     def __call__(self, x: Any, dy: Any, dw: Any, db: Any, *, stream: Any) -> None:

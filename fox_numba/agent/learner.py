@@ -215,6 +215,18 @@ def check_counterfactual(cfg: FoxConfig) -> None:
                               "them)")
 
 
+def live_branches(cfg: FoxConfig) -> int:
+    """The branches whose head columns the network computes (agent/network.py, ParamLayout.live_branches): all of
+    them, unless the counterfactual learner trains the direction branch alone (its targets give the others' rows
+    weight 0, so their parameters never move) with no part that writes every head column (NoisyNet or MoE heads, the
+    auxiliary forecast); then the direction branch and each later one up to the last the policy chooses
+    (env.fixed_bins -1), whose untrained heads it still reads."""
+    lc, net = cfg.learner, cfg.network
+    if not lc.counterfactual or net.noisy_sigma0 > 0 or net.moe_experts or lc.aux_weight > 0:
+        return N_BRANCHES
+    return max([1] + [b + 2 for b, fixed in enumerate(cfg.env.fixed_bins) if fixed < 0])  # entry b: branch b + 1
+
+
 class Learner:
     """The train stage around one fold's replay buffer and market observations (module header)."""
 
@@ -463,7 +475,7 @@ class Learner:
             prio.weights(bt.idx, self.schedule.device, self.optim_state, lc.priority_beta0, rows.weights,
                          self.is_weights, stream=s)
         branch_loss(head, head_tgt, rows, bt.actions, self.support_online, self.support_target, self.online.dhead,
-                    stream=s)
+                    stream=s, live=self.layout.live_branches)
 
     # ---- per epoch ----------------------------------------------------------------------------------------
 

@@ -15,11 +15,22 @@
 Architecture: `n_layers` Linear+ReLU layers of width `hidden` (the trunk; with n_layers = 0, the default,
 the network is linear and the head reads the observation: the 2 x 256 trunk memorised the default market's
 training window, tools/results/learner_ablation_h200.md sections 7-9), then one head GEMM
-[H, (N_BRANCHES + N_HEADS) * Z + 1] whose output holds 4 branch value streams and 13 advantage streams
-(`fox_numba.kernels.heads`) and one auxiliary forecast column, then the dueling combine into logits
-[B, 13, Z]: for each bin a of branch b, logits = V_b + (A_a - mean of the branch's A). 13 heads
-(fox_numba.actions), Z = network.n_atoms. The forecast column (`head_out[:, aux_column(Z)]`) is the
-learner's auxiliary regression of the forward mid change (agent/learner.py); acting reads the logits only.
+[H, (N_BRANCHES + N_HEADS) * Z + 1] whose output holds, branch by branch, each branch's value stream and its
+heads' advantage streams (4 + 13 streams, `fox_numba.kernels.heads`), and one auxiliary forecast column, then
+the dueling combine into logits [B, 13, Z]: for each bin a of branch b, logits = V_b + (A_a - mean of the
+branch's A). 13 heads (fox_numba.actions), Z = network.n_atoms. The forecast column
+(`head_out[:, aux_column(Z)]`) is the learner's auxiliary regression of the forward mid change
+(agent/learner.py); acting reads the logits only.
+
+Live branches: a layout built with `live_branches` = n < 4 (the default counterfactual learner trains the
+direction branch alone and the policy takes fixed bins in the others: agent/learner.py `live_branches`) computes
+the head GEMM's first `live_cols` columns only, the first n branches' streams (their own prefix since the streams
+run branch by branch): the forward launches only their column tiles and the weight gradient only theirs, a
+third of the default's 868 columns (5 of 17 streams). The other columns of the head output stay at the zeros
+they are allocated with, and their weights and biases are 0 from `init_params` on (no gradient reaches them, so
+Adam, decay, shrink-and-perturb and Polyak keep them 0): the logits of those branches are exactly what a full
+GEMM over zero weights gives, so the numbers are the full computation's bit for bit (the simulator's strided
+kernels compute every column; tests/agent/test_live_branches.py).
 
 Parameters live in one flat float32 buffer; `ParamLayout` is its table of (name, offset, shape), in the
 order trunk.0.weight, trunk.0.bias, ..., head.weight, head.bias, each entry starting on a 32-float
@@ -159,7 +170,13 @@ from fox_numba.device.memory import device_empty, device_zeros
 from fox_numba.device.runtime import device_address
 from fox_numba.errors import ConfigError
 from fox_numba.kernels.dropout import dropout, keep_scale
-from fox_numba.kernels.heads import aux_column, dueling_combine_backward, dueling_combine_forward, head_width
+from fox_numba.kernels.heads import (
+    aux_column,
+    dueling_combine_backward,
+    dueling_combine_forward,
+    head_width,
+    live_columns,
+)
 from fox_numba.kernels.moe import MIN_EXPERTS
 from fox_numba.kernels.windows import concat_columns
 from fox_numba.kernels.position_cross import position_cross
@@ -189,14 +206,20 @@ class ParamLayout:
     cross: int = 0  # > 0: layer 0 also reads the position times the first `cross` (market) columns; 0 off
     mean_head: bool = False  # a squared-error value head of the directions beside C51 (agent/mean_head.py)
     mean_cross: bool = False  # the `cross` columns feed the mean head alone (network.mean_cross), not layer 0
+    live_branches: int = N_BRANCHES  # < N_BRANCHES: the later branches' head columns are zero, not computed
 
     @classmethod
     def build(cls, obs_dim: int, cfg: NetworkConfig, vsn_groups: tuple[tuple[int, int], ...] | None = None, *,
-              market_features: int = N_MARKET) -> ParamLayout:
+              market_features: int = N_MARKET, live_branches: int = N_BRANCHES) -> ParamLayout:
         """The layout of a network over observations of `obs_dim` columns, sized by `cfg`. With cfg.vsn the gate's
         groups are `vsn_groups` (column ranges tiling the input), by default the observation layout's. With
         cfg.mamba2_window the encoder reads the first `market_features` market columns (by default the market
-        part's N_MARKET)."""
+        part's N_MARKET). `live_branches` < N_BRANCHES (agent/learner.py `live_branches`: the branches the learner
+        trains or the policy chooses): the head computes the first branches' streams alone (module header)."""
+        if not 1 <= live_branches <= N_BRANCHES or (live_branches < N_BRANCHES
+                                                    and (cfg.noisy_sigma0 > 0 or cfg.moe_experts)):
+            raise ValueError(f"live_branches must be in 1..{N_BRANCHES}, and {N_BRANCHES} with NoisyNet or MoE heads "
+                             f"(they write every head column); got {live_branches}")
         if (obs_dim < 1 or cfg.hidden < 1 or cfg.n_layers < 0 or cfg.n_atoms < 2 or not cfg.noisy_sigma0 >= 0
                 or cfg.iqn_quantiles < 0 or cfg.iqn_embed < 1):
             raise ValueError(
@@ -265,7 +288,14 @@ class ParamLayout:
             offset += -(-math.prod(shape) // ALIGN) * ALIGN
         return cls(obs_dim, cfg.hidden, cfg.n_layers, cfg.n_atoms, tuple(entries), offset, float(cfg.noisy_sigma0),
                    iqn_embed, cfg.spectral_norm, residual, groups, cfg.moe_experts, mamba2, tlob, cross,
-                   cfg.mean_head, cfg.mean_cross)
+                   cfg.mean_head, cfg.mean_cross, live_branches)
+
+    @property
+    def live_cols(self) -> int:
+        """The head GEMM's leading output columns that are computed (heads.live_columns); every column past them is
+        0, its weights and bias 0 from `init_params` on (no gradient reaches them: the learner trains only these
+        branches)."""
+        return live_columns(self.live_branches, self.n_atoms)
 
     @property
     def noisy(self) -> bool:
@@ -331,7 +361,9 @@ class ParamLayout:
     def fingerprint(self) -> str:
         """sha256 (first 16 hex digits) of the table and the sizes and action space it was built for."""
         text = "\n".join(f"{e.name}:{e.offset}:{list(e.shape)}:{int(e.decay)}" for e in self.entries)
-        text += f"\nsize:{self.size}\nheads:{N_BRANCHES}+{N_HEADS}\natoms:{self.n_atoms}\n"
+        text += f"\nsize:{self.size}\nheads:{N_BRANCHES}+{N_HEADS}:by-branch\natoms:{self.n_atoms}\n"
+        if self.live_branches < N_BRANCHES:  # which head columns are computed is in no entry's shape
+            text += f"live_branches:{self.live_branches}\n"
         if self.spectral_norm:  # the power-iteration vectors' layout (u_l, v_l per trunk layer)
             text += "spectral_uv:" + ",".join(f"{o}+{i}" for i, o in layer_widths(self)) + "\n"
         if self.residual:
@@ -428,6 +460,10 @@ def init_params(layout: ParamLayout, seed: int, head_scale: float = 1.0) -> np.n
         xavier = e.name.startswith(("head.", IQN_HEAD_PREFIX, MEAN_HEAD_PREFIX))
         bound = head_scale * math.sqrt(6.0 / (fan_in + fan_out)) if xavier else math.sqrt(6.0 / fan_in)
         flat[e.offset : e.stop] = rng.uniform(-bound, bound, e.size).astype(np.float32)
+    if layout.live_branches < N_BRANCHES:  # the head columns past the live branches' are zero for good
+        head = layout.unpack(flat)
+        head["head.weight"][:, layout.live_cols :] = 0.0
+        head["head.bias"][layout.live_cols :] = 0.0
     if layout.noisy:
         init_sigma(flat, layout)
     if layout.mamba2 is not None:
@@ -512,12 +548,14 @@ class Network:
         n_layers, hidden, z = layout.n_layers, layout.hidden, layout.n_atoms
         # Trunk outputs [layer, row, unit] in one buffer (the hidden-signal producers read it whole).
         self.activations: Any = device_empty((n_layers, batch, hidden), np.float32) if n_layers else None
-        self.head_out = device_empty((batch, head_width(z)), np.float32)
+        self.head_out = device_zeros((batch, head_width(z)), np.float32, stream=stream)  # past live_cols: 0 for good
         self.dhead = device_zeros((grad_rows, head_width(z)), np.float32, stream=stream)  # aux column: 0 unless written
         self.aux_column = aux_column(z)
         self._dh = [device_empty((grad_rows, hidden), np.float32) for _ in range(min(n_layers, 2))]
         widths = [layout.in_dim] + [hidden] * n_layers + [head_width(z) * max(layout.moe_experts, 1)]
-        self._wgrads = [WeightGrad(dense, grad_rows, widths[k], widths[k + 1]) for k in range(n_layers + 1)]
+        self._wgrads = [WeightGrad(dense, grad_rows, widths[k], widths[k + 1]) for k in range(n_layers)]
+        self._head_cols = layout.live_cols if layout.live_branches < N_BRANCHES else None  # None: every column
+        self._wgrads.append(WeightGrad(dense, grad_rows, widths[-2], widths[-1], cols=self._head_cols, stream=stream))
         self._obs: Any = None
         self._views: dict[int, dict[str, Any]] = {}
 
@@ -641,7 +679,7 @@ class Network:
             self.moe.forward(p, x, self.head_out, stream=stream)
         else:
             hw, hb = self.noisy.forward(p, stream=stream) if self.noisy is not None else (p[w.name], p[b.name])
-            self._linear(x, hw, hb, self.head_out, False, stream)
+            dense_forward(self.dense, x, hw, hb, self.head_out, relu=False, stream=stream, cols=self._head_cols)
         if logits is not None:
             dueling_combine_forward(self.head_out, logits, stream=stream)
 

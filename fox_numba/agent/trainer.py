@@ -28,7 +28,7 @@ from fox_numba.agent.environment import VecEnv
 from fox_numba.agent.evaluator import Evaluator, eval_network, fixed_bins
 from fox_numba.agent.fold_market import FoldMarket, FoldMarketDevice, aux_forecast_target
 from fox_numba.agent.health import HealthDiag
-from fox_numba.agent.learner import Learner
+from fox_numba.agent.learner import Learner, live_branches
 from fox_numba.agent.network import ParamLayout
 from fox_numba.agent.replay import STORED as REPLAY_FIELDS
 from fox_numba.agent.replay import ReplayBuffer
@@ -66,7 +66,7 @@ class Trainer:
         self.stream = new_stream()
         self.stager = Stager(self.stream)
         self.bus = IsvBus(self.stager)
-        self.layout = ParamLayout.build(obs_dim(cfg.features), cfg.network)
+        self.layout = ParamLayout.build(obs_dim(cfg.features), cfg.network, live_branches=live_branches(cfg))
         self.replay = ReplayBuffer(cfg.learner.buffer_size, stream=self.stream)
         self.learner: Learner | None = None
         self.market: FoldMarketDevice | None = None

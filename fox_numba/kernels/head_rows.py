@@ -20,7 +20,7 @@ from numba import cuda, float32
 
 from fox_numba.actions import N_BRANCHES, N_HEADS
 from fox_numba.device.runtime import u32
-from fox_numba.kernels.heads import MAX_BRANCH_SIZE, N_STREAMS, branch_span
+from fox_numba.kernels.heads import MAX_BRANCH_SIZE, N_STREAMS, branch_span, stream_branch
 
 STAGE_SAMPLES = 8  # samples a block stages at most
 STAGE_WORDS = STAGE_SAMPLES * N_HEADS * 51  # 21.2 KB: 8 samples' 13 advantage rows at Z = 51 (odd stride 51)
@@ -75,21 +75,23 @@ def staged_row(src, first, row, j):
 @cuda.jit(device=True)
 def stream_atom(head, first, row, j, n_atoms):
     """Atom j of stream row `row` counted from sample `first` of the head GEMM's output rows head: stream
-    row % 17 (values, then advantages, heads.N_STREAMS) of sample first + row // 17."""
+    row % 17 (branch by branch, each value then its advantages: heads.N_STREAMS) of sample first + row // 17."""
     sample = u32(row // _NS)
     return head[u32(first + sample), u32(u32(row - sample * _NS) * n_atoms + j)]
 
 
 @cuda.jit(device=True)
 def put_stream(stage, values, row, j, stride, x):
-    """Stream row `row` (as `stream_atom`) staged: a value stream into `values` [(s * 4 + b) * stride + j], an
-    advantage stream into its head's row of `stage` [(s * 13 + h) * stride + j]."""
+    """Stream row `row` (as `stream_atom`) staged: branch b's value stream into `values` [(s * 4 + b) * stride + j],
+    head h's advantage stream into its row of `stage` [(s * 13 + h) * stride + j] (h = stream - b - 1)."""
     sample = u32(row // _NS)
     s = u32(row - sample * _NS)
-    if s < _NB:
-        values[u32(u32(sample * _NB + s) * stride + j)] = x
+    b = u32(stream_branch(s))
+    off, _ = branch_span(b)
+    if s == u32(off + b):
+        values[u32(u32(sample * _NB + b) * stride + j)] = x
     else:
-        stage[u32(u32(sample * _NH + s - _NB) * stride + j)] = x
+        stage[u32(u32(sample * _NH + u32(s - b - u32(1))) * stride + j)] = x
 
 
 @cuda.jit(device=True)

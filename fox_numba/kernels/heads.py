@@ -1,12 +1,18 @@
 """The dueling C51 heads: the combine into per-bin logits, its backward, and the per-head adaptive supports.
 
-Head GEMM output layout (one row per sample, S = N_BRANCHES + N_HEADS = 17 streams of Z atoms, then
-N_AUX auxiliary columns; `head_width(Z)` columns in all):
+Head GEMM output layout (one row per sample, S = N_BRANCHES + N_HEADS = 17 streams of Z atoms, branch by branch:
+a branch's value stream, then the advantage streams of its heads; then N_AUX auxiliary columns; `head_width(Z)`
+columns in all):
 
-    head[i, s * Z + z]     s < N_BRANCHES: the value stream V_b of branch b = s
-                           s >= N_BRANCHES: the advantage stream A_a of head a = s - N_BRANCHES
+    stream  0 | 1-4        | 5 | 6-8         | 9 | 10-12        | 13 | 14-16
+            V_direction, A_0-3 | V_magnitude, A_4-6 | V_order, A_7-9 | V_urgency, A_10-12
+    head[i, s * Z + z]     s = value_stream(b) = offset_b + b: the value stream V_b of branch b
+                           s = adv_stream(a) = a + branch_of(a) + 1: the advantage stream A_a of head a
     head[i, S * Z]         the auxiliary forecast (the learner's aux loss, kernels/learner.py; the
                            combine neither reads nor writes it)
+
+Branch by branch, so the first `live_streams(n)` streams hold the first n branches whole: a network whose later
+branches are fixed computes only those columns (`live_columns`, agent/network.py's ParamLayout.live_branches).
 
 Dueling combine (per branch b with bins a in b, n_b = the branch's size):
 
@@ -72,9 +78,29 @@ from fox_numba.device.launch import check_array, i32, launch_strided
 from fox_numba.device.registry import register
 from fox_numba.device.runtime import u32
 
-N_STREAMS = N_BRANCHES + N_HEADS  # value streams then advantage streams in the head GEMM's output
+N_STREAMS = N_BRANCHES + N_HEADS  # each branch's value stream, then its advantage streams, branch by branch
 N_AUX = 1  # auxiliary forecast columns after the streams
 MAX_BRANCH_SIZE = max(b.size for b in BRANCHES)  # the bound of the combine's unrolled loops
+VALUE_STREAMS = tuple(b.offset + k for k, b in enumerate(BRANCHES))  # (0, 5, 9, 13)
+
+
+def live_streams(n_branches: int) -> int:
+    """Streams of the first n_branches branches: the leading streams a network with the others fixed computes."""
+    if not 1 <= n_branches <= N_BRANCHES:
+        raise ValueError(f"live branches must be in 1..{N_BRANCHES}, got {n_branches}")
+    return N_STREAMS if n_branches == N_BRANCHES else VALUE_STREAMS[n_branches]
+
+
+def live_columns(n_branches: int, n_atoms: int) -> int:
+    """Leading head-output columns a network computes when only its first n_branches branches act: their streams,
+    and with every branch live the auxiliary column too (the whole width)."""
+    return head_width(n_atoms) if n_branches == N_BRANCHES else live_streams(n_branches) * n_atoms
+
+
+def advantage_stream_of(a: int) -> int:
+    """Host: the stream of head a's advantage (`adv_stream` on the device)."""
+    b = next(k for k, br in enumerate(BRANCHES) if br.offset <= a < br.offset + br.size)
+    return a + b + 1
 
 
 def head_width(n_atoms: int) -> int:
@@ -124,6 +150,39 @@ def branch_of(a):
 
 
 @cuda.jit(device=True)
+def value_stream(b):
+    """The stream of branch b's value V_b (module header)."""
+    off, _ = branch_span(b)
+    return off + b
+
+
+@cuda.jit(device=True)
+def adv_stream(a):
+    """The stream of head a's advantage A_a (module header)."""
+    return a + branch_of(a) + 1
+
+
+@cuda.jit(device=True)
+def stream_branch(s):
+    """The branch of stream s (value or advantage); N_BRANCHES past the streams (the auxiliary columns)."""
+    if s < MAG_OFFSET + 1:
+        return 0
+    if s < ORDER_OFFSET + 2:
+        return 1
+    if s < URGENCY_OFFSET + 3:
+        return 2
+    if s < N_STREAMS:
+        return 3
+    return N_BRANCHES
+
+
+@cuda.jit(device=True)
+def column_branch(o, n_atoms):
+    """The branch of head column o (its stream's, `stream_branch`); N_BRANCHES for the auxiliary columns."""
+    return stream_branch(o // n_atoms)
+
+
+@cuda.jit(device=True)
 def combined_logit(head, i, a, z, n_atoms):
     """logits[i, a, z] of the head GEMM's output rows head: V_b + (A_a - the mean of branch b's A) at atom z, with
     dueling_combine_fwd's arithmetic (the same float32 operations in the same order: the same bits)."""
@@ -132,12 +191,13 @@ def combined_logit(head, i, a, z, n_atoms):
     row = u32(i)  # uint32 indices: no 64-bit multiply, no negative-index wrap (head_rows' header)
     nz = u32(n_atoms)
     atom = u32(z)
+    v = u32(off + b)  # value_stream(b); its advantage streams follow
     mean = float32(0.0)
     for k in range(MAX_BRANCH_SIZE):  # a constant trip count: unrolled, the loads issued together
         if k < size:
-            mean += head[row, u32(u32(N_BRANCHES + off + k) * nz + atom)]
+            mean += head[row, u32(u32(v + u32(1 + k)) * nz + atom)]
     mean = mean / float32(size)
-    return head[row, u32(u32(b) * nz + atom)] + (head[row, u32(u32(N_BRANCHES + a) * nz + atom)] - mean)
+    return head[row, u32(v * nz + atom)] + (head[row, u32(u32(a + b + 1) * nz + atom)] - mean)
 
 
 @register((_F2, _F3, int32))
@@ -153,15 +213,16 @@ def dueling_combine_fwd(head, logits, n):
         b = r // n_atoms
         z = r - b * n_atoms
         off, size = branch_span(b)
+        vs = off + b  # value_stream(b)
         mean = float32(0.0)
         for k in range(MAX_BRANCH_SIZE):  # unrolled (combined_logit)
             if k < size:
-                mean += head[i, (N_BRANCHES + off + k) * n_atoms + z]
+                mean += head[i, (vs + 1 + k) * n_atoms + z]
         mean = mean / float32(size)
-        v = head[i, b * n_atoms + z]
+        v = head[i, vs * n_atoms + z]
         for k in range(MAX_BRANCH_SIZE):
             if k < size:
-                logits[i, off + k, z] = v + (head[i, (N_BRANCHES + off + k) * n_atoms + z] - mean)
+                logits[i, off + k, z] = v + (head[i, (vs + 1 + k) * n_atoms + z] - mean)
         t += cuda.gridsize(1)
 
 
@@ -178,13 +239,14 @@ def dueling_combine_bwd(dlogits, dhead, n):
         b = r // n_atoms
         z = r - b * n_atoms
         off, size = branch_span(b)
+        vs = off + b  # value_stream(b)
         total = float32(0.0)
         for k in range(size):
             total += dlogits[i, off + k, z]
-        dhead[i, b * n_atoms + z] = total
+        dhead[i, vs * n_atoms + z] = total
         mean = total / float32(size)
         for k in range(size):
-            dhead[i, (N_BRANCHES + off + k) * n_atoms + z] = dlogits[i, off + k, z] - mean
+            dhead[i, (vs + 1 + k) * n_atoms + z] = dlogits[i, off + k, z] - mean
         t += cuda.gridsize(1)
 
 

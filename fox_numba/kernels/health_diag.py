@@ -199,9 +199,7 @@ def noisy_sigma_means(sig_w, sig_b, snap_f, n_atoms):
     while j < (n_in + 1) * cols:
         row = j // cols
         c = j - row * cols
-        k = c // n_atoms
-        stream = b if k == 0 else N_BRANCHES + off + k - 1
-        o = stream * n_atoms + c - k * n_atoms
+        o = (off + b) * n_atoms + c  # the branch's streams are adjacent from its value stream (kernels/heads.py)
         if row < n_in:
             acc[tid, 0] += float64(abs(sig_w[row, o]))
         else:

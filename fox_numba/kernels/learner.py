@@ -121,10 +121,11 @@ from fox_numba.kernels.heads import (
     N_AUX,
     N_STREAMS,
     aux_column,
-    branch_of,
     branch_span,
     combined_logit,
     head_width,
+    live_streams,
+    stream_branch,
 )
 from fox_numba.kernels.optim import NORM_BLOCK, OPTIM_STATE_DTYPE, check_state, norm_partials_len, partials_used
 from fox_numba.kernels.signals import EpochStat, check_epoch, ema, finite, tree_sums
@@ -364,81 +365,110 @@ def select_q_rows(head, head_tgt, support_online, support_target, actions, rewar
     stats[r, 2] = e_tgt - q[n_samples + i, a_n]
 
 
-@register((_F2, _F2, _I1, _F2, _F1, _F1, _I2, _F2, _F2, _F1, _F1, _F2))
-@cuda.jit
-def project_loss_scatter(head, head_tgt, next_head, next_stats, rew_r, disc_r, actions, support_online,
-                         support_target, weights, loss, dhead):
-    """The C51 projection, the cross-entropy with its gradient, and its scatter through the dueling combine's
-    backward into the stream columns of dhead [B, head_width(Z)] for the block's branch rows r0 .. r0 + blockDim /
-    LOSS_THREADS_PER_ROW - 1 (whole samples; launch shape in the header), in three steps:
-    1. every thread, coalesced: stage p_next[r] = exp(x - max) / sum over the target logits(s')[a*] (next_head,
-       next_stats: the softmax select_q_rows took) and the online logits(s) of the row's taken head a_t, each
-       formed from the head GEMM outputs head [2B, head_width(Z)] and head_tgt [B, head_width(Z)]
-       (heads.combined_logit).
-    2. one row per thread (the first ones): `project_row` of rew_r + disc_r * z(a*) (support_target[a*]) onto the
-       atoms of support_online[a_t] into a staged scratch m, then loss[r] = `cross_entropy_row` of the staged
-       logits against m, its gradient weights[r] * (sum(m) softmax - m) written over m: c51_project's and
-       c51_loss's code.
-    3. every thread, coalesced: the block's samples' stream columns of dhead, every stream and atom: with g the
-       row gradient at the taken heads and 0 on the branches' other heads (the scatter), the value stream of branch
-       b takes total = sum of g over b's heads in head order, the advantage stream of head a g[a] - total / size
-       (dueling_combine_bwd's arithmetic); the forecast column is left alone."""
-    p_st = cuda.shared.array(LOSS_STAGE_WORDS, float32)
-    x_st = cuda.shared.array(LOSS_STAGE_WORDS, float32)
-    m_st = cuda.shared.array(LOSS_STAGE_WORDS, float32)
-    n_atoms = (head.shape[1] - N_AUX) // N_STREAMS
-    stride = n_atoms | 1
-    threads = cuda.blockDim.x
-    tid = cuda.threadIdx.x
-    per_block = threads // LOSS_THREADS_PER_ROW
-    r0 = cuda.blockIdx.x * per_block
-    count = min(per_block, next_head.shape[0] - r0)
+def _loss_kernel(live: int) -> Any:
+    """project_loss_scatter over the rows and streams of the first `live` branches (compile-time constants)."""
+    n_live = np.uint32(live)
+    n_streams = np.uint32(live_streams(live))
+    n_dead = N_BRANCHES - live
 
-    nz = u32(n_atoms)  # uint32 walks (head_rows' header)
-    stride_u = u32(stride)
-    d_row, d_j, row, j = walk_start(tid, threads, nz)
-    while row < count:
-        r = u32(r0 + row)
-        i = u32(r // _NB_U)
-        off, taken = _taken_head(actions, i, u32(r - i * _NB_U))
-        xt = combined_logit(head_tgt, i, next_head[r], j, nz)
-        at = u32(row * stride_u + j)
-        x_st[at] = combined_logit(head, i, off + taken, j, nz)
-        p_st[at] = math.exp(xt - next_stats[r, 0]) / next_stats[r, 1]
-        row, j = carry(row, j, d_row, d_j, nz)
-    cuda.syncthreads()
+    def project_loss_scatter(head, head_tgt, next_head, next_stats, rew_r, disc_r, actions, support_online,
+                             support_target, weights, loss, dhead):
+        """The C51 projection, the cross-entropy with its gradient, and its scatter through the dueling combine's
+        backward into the stream columns of dhead [B, head_width(Z)] for the block's live branch rows (the rows of
+        branches b < live of its samples, blockDim / LOSS_THREADS_PER_ROW of them at most, whole samples; launch shape in
+        the header), in three steps:
+        1. every thread, coalesced: stage p_next[r] = exp(x - max) / sum over the target logits(s')[a*] (next_head,
+           next_stats: the softmax select_q_rows took) and the online logits(s) of the row's taken head a_t, each
+           formed from the head GEMM outputs head [2B, head_width(Z)] and head_tgt [B, head_width(Z)]
+           (heads.combined_logit).
+        2. one row per thread (the first ones): `project_row` of rew_r + disc_r * z(a*) (support_target[a*]) onto the
+           atoms of support_online[a_t] into a staged scratch m, then loss[r] = `cross_entropy_row` of the staged
+           logits against m, its gradient weights[r] * (sum(m) softmax - m) written over m: c51_project's and
+           c51_loss's code.
+        3. every thread, coalesced: the block's samples' stream columns of dhead, every stream and atom: with g the
+           row gradient at the taken heads and 0 on the branches' other heads (the scatter), the value stream of branch
+           b takes total = sum of g over b's heads in head order, the advantage stream of head a g[a] - total / size
+           (dueling_combine_bwd's arithmetic); the forecast column is left alone.
+        With live < 4 (agent/network.py's live branches: the other branches' rows have weight 0) their rows' loss is
+        written 0 (the loss signals add weight x loss and count only rows of positive weight: the same sums) and their
+        streams of dhead are not written (the caller keeps them 0)."""
+        p_st = cuda.shared.array(LOSS_STAGE_WORDS, float32)
+        x_st = cuda.shared.array(LOSS_STAGE_WORDS, float32)
+        m_st = cuda.shared.array(LOSS_STAGE_WORDS, float32)
+        n_atoms = (head.shape[1] - N_AUX) // N_STREAMS
+        stride = n_atoms | 1
+        threads = cuda.blockDim.x
+        tid = cuda.threadIdx.x
+        per_block = threads // LOSS_THREADS_PER_ROW
+        q0 = cuda.blockIdx.x * per_block  # the block's first live row: live row q is branch row (q // live) * 4 + q % live
+        count = min(per_block, (next_head.shape[0] // N_BRANCHES) * live - q0)
+        i0 = u32(q0 // live)  # its first sample
 
-    if tid < count:
-        r = r0 + tid
-        i = r // N_BRANCHES
-        off, taken = _taken_head(actions, i, r - i * N_BRANCHES)
-        a_n = next_head[r]
-        base = tid * stride
-        project_row(p_st, base, rew_r[r], disc_r[r], support_target[a_n, 0], support_target[a_n, 2],
-                    support_online[off + taken, 0], support_online[off + taken, 2], m_st, base, n_atoms)
-        loss[r] = cross_entropy_row(x_st, base, m_st, base, weights[r], m_st, base, n_atoms)
-    cuda.syncthreads()
+        nz = u32(n_atoms)  # uint32 walks (head_rows' header)
+        stride_u = u32(stride)
+        d_row, d_j, row, j = walk_start(tid, threads, nz)
+        while row < count:
+            q = u32(q0 + row)
+            i = u32(q // n_live)
+            b = u32(q - i * n_live)
+            r = u32(i * _NB_U + b)
+            off, taken = _taken_head(actions, i, b)
+            xt = combined_logit(head_tgt, i, next_head[r], j, nz)
+            at = u32(row * stride_u + j)
+            x_st[at] = combined_logit(head, i, off + taken, j, nz)
+            p_st[at] = math.exp(xt - next_stats[r, 0]) / next_stats[r, 1]
+            row, j = carry(row, j, d_row, d_j, nz)
+        cuda.syncthreads()
 
-    i0 = u32(r0 // N_BRANCHES)
-    rows = u32((count // N_BRANCHES) * N_STREAMS)
-    _dr, _dj, row, j = walk_start(tid, threads, nz)
-    while row < rows:
-        sample = u32(row // _NS_U)
-        head_stream = u32(row - sample * _NS_U)
-        b = head_stream if head_stream < _NB_U else u32(branch_of(u32(head_stream - _NB_U)))
-        off, size = branch_span(b)
-        taken = off + _taken_head(actions, u32(i0 + sample), b)[1]
-        g_taken = m_st[u32(u32(sample * _NB_U + b) * stride_u + j)]
-        total = float32(0.0)
-        for k in range(size):
-            total += g_taken if off + k == taken else float32(0.0)
-        col = u32(head_stream * nz + j)
-        if head_stream < _NB_U:
-            dhead[u32(i0 + sample), col] = total
-        else:
-            g = g_taken if u32(head_stream - _NB_U) == taken else float32(0.0)
-            dhead[u32(i0 + sample), col] = g - total / float32(size)
-        row, j = carry(row, j, d_row, d_j, nz)
+        if tid < count:
+            q = q0 + tid
+            i = q // live
+            b = q - i * live
+            r = i * N_BRANCHES + b
+            off, taken = _taken_head(actions, i, b)
+            a_n = next_head[r]
+            base = tid * stride
+            project_row(p_st, base, rew_r[r], disc_r[r], support_target[a_n, 0], support_target[a_n, 2],
+                        support_online[off + taken, 0], support_online[off + taken, 2], m_st, base, n_atoms)
+            loss[r] = cross_entropy_row(x_st, base, m_st, base, weights[r], m_st, base, n_atoms)
+        if n_dead > 0:
+            k = tid
+            while k < (count // live) * n_dead:  # the dead rows of the block's samples
+                s = k // n_dead
+                loss[(i0 + s) * N_BRANCHES + live + k - s * n_dead] = float32(0.0)
+                k += threads
+        cuda.syncthreads()
+
+        rows = u32(u32(count // live) * n_streams)
+        _dr, _dj, row, j = walk_start(tid, threads, nz)
+        while row < rows:
+            sample = u32(row // n_streams)
+            head_stream = u32(row - sample * n_streams)
+            b = u32(stream_branch(head_stream))
+            off, size = branch_span(b)
+            taken = off + _taken_head(actions, u32(i0 + sample), b)[1]
+            g_taken = m_st[u32(u32(sample * n_live + b) * stride_u + j)]
+            total = float32(0.0)
+            for k in range(size):
+                total += g_taken if off + k == taken else float32(0.0)
+            col = u32(head_stream * nz + j)
+            if head_stream == u32(off + b):  # the branch's value stream (heads.value_stream)
+                dhead[u32(i0 + sample), col] = total
+            else:
+                g = g_taken if u32(head_stream - b - u32(1)) == taken else float32(0.0)
+                dhead[u32(i0 + sample), col] = g - total / float32(size)
+            row, j = carry(row, j, d_row, d_j, nz)
+
+    suffix = "" if live == N_BRANCHES else f"_live{live}"
+    project_loss_scatter.__name__ = project_loss_scatter.__qualname__ = f"project_loss_scatter{suffix}"
+    sig = (_F2, _F2, _I1, _F2, _F1, _F1, _I2, _F2, _F2, _F1, _F1, _F2)
+    return register(sig)(cuda.jit(project_loss_scatter))
+
+
+LOSS_KERNELS = {live: _loss_kernel(live) for live in (N_BRANCHES, 1)}
+"""project_loss_scatter for every branch, and for the direction branch alone (the default network's live branches;
+any other live count runs the whole kernel, its dead rows weighing 0)."""
+project_loss_scatter = LOSS_KERNELS[N_BRANCHES]
 
 
 @register((_F2, _I1, _F1, float32, _F2, float64[::1], int32, int32))
@@ -636,11 +666,13 @@ def select_rows(head: Any, head_tgt: Any, support_online: Any, support_target: A
 
 
 def branch_loss(head: Any, head_tgt: Any, rows: BranchRows, actions: Any, support_online: Any,
-                support_target: Any, dhead: Any, *, stream: Any) -> None:
+                support_target: Any, dhead: Any, *, stream: Any, live: int = N_BRANCHES) -> None:
     """rows.loss [4B] and the stream columns of dhead [B, head_width(Z)] (every element but the forecast column's:
     the C51 loss's gradient through the dueling combine) from `select_rows`' rows, their weights as they stand
     (after the importance weights, prioritised), the online head GEMM output [2B, head_width(Z)] (its s rows) and
-    the target's [B, head_width(Z)], whose dueling combines are the logits (kernel project_loss_scatter)."""
+    the target's [B, head_width(Z)], whose dueling combines are the logits (kernel project_loss_scatter). `live`: the
+    network's live branches; with 1 the direction branch's rows and streams alone (LOSS_KERNELS), the others' loss
+    0 and their dhead streams not written."""
     b, z = rows.batch, rows.n_atoms
     _check_atoms(z)
     check_array("head", head, "[2B, head_width(Z)]", (2 * b, head_width(z)))
@@ -649,9 +681,12 @@ def branch_loss(head: Any, head_tgt: Any, rows: BranchRows, actions: Any, suppor
     check_array("support_online", support_online, "[13, 3]", (N_HEADS, 3))
     check_array("support_target", support_target, "[13, 3]", (N_HEADS, 3))
     check_array("dhead", dhead, "[B, head_width(Z)]", (b, head_width(z)))
-    r = N_BRANCHES * b
+    if not 1 <= live <= N_BRANCHES:
+        raise ValueError(f"branch_loss: live branches must be in 1..{N_BRANCHES}, got {live}")
+    live = live if live in LOSS_KERNELS else N_BRANCHES
+    r = live * b
     per_block = min(loss_rows(z), r)
-    launch_rows(project_loss_scatter, -(-r // per_block), per_block * LOSS_THREADS_PER_ROW, head, head_tgt,
+    launch_rows(LOSS_KERNELS[live], -(-r // per_block), per_block * LOSS_THREADS_PER_ROW, head, head_tgt,
                 rows.next_head, rows.next_stats, rows.rewards, rows.discounts, actions, support_online, support_target,
                 rows.weights, rows.loss, dhead, stream=stream)
 

@@ -74,7 +74,7 @@ from fox_numba.config import INT_CHOICES
 from fox_numba.device.isv import ISV_TOTAL_DIM, MOE_LAMBDA_BASE, MOE_MAX_EXPERTS, Isv
 from fox_numba.device.launch import check_array, i32, launch, launch_rows, strided_threads
 from fox_numba.device.registry import register
-from fox_numba.kernels.heads import N_AUX, N_STREAMS, branch_of, branch_span, head_width
+from fox_numba.kernels.heads import N_AUX, N_STREAMS, branch_span, column_branch, head_width
 from fox_numba.kernels.signals import STATS_BLOCK, EpochStat, check_epoch, finite, tree_sums
 
 MIN_EXPERTS = min(k for k in INT_CHOICES["network.moe_experts"] if k)
@@ -99,15 +99,6 @@ _BALANCE = int(EpochStat.MOE_BALANCE)
 _F1 = float32[::1]
 _F2 = float32[:, ::1]
 _D1 = float64[::1]
-
-
-@cuda.jit(device=True)
-def column_branch(c, z):
-    """The branch of head column c (a stream column; z atoms per stream)."""
-    s = c // z
-    if s < N_BRANCHES:
-        return s
-    return branch_of(s - N_BRANCHES)
 
 
 @register((_F2,))
@@ -199,11 +190,9 @@ def moe_gate_grad_kernel(dout, e, g, usage, isv, dg):
         first, size = branch_span(b)
         balance = isv[_LAMBDA] * float32(2.0) * float32(n) / float32(dg.shape[0])
         dot = float32(0.0)
+        col = (first + b) * z  # the branch's value stream, then its advantage streams (kernels/heads.py)
         for k in range(n):
-            s = _stream_dot(dout, e, r, b * z, k * hw + b * z, z)
-            for a in range(first, first + size):
-                col = (N_BRANCHES + a) * z
-                s += _stream_dot(dout, e, r, col, k * hw + col, z)
+            s = _stream_dot(dout, e, r, col, k * hw + col, (1 + size) * z)
             s += balance * usage[b * n + k]
             dg[r, b * n + k] = s
             dot += g[r, b * n + k] * s

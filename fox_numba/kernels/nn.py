@@ -32,7 +32,7 @@ import numpy as np
 
 from fox_numba.config import CHOICES
 from fox_numba.device.launch import check_array, i32, launch, launch_tiles
-from fox_numba.device.memory import device_empty
+from fox_numba.device.memory import device_empty, device_zeros
 from fox_numba.kernels import gemm_tensor as tc
 from fox_numba.kernels.gemm import BK, CONFIGS, GEMMS, Config, GemmKernels, wgrad_reduce
 
@@ -105,10 +105,22 @@ def _check(op: str, layout: str, arrays: dict[str, Any], expected: dict[str, tup
         raise ValueError(f"{op}: shapes {shown} do not fit {layout}")
 
 
+def _live(cols: int | None, n: int, op: str) -> int:
+    """The leading output columns a launch covers: `cols`, or all n."""
+    if cols is None:
+        return n
+    if not 1 <= cols <= n:
+        raise ValueError(f"{op}: cols = {cols} must be in 1..{n}")
+    return cols
+
+
 def linear_forward(
-    x: Any, w: Any, b: Any, y: Any, *, relu: bool, stream: Any, config: str | None = None, precision: str = "fp32"
+    x: Any, w: Any, b: Any, y: Any, *, relu: bool, stream: Any, config: str | None = None, precision: str = "fp32",
+    cols: int | None = None,
 ) -> None:
-    """y = x @ w + b, then ReLU when `relu`; `config` forces a kernel configuration (tests, benchmarks)."""
+    """y = x @ w + b, then ReLU when `relu`; `config` forces a kernel configuration (tests, benchmarks). With `cols`
+    only the column tiles holding y's first `cols` columns are launched: the rest of y is not written (the caller
+    keeps it; a whole tile past `cols` may be, from w's and b's columns there)."""
     n_batch, k, n = _shape(x)[0], _shape(x)[-1], _shape(y)[-1]
     _check(
         "linear_forward",
@@ -117,7 +129,7 @@ def linear_forward(
         {"x": (n_batch, k), "w": (k, n), "b": (n,), "y": (n_batch, n)},
     )
     g = _gemm(_config(precision, config, n_batch, n, k))
-    grid = (_cdiv(n, g.config.tile), _cdiv(n_batch, g.config.tile))
+    grid = (_cdiv(_live(cols, n, "linear_forward"), g.config.tile), _cdiv(n_batch, g.config.tile))
     launch_tiles(g.fwd, grid, g.config.threads, x, w, b, y, _FLAG[relu], stream=stream)
 
 
@@ -143,13 +155,16 @@ class LinearWeightGrad:
     The batch is cut into `splits` chunks of `chunk` rows; each block sums its chunk for one output
     tile into `partial_w[s]` (and the first row of tiles into `partial_b[s]`), then `wgrad_reduce` adds
     the splits in order. The partial buffers are allocated here, once, so calls can be captured.
+    With `cols` only the column tiles holding the first `cols` columns are launched; the partials start at zero,
+    so the other columns of dw and db come out 0 (the gradient of columns whose dy the caller keeps at 0).
     """
 
     def __init__(
         self, batch: int, k: int, n: int, *, config: str | None = None, chunk: int | None = None,
-        precision: str = "fp32",
+        precision: str = "fp32", cols: int | None = None, stream: Any = 0,
     ) -> None:
-        """`config` and `chunk` (rows per split, a multiple of BK) override the choices from the shapes."""
+        """`config` and `chunk` (rows per split, a multiple of BK) override the choices from the shapes; `stream`
+        zeroes the partials (with `cols`)."""
         if min(batch, k, n) < 1:
             raise ValueError(f"LinearWeightGrad: batch={batch}, k={k}, n={n} must be positive")
         if chunk is not None and (chunk < BK or chunk % BK):
@@ -160,15 +175,20 @@ class LinearWeightGrad:
             splits_128, chunk_128 = split_rows(batch, _tiles(k, n, 128), CONFIGS["128x8"])
             config = pick_config(k, n, chunk_128, splits_128)
         self.batch, self.k, self.n = batch, k, n
+        live = _live(cols, n, "LinearWeightGrad")
         self.gemm = _gemm(config)
         tile = self.gemm.config.tile
-        self.grid_tiles = (_cdiv(n, tile), _cdiv(k, tile))
+        self.grid_tiles = (_cdiv(live, tile), _cdiv(k, tile))
         if chunk is None:
-            self.splits, self.chunk = split_rows(batch, _tiles(k, n, tile), self.gemm.config)
+            self.splits, self.chunk = split_rows(batch, _tiles(k, live, tile), self.gemm.config)
         else:
             self.splits, self.chunk = _cdiv(batch, chunk), chunk
-        self.partial_w = device_empty((self.splits, k, n), np.float32)
-        self.partial_b = device_empty((self.splits, n), np.float32)
+        if live == n:
+            self.partial_w = device_empty((self.splits, k, n), np.float32)
+            self.partial_b = device_empty((self.splits, n), np.float32)
+        else:
+            self.partial_w = device_zeros((self.splits, k, n), np.float32, stream=stream)
+            self.partial_b = device_zeros((self.splits, n), np.float32, stream=stream)
 
     def __call__(self, x: Any, dy: Any, dw: Any, db: Any, *, stream: Any) -> None:
         """dw = x.T @ dy, db = dy summed over the batch."""

@@ -7,8 +7,8 @@
 
 Factorised Gaussian noise (Fortunato et al. 2018), f(x) = sign(x) sqrt(|x|), for the head GEMM of p = n_in
 inputs and q = head_width(Z) outputs, with the noise of the input side drawn per branch: column o of stream
-s (value stream s < N_BRANCHES, advantage stream of head s - N_BRANCHES otherwise) belongs to branch
-b(o) (kernels/heads.py `branch_of`), and
+s (a branch's value stream or one of its advantage streams: kernels/heads.py's layout) belongs to branch
+b(o) (`column_branch`), and
 
     W[i, o] = mu_W[i, o] + sigma_W[i, o] * f(eps_in[b(o), i]) * f(eps_out[o])
     b[o]    = mu_b[o]    + sigma_b[o]    * f(eps_out[o])
@@ -41,7 +41,7 @@ from fox_numba.actions import N_BRANCHES
 from fox_numba.device.launch import check_array, i32, launch_rows, launch_strided
 from fox_numba.device.registry import register
 from fox_numba.kernels.dropout import hash_uniform
-from fox_numba.kernels.heads import N_AUX, N_STREAMS, branch_of
+from fox_numba.kernels.heads import N_AUX, N_STREAMS, column_branch
 from fox_numba.kernels.learner import U1_FLOOR
 
 _TWO_PI = np.float32(2.0 * math.pi)
@@ -57,17 +57,6 @@ def noise_len(n_in: int, n_out: int) -> int:
 def n_atoms_of(n_out: int) -> int:
     """Z of a head of n_out = head_width(Z) columns."""
     return (n_out - N_AUX) // N_STREAMS
-
-
-@cuda.jit(device=True)
-def column_branch(o, n_atoms):
-    """The branch of head column o (value or advantage stream); N_BRANCHES for the auxiliary columns."""
-    s = o // n_atoms
-    if s >= N_STREAMS:
-        return N_BRANCHES
-    if s < N_BRANCHES:
-        return s
-    return branch_of(s - N_BRANCHES)
 
 
 @cuda.jit(device=True)

@@ -27,6 +27,7 @@ from fox_numba.agent.fold_market import (
     book_stats_from_checkpoint,
     forecast_from_checkpoint,
 )
+from fox_numba.agent.learner import live_branches
 from fox_numba.agent.network import ParamLayout
 from fox_numba.checkpoint import load_checkpoint, require_checkpoint
 from fox_numba.config import FoxConfig, load_run_config, parse_override, set_value
@@ -66,7 +67,7 @@ def evaluate_checkpoint(checkpoint: Path, *, store: str | None, overrides: list[
     require_checkpoint(checkpoint)  # before its run's config.toml, which a missing checkpoint lacks too
     run_dir = checkpoint.resolve().parent.parent
     cfg = load_run_config(run_dir / "config.toml")
-    layout = ParamLayout.build(obs_dim(cfg.features), cfg.network)
+    layout = ParamLayout.build(obs_dim(cfg.features), cfg.network, live_branches=live_branches(cfg))
     ck = load_checkpoint(checkpoint, expected_fingerprints={"params": layout.fingerprint})
     settings = [parse_override(text) for text in overrides]
     if store is not None:

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from real_trainer import SMALL, real_trainer
 
-from fox_numba.actions import N_BRANCHES, N_HEADS
+from fox_numba.actions import N_BRANCHES, N_DIRECTIONS, N_HEADS
 from fox_numba.agent.learner import check_counterfactual
 from fox_numba.config import load_config
 from fox_numba.errors import ConfigError
@@ -81,8 +81,8 @@ def test_a_counterfactual_trainer_trains_every_direction_head_on_every_draw(four
     assert np.isfinite(batch["rewards"]).all()
     z = rt.cfg.network.n_atoms  # the last step's head gradient: row j trains direction head j % 4 alone
     streams = stager.download(learner.online.dhead)[:, : (N_BRANCHES + N_HEADS) * z].reshape(8, -1, z)
-    assert np.all(streams[:, 1:N_BRANCHES] == 0) and np.all(streams[:, N_BRANCHES + 4 :] == 0)  # other branches
-    adv = streams[:, N_BRANCHES : N_BRANCHES + 4]  # the direction heads: g - g / 4 at the taken, - g / 4 elsewhere
+    assert np.all(streams[:, 1 + N_DIRECTIONS :] == 0)  # the other branches (streams branch by branch: kernels/heads)
+    adv = streams[:, 1 : 1 + N_DIRECTIONS]  # the direction heads: g - g / 4 at the taken, - g / 4 elsewhere
     g = streams[:, 0]
     assert np.abs(g).sum(axis=1).min() > 0
     taken = np.arange(8) % 4

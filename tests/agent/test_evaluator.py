@@ -21,6 +21,7 @@ from fox_numba.config import EvaluationConfig, FoxConfig
 from fox_numba.device.isv import IsvBus
 from fox_numba.device.rng import xoroshiro_states_host
 from fox_numba.errors import ConfigError
+from fox_numba.kernels.heads import advantage_stream_of
 from fox_numba.observation import N_MARKET, OBS_DIM, PORT_POSITION
 from plain_learner import plain_network
 from plain_learner import plain_config
@@ -29,7 +30,6 @@ SHORT, HOLD, LONG, FLAT = range(4)
 FULL = 2
 MARKET = 0
 PATIENT = 0
-N_VALUE_STREAMS = 4  # the head's first streams are the branches' values, then one advantage stream per head
 MAGNITUDE_FULL_HEAD, ORDER_MARKET_HEAD, URGENCY_PATIENT_HEAD = 6, 7, 10
 DAY_BARS = [12, 10, 4, 6, 3]
 WINDOWS = Windows(train_first=0, train_stop=2, val_first=2, val_stop=5, purge_bars=2)
@@ -39,7 +39,7 @@ pytestmark = pytest.mark.usefixtures("long_switch_interval")
 
 def atom1(head: int) -> int:
     """Head output column of atom 1 of head `head`'s advantage stream (2 atoms per stream)."""
-    return 2 * (N_VALUE_STREAMS + head) + 1
+    return 2 * advantage_stream_of(head) + 1
 
 
 def flat_long_params(layout: ParamLayout) -> np.ndarray:

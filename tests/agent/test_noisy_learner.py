@@ -87,7 +87,7 @@ def test_a_noisy_trainer_collects_trains_diagnoses_and_evaluates_without_noise(h
     assert state["learner.noise_step"][0] == cfg.learner.steps_per_epoch
     lay = trainer.layout
     p = lay.unpack(state["learner.params"])
-    branch = reference.noisy_columns64(lay.n_atoms)
+    branch = reference.column_branches64(lay.n_atoms)
     both = np.abs(np.vstack([p[WEIGHT_SIGMA], p[BIAS_SIGMA][None]]).astype(np.float64))
     rec = state["health.record"][0]
     got = [rec[f"noisy_sigma_{name}"] for name in ("dir", "mag", "ord", "urg")]

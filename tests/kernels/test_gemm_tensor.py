@@ -119,6 +119,32 @@ def test_weight_grad_in_splits(stream, stager, rng, fmt, shape):
 
 
 @gpu_only
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_live_head_columns_alone(stream, stager, rng, fmt):
+    """The default network's head (K = 134, N = 868) with its live direction columns (cols = 255, 5 streams of 51):
+    the forward and the weight gradient launch two column tiles, the same bits there as the whole launch; y is
+    untouched past them, dw and db are 0 there."""
+    b_, k, n, cols = 2 * TILE + 5, 134, 868, 255
+    x, w, b, dy = normal(rng, b_, k), normal(rng, k, n), normal(rng, n), normal(rng, b_, n)
+    dev = [stager.upload_new(a) for a in (x, w, b)]
+    outs = []
+    for c in (None, cols):
+        y = stager.upload_new(np.full((b_, n), np.nan, np.float32))
+        linear_forward(*dev, y, relu=False, stream=stream, precision=fmt, cols=c)
+        grads = LinearWeightGrad(b_, k, n, precision=fmt, cols=c, stream=stream)
+        dw = stager.upload_new(np.full((k, n), np.nan, np.float32))
+        db = stager.upload_new(np.full(n, np.nan, np.float32))
+        grads(dev[0], stager.upload_new(dy), dw, db, stream=stream)
+        outs.append([stager.download(a) for a in (y, dw, db)])
+    (y0, dw0, db0), (y1, dw1, db1) = outs
+    live = 2 * TILE
+    np.testing.assert_array_equal(y1[:, :live].view(np.uint32), y0[:, :live].view(np.uint32))
+    np.testing.assert_array_equal(dw1[:, :live].view(np.uint32), dw0[:, :live].view(np.uint32))
+    np.testing.assert_array_equal(db1[:live].view(np.uint32), db0[:live].view(np.uint32))
+    assert np.isnan(y1[:, live:]).all() and not dw1[:, live:].any() and not db1[live:].any()
+
+
+@gpu_only
 def test_same_bits_twice_and_chosen_by_precision(stream, stager, rng):
     b_, k, n = SHAPES[1]
     x, w, b = normal(rng, b_, k), normal(rng, k, n), normal(rng, n)

@@ -29,7 +29,7 @@ from fox_numba.kernels.heads import (
 
 pytestmark = pytest.mark.usefixtures("long_switch_interval")
 B, Z = 5, 7
-N_STREAMS = 17  # 4 value streams (one per branch), then 13 advantage streams (one per head)
+N_STREAMS = 17  # per branch its value stream, then its heads' advantage streams: 4 + 13
 Q_COVER, RETURN_COVER, SCALE_STEP = 3.0, 2.0, 2.0  # the support rule's documented constants
 
 
@@ -46,10 +46,12 @@ def test_dueling_combine_forward(stream, stager, rng):
     ref = reference.dueling64(head, Z)
     streams = head[:, : N_STREAMS * Z].reshape(B, N_STREAMS, Z)
     scale = np.abs(streams).max(axis=1, keepdims=True) * 3
+    values, _ = reference.split_streams(head, Z)
     assert np.all(np.abs(got - ref) <= ulp_bound(np.broadcast_to(scale, ref.shape)))
     # the advantages of each branch average out: the branch mean of the logits is the value stream
     for b, (off, size) in enumerate(reference.branch_spans()):
-        np.testing.assert_allclose(got[:, off : off + size].mean(axis=1), streams[:, b], atol=1e-5)
+        np.testing.assert_allclose(got[:, off : off + size].mean(axis=1), values[:, b], atol=1e-5)
+        np.testing.assert_array_equal(values[:, b], streams[:, off + b])  # branch b's value stream: offset + b
 
 
 def test_dueling_combine_backward_is_the_transpose(stream, stager, rng):

@@ -87,11 +87,12 @@ def select_inputs(rng, b, z):
     and sorted values, so their logits rise at every atom (the running max does too); the magnitude bins of s' row 1
     tie (equal advantages and supports: the lowest wins)."""
     head, _ = heads(rng, 2 * b, z)
-    head[: b // 3, 4 * z : aux_column(z)] = 0.0  # the advantage streams (4 value streams first)
-    for s in range(4):
-        head[: b // 3, s * z : (s + 1) * z] = np.sort(head[: b // 3, s * z : (s + 1) * z], axis=-1)
-    for a in (5, 6):  # magnitude bins 1 and 2 of s' row 1 as bin 0 (head 4)
-        head[b + 1, (4 + a) * z : (5 + a) * z] = head[b + 1, 8 * z : 9 * z]
+    values = [off + br for br, (off, _) in enumerate(reference.branch_spans())]  # value streams (kernels/heads.py)
+    for s in range(4 + N_HEADS):  # the advantage streams zero, the values sorted
+        block = head[: b // 3, s * z : (s + 1) * z]
+        block[:] = np.sort(block, axis=-1) if s in values else 0.0
+    for a in (5, 6):  # magnitude bins 1 and 2 of s' row 1 as bin 0 (head 4; advantage stream a + 2)
+        head[b + 1, (a + 2) * z : (a + 3) * z] = head[b + 1, 6 * z : 7 * z]
     logits = reference.dueling32(head, z)
     head_tgt, logits_tgt = heads(rng, b, z)
     sup_on = reference.random_support(rng, (N_HEADS,), z)
@@ -167,6 +168,38 @@ def test_select_q_rows(stream, stager, rng, bootstrap):
     assert w[2, 3] == 0 and w[3, 3] > 0  # urgency of a market order
 
 
+def loss_inputs(rng, b, z):
+    """project_loss_scatter's inputs for B = b samples: head GEMM outputs (online [2B], target [B]) and the online
+    logits, actions, supports, the rows as select_rows leaves them (a*, its target softmax's max and sum, seeded
+    rewards, discounts with some terminal rows, weights), then p_next and the target softmax stats."""
+    r = 4 * b
+    head, logits = heads(rng, 2 * b, z)
+    head_tgt, logits_tgt = heads(rng, b, z)
+    actions = np.stack([rng.integers(0, 4, b)] + [rng.integers(0, 3, b) for _ in range(3)], 1).astype(np.int32)
+    sup_on = reference.random_support(rng, (N_HEADS,), z)
+    sup_tg = reference.random_support(rng, (N_HEADS,), z)
+    next_head = np.array([rng.integers(off, off + size) for _ in range(b) for off, size in reference.branch_spans()],
+                         np.int32)
+    x_next = logits_tgt[np.repeat(np.arange(b), 4), next_head]
+    mx = x_next.max(axis=1)
+    next_stats = np.stack([mx, np.exp(x_next - mx[:, None]).sum(axis=1, dtype=np.float32)], 1).astype(np.float32)
+    rewards = rng.standard_normal(r).astype(np.float32)
+    discounts = np.where(np.arange(r) % 5 == 0, 0.0, 0.9).astype(np.float32)
+    weights = (rng.uniform(0.2, 2.0, r) / b).astype(np.float32)
+    return (head, head_tgt, logits, actions, sup_on, sup_tg, next_head, rewards, discounts, weights,
+            reference.softmax64(x_next), next_stats)
+
+
+def run_loss(stager, stream, inputs, rows, dhead, live=4):
+    """branch_loss on `loss_inputs`' arrays into rows.loss and dhead."""
+    head, head_tgt, _, actions, sup_on, sup_tg, next_head, rewards, discounts, weights, _, next_stats = inputs
+    for name, value in (("next_stats", next_stats), ("rewards", rewards), ("discounts", discounts),
+                        ("weights", weights), ("next_head", next_head)):
+        stager.upload(value, getattr(rows, name))
+    branch_loss(stager.upload_new(head), stager.upload_new(head_tgt), rows, stager.upload_new(actions),
+                stager.upload_new(sup_on), stager.upload_new(sup_tg), dhead, stream=stream, live=live)
+
+
 def test_project_loss_scatter(stream, stager, rng):
     """B = 18 samples (72 rows: blocks of 64 and 8 rows), Z = 6, rows as select_rows leaves them (a* and its target
     softmax's max and sum, rewards, discounts, weights seeded; some rows terminal); row 5's reward NaN. The
@@ -181,28 +214,12 @@ def test_project_loss_scatter(stream, stager, rng):
     b, z = 18, 6
     r = 4 * b
     eps = 2.0**-24
-    head, logits = heads(rng, 2 * b, z)
-    head_tgt, logits_tgt = heads(rng, b, z)
-    actions = np.stack([rng.integers(0, 4, b)] + [rng.integers(0, 3, b) for _ in range(3)], 1).astype(np.int32)
-    sup_on = reference.random_support(rng, (N_HEADS,), z)
-    sup_tg = reference.random_support(rng, (N_HEADS,), z)
-    next_head = np.array([rng.integers(off, off + size) for _ in range(b) for off, size in reference.branch_spans()],
-                         np.int32)
-    x_next = logits_tgt[np.repeat(np.arange(b), 4), next_head]
-    mx = x_next.max(axis=1)
-    next_stats = np.stack([mx, np.exp(x_next - mx[:, None]).sum(axis=1, dtype=np.float32)], 1).astype(np.float32)
-    p_next = reference.softmax64(x_next)
-    rewards = rng.standard_normal(r).astype(np.float32)
+    inputs = loss_inputs(rng, b, z)
+    head, head_tgt, logits, actions, sup_on, sup_tg, next_head, rewards, discounts, weights, p_next = inputs[:11]
     rewards[5] = np.nan
-    discounts = np.where(np.arange(r) % 5 == 0, 0.0, 0.9).astype(np.float32)
-    weights = (rng.uniform(0.2, 2.0, r) / b).astype(np.float32)
     rows = BranchRows(b, z)
-    for name, value in (("next_stats", next_stats), ("rewards", rewards), ("discounts", discounts),
-                        ("weights", weights), ("next_head", next_head)):
-        stager.upload(value, getattr(rows, name))
     dhead = stager.upload_new(np.full((b, head_width(z)), np.nan, np.float32))
-    branch_loss(stager.upload_new(head), stager.upload_new(head_tgt), rows, stager.upload_new(actions),
-                stager.upload_new(sup_on), stager.upload_new(sup_tg), dhead, stream=stream)
+    run_loss(stager, stream, inputs, rows, dhead)
     spans = reference.branch_spans()
     taken_head = np.array([off + actions[i, br] for i in range(b) for br, (off, _) in enumerate(spans)])
     taken = logits[np.repeat(np.arange(b), 4), taken_head]  # the online logits of s at the taken heads
@@ -213,13 +230,13 @@ def test_project_loss_scatter(stream, stager, rng):
     grad_ref = weights.astype(np.float64)[:, None] * (m.sum(axis=1, keepdims=True) * reference.softmax64(taken) - m)
     got_head, got_loss = stager.download(dhead), stager.download(rows.loss)
     assert np.isnan(got_head[:, aux_column(z)]).all()  # the forecast column is the aux loss's
-    streams = got_head[:, : aux_column(z)].reshape(b, 4 + N_HEADS, z)
-    got_rows = streams[:, :4].reshape(r, z)  # the value streams: each branch row's gradient g
+    value_rows, adv = reference.split_streams(got_head, z, np.float32)
+    got_rows = value_rows.reshape(r, z)  # the value streams: each branch row's gradient g
     g = np.zeros((b, N_HEADS, z), np.float32)
     g[np.repeat(np.arange(b), 4), taken_head] = got_rows
     for br, (off, size) in enumerate(spans):
         want = g[:, off : off + size] - (got_rows.reshape(b, 4, z)[:, br] / np.float32(size))[:, None]
-        np.testing.assert_array_equal(streams[:, 4 + off : 4 + off + size], want)
+        np.testing.assert_array_equal(adv[:, off : off + size], want)
     assert np.isnan(got_rows[5]).all() and np.isnan(got_loss[5]) and np.isfinite(got_rows[good]).all()
     # p_next within 4 (Z + 2) eps, m within 8 Z eps per atom and its mass within 8 Z eps (test_distributional_
     # kernels.py), then c51_loss's bound
@@ -230,6 +247,33 @@ def test_project_loss_scatter(stream, stager, rng):
     loss_tol = (4 * (z + 2) * eps * m.sum(axis=1) * (1 + x.max(axis=1) - x.min(axis=1) + np.log(z))
                 + (8 * z + 4 * (z + 2)) * z * eps * np.abs(log_p).max(axis=1))
     assert np.all(np.abs(got_loss[good] - reference.loss64(taken, m)[good]) <= loss_tol[good])
+
+
+def test_project_loss_scatter_direction_alone(stream, stager, rng):
+    """live = 1 (the default network: the direction branch's streams alone, the others' columns 0 and their rows of
+    weight 0, as the counterfactual learner leaves them): B = 70 samples (blocks of 64 and 6 direction rows), Z = 6.
+    Against the whole kernel on the same inputs: the direction rows' loss and every dhead element the same bits,
+    the other rows' loss 0 (the whole kernel's is their cross-entropy, which the loss signals weigh by 0), and dhead
+    past the direction streams left as it was (0; the whole kernel writes 0 there)."""
+    b, z = 70, 6
+    inputs = list(loss_inputs(rng, b, z))
+    live = 5 * z  # the direction branch's value and four advantage streams (kernels/heads.py)
+    for k in (0, 1):
+        inputs[k][:, live:] = 0.0
+    inputs[9][np.arange(4 * b) % 4 != 0] = 0.0  # weights
+    got = []
+    for kernel_live in (4, 1):
+        rows = BranchRows(b, z)
+        dhead = stager.upload_new(np.zeros((b, head_width(z)), np.float32))
+        stager.upload(np.full(4 * b, np.nan, np.float32), rows.loss)
+        run_loss(stager, stream, inputs, rows, dhead, live=kernel_live)
+        got.append((stager.download(rows.loss), stager.download(dhead)))
+    (loss4, dhead4), (loss1, dhead1) = got
+    direction = np.arange(4 * b) % 4 == 0
+    np.testing.assert_array_equal(loss1[direction].view(np.uint32), loss4[direction].view(np.uint32))
+    assert np.all(loss1[~direction] == 0) and np.all(np.isfinite(loss4)) and np.all(loss4[~direction] > 0)
+    np.testing.assert_array_equal(dhead1, dhead4)
+    assert not dhead1[:, live:].any() and np.abs(dhead1[:, :live]).min() > 0
 
 
 def test_fused_rows_refuse_more_atoms_than_they_stage(stream, stager):

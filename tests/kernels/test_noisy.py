@@ -36,7 +36,7 @@ def draw64(seed, step, stream_id, n_in, n_atoms):
     """f(eps) [N_BRANCHES * n_in + q] in float64 (module header of kernels/noisy.py)."""
     n = noise_len(n_in, head_width(n_atoms))
     out = np.zeros(n)
-    branch = reference.noisy_columns64(n_atoms)
+    branch = reference.column_branches64(n_atoms)
     for t in range(n):
         if t >= N_BRANCHES * n_in and branch[t - N_BRANCHES * n_in] < 0:
             continue
@@ -103,7 +103,7 @@ def test_mean_abs_sigma_per_branch(stream, stager, rng):
     reduce_noisy_sigma(stager.upload_new(sig_w), stager.upload_new(sig_b), snap_f, stream=stream)
     stream.synchronize()
     got = snapshot.host.view(np.float32).reshape(N_WORDS)
-    branch = reference.noisy_columns64(Z)
+    branch = reference.column_branches64(Z)
     both = np.abs(np.vstack([sig_w, sig_b[None]]).astype(np.float64))
     want = [both[:, branch == b].mean() for b in range(N_BRANCHES)]
     np.testing.assert_allclose(got[W_NOISY_SIGMA : W_NOISY_SIGMA + N_BRANCHES], want, rtol=1e-6)

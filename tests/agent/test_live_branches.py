@@ -1,0 +1,73 @@
+"""Live branches (agent/network.py): under the default counterfactual learner the network computes the direction
+branch's head columns alone. Checked here: which configs get which live branches, the layout (fingerprint, zero
+columns from the start, refusals), and through a real Trainer that a fold's epochs (collect, train, a fold-boundary
+shrink-and-perturb, evaluation) keep every other head column of the parameters, the target, the gradients and the
+head outputs exactly 0, the promise that lets the GPU skip those columns' tiles. The skipped launches' own numbers
+against whole ones: tests/kernels/test_nn_kernels.py (fp32, here) and test_gemm_tensor.py (TF32 and bf16, GPU)."""
+
+import numpy as np
+import pytest
+from real_trainer import SMALL, real_trainer
+
+from fox_numba.actions import N_BRANCHES
+from fox_numba.agent.learner import live_branches
+from fox_numba.agent.network import ParamLayout, init_params
+from fox_numba.config import load_config
+from fox_numba.kernels.heads import head_width, live_columns
+from fox_numba.observation import OBS_DIM
+
+
+@pytest.mark.parametrize(("overrides", "live"), [
+    ([], 1),  # the defaults: counterfactual targets, every later branch fixed
+    (["learner.counterfactual=false", "learner.counterfactual_held=false"], N_BRANCHES),
+    (["env.fixed_bins=[0, 0, -1]"], N_BRANCHES),  # the policy chooses the urgency from its (untrained) heads
+    (["learner.aux_weight=0.5"], N_BRANCHES),  # the forecast column sits past the streams
+])  # fmt: skip
+def test_which_branches_are_live(overrides, live):
+    assert live_branches(load_config("default", overrides=overrides)) == live
+
+
+def test_the_layout_of_live_branches():
+    cfg = load_config("default").network
+    full = ParamLayout.build(OBS_DIM, cfg)
+    live = ParamLayout.build(OBS_DIM, cfg, live_branches=1)
+    z = cfg.n_atoms
+    assert (full.live_cols, live.live_cols) == (head_width(z), 5 * z) == (live_columns(4, z), live_columns(1, z))
+    assert [e.shape for e in live.entries] == [e.shape for e in full.entries] and live.fingerprint != full.fingerprint
+    p_full, p_live = (x.unpack(init_params(x, 7, head_scale=1.0)) for x in (full, live))
+    w, b = p_live["head.weight"], p_live["head.bias"]
+    np.testing.assert_array_equal(w[:, : live.live_cols], p_full["head.weight"][:, : live.live_cols])
+    assert np.abs(w[:, : live.live_cols]).min() > 0 and not w[:, live.live_cols :].any() and not b.any()
+    for bad in ({"noisy_sigma0": 0.5}, {"moe_experts": 2, "mean_head": False, "mean_cross": False}):
+        net = load_config("default", overrides=[f"network.{k}={str(v).lower()}" for k, v in bad.items()]).network
+        with pytest.raises(ValueError, match="live_branches must be in 1..4, and 4 with NoisyNet or MoE heads"):
+            ParamLayout.build(OBS_DIM, net, live_branches=1)
+    with pytest.raises(ValueError, match="live_branches must be in 1..4"):
+        ParamLayout.build(OBS_DIM, cfg, live_branches=0)
+
+
+def test_the_columns_past_the_live_ones_stay_zero_through_training(four_day_store):
+    """Xavier heads (SMALL), so the live columns move and anything leaking into the others would show."""
+    rt = real_trainer(four_day_store, [*SMALL, "learner.batch_size=8"])
+    trainer, stager = rt.trainer, rt.trainer.stager
+    layout, learner = trainer.layout, trainer.learner
+    assert layout.live_branches == 1
+    cols = layout.live_cols
+
+    def head(flat):
+        v = layout.unpack(stager.download(flat))
+        return v["head.weight"], v["head.bias"]
+
+    start = head(learner.params)[0][:, :cols].copy()
+    for _ in range(2):
+        trainer.collect()
+        trainer.train(lambda: None)
+        learner.shrink_perturb(seed=3)  # a fold boundary's theta_fresh is drawn with the same zero columns
+    trainer.evaluate()
+    for flat in (learner.params, learner.target, learner.grads, learner.adam_m, learner.adam_v):
+        w, b = head(flat)
+        assert not w[:, cols:].any() and not b[cols:].any()
+    assert not np.array_equal(head(learner.params)[0][:, :cols], start)  # the live columns trained
+    for net in (learner.online, learner.target_net):
+        out = stager.download(net.head_out)
+        assert not out[:, cols:].any() and np.abs(out[:, :cols]).max() > 0
