@@ -71,14 +71,12 @@ def dense_backward_input(kind: str, dy: Any, w: Any, dx: Any, *, act: Any, strea
 
 class WeightGrad:
     """dw = x.T @ dy and db = dy summed over the rows, for one layer shape (rows, n_in -> n_out). `cols`: the
-    caller's promise that dy is zero past its first `cols` columns; the GPU kinds then compute only those columns'
-    tiles and write 0 after them, 'strided' computes them all (the same numbers)."""
+    caller's promise that dy is zero past its first `cols` columns and dw and db hold 0 there; the GPU kinds then
+    compute and write only the first `cols` columns, 'strided' computes them all (the same numbers)."""
 
-    def __init__(self, kind: str, rows: int, n_in: int, n_out: int, *, cols: int | None = None, stream: Any = 0
-                 ) -> None:
+    def __init__(self, kind: str, rows: int, n_in: int, n_out: int, *, cols: int | None = None) -> None:
         self._tiled = (
-            LinearWeightGrad(rows, n_in, n_out, precision=_PRECISION[kind], cols=cols, stream=stream)
-            if kind != "strided" else None
+            LinearWeightGrad(rows, n_in, n_out, precision=_PRECISION[kind], cols=cols) if kind != "strided" else None
         )
 
     def __call__(self, x: Any, dy: Any, dw: Any, db: Any, *, stream: Any) -> None:

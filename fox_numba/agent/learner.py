@@ -470,7 +470,8 @@ class Learner:
         lc, bt, rows = self.cfg.learner, self.batch, self.rows
         head, head_tgt = self.online.head_out, self.target_net.head_out
         select_rows(head, head_tgt, self.support_online, self.support_target, bt.actions, bt.rewards, bt.discounts,
-                    self.branch_weights, self.q, self.entropy, self.util, rows, stream=s, bootstrap=lc.bootstrap)
+                    self.branch_weights, self.q, self.entropy, self.util, rows, stream=s, bootstrap=lc.bootstrap,
+                    live=self.layout.live_branches)
         if prio is not None:
             prio.weights(bt.idx, self.schedule.device, self.optim_state, lc.priority_beta0, rows.weights,
                          self.is_weights, stream=s)

@@ -555,7 +555,7 @@ class Network:
         widths = [layout.in_dim] + [hidden] * n_layers + [head_width(z) * max(layout.moe_experts, 1)]
         self._wgrads = [WeightGrad(dense, grad_rows, widths[k], widths[k + 1]) for k in range(n_layers)]
         self._head_cols = layout.live_cols if layout.live_branches < N_BRANCHES else None  # None: every column
-        self._wgrads.append(WeightGrad(dense, grad_rows, widths[-2], widths[-1], cols=self._head_cols, stream=stream))
+        self._wgrads.append(WeightGrad(dense, grad_rows, widths[-2], widths[-1], cols=self._head_cols))
         self._obs: Any = None
         self._views: dict[int, dict[str, Any]] = {}
 

@@ -121,7 +121,7 @@ from fox_numba.kernels.head_rows import (
     STAGE_WORDS,
     VALUE_WORDS,
     carry,
-    stage_combined_heads,
+    combined_heads_stager,
     stage_samples,
     staged_row,
 )
@@ -283,107 +283,116 @@ def _stage_logits(logits, first, count, stage, stride, tid, threads, n_atoms):
         row, j = carry(row, j, row4, j4, nz)
 
 
-@cuda.jit(device=True)
-def _select_staged(stage, q_sh, draw_sh, u_sh, support, states, explore, spread, tau_mult, actions, conviction,
-                   lanes, values, mode, fix_magnitude, fix_order, fix_urgency, hold_margin, n_atoms, n_samples):
-    """Phases 2 and 3 of the module header on the block's staged head rows (stage[(slot * 13 + h) * stride + j]),
-    after the uniforms are drawn: the kernels' common body, so both give the same bits from the same rows."""
-    stride = n_atoms | 1
-    threads = cuda.blockDim.x
-    tid = cuda.threadIdx.x
-    spb = threads // lanes
-    first = cuda.blockIdx.x * spb
-    count = min(spb, n_samples - first)
-    slot = tid // lanes
-    lane = tid - slot * lanes
-    i = first + slot
-    active = slot < count
-    if explore != 0 and active and lane == N_HEADS % lanes:
-        # the 8 draws on a copy of the state in local memory (one global read and write, not eight)
-        state = cuda.local.array(1, xoroshiro128p_dtype)
-        state[0]["s0"] = states[i]["s0"]
-        state[0]["s1"] = states[i]["s1"]
-        for d in range(DRAWS):
-            u_sh[slot * DRAWS + d] = xoroshiro128p_uniform_float32(state, 0)
-        states[i]["s0"] = state[0]["s0"]
-        states[i]["s1"] = state[0]["s1"]
-    cuda.syncthreads()
+def _staged_selector(n_heads: int) -> Any:
+    """The kernels' common body over the first n_heads heads (a compile-time constant): all 13, or the direction
+    heads alone when every other branch's bin is fixed (their heads then decide nothing)."""
 
-    # 2. one head per lane (or several when lanes < 13): E[Q], and a direction's Thompson draw
-    if active:
-        for h in range(lane, N_HEADS, lanes):
-            base = (slot * N_HEADS + h) * stride
-            v_min = support[i, h, 0]
-            delta_z = support[i, h, 2]
-            m, s, tz, _tlm = row_stats(stage, base, n_atoms, v_min, delta_z)
-            q_sh[slot * N_HEADS + h] = tz / s
-            if explore != 0 and h < N_DIRECTIONS:
-                atom = _sample_atom(stage, base, n_atoms, m, s, u_sh[slot * DRAWS + DRAW_DIRECTION + h])
-                draw = v_min + float32(atom) * delta_z
-                if mode == MODE_MEAN:
-                    draw = values[i, 0, h] + spread * (draw - tz / s)
-                elif spread != float32(1.0):
-                    mean = tz / s
-                    draw = mean + spread * (draw - mean)
-                if mode == MODE_IQN:
-                    sample = values[i, 1, h]
-                    if spread != float32(1.0):
-                        e_iqn = values[i, 0, h]
-                        sample = e_iqn + spread * (sample - e_iqn)
-                    draw = IQN_MIX * (draw + sample)
-                draw_sh[slot * N_DIRECTIONS + h] = draw
-    cuda.syncthreads()
+    @cuda.jit(device=True)
+    def select_staged(stage, q_sh, draw_sh, u_sh, support, states, explore, spread, tau_mult, actions, conviction,
+                       lanes, values, mode, fix_magnitude, fix_order, fix_urgency, hold_margin, n_atoms, n_samples):
+        """Phases 2 and 3 of the module header on the block's staged head rows (stage[(slot * 13 + h) * stride + j]),
+        after the uniforms are drawn: the kernels' common body, so both give the same bits from the same rows."""
+        stride = n_atoms | 1
+        threads = cuda.blockDim.x
+        tid = cuda.threadIdx.x
+        spb = threads // lanes
+        first = cuda.blockIdx.x * spb
+        count = min(spb, n_samples - first)
+        slot = tid // lanes
+        lane = tid - slot * lanes
+        i = first + slot
+        active = slot < count
+        if explore != 0 and active and lane == N_HEADS % lanes:
+            # the 8 draws on a copy of the state in local memory (one global read and write, not eight)
+            state = cuda.local.array(1, xoroshiro128p_dtype)
+            state[0]["s0"] = states[i]["s0"]
+            state[0]["s1"] = states[i]["s1"]
+            for d in range(DRAWS):
+                u_sh[slot * DRAWS + d] = xoroshiro128p_uniform_float32(state, 0)
+            states[i]["s0"] = state[0]["s0"]
+            states[i]["s1"] = state[0]["s1"]
+        cuda.syncthreads()
 
-    # 3. lane 0 chooses every branch
-    if active and lane == 0:
-        qb = slot * N_HEADS
-        ub = slot * DRAWS
-        best_q = _NEG_INF  # top two direction E[Q]: argmax for evaluation and the conviction
-        second_q = _NEG_INF
-        best_d = 0
-        for d in range(N_DIRECTIONS):
-            q = _direction_value(q_sh[qb + DIR_OFFSET + d], values, mode, i, d)
-            if q > best_q:
-                second_q = best_q
-                best_q = q
-                best_d = d
-            elif q > second_q:
-                second_q = q
-        direction = best_d
-        conv = best_q - second_q
-        if explore == 0 and best_d != HOLD:
-            if best_q - _direction_value(q_sh[qb + DIR_OFFSET + HOLD], values, mode, i, HOLD) < hold_margin:
-                direction = HOLD
-                conv = float32(0.0)
-        if explore != 0:
-            direction = _thompson_winner(draw_sh, slot * N_DIRECTIONS, u_sh[ub + DRAW_TIE])
-            chosen = _direction_value(q_sh[qb + DIR_OFFSET + direction], values, mode, i, direction)
-            conv = chosen - (second_q if direction == best_d else best_q)
-        magnitude = _pick3(
-            q_sh[qb + MAG_OFFSET], q_sh[qb + MAG_OFFSET + 1], q_sh[qb + MAG_OFFSET + 2], u_sh[ub + DRAW_BRANCH],
-            explore, tau_mult,
-        )  # fmt: skip
-        order = _pick3(
-            q_sh[qb + ORDER_OFFSET], q_sh[qb + ORDER_OFFSET + 1], q_sh[qb + ORDER_OFFSET + 2],
-            u_sh[ub + DRAW_BRANCH + 1], explore, tau_mult,
-        )  # fmt: skip
-        urgency = _pick3(
-            q_sh[qb + URGENCY_OFFSET], q_sh[qb + URGENCY_OFFSET + 1], q_sh[qb + URGENCY_OFFSET + 2],
-            u_sh[ub + DRAW_BRANCH + 2], explore, tau_mult,
-        )  # fmt: skip
-        if fix_magnitude >= 0:
-            magnitude = fix_magnitude
-        if fix_order >= 0:
+        # 2. one head per lane (or several when lanes < 13): E[Q], and a direction's Thompson draw
+        if active:
+            for h in range(lane, n_heads, lanes):
+                base = (slot * N_HEADS + h) * stride
+                v_min = support[i, h, 0]
+                delta_z = support[i, h, 2]
+                m, s, tz, _tlm = row_stats(stage, base, n_atoms, v_min, delta_z)
+                q_sh[slot * N_HEADS + h] = tz / s
+                if explore != 0 and h < N_DIRECTIONS:
+                    atom = _sample_atom(stage, base, n_atoms, m, s, u_sh[slot * DRAWS + DRAW_DIRECTION + h])
+                    draw = v_min + float32(atom) * delta_z
+                    if mode == MODE_MEAN:
+                        draw = values[i, 0, h] + spread * (draw - tz / s)
+                    elif spread != float32(1.0):
+                        mean = tz / s
+                        draw = mean + spread * (draw - mean)
+                    if mode == MODE_IQN:
+                        sample = values[i, 1, h]
+                        if spread != float32(1.0):
+                            e_iqn = values[i, 0, h]
+                            sample = e_iqn + spread * (sample - e_iqn)
+                        draw = IQN_MIX * (draw + sample)
+                    draw_sh[slot * N_DIRECTIONS + h] = draw
+        cuda.syncthreads()
+
+        # 3. lane 0 chooses every branch
+        if active and lane == 0:
+            qb = slot * N_HEADS
+            ub = slot * DRAWS
+            best_q = _NEG_INF  # top two direction E[Q]: argmax for evaluation and the conviction
+            second_q = _NEG_INF
+            best_d = 0
+            for d in range(N_DIRECTIONS):
+                q = _direction_value(q_sh[qb + DIR_OFFSET + d], values, mode, i, d)
+                if q > best_q:
+                    second_q = best_q
+                    best_q = q
+                    best_d = d
+                elif q > second_q:
+                    second_q = q
+            direction = best_d
+            conv = best_q - second_q
+            if explore == 0 and best_d != HOLD:
+                if best_q - _direction_value(q_sh[qb + DIR_OFFSET + HOLD], values, mode, i, HOLD) < hold_margin:
+                    direction = HOLD
+                    conv = float32(0.0)
+            if explore != 0:
+                direction = _thompson_winner(draw_sh, slot * N_DIRECTIONS, u_sh[ub + DRAW_TIE])
+                chosen = _direction_value(q_sh[qb + DIR_OFFSET + direction], values, mode, i, direction)
+                conv = chosen - (second_q if direction == best_d else best_q)
+            magnitude = fix_magnitude  # a free branch's bin from its heads (a pure function: a fixed one skips it)
+            if fix_magnitude < 0:
+                magnitude = _pick3(
+                    q_sh[qb + MAG_OFFSET], q_sh[qb + MAG_OFFSET + 1], q_sh[qb + MAG_OFFSET + 2],
+                    u_sh[ub + DRAW_BRANCH], explore, tau_mult,
+                )  # fmt: skip
             order = fix_order
-        if fix_urgency >= 0:
+            if fix_order < 0:
+                order = _pick3(
+                    q_sh[qb + ORDER_OFFSET], q_sh[qb + ORDER_OFFSET + 1], q_sh[qb + ORDER_OFFSET + 2],
+                    u_sh[ub + DRAW_BRANCH + 1], explore, tau_mult,
+                )  # fmt: skip
             urgency = fix_urgency
-        if direction == HOLD or direction == FLAT:
-            magnitude = 0
-        actions[i, 0] = direction
-        actions[i, 1] = magnitude
-        actions[i, 2] = order
-        actions[i, 3] = urgency
-        conviction[i] = conv
+            if fix_urgency < 0:
+                urgency = _pick3(
+                    q_sh[qb + URGENCY_OFFSET], q_sh[qb + URGENCY_OFFSET + 1], q_sh[qb + URGENCY_OFFSET + 2],
+                    u_sh[ub + DRAW_BRANCH + 2], explore, tau_mult,
+                )  # fmt: skip
+            if direction == HOLD or direction == FLAT:
+                magnitude = 0
+            actions[i, 0] = direction
+            actions[i, 1] = magnitude
+            actions[i, 2] = order
+            actions[i, 3] = urgency
+            conviction[i] = conv
+
+    return select_staged
+
+
+_select_staged = _staged_selector(N_HEADS)
 
 
 @register((F32_3D, F32_3D, xoroshiro128p_type[::1], int32, float32, float32, int32[:, ::1], float32[::1], int32,
@@ -411,26 +420,46 @@ def action_select_kernel(logits, support, states, explore, spread, tau_mult, act
                    lanes, values, mode, fix_magnitude, fix_order, fix_urgency, hold_margin, n_atoms, logits.shape[0])
 
 
-@register((_F2, int32, F32_3D, xoroshiro128p_type[::1], int32, float32, float32, int32[:, ::1], float32[::1], int32,
-           F32_3D, int32, int32, int32, int32, float32))
-@cuda.jit(**_HEADS_OPTIONS)
-def action_select_heads_kernel(head, n_atoms, support, states, explore, spread, tau_mult, actions, conviction, lanes,
-                               values, mode, fix_magnitude, fix_order, fix_urgency, hold_margin):
-    """action_select_kernel on the head GEMM's output rows head [B, head_width(Z)]: the block stages its samples'
-    stream columns and forms their dueling combine in shared memory (head_rows.stage_combined_heads, the combine's
-    bits), so the [B, 13, Z] logits are neither written nor read; then the same phases on the same staged rows."""
-    stage = cuda.shared.array(STAGE_WORDS, float32)
-    value_sh = cuda.shared.array(VALUE_WORDS, float32)
-    q_sh = value_sh[:_Q_WORDS]  # the value rows are dead once the combine is done (HEADS_BLOCKS_PER_SM)
-    draw_sh = cuda.shared.array(_DRAW_WORDS, float32)
-    u_sh = cuda.shared.array(_U_WORDS, float32)
-    spb = cuda.blockDim.x // lanes
-    first = cuda.blockIdx.x * spb
-    count = min(spb, head.shape[0] - first)
-    stage_combined_heads(head, first, count, stage, value_sh, n_atoms | 1, cuda.threadIdx.x, cuda.blockDim.x,
-                         n_atoms)
-    _select_staged(stage, q_sh, draw_sh, u_sh, support, states, explore, spread, tau_mult, actions, conviction,
-                   lanes, values, mode, fix_magnitude, fix_order, fix_urgency, hold_margin, n_atoms, head.shape[0])
+def _heads_kernel(live: int) -> Any:
+    """action_select_heads_kernel staging and choosing from the first `live` branches' heads: all four, or the
+    direction branch alone (select_actions takes it when every other bin is fixed)."""
+    stage_heads = combined_heads_stager(live)
+    select_staged = _staged_selector(N_HEADS if live == N_BRANCHES else N_DIRECTIONS)
+
+    def action_select_heads_kernel(head, n_atoms, support, states, explore, spread, tau_mult, actions, conviction,
+                                   lanes, values, mode, fix_magnitude, fix_order, fix_urgency, hold_margin):
+        """action_select_kernel on the head GEMM's output rows head [B, head_width(Z)]: the block stages its
+        samples' stream columns and forms their dueling combine in shared memory (head_rows.stage_combined_heads,
+        the combine's bits), so the [B, 13, Z] logits are neither written nor read; then the same phases on the same
+        staged rows (the direction variant: the direction heads' rows alone, every other bin fixed)."""
+        stage = cuda.shared.array(STAGE_WORDS, float32)
+        value_sh = cuda.shared.array(VALUE_WORDS, float32)
+        q_sh = value_sh[:_Q_WORDS]  # the value rows are dead once the combine is done (HEADS_BLOCKS_PER_SM)
+        draw_sh = cuda.shared.array(_DRAW_WORDS, float32)
+        u_sh = cuda.shared.array(_U_WORDS, float32)
+        spb = cuda.blockDim.x // lanes
+        first = cuda.blockIdx.x * spb
+        count = min(spb, head.shape[0] - first)
+        stage_heads(head, first, count, stage, value_sh, n_atoms | 1, cuda.threadIdx.x, cuda.blockDim.x, n_atoms)
+        select_staged(stage, q_sh, draw_sh, u_sh, support, states, explore, spread, tau_mult, actions, conviction,
+                      lanes, values, mode, fix_magnitude, fix_order, fix_urgency, hold_margin, n_atoms, head.shape[0])
+
+    if live < N_BRANCHES:
+        action_select_heads_kernel.__name__ = action_select_heads_kernel.__qualname__ = (
+            "action_select_heads_kernel_direction")
+    sig = (_F2, int32, F32_3D, xoroshiro128p_type[::1], int32, float32, float32, int32[:, ::1], float32[::1], int32,
+           F32_3D, int32, int32, int32, int32, float32)
+    return register(sig)(cuda.jit(**_HEADS_OPTIONS)(action_select_heads_kernel))
+
+
+action_select_heads_kernel = _heads_kernel(N_BRANCHES)
+action_select_heads_direction = _heads_kernel(1)
+
+
+def heads_kernel(fixed: Sequence[int]) -> Any:
+    """The heads kernel select_actions launches for these fixed bins: the direction heads alone when every bin after
+    the direction is fixed."""
+    return action_select_heads_direction if min(fixed) >= 0 else action_select_heads_kernel
 
 
 def check_fixed_bins(fixed: Sequence[int]) -> tuple[int, ...]:
@@ -526,7 +555,7 @@ def select_actions(
     spb = stage_samples(z)
     if SIMULATOR:
         spb = min(spb, b)  # the simulator pays for every thread, idle ones included
-    source = (action_select_heads_kernel, logits, np.int32(z)) if heads else (action_select_kernel, logits)
+    source = (heads_kernel(fixed), logits, np.int32(z)) if heads else (action_select_kernel, logits)
     launch_rows(
         source[0], -(-b // spb), spb * lanes, *source[1:], support, states, flag, np.float32(spread),
         np.float32(tau_mult), actions, conviction, np.int32(lanes), values, np.int32(mode),

@@ -293,12 +293,13 @@ linear_fwd_64x4, linear_bwd_in_64x4, linear_wgrad_64x4 = (GEMM_64x4 := _build(CO
 GEMMS = {g.config.name: g for g in (GEMM_128x8, GEMM_64x4)}
 
 
-@register((_F3, _F2, _F2, _F1, int32))
+@register((_F3, _F2, _F2, _F1, int32, int32))
 @cuda.jit
-def wgrad_reduce(pw, pb, dw, db, n_splits):
-    """dw = pw[0] + pw[1] + ... and db = pb[0] + pb[1] + ... over the first n_splits splits, in order."""
+def wgrad_reduce(pw, pb, dw, db, n_splits, n_cols):
+    """dw = pw[0] + pw[1] + ... and db = pb[0] + pb[1] + ... over the first n_splits splits, in order, in the first
+    n_cols columns (the rest of dw and db left as they are: the live head columns, agent/network.py)."""
     i = cuda.grid(1)
-    n_rows, n_cols = dw.shape
+    n_rows = dw.shape[0]
     n_w = n_rows * n_cols
     if i < n_w:
         r = i // n_cols

@@ -5,7 +5,8 @@ steps of the block size, keeping (head row, atom) in the mixed radix of rows of 
 `stage_combined_heads` stages the same rows from the head GEMM's output [samples, head_width(Z)] instead, forming
 the dueling combine in shared memory (kernels/heads.py's arithmetic, the same bits), so the [samples, 13, Z] logits
 never go through global memory. Used by action selection (kernels/action_select.py) and the learner's fused C51
-rows (kernels/learner.py).
+rows (kernels/learner.py); `combined_heads_stager(live)` builds the same for the first `live` branches alone (the
+learner of a network with live branches, agent/network.py).
 
 Shared-memory budget (both users size their arrays from the constants here): a block stages at most STAGE_SAMPLES
 (8) samples, 13 advantage rows each in STAGE_WORDS floats and 4 value rows in VALUE_WORDS, at the odd stride Z | 1,
@@ -15,12 +16,14 @@ stride-52 padding, 29,440 B, seven did). At batch 8,192 its 1,024 blocks are the
 1.1 waves, whose second wave ran 100 blocks for a whole block's time.
 """
 
+from typing import Any
+
 import numpy as np
 from numba import cuda, float32
 
 from fox_numba.actions import N_BRANCHES, N_HEADS
 from fox_numba.device.runtime import u32
-from fox_numba.kernels.heads import MAX_BRANCH_SIZE, N_STREAMS, branch_span, stream_branch
+from fox_numba.kernels.heads import MAX_BRANCH_SIZE, branch_span, live_streams, stream_branch
 
 STAGE_SAMPLES = 8  # samples a block stages at most
 STAGE_WORDS = STAGE_SAMPLES * N_HEADS * 51  # 21.2 KB: 8 samples' 13 advantage rows at Z = 51 (odd stride 51)
@@ -31,7 +34,6 @@ MAX_ATOMS = max(z for z in range(2, STAGE_WORDS) if N_HEADS * (z | 1) <= STAGE_W
 # of index arithmetic. Unsigned 32-bit values, re-wrapped after each operation (u32(a + b), device/runtime.py: numba's
 # uint32 cast on the GPU, where LLVM narrows the 64-bit operation back), need no wrap and no 64-bit multiply; every
 # index here is far below 2**32.
-_NS = np.uint32(N_STREAMS)
 _NB = np.uint32(N_BRANCHES)
 _NH = np.uint32(N_HEADS)
 
@@ -72,76 +74,90 @@ def staged_row(src, first, row, j):
     return src[u32(first + sample), u32(row - sample * _NH), j]
 
 
-@cuda.jit(device=True)
-def stream_atom(head, first, row, j, n_atoms):
-    """Atom j of stream row `row` counted from sample `first` of the head GEMM's output rows head: stream
-    row % 17 (branch by branch, each value then its advantages: heads.N_STREAMS) of sample first + row // 17."""
-    sample = u32(row // _NS)
-    return head[u32(first + sample), u32(u32(row - sample * _NS) * n_atoms + j)]
+def combined_heads_stager(live: int) -> Any:
+    """`stage_combined_heads` for the first `live` branches (compile-time constants: heads.live_streams(live)
+    streams per sample, `live` branch rows per sample): the other heads' staged rows are neither loaded nor
+    formed (agent/network.py's live branches: their logits are 0, and the learner's select_q_rows takes their
+    statistics from a table instead)."""
+    n_streams = np.uint32(live_streams(live))
+    n_live = np.uint32(live)
+
+    @cuda.jit(device=True)
+    def stream_atom(head, first, row, j, n_atoms):
+        """Atom j of stream row `row` counted from sample `first` of the head GEMM's output rows head: stream
+        row % n_streams (branch by branch, each value then its advantages: heads.N_STREAMS) of sample first +
+        row // n_streams."""
+        sample = u32(row // n_streams)
+        return head[u32(first + sample), u32(u32(row - sample * n_streams) * n_atoms + j)]
+
+    @cuda.jit(device=True)
+    def put_stream(stage, values, row, j, stride, x):
+        """Stream row `row` (as `stream_atom`) staged: branch b's value stream into `values` [(s * 4 + b) * stride +
+        j], head h's advantage stream into its row of `stage` [(s * 13 + h) * stride + j] (h = stream - b - 1)."""
+        sample = u32(row // n_streams)
+        s = u32(row - sample * n_streams)
+        b = u32(stream_branch(s))
+        off, _ = branch_span(b)
+        if s == u32(off + b):
+            values[u32(u32(sample * _NB + b) * stride + j)] = x
+        else:
+            stage[u32(u32(sample * _NH + u32(s - b - u32(1))) * stride + j)] = x
+
+    @cuda.jit(device=True)
+    def stage_combined_heads(head, first, count, stage, values, stride, tid, threads, n_atoms):
+        """stage[(s * 13 + h) * stride + j] = logits[first + s, h, j] for s < count and the live branches' heads h,
+        combined from the head GEMM's output rows `head`: one coalesced copy of the samples' live stream columns
+        (consecutive threads at consecutive atoms, four loads in flight per thread; `put_stream`), a barrier, then
+        per (sample, live branch, atom) the branch's mean and V + (A - mean) in place, dueling_combine_fwd's
+        float32 operations in its order (the same bits). The caller's barrier follows."""
+        z = u32(n_atoms)
+        stride = u32(stride)
+        rows = u32(count * n_streams)
+        d_row, d_j, row, j = walk_start(tid, threads, z)
+        while row < rows:
+            row1, j1 = carry(row, j, d_row, d_j, z)
+            row2, j2 = carry(row1, j1, d_row, d_j, z)
+            row3, j3 = carry(row2, j2, d_row, d_j, z)
+            x0 = stream_atom(head, first, row, j, z)
+            x1 = float32(0.0)
+            x2 = float32(0.0)
+            x3 = float32(0.0)
+            if row1 < rows:
+                x1 = stream_atom(head, first, row1, j1, z)
+            if row2 < rows:
+                x2 = stream_atom(head, first, row2, j2, z)
+            if row3 < rows:
+                x3 = stream_atom(head, first, row3, j3, z)
+            put_stream(stage, values, row, j, stride, x0)
+            if row1 < rows:
+                put_stream(stage, values, row1, j1, stride, x1)
+            if row2 < rows:
+                put_stream(stage, values, row2, j2, stride, x2)
+            if row3 < rows:
+                put_stream(stage, values, row3, j3, stride, x3)
+            row, j = carry(row3, j3, d_row, d_j, z)
+        cuda.syncthreads()
+        rows = u32(count * n_live)  # live branch rows sample * live + b, walked without a division per step
+        d_row, d_j, row, j = walk_start(tid, threads, z)
+        while row < rows:
+            sample = u32(row // n_live)
+            b = u32(row - sample * n_live)
+            off, size = branch_span(b)
+            at = u32(u32(sample * _NH + u32(off)) * stride + j)
+            mean = float32(0.0)
+            for k in range(MAX_BRANCH_SIZE):
+                if k < size:
+                    mean += stage[u32(at + u32(k) * stride)]
+            mean = mean / float32(size)
+            v = values[u32(u32(sample * _NB + b) * stride + j)]
+            for k in range(MAX_BRANCH_SIZE):
+                if k < size:
+                    at_k = u32(at + u32(k) * stride)
+                    stage[at_k] = v + (stage[at_k] - mean)
+            row, j = carry(row, j, d_row, d_j, z)
+
+    return stage_combined_heads
 
 
-@cuda.jit(device=True)
-def put_stream(stage, values, row, j, stride, x):
-    """Stream row `row` (as `stream_atom`) staged: branch b's value stream into `values` [(s * 4 + b) * stride + j],
-    head h's advantage stream into its row of `stage` [(s * 13 + h) * stride + j] (h = stream - b - 1)."""
-    sample = u32(row // _NS)
-    s = u32(row - sample * _NS)
-    b = u32(stream_branch(s))
-    off, _ = branch_span(b)
-    if s == u32(off + b):
-        values[u32(u32(sample * _NB + b) * stride + j)] = x
-    else:
-        stage[u32(u32(sample * _NH + u32(s - b - u32(1))) * stride + j)] = x
-
-
-@cuda.jit(device=True)
-def stage_combined_heads(head, first, count, stage, values, stride, tid, threads, n_atoms):
-    """stage[(s * 13 + h) * stride + j] = logits[first + s, h, j] for s < count, combined from the head GEMM's output
-    rows `head`: one coalesced copy of the samples' stream columns (consecutive threads at consecutive atoms, four
-    loads in flight per thread; `put_stream`), a barrier, then per (sample, branch, atom) the branch's mean and
-    V + (A - mean) in place, dueling_combine_fwd's float32 operations in its order (the same bits). The caller's
-    barrier follows."""
-    z = u32(n_atoms)
-    stride = u32(stride)
-    rows = u32(count * _NS)
-    d_row, d_j, row, j = walk_start(tid, threads, z)
-    while row < rows:
-        row1, j1 = carry(row, j, d_row, d_j, z)
-        row2, j2 = carry(row1, j1, d_row, d_j, z)
-        row3, j3 = carry(row2, j2, d_row, d_j, z)
-        x0 = stream_atom(head, first, row, j, z)
-        x1 = float32(0.0)
-        x2 = float32(0.0)
-        x3 = float32(0.0)
-        if row1 < rows:
-            x1 = stream_atom(head, first, row1, j1, z)
-        if row2 < rows:
-            x2 = stream_atom(head, first, row2, j2, z)
-        if row3 < rows:
-            x3 = stream_atom(head, first, row3, j3, z)
-        put_stream(stage, values, row, j, stride, x0)
-        if row1 < rows:
-            put_stream(stage, values, row1, j1, stride, x1)
-        if row2 < rows:
-            put_stream(stage, values, row2, j2, stride, x2)
-        if row3 < rows:
-            put_stream(stage, values, row3, j3, stride, x3)
-        row, j = carry(row3, j3, d_row, d_j, z)
-    cuda.syncthreads()
-    rows = u32(count * _NB)  # branch rows sample * 4 + b, walked without a division per step
-    d_row, d_j, row, j = walk_start(tid, threads, z)
-    while row < rows:
-        sample = u32(row // _NB)
-        off, size = branch_span(u32(row - sample * _NB))
-        at = u32(u32(sample * _NH + u32(off)) * stride + j)
-        mean = float32(0.0)
-        for k in range(MAX_BRANCH_SIZE):
-            if k < size:
-                mean += stage[u32(at + u32(k) * stride)]
-        mean = mean / float32(size)
-        v = values[u32(row * stride + j)]
-        for k in range(MAX_BRANCH_SIZE):
-            if k < size:
-                at_k = u32(at + u32(k) * stride)
-                stage[at_k] = v + (stage[at_k] - mean)
-        row, j = carry(row, j, d_row, d_j, z)
+stage_combined_heads = combined_heads_stager(N_BRANCHES)
+"""Every head's staged row (action selection; the learner with every branch live)."""

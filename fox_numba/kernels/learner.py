@@ -80,7 +80,7 @@ made every warp load touch 32 rows:
   written before the barriers), and only those target rows are staged for the branch rows' target softmax: 4 per
   sample, or one with the default bootstrap, where every branch row bootstraps from the same a* (a quarter of the
   loads, each of which, (size + 2) logits of the GEMM output for heads.combined_logit, waits a memory latency).
-- project_loss_scatter: one block per up to LOSS_ROWS (64) branch rows (16 whole samples), LOSS_THREADS_PER_ROW
+- project_loss_scatter: one block per up to LOSS_SAMPLES (16) samples' live branch rows (64 rows), LOSS_THREADS_PER_ROW
   (4) threads per row: all of them stage the rows' p_next (formed from the target logits) and taken online
   logits, one per row projects into a staged scratch and writes the gradient over it, then all write the
   block's samples' stream columns of dhead (every value and advantage stream, every atom) coalesced, each the
@@ -98,7 +98,7 @@ import numpy as np
 from numba import cuda, float32, float64, from_dtype, int32
 from numba.cuda.random import xoroshiro128p_type
 
-from fox_numba.actions import FLAT, HOLD, N_BRANCHES, N_HEADS, OrderType
+from fox_numba.actions import BRANCHES, FLAT, HOLD, N_BRANCHES, N_HEADS, OrderType
 from fox_numba.config import CHOICES
 from fox_numba.device.isv import ISV_TOTAL_DIM, Isv
 from fox_numba.device.launch import check_array, i32, launch, launch_rows, launch_strided, strided_threads
@@ -113,7 +113,7 @@ from fox_numba.kernels.head_rows import (
     STAGE_WORDS,
     VALUE_WORDS,
     carry,
-    stage_combined_heads,
+    combined_heads_stager,
     stage_samples,
     walk_start,
 )
@@ -186,10 +186,20 @@ _SELECT_OPTIONS = {} if SIMULATOR else {
     "launch_bounds": (select_threads(STAGE_SAMPLES), SELECT_BLOCKS_PER_SM),
     "shared_memory_carveout": "MaxShared",
 }
-LOSS_ROWS = 64  # project_loss_scatter: branch rows per block at most (16 samples)
+LOSS_SAMPLES = 16  # project_loss_scatter: samples per block at most (their live branch rows: 64 of all four)
+LOSS_ROWS = LOSS_SAMPLES * N_BRANCHES  # branch rows per block at most with every branch live
 LOSS_THREADS_PER_ROW = 4  # its threads per row: all stage and scatter, one per row projects
-LOSS_STAGE_WORDS = LOSS_ROWS * 52  # 13.3 KB per staged array (three): 64 rows at Z = 51
-assert N_BRANCHES * (MAX_ATOMS | 1) <= LOSS_STAGE_WORDS, "project_loss_scatter must stage a sample at any staged Z"
+
+
+def loss_stage_words(live: int) -> int:
+    """Floats of each of project_loss_scatter's three staged arrays with `live` branches: LOSS_SAMPLES samples' live
+    rows at Z = 51 (13.3 KB with all four, 3.3 KB with the direction branch alone, which keeps a block to 16
+    samples and so 512 blocks at batch 8,192, not 128 blocks of 64)."""
+    return LOSS_SAMPLES * live * 52
+
+
+assert N_BRANCHES * (MAX_ATOMS | 1) <= loss_stage_words(N_BRANCHES) and MAX_ATOMS | 1 <= loss_stage_words(1), (
+    "project_loss_scatter must stage a sample at any staged Z")
 
 
 @cuda.jit(device=True)
@@ -252,117 +262,164 @@ def _taken_head(actions, i, b):
     return off, min(max(actions[i, b], 0), size - 1)
 
 
-@register((_F2, _F2, _F2, _F2, _I2, _F1, _F1, _F1, int32, int32, _F2, _F2, _F2, _I1, _F2, _F1, _F1, _F1, _F2))
-@cuda.jit(**_SELECT_OPTIONS)
-def select_q_rows(head, head_tgt, support_online, support_target, actions, rewards, discounts, branch_w, shared, spb,
-                  q, entropy, util, next_head, next_stats, rew_r, disc_r, weights, stats):
-    """The online E[Q] statistics and the double DQN rows of the block's samples (launch shape in the header): the
-    online head GEMM's output head [2B, head_width(Z)] holds s in rows 0..B-1 and s' in rows B..2B-1, head_tgt
-    [B, head_width(Z)] the target's s'; every logit read is formed from them (heads.combined_logit).
-    Thread (slot, h) owns head h of sample i = first + slot; each round stages rows of the block's samples, then
-    reads them from shared memory with the code the unfused kernels ran on global rows:
-    1. s: `row_stats` and `atom_pass` on support_online[h]: q[i, h] = E[Q], entropy[i, h], util[i, h] = the
-       fraction of atoms with p > UTIL_THRESHOLD (`expected_q_stats_kernel`'s arithmetic).
-    2. s': q[B + i, h] = E[Q].
-    3. the target on s', lanes h < 4 (branch b = h, row r = i * 4 + b): a* = next_head[r] = argmax of the
-       online E[Q](s') over the bins of the direction branch when shared = 1, else of branch b (ties to the lowest
-       bin), to shared memory; barrier; the distinct target rows of the a* staged (1 or 4 per sample); a_t = the
-       taken head of branch b; next_stats[r] = (max, sum of exp(x - max)) of the target logits(s')[a*]
-       (project_loss_scatter forms p_next = exp(x - max) / sum from them); rew_r[r] = reward (the n-step return);
-       disc_r[r] = discounts[i] (the gather's gamma**k * (1 - done)); weights[r] = branch_w[b] * effect / B;
-       stats[r] = (TD, E_target[Q(s', a*)], E_target - E_online at (s', a*)), TD = reward + disc * E_target -
-       E[Q(s, a_t)].
-    """
-    stage = cuda.shared.array(STAGE_WORDS, float32)
-    values = cuda.shared.array(VALUE_WORDS, float32)
-    next_sh = cuda.shared.array(SELECT_ROWS, int32)  # a* of the block's branch rows
-    n_atoms = (head.shape[1] - N_AUX) // N_STREAMS
-    n_samples = actions.shape[0]
-    stride = n_atoms | 1
-    threads = cuda.blockDim.x
-    tid = cuda.threadIdx.x
-    first = cuda.blockIdx.x * spb
-    count = min(spb, n_samples - first)
-    slot = tid // N_HEADS
-    h = tid - slot * N_HEADS
-    i = first + slot
-    active = slot < count
-    base = tid * stride  # = (slot * 13 + h) * stride: this thread's staged row
+def _select_kernel(live: int) -> Any:
+    """select_q_rows with the first `live` branches' heads formed from the head rows (compile-time constants)."""
+    stage_heads = combined_heads_stager(live)
+    first_dead = BRANCHES[live].offset if live < N_BRANCHES else N_HEADS
 
-    stage_combined_heads(head, first, count, stage, values, stride, tid, threads, n_atoms)
-    cuda.syncthreads()
-    if active:
-        v_min = support_online[h, 0]
-        delta_z = support_online[h, 2]
-        m, s, tz, tlm = row_stats(stage, base, n_atoms, v_min, delta_z)
-        mean = tz / s
-        q[i, h] = mean
-        entropy[i, h] = math.log(s) - tlm / s
-        used, _spread = atom_pass(stage, base, n_atoms, m, s, mean, v_min, delta_z)
-        util[i, h] = float32(used) / float32(n_atoms)
-    cuda.syncthreads()
+    def select_q_rows(head, head_tgt, support_online, support_target, actions, rewards, discounts, branch_w, shared,
+                      spb, q, entropy, util, next_head, next_stats, rew_r, disc_r, weights, stats, dead):
+        """The online E[Q] statistics and the double DQN rows of the block's samples (launch shape in the header): the
+        online head GEMM's output head [2B, head_width(Z)] holds s in rows 0..B-1 and s' in rows B..2B-1, head_tgt
+        [B, head_width(Z)] the target's s'; every logit read is formed from them (heads.combined_logit).
+        Thread (slot, h) owns head h of sample i = first + slot; each round stages rows of the block's samples, then
+        reads them from shared memory with the code the unfused kernels ran on global rows:
+        1. s: `row_stats` and `atom_pass` on support_online[h]: q[i, h] = E[Q], entropy[i, h], util[i, h] = the
+           fraction of atoms with p > UTIL_THRESHOLD (`expected_q_stats_kernel`'s arithmetic).
+        2. s': q[B + i, h] = E[Q].
+        3. the target on s', lanes h < 4 (branch b = h, row r = i * 4 + b): a* = next_head[r] = argmax of the
+           online E[Q](s') over the bins of the direction branch when shared = 1, else of branch b (ties to the lowest
+           bin), to shared memory; barrier; the distinct target rows of the a* staged (1 or 4 per sample); a_t = the
+           taken head of branch b; next_stats[r] = (max, sum of exp(x - max)) of the target logits(s')[a*]
+           (project_loss_scatter forms p_next = exp(x - max) / sum from them); rew_r[r] = reward (the n-step return);
+           disc_r[r] = discounts[i] (the gather's gamma**k * (1 - done)); weights[r] = branch_w[b] * effect / B;
+           stats[r] = (TD, E_target[Q(s', a*)], E_target - E_online at (s', a*)), TD = reward + disc * E_target -
+           E[Q(s, a_t)].
+        With live < 4 (agent/network.py's live branches) only the live branches' streams are staged and combined,
+        and the other heads' q (s and s'), entropy and util are dead[h] = (E[Q], entropy, util) of a zero logit row
+        on their support (`zero_row_stats`, the same code on the same zeros: the same bits).
+        """
+        stage = cuda.shared.array(STAGE_WORDS, float32)
+        values = cuda.shared.array(VALUE_WORDS, float32)
+        next_sh = cuda.shared.array(SELECT_ROWS, int32)  # a* of the block's branch rows
+        n_atoms = (head.shape[1] - N_AUX) // N_STREAMS
+        n_samples = actions.shape[0]
+        stride = n_atoms | 1
+        threads = cuda.blockDim.x
+        tid = cuda.threadIdx.x
+        first = cuda.blockIdx.x * spb
+        count = min(spb, n_samples - first)
+        slot = tid // N_HEADS
+        h = tid - slot * N_HEADS
+        i = first + slot
+        active = slot < count
+        base = tid * stride  # = (slot * 13 + h) * stride: this thread's staged row
 
-    stage_combined_heads(head, n_samples + first, count, stage, values, stride, tid, threads, n_atoms)
-    cuda.syncthreads()
-    if active:
-        _m, s, tz, _tlm = row_stats(stage, base, n_atoms, support_online[h, 0], support_online[h, 2])
-        q[n_samples + i, h] = tz / s
-    cuda.syncthreads()
+        stage_heads(head, first, count, stage, values, stride, tid, threads, n_atoms)
+        cuda.syncthreads()
+        if active and h >= first_dead:
+            q[i, h] = dead[h, 0]
+            entropy[i, h] = dead[h, 1]
+            util[i, h] = dead[h, 2]
+        elif active:
+            v_min = support_online[h, 0]
+            delta_z = support_online[h, 2]
+            m, s, tz, tlm = row_stats(stage, base, n_atoms, v_min, delta_z)
+            mean = tz / s
+            q[i, h] = mean
+            entropy[i, h] = math.log(s) - tlm / s
+            used, _spread = atom_pass(stage, base, n_atoms, m, s, mean, v_min, delta_z)
+            util[i, h] = float32(used) / float32(n_atoms)
+        cuda.syncthreads()
 
-    branch_row = active and h < N_BRANCHES
-    if branch_row:
-        next_sh[slot * N_BRANCHES + h] = greedy_next(q, n_samples, i, h, shared)
-    cuda.syncthreads()
-    # the target rows of the a* only, coalesced within each row: per sample one (every branch bootstraps from the
-    # direction branch's a* when shared) or four (row slot * 4 + b)
-    per = u32(1 if shared != 0 else N_BRANCHES)
-    rows = u32(count * per)
-    nz = u32(n_atoms)
-    d_row, d_j, row, j = walk_start(tid, threads, nz)
-    while row < rows:
-        sample = u32(row // per)
-        a_star = next_sh[u32(sample * _NB_U + row - sample * per)]
-        stage[u32(row * u32(stride) + j)] = combined_logit(head_tgt, first + sample, a_star, j, nz)
-        row, j = carry(row, j, d_row, d_j, nz)
-    cuda.syncthreads()
-    if not branch_row:
+        stage_heads(head, n_samples + first, count, stage, values, stride, tid, threads, n_atoms)
+        cuda.syncthreads()
+        if active and h >= first_dead:
+            q[n_samples + i, h] = dead[h, 0]
+        elif active:
+            _m, s, tz, _tlm = row_stats(stage, base, n_atoms, support_online[h, 0], support_online[h, 2])
+            q[n_samples + i, h] = tz / s
+        cuda.syncthreads()
+
+        branch_row = active and h < N_BRANCHES
+        if branch_row:
+            next_sh[slot * N_BRANCHES + h] = greedy_next(q, n_samples, i, h, shared)
+        cuda.syncthreads()
+        # the target rows of the a* only, coalesced within each row: per sample one (every branch bootstraps from the
+        # direction branch's a* when shared) or four (row slot * 4 + b)
+        per = u32(1 if shared != 0 else N_BRANCHES)
+        rows = u32(count * per)
+        nz = u32(n_atoms)
+        d_row, d_j, row, j = walk_start(tid, threads, nz)
+        while row < rows:
+            sample = u32(row // per)
+            a_star = next_sh[u32(sample * _NB_U + row - sample * per)]
+            stage[u32(row * u32(stride) + j)] = combined_logit(head_tgt, first + sample, a_star, j, nz)
+            row, j = carry(row, j, d_row, d_j, nz)
+        cuda.syncthreads()
+        if not branch_row:
+            return
+        b = h
+        r = i * N_BRANCHES + b
+        off, taken = _taken_head(actions, i, b)
+        a_t = off + taken
+        a_n = next_sh[slot * N_BRANCHES + b]
+        next_head[r] = a_n
+        row = u32(u32(slot * per + min(b, per - 1)) * u32(stride))
+        end = u32(row + nz)
+        mx = stage[row]
+        at = u32(row + u32(1))
+        while at < end:  # uint32 counters (distributional.row_stats)
+            mx = max(mx, stage[at])
+            at = u32(at + u32(1))
+        total = float32(0.0)
+        at = row
+        while at < end:
+            total += math.exp(stage[at] - mx)
+            at = u32(at + u32(1))
+        v_min = support_target[a_n, 0]
+        dz = support_target[a_n, 2]
+        e_tgt = float32(0.0)
+        z = u32(0)
+        while z < nz:
+            p = math.exp(stage[u32(row + z)] - mx) / total
+            e_tgt += p * (v_min + float32(z) * dz)
+            z = u32(z + u32(1))
+        next_stats[r, 0] = mx
+        next_stats[r, 1] = total
+        reward = rewards[i]
+        discount = discounts[i]
+        rew_r[r] = reward
+        disc_r[r] = discount
+        weights[r] = branch_w[b] * _effect(actions, i, b) / float32(n_samples)
+        stats[r, 0] = reward + discount * e_tgt - q[i, a_t]
+        stats[r, 1] = e_tgt
+        stats[r, 2] = e_tgt - q[n_samples + i, a_n]
+
+    suffix = "" if live == N_BRANCHES else f"_live{live}"
+    select_q_rows.__name__ = select_q_rows.__qualname__ = f"select_q_rows{suffix}"
+    sig = (_F2, _F2, _F2, _F2, _I2, _F1, _F1, _F1, int32, int32, _F2, _F2, _F2, _I1, _F2, _F1, _F1, _F1, _F2, _F2)
+    return register(sig)(cuda.jit(**_SELECT_OPTIONS)(select_q_rows))
+
+
+SELECT_KERNELS = {live: _select_kernel(live) for live in (N_BRANCHES, 1)}
+"""select_q_rows for every branch, and for the direction branch alone (as LOSS_KERNELS)."""
+select_q_rows = SELECT_KERNELS[N_BRANCHES]
+
+
+_ZERO_ROW = MAX_ATOMS | 1  # zero_row_stats' row (a module constant: the local array's size must be one)
+
+
+@register((_F2, _F2, int32, int32))
+@cuda.jit
+def zero_row_stats(support_online, dead, n_atoms, first_dead):
+    """dead[h] = (E[Q], entropy, util) of a logit row of zeros on support_online[h] for the heads h >= first_dead
+    (one thread each): select_q_rows' row_stats and atom_pass on zeros, for the heads past a network's live
+    branches, whose logits are 0 (agent/network.py)."""
+    h = first_dead + cuda.grid(1)
+    if h >= N_HEADS:
         return
-    b = h
-    r = i * N_BRANCHES + b
-    off, taken = _taken_head(actions, i, b)
-    a_t = off + taken
-    a_n = next_sh[slot * N_BRANCHES + b]
-    next_head[r] = a_n
-    row = u32(u32(slot * per + min(b, per - 1)) * u32(stride))
-    end = u32(row + nz)
-    mx = stage[row]
-    at = u32(row + u32(1))
-    while at < end:  # uint32 counters (distributional.row_stats)
-        mx = max(mx, stage[at])
-        at = u32(at + u32(1))
-    total = float32(0.0)
-    at = row
-    while at < end:
-        total += math.exp(stage[at] - mx)
-        at = u32(at + u32(1))
-    v_min = support_target[a_n, 0]
-    dz = support_target[a_n, 2]
-    e_tgt = float32(0.0)
-    z = u32(0)
-    while z < nz:
-        p = math.exp(stage[u32(row + z)] - mx) / total
-        e_tgt += p * (v_min + float32(z) * dz)
-        z = u32(z + u32(1))
-    next_stats[r, 0] = mx
-    next_stats[r, 1] = total
-    reward = rewards[i]
-    discount = discounts[i]
-    rew_r[r] = reward
-    disc_r[r] = discount
-    weights[r] = branch_w[b] * _effect(actions, i, b) / float32(n_samples)
-    stats[r, 0] = reward + discount * e_tgt - q[i, a_t]
-    stats[r, 1] = e_tgt
-    stats[r, 2] = e_tgt - q[n_samples + i, a_n]
+    zeros = cuda.local.array(_ZERO_ROW, float32)
+    for k in range(n_atoms):
+        zeros[k] = float32(0.0)
+    v_min = support_online[h, 0]
+    delta_z = support_online[h, 2]
+    m, s, tz, tlm = row_stats(zeros, 0, n_atoms, v_min, delta_z)
+    mean = tz / s
+    dead[h, 0] = mean
+    dead[h, 1] = math.log(s) - tlm / s
+    used, _spread = atom_pass(zeros, 0, n_atoms, m, s, mean, v_min, delta_z)
+    dead[h, 2] = float32(used) / float32(n_atoms)
 
 
 def _loss_kernel(live: int) -> Any:
@@ -370,13 +427,14 @@ def _loss_kernel(live: int) -> Any:
     n_live = np.uint32(live)
     n_streams = np.uint32(live_streams(live))
     n_dead = N_BRANCHES - live
+    words = loss_stage_words(live)
 
     def project_loss_scatter(head, head_tgt, next_head, next_stats, rew_r, disc_r, actions, support_online,
                              support_target, weights, loss, dhead):
         """The C51 projection, the cross-entropy with its gradient, and its scatter through the dueling combine's
         backward into the stream columns of dhead [B, head_width(Z)] for the block's live branch rows (the rows of
-        branches b < live of its samples, blockDim / LOSS_THREADS_PER_ROW of them at most, whole samples; launch shape in
-        the header), in three steps:
+        branches b < live of its samples, blockDim / LOSS_THREADS_PER_ROW of them at most, whole samples; launch
+        shape in the header), in three steps:
         1. every thread, coalesced: stage p_next[r] = exp(x - max) / sum over the target logits(s')[a*] (next_head,
            next_stats: the softmax select_q_rows took) and the online logits(s) of the row's taken head a_t, each
            formed from the head GEMM outputs head [2B, head_width(Z)] and head_tgt [B, head_width(Z)]
@@ -392,15 +450,15 @@ def _loss_kernel(live: int) -> Any:
         With live < 4 (agent/network.py's live branches: the other branches' rows have weight 0) their rows' loss is
         written 0 (the loss signals add weight x loss and count only rows of positive weight: the same sums) and their
         streams of dhead are not written (the caller keeps them 0)."""
-        p_st = cuda.shared.array(LOSS_STAGE_WORDS, float32)
-        x_st = cuda.shared.array(LOSS_STAGE_WORDS, float32)
-        m_st = cuda.shared.array(LOSS_STAGE_WORDS, float32)
+        p_st = cuda.shared.array(words, float32)
+        x_st = cuda.shared.array(words, float32)
+        m_st = cuda.shared.array(words, float32)
         n_atoms = (head.shape[1] - N_AUX) // N_STREAMS
         stride = n_atoms | 1
         threads = cuda.blockDim.x
         tid = cuda.threadIdx.x
         per_block = threads // LOSS_THREADS_PER_ROW
-        q0 = cuda.blockIdx.x * per_block  # the block's first live row: live row q is branch row (q // live) * 4 + q % live
+        q0 = cuda.blockIdx.x * per_block  # the block's first live row (live row q: branch row q // live * 4 + q % live)
         count = min(per_block, (next_head.shape[0] // N_BRANCHES) * live - q0)
         i0 = u32(q0 // live)  # its first sample
 
@@ -623,11 +681,12 @@ class BranchRows:
         self.weights = device_empty(r, np.float32)
         self.loss = device_empty(r, np.float32)
         self.stats = device_empty((r, N_ROW_STATS), np.float32)
+        self.dead = device_empty((N_HEADS, 3), np.float32)  # zero_row_stats' table (live branches < 4)
 
 
-def loss_rows(n_atoms: int) -> int:
-    """Branch rows per block of project_loss_scatter: as many whole samples' rows as LOSS_STAGE_WORDS holds."""
-    return min(LOSS_ROWS, LOSS_STAGE_WORDS // (n_atoms | 1) // N_BRANCHES * N_BRANCHES)
+def loss_rows(n_atoms: int, live: int = N_BRANCHES) -> int:
+    """Live branch rows per block of project_loss_scatter: as many whole samples' live rows as its staging holds."""
+    return min(LOSS_SAMPLES * live, loss_stage_words(live) // (n_atoms | 1) // live * live)
 
 
 def _check_atoms(n_atoms: int) -> None:
@@ -638,11 +697,12 @@ def _check_atoms(n_atoms: int) -> None:
 
 def select_rows(head: Any, head_tgt: Any, support_online: Any, support_target: Any, actions: Any, rewards: Any,
                 discounts: Any, branch_w: Any, q: Any, entropy: Any, util: Any, rows: BranchRows, *, stream: Any,
-                bootstrap: str = "direction") -> None:
+                bootstrap: str = "direction", live: int = N_BRANCHES) -> None:
     """The online E[Q] statistics and the double DQN rows (kernel select_q_rows): head [2B, head_width(Z)], the
     online network's head GEMM output on s then s', head_tgt [B, head_width(Z)] the target's on s' (the logits are
     their dueling combine), supports [13, 3] -> q [2B, 13] (s and s'), entropy and util [B, 13] (s), and `rows`;
-    `bootstrap` as in the header."""
+    `bootstrap` as in the header. `live`: the network's live branches; with 1 only the direction heads' rows are
+    formed, the others' statistics come from zero_row_stats (SELECT_KERNELS)."""
     b, z = rows.batch, rows.n_atoms
     _check_atoms(z)
     check_array("head", head, "[2B, head_width(Z)]", (2 * b, head_width(z)))
@@ -658,11 +718,18 @@ def select_rows(head: Any, head_tgt: Any, support_online: Any, support_target: A
     check_array("util", util, "[B, 13]", (b, N_HEADS))
     if bootstrap not in BOOTSTRAP_RULES:
         raise ValueError(f"learner.bootstrap must be one of {BOOTSTRAP_RULES}, got {bootstrap!r}")
+    if not 1 <= live <= N_BRANCHES:
+        raise ValueError(f"select_rows: live branches must be in 1..{N_BRANCHES}, got {live}")
+    live = live if live in SELECT_KERNELS else N_BRANCHES
+    if live < N_BRANCHES:
+        first_dead = BRANCHES[live].offset
+        launch_rows(zero_row_stats, 1, N_HEADS - first_dead, support_online, rows.dead, i32(z), i32(first_dead),
+                    stream=stream)
     spb = min(stage_samples(z), b)
-    launch_rows(select_q_rows, -(-b // spb), select_threads(spb), head, head_tgt, support_online, support_target,
-                actions, rewards, discounts, branch_w, i32(bootstrap == "direction"), i32(spb), q, entropy, util,
-                rows.next_head,
-                rows.next_stats, rows.rewards, rows.discounts, rows.weights, rows.stats, stream=stream)
+    launch_rows(SELECT_KERNELS[live], -(-b // spb), select_threads(spb), head, head_tgt, support_online,
+                support_target, actions, rewards, discounts, branch_w, i32(bootstrap == "direction"), i32(spb), q,
+                entropy, util, rows.next_head, rows.next_stats, rows.rewards, rows.discounts, rows.weights, rows.stats,
+                rows.dead, stream=stream)
 
 
 def branch_loss(head: Any, head_tgt: Any, rows: BranchRows, actions: Any, support_online: Any,
@@ -685,7 +752,7 @@ def branch_loss(head: Any, head_tgt: Any, rows: BranchRows, actions: Any, suppor
         raise ValueError(f"branch_loss: live branches must be in 1..{N_BRANCHES}, got {live}")
     live = live if live in LOSS_KERNELS else N_BRANCHES
     r = live * b
-    per_block = min(loss_rows(z), r)
+    per_block = min(loss_rows(z, live), r)
     launch_rows(LOSS_KERNELS[live], -(-r // per_block), per_block * LOSS_THREADS_PER_ROW, head, head_tgt,
                 rows.next_head, rows.next_stats, rows.rewards, rows.discounts, actions, support_online, support_target,
                 rows.weights, rows.loss, dhead, stream=stream)

@@ -32,7 +32,7 @@ import numpy as np
 
 from fox_numba.config import CHOICES
 from fox_numba.device.launch import check_array, i32, launch, launch_tiles
-from fox_numba.device.memory import device_empty, device_zeros
+from fox_numba.device.memory import device_empty
 from fox_numba.kernels import gemm_tensor as tc
 from fox_numba.kernels.gemm import BK, CONFIGS, GEMMS, Config, GemmKernels, wgrad_reduce
 
@@ -155,16 +155,15 @@ class LinearWeightGrad:
     The batch is cut into `splits` chunks of `chunk` rows; each block sums its chunk for one output
     tile into `partial_w[s]` (and the first row of tiles into `partial_b[s]`), then `wgrad_reduce` adds
     the splits in order. The partial buffers are allocated here, once, so calls can be captured.
-    With `cols` only the column tiles holding the first `cols` columns are launched; the partials start at zero,
-    so the other columns of dw and db come out 0 (the gradient of columns whose dy the caller keeps at 0).
+    With `cols` only the column tiles holding the first `cols` columns are launched and only those columns of dw and
+    db are written (the caller keeps the rest 0: the gradient of columns whose dy is 0).
     """
 
     def __init__(
         self, batch: int, k: int, n: int, *, config: str | None = None, chunk: int | None = None,
-        precision: str = "fp32", cols: int | None = None, stream: Any = 0,
+        precision: str = "fp32", cols: int | None = None,
     ) -> None:
-        """`config` and `chunk` (rows per split, a multiple of BK) override the choices from the shapes; `stream`
-        zeroes the partials (with `cols`)."""
+        """`config` and `chunk` (rows per split, a multiple of BK) override the choices from the shapes."""
         if min(batch, k, n) < 1:
             raise ValueError(f"LinearWeightGrad: batch={batch}, k={k}, n={n} must be positive")
         if chunk is not None and (chunk < BK or chunk % BK):
@@ -175,20 +174,16 @@ class LinearWeightGrad:
             splits_128, chunk_128 = split_rows(batch, _tiles(k, n, 128), CONFIGS["128x8"])
             config = pick_config(k, n, chunk_128, splits_128)
         self.batch, self.k, self.n = batch, k, n
-        live = _live(cols, n, "LinearWeightGrad")
+        self.live = live = _live(cols, n, "LinearWeightGrad")
         self.gemm = _gemm(config)
         tile = self.gemm.config.tile
         self.grid_tiles = (_cdiv(live, tile), _cdiv(k, tile))
-        if chunk is None:
-            self.splits, self.chunk = split_rows(batch, _tiles(k, live, tile), self.gemm.config)
+        if chunk is None:  # the whole width's plan, so the first `cols` columns sum their splits as it does (same bits)
+            self.splits, self.chunk = split_rows(batch, _tiles(k, n, tile), self.gemm.config)
         else:
             self.splits, self.chunk = _cdiv(batch, chunk), chunk
-        if live == n:
-            self.partial_w = device_empty((self.splits, k, n), np.float32)
-            self.partial_b = device_empty((self.splits, n), np.float32)
-        else:
-            self.partial_w = device_zeros((self.splits, k, n), np.float32, stream=stream)
-            self.partial_b = device_zeros((self.splits, n), np.float32, stream=stream)
+        self.partial_w = device_empty((self.splits, k, n), np.float32)
+        self.partial_b = device_empty((self.splits, n), np.float32)
 
     def __call__(self, x: Any, dy: Any, dw: Any, db: Any, *, stream: Any) -> None:
         """dw = x.T @ dy, db = dy summed over the batch."""
@@ -203,4 +198,4 @@ class LinearWeightGrad:
         grid = (*self.grid_tiles, self.splits)
         pw, pb = self.partial_w, self.partial_b
         launch_tiles(g.wgrad, grid, g.config.threads, x, dy, pw, pb, i32(self.chunk), stream=stream)
-        launch(wgrad_reduce, k * n + n, pw, pb, dw, db, i32(self.splits), stream=stream)
+        launch(wgrad_reduce, (k + 1) * self.live, pw, pb, dw, db, i32(self.splits), i32(self.live), stream=stream)

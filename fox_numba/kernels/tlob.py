@@ -410,7 +410,7 @@ class LayerNormParamGrad:
         launch_tiles(layer_norm_param_partials_kernel, (self.splits,), _round_threads(width), dy, x, a, stats,
                      self.partial_g, self.partial_b, i32(self.chunk), stream=stream)
         launch(wgrad_reduce, 2 * width, self.partial_g, self.partial_b, dgamma.reshape((1, width)), dbeta,
-               i32(self.splits), stream=stream)
+               i32(self.splits), i32(width), stream=stream)
 
 
 def batch_transpose(x: Any, y: Any, rows: int, *, stream: Any) -> None:

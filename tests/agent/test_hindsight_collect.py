@@ -15,7 +15,9 @@ from fox_numba.agent.fold_market import FoldMarket
 from fox_numba.agent.replay import FIELDS
 from fox_numba.agent.trainer import Trainer
 from fox_numba.config import FoxConfig
+from fox_numba.device.registry import kernel_name
 from fox_numba.errors import ConfigError
+from fox_numba.kernels.action_select import heads_kernel
 from fox_numba.market.synthetic_oracle import oracle_threshold
 from fox_numba.observation import PORT_POSITION
 from plain_learner import plain_config
@@ -95,7 +97,8 @@ def test_same_seed_same_buffers_and_the_relabel_sits_in_the_step(market, runs):
 
     names = kernels(trainer)
     at = names.index("hindsight_relabel_kernel")
-    assert names[at - 1] == "action_select_heads_kernel" and names[at + 1] == "replay_put_obs_kernel"
+    select = kernel_name(heads_kernel(trainer.cfg.env.fixed_bins)).rsplit(".", 1)[1]
+    assert names[at - 1] == select and names[at + 1] == "replay_put_obs_kernel"
     assert kernels(off) == names[:at] + names[at + 1 :]
 
 

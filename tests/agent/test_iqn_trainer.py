@@ -6,6 +6,8 @@ import numpy as np
 from plain_learner import PLAIN_OVERRIDES
 from real_trainer import SMALL, real_trainer
 
+from fox_numba.device.registry import kernel_name
+from fox_numba.kernels.action_select import heads_kernel
 from fox_numba.walkforward.reset_registry import FoldReset, ResetContext
 from fox_numba.walkforward.trainer_state import audit_trainer
 
@@ -26,7 +28,7 @@ def test_an_iqn_trainer_collects_trains_diagnoses_and_evaluates_on_the_joint_val
     rt.registry.reset(FoldReset, ResetContext(fold=0, seed=rt.cfg.run.seed, stream=trainer.stream))
     trainer.collect()
     step = [r.kernel.rsplit(".", 1)[1] for r in trainer.collector.graph.launches]
-    at = step.index("action_select_heads_kernel")
+    at = step.index(kernel_name(heads_kernel(rt.cfg.env.fixed_bins)).rsplit(".", 1)[1])
     assert step[step.index("iqn_act_taus"):at] == ["iqn_act_taus", "iqn_act_values"]
     trainer.train(lambda: None)
     rec = trainer.download_state()["health.record"][0]

@@ -6,6 +6,8 @@ import numpy as np
 import reference
 from real_trainer import SMALL, real_trainer
 
+from fox_numba.device.registry import kernel_name
+from fox_numba.kernels.action_select import heads_kernel
 from fox_numba.walkforward.reset_registry import FoldReset, ResetContext
 from fox_numba.walkforward.trainer_state import audit_trainer
 
@@ -22,7 +24,7 @@ def test_a_mean_head_trainer_collects_trains_and_evaluates_on_the_head_values(ha
     rt.registry.reset(FoldReset, ResetContext(fold=0, seed=rt.cfg.run.seed, stream=trainer.stream))
     trainer.collect()
     step = [r.kernel.rsplit(".", 1)[1] for r in trainer.collector.graph.launches]
-    at = step.index("action_select_heads_kernel")
+    at = step.index(kernel_name(heads_kernel(rt.cfg.env.fixed_bins)).rsplit(".", 1)[1])
     # dense forwards (the strided kernel under the simulator, tiled GEMMs linear_fwd_* on the GPU): the trunk's
     # layers, the heads, then the mean head's layer, right before action selection
     forwards = step[step.index("gather_obs_kernel") + 1 : at]

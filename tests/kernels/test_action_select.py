@@ -807,6 +807,36 @@ def test_head_rows_give_the_bits_of_their_combined_logits(stream, stager, rng, z
         np.testing.assert_array_equal(got["heads"][3][clear], want[clear])
 
 
+@pytest.mark.parametrize("mode", ["c51", "mean"])
+def test_every_bin_fixed_takes_the_direction_heads_alone(stream, stager, rng, mode):
+    """With every bin after the direction fixed (the default env.fixed_bins), selecting from head rows stages and
+    reads the direction heads alone (action_select_heads_direction; the other heads decide nothing) and gives the
+    bits of the whole kernel on the logits: the same actions, conviction and advanced states, in collection and in
+    evaluation; Z = 21, 2 blocks + 1 sample, at the simulator's lanes and the production 16."""
+    z = 21
+    b = 2 * stage_samples(z) + 1
+    head = head_rows(rng, b, z)
+    support = random_support(rng, (b, N_HEADS), z)
+    values = {"mean": stager.upload_new(rng.uniform(-0.5, 0.5, (b, 1, N_DIRECTIONS)).astype(np.float32))}
+    for lanes in (TEST_LANES, LANES):
+        got = {}
+        for name, source in (("logits", dueling32(head, z)), ("heads", head)):
+            out = []
+            for explore in (True, False):
+                states = xoroshiro_states(b, 5, stager)
+                actions, conviction = device_empty((b, N_BRANCHES), np.int32), device_empty(b, np.float32)
+                select_actions(stager.upload_new(source), stager.upload_new(support), states, actions, conviction,
+                               explore=explore, stream=stream, lanes=lanes, spread=0.5, fixed=(0, 2, 1),
+                               **(values if mode == "mean" else {}))
+                out += [stager.download(actions), stager.download(conviction).view(np.uint32),
+                        stager.download(states)]
+            got[name] = out
+        for a, want in zip(got["heads"], got["logits"], strict=True):
+            np.testing.assert_array_equal(a, want)
+        acts = got["heads"][0]
+        assert len(np.unique(acts[:, 0])) > 1 and (acts[:, 2:] == [2, 1]).all()
+
+
 def test_select_actions_rejects_head_rows_of_another_width(stream, stager):
     b, z = 4, 5
     support = stager.upload_new(np.ones((b, N_HEADS, 3), np.float32))

@@ -168,6 +168,34 @@ def test_select_q_rows(stream, stager, rng, bootstrap):
     assert w[2, 3] == 0 and w[3, 3] > 0  # urgency of a market order
 
 
+@pytest.mark.parametrize("bootstrap", ["direction", "branch"])
+def test_select_q_rows_direction_alone(stream, stager, rng, bootstrap):
+    """live = 1 (the default network: the head columns past the direction branch's five streams 0, the other
+    branches' rows of weight 0): B = 10 samples (2 blocks), Z = 6. Every output of the direction-only kernel (q of
+    s and s', entropy, util, and every row: a*, the target softmax's max and sum, rewards, discounts, weights, row
+    statistics) is the whole kernel's, bit for bit: the other heads' statistics come from zero_row_stats, the
+    same code on the same zero logits."""
+    b, z = 10, 6
+    head, head_tgt, _, _, sup_on, sup_tg, actions, rewards, discounts = select_inputs(rng, b, z)
+    for arr in (head, head_tgt):
+        arr[:, 5 * z :] = 0.0  # past the direction branch's value and four advantage streams
+    branch_w = np.array([1.0, 0.0, 0.0, 0.0], np.float32)
+    got = []
+    for live in (4, 1):
+        rows = BranchRows(b, z)
+        q, entropy, util = (stager.upload_new(np.full(shape, np.nan, np.float32))
+                            for shape in ((2 * b, N_HEADS), (b, N_HEADS), (b, N_HEADS)))
+        select_rows(*(stager.upload_new(a) for a in (head, head_tgt, sup_on, sup_tg, actions, rewards, discounts,
+                                                      branch_w)), q, entropy, util, rows, stream=stream,
+                    bootstrap=bootstrap, live=live)
+        got.append([stager.download(a) for a in (q, entropy, util, rows.next_head, rows.next_stats, rows.rewards,
+                                                 rows.discounts, rows.weights, rows.stats)])
+    for name, whole, alone in zip(("q", "entropy", "util", "next_head", "next_stats", "rewards", "discounts",
+                                   "weights", "stats"), *got, strict=True):
+        np.testing.assert_array_equal(alone.view(np.uint32), whole.view(np.uint32), err_msg=name)
+    assert np.isfinite(got[0][0]).all() and len(np.unique(got[0][0][:, 4:])) < len(np.unique(got[0][0][:, :4]))
+
+
 def loss_inputs(rng, b, z):
     """project_loss_scatter's inputs for B = b samples: head GEMM outputs (online [2B], target [B]) and the online
     logits, actions, supports, the rows as select_rows leaves them (a*, its target softmax's max and sum, seeded
@@ -251,7 +279,8 @@ def test_project_loss_scatter(stream, stager, rng):
 
 def test_project_loss_scatter_direction_alone(stream, stager, rng):
     """live = 1 (the default network: the direction branch's streams alone, the others' columns 0 and their rows of
-    weight 0, as the counterfactual learner leaves them): B = 70 samples (blocks of 64 and 6 direction rows), Z = 6.
+    weight 0, as the counterfactual learner leaves them): B = 70 samples (blocks of 16 direction rows, the last of
+    6), Z = 6.
     Against the whole kernel on the same inputs: the direction rows' loss and every dhead element the same bits,
     the other rows' loss 0 (the whole kernel's is their cross-entropy, which the loss signals weigh by 0), and dhead
     past the direction streams left as it was (0; the whole kernel writes 0 there)."""
