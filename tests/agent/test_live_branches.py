@@ -71,3 +71,34 @@ def test_the_columns_past_the_live_ones_stay_zero_through_training(four_day_stor
     for net in (learner.online, learner.target_net):
         out = stager.download(net.head_out)
         assert not out[:, cols:].any() and np.abs(out[:, :cols]).max() > 0
+
+
+@pytest.mark.parametrize("trunk", [0, 2], ids=["linear", "trunk"])
+def test_a_live_branch_trainer_is_the_whole_heads_trainer_bit_for_bit(four_day_store, monkeypatch, trunk):
+    """Two epochs of collect, train and evaluation with the direction branch live (the default's kernels:
+    select_q_rows_live1, project_loss_scatter_live1, the live GEMM launches) and with every branch live (the whole
+    kernels), heads started at zero so both start from the same parameters: the same parameters, target and Adam
+    moments, and the same validation days, every bit."""
+    overrides = [*SMALL, "learner.batch_size=8", "network.head_init_scale=0.0"]
+    if trunk:
+        overrides += [f"network.n_layers={trunk}", "network.mean_cross=false"]
+    runs = []
+    for forced in (None, N_BRANCHES):
+        if forced is not None:
+            monkeypatch.setattr("fox_numba.agent.trainer.live_branches", lambda cfg: forced)
+        rt = real_trainer(four_day_store, overrides)
+        trainer = rt.trainer
+        assert trainer.layout.live_branches == (forced or 1)
+        for _ in range(2):
+            trainer.collect()
+            trainer.train(lambda: None)
+        days, _ = trainer.evaluate()
+        learner, dl = trainer.learner, trainer.stager.download
+        runs.append(([dl(a) for a in (learner.params, learner.target, learner.adam_m, learner.adam_v)], days))
+    (live, live_days), (whole, whole_days) = runs
+    for a, b in zip(live, whole, strict=True):
+        np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))
+    assert np.abs(live[0]).max() > 0
+    for (pnl, pos), (ref_pnl, ref_pos) in zip(live_days, whole_days, strict=True):
+        np.testing.assert_array_equal(pos, ref_pos)
+        np.testing.assert_array_equal(pnl, ref_pnl)
