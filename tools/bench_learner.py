@@ -13,6 +13,8 @@
     python3 tools/bench_learner.py --out /tmp/bench_cross --position-cross  # the heads read position x market too
     python3 tools/bench_learner.py --out /tmp/bench_mean --mean-head  # the direction mean head beside C51
     python3 tools/bench_learner.py --out /tmp/bench_mean_cross --mean-cross  # the mean head reads position x market
+    python3 tools/bench_learner.py --out /tmp/bench_live --mean-cross --precision tf32 --live-branches 1  # the
+        # default network's step: the head computes the direction branch's columns alone (agent/network.py)
 
 One gradient step of the default network (obs_dim -> 256 -> 256 -> 13 dueling C51 heads x 51 atoms,
 network.* of the default config), at each batch of --batch (default 8192, then smaller ones where the
@@ -271,7 +273,8 @@ def markdown_batch(modes: dict[str, Any], kernels: dict[str, Any], args: argpars
         f"network.vsn {args.vsn}, network.moe_experts {args.moe_experts}, network.mamba2_window "
         f"{args.mamba2_window}, network.tlob_window {args.tlob_window}, network.position_cross "
         f"{args.position_cross}, network.mean_head {args.mean_head or args.mean_cross}, network.mean_cross "
-        f"{args.mean_cross}, live branches {args.live_branches} (4: every head column computed; 1: the direction branch's alone). "
+        f"{args.mean_cross}, live branches {args.live_branches} (4: every head column computed; 1: the direction "
+        "branch's alone). "
         f"Replay of {args.capacity} random transitions "
         f"over {args.bars} market rows. Best of {args.windows} windows of {args.steps} steps after "
         f"{args.warmup} warm-up steps."

@@ -9,7 +9,7 @@ import pytest
 TOOL = Path(__file__).resolve().parents[2] / "tools" / "bench_learner.py"
 
 
-@pytest.mark.parametrize("extra", [[], ["--mean-head"]])
+@pytest.mark.parametrize("extra", [[], ["--mean-head"], ["--mean-head", "--live-branches", "1"]])
 def test_bench_learner_tiny(tmp_path, extra):
     spec = importlib.util.spec_from_file_location("bench_learner", TOOL)
     module = importlib.util.module_from_spec(spec)
@@ -21,7 +21,9 @@ def test_bench_learner_tiny(tmp_path, extra):
     assert only["modes"]["skipped_steps"] == 0 and only["modes"]["graph_equals_eager_bitwise"]
     assert results["command"].endswith(" ".join(["--tiny", *extra]))
     text = out.with_suffix(".md").read_text()
-    assert "| graph, each replay waiting" in text and "learner.select_q_rows" in text
+    live = "_live1" if "--live-branches" in extra else ""  # the direction branch's kernels (agent/network.py)
+    assert "| graph, each replay waiting" in text and f"learner.select_q_rows{live} " in text
+    assert f"learner.project_loss_scatter{live} " in text and f"live branches {1 if live else 4} " in text
     kernels = only["per_kernel"]
     assert "| kernel | grid |" in text and sum(r["launches_per_step"] for r in kernels["launch_shapes"]) == sum(
         r["launches_per_step"] for r in kernels["kernels"])  # the by-grid rows split the per-kernel ones
