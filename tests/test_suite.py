@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import statistics
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -277,6 +279,33 @@ def test_from_runs_tabulates_what_the_run_folders_hold(suite, tmp_path):
     text = out.with_suffix(".md").read_text()
     assert "tabulated from run folders trained by earlier calls" in text
     assert "| a | +2.00 | not run | +5.00 |" in text and "Failed: a seed 1 (not run)" in text
+
+
+def test_pack_writes_the_runs_records_the_same_bytes_each_time(suite, tmp_path):
+    """--pack (with --from-runs here): one gzip tar under runs_NAME/ holding each run's summary.json and metrics.jsonl
+    (no checkpoint), the same bytes when packed again from a copy made later; a name without .tgz is refused."""
+    runs, out = tmp_path / "runs", tmp_path / "table"
+    (tmp_path / "suite.toml").write_text(f'[plan]\nset = ["folds.n_folds=2"]\n[markets.a]\ndefinition = '
+                                         f'"{DEFINITION_PATH}"\nrole = "seen"\n')
+    for seed in (0, 1):
+        write_run(runs, "a", seed, [fold(0, 1.0 + seed, 2.0, 0.5, 9.0)])
+        (runs / "a" / f"seed_{seed}" / "metrics.jsonl").write_text('{"fold": 0, "epoch": 0, "val": {}}\n')
+        (runs / "a" / f"seed_{seed}" / "fold_00").mkdir()
+        (runs / "a" / f"seed_{seed}" / "fold_00" / "best.h5").write_bytes(b"checkpoint")
+    argv = ["--from-runs", "--runs", str(runs), "--seeds", "0", "1", "--suite", str(tmp_path / "suite.toml"),
+            "--out", str(out), "--pack"]
+    assert suite.main([*argv, str(tmp_path / "runs_x.tgz")]) == 0
+    with tarfile.open(tmp_path / "runs_x.tgz") as tar:
+        assert tar.getnames() == [f"runs_x/a/seed_{s}/{f}" for s in (0, 1) for f in ("metrics.jsonl", "summary.json")]
+        assert json.loads(tar.extractfile("runs_x/a/seed_1/summary.json").read()) == json.loads(
+            (runs / "a" / "seed_1" / "summary.json").read_text())
+    copy = tmp_path / "copy"
+    shutil.copytree(runs, copy)
+    (tmp_path / "again").mkdir()
+    assert suite.main([*argv[:2], str(copy), *argv[3:], str(tmp_path / "again" / "runs_x.tgz")]) == 0
+    assert (tmp_path / "again" / "runs_x.tgz").read_bytes() == (tmp_path / "runs_x.tgz").read_bytes()
+    with pytest.raises(SystemExit):
+        suite.main([*argv, str(tmp_path / "runs_x.tar")])
 
 
 FAKE_EVALUATE = """import json, sys

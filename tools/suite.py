@@ -37,15 +37,23 @@ the backtests' hold margin, measured without training again. The run folders mus
 tabulates the run folders RUNS already holds and trains nothing: a suite whose calls were cut short and
 finished by later calls (each training some markets and seeds into its own folder, merged into RUNS). A run
 with a summary.json counts as finished, one without as not run; wall times are unknown.
+
+With any of the three, `--pack tools/results/runs_NAME.tgz` also writes the runs' records (per market and seed its
+summary.json, metrics.jsonl and epochs.log, no checkpoints) into one gzip tar whose top folder is runs_NAME, the same
+bytes for the same files (names sorted, owners, modes and times fixed): how tools/results keeps run folders
+(tools/results/README.md).
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
+import io
 import json
 import math
 import statistics
 import sys
+import tarfile
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -533,6 +541,30 @@ def jobs_of(jobs: Sequence[Job], keys: Sequence[tuple[str, str, int]]) -> list[J
     return [by_key[k] for k in keys]
 
 
+PACKED = ("summary.json", "metrics.jsonl", "epochs.log")
+"""The files of a run folder that `pack_runs` keeps (not the checkpoints, the report or the logs of every step)."""
+
+
+def pack_runs(runs: Path, markets: Sequence[str], seeds: Sequence[int], archive: Path) -> int:
+    """Write RUNS/MARKET/seed_S/{PACKED} of every market and seed into the gzip tar `archive` (top folder: its name
+    without .tgz), deterministically; the number of files packed. Written to a temporary name, then renamed."""
+    top = archive.name.removesuffix(".tgz")
+    files = sorted(runs / m / f"seed_{s}" / name for m in markets for s in seeds for name in PACKED
+                   if (runs / m / f"seed_{s}" / name).is_file())
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for path in files:
+            info = tarfile.TarInfo(f"{top}/{path.relative_to(runs).as_posix()}")
+            data = path.read_bytes()
+            info.size, info.mode, info.mtime = len(data), 0o644, 0
+            tar.addfile(info, io.BytesIO(data))
+    tmp = archive.with_name(archive.name + ".tmp")
+    with tmp.open("wb") as fh, gzip.GzipFile(fileobj=fh, mode="wb", mtime=0, filename="") as gz:
+        gz.write(buffer.getvalue())
+    tmp.replace(archive)
+    return len(files)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     extra = argv[argv.index("--") + 1 :] if "--" in argv else []
@@ -553,13 +585,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rescore", nargs="+", default=[], metavar="SECTION.FIELD=VALUE",
                         help="with --tabulate: score the runs' fold checkpoints again with `fox evaluate --set` of "
                         "these (settings that change no training), --parallel at a time (module header)")
+    parser.add_argument("--pack", type=Path, metavar="RUNS_NAME.tgz",
+                        help="also pack the runs' summary.json, metrics.jsonl and epochs.log into this archive")
     args = parser.parse_args(own)
     if args.rescore and args.tabulate is None:
         parser.error("--rescore needs --tabulate (the earlier suite whose run folders it scores again)")
+    if args.pack is not None and args.pack.suffix != ".tgz":
+        parser.error(f"--pack {args.pack}: the archive's name must end in .tgz (runs_NAME.tgz)")
     try:
         if args.tabulate is not None:
-            return tabulate(args.tabulate, args.out, args.runs, args.rescore, args.parallel,
+            code = tabulate(args.tabulate, args.out, args.runs, args.rescore, args.parallel,
                             "python3 tools/suite.py " + " ".join(argv))
+            if args.pack is not None:
+                earlier = json.loads(args.tabulate.read_text(encoding="utf-8"))
+                pack_runs(args.runs or Path(earlier["runs"]), list(earlier["markets"]),
+                          [int(x) for x in earlier["seeds"]], args.pack)
+            return code
         check_extra(extra)
         suite = load_suite(args.suite)
         markets = pick(suite, args.markets)
@@ -591,7 +632,10 @@ def main(argv: list[str] | None = None) -> int:
                               **run_result(runs, m.name, s)} for s in args.seeds},
         } for m in markets},
     }
-    return write_tables(args.out, record)
+    code = write_tables(args.out, record)
+    if args.pack is not None:
+        pack_runs(runs, [m.name for m in markets], args.seeds, args.pack)
+    return code
 
 
 if __name__ == "__main__":
