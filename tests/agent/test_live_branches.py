@@ -12,7 +12,9 @@ from real_trainer import SMALL, real_trainer
 from fox_numba.actions import N_BRANCHES
 from fox_numba.agent.learner import live_branches
 from fox_numba.agent.network import ParamLayout, init_params
+from fox_numba.checkpoint import load_checkpoint, save_checkpoint
 from fox_numba.config import load_config
+from fox_numba.errors import LayoutMismatchError
 from fox_numba.kernels.heads import head_width, live_columns
 from fox_numba.observation import OBS_DIM
 
@@ -44,6 +46,19 @@ def test_the_layout_of_live_branches():
             ParamLayout.build(OBS_DIM, net, live_branches=1)
     with pytest.raises(ValueError, match="live_branches must be in 1..4"):
         ParamLayout.build(OBS_DIM, cfg, live_branches=0)
+
+
+def test_a_checkpoint_of_every_branch_refuses_to_load_into_a_live_layout(tmp_path):
+    """The same entries and sizes, other head columns computed: a checkpoint's params fingerprint tells them apart,
+    and loading names both fingerprints."""
+    net = load_config("default").network
+    full, live = (ParamLayout.build(OBS_DIM, net, live_branches=b) for b in (N_BRANCHES, 1))
+    path = save_checkpoint(tmp_path / "full.h5", {"params": init_params(full, 0)},
+                           fingerprints={"params": full.fingerprint})
+    with pytest.raises(LayoutMismatchError, match=f"params layout fingerprint.*{full.fingerprint}"):
+        load_checkpoint(path, expected_fingerprints={"params": live.fingerprint})
+    assert load_checkpoint(path, expected_fingerprints={"params": full.fingerprint}).arrays["params"].shape == (
+        full.size,)
 
 
 def test_the_columns_past_the_live_ones_stay_zero_through_training(four_day_store):
