@@ -292,8 +292,9 @@ class NetworkConfig:
     )
     mean_cross: bool = opt(
         True,
-        "The direction mean head alone reads the position x market input (kernels/position_cross.py): m(x, d) on "
-        "[x, q x], the C51 heads on the observation x. network.position_cross gives the same input to every head, "
+        "The direction mean head alone reads the position x market input: m(x, d) on [x, q x], the C51 heads on "
+        "the observation x; its fused float32 kernels form q x as they read x (kernels/mean_cross.py, at every "
+        "run.precision). network.position_cross gives the same input to every head, "
         "so the head GEMM, 17 x Z outputs wide, reads twice the columns; here only the mean head's four outputs "
         "do, the direction values keeping the bilinear term q x . beta that the held position needs (tools/"
         "results/learner_ablation_h200.md sections 27, 34). Needs mean_head and a linear network (n_layers = 0) "

@@ -9,9 +9,10 @@
                                       select_actions' mean= reads
 
 The head is one dense layer m(x) = x @ W_m + b_m on the C51 heads' input x (the trunk's last layer, or the
-observation when n_layers = 0, the default; with network.mean_cross the observation beside its position x market
-columns, which the C51 heads do not read: Network.mean_input), on the same dense kernels as the rest of the network
-(agent/dense.py).
+observation when n_layers = 0), on the same dense kernels as the rest of the network (agent/dense.py). With
+network.mean_cross (the default) x is the observation beside its position x market columns, which the C51 heads do
+not read; then Network.mean_input is the observation and the fused kernels of kernels/mean_cross.py form the crossed
+columns as they read it (exact float32 at every run.precision: four outputs fill no GEMM tile).
 Its target network is the same entries of the target buffer, so Polyak, shrink-and-perturb, Adam, the clip and
 checkpoints treat it as any other parameters, and it holds no other state (no fold-boundary entry).
 
@@ -34,6 +35,7 @@ from fox_numba.agent.dense import WeightGrad, dense_backward_input, dense_forwar
 from fox_numba.device.memory import device_empty
 from fox_numba.device.runtime import device_address
 from fox_numba.kernels.learner import BranchRows
+from fox_numba.kernels.mean_cross import MeanCrossWeightGrad, mean_cross_forward
 from fox_numba.kernels.mean_head import mean_loss, mean_loss_partials_shape
 
 if TYPE_CHECKING:
@@ -68,18 +70,22 @@ class MeanStep:
         self.dm = device_empty((batch, N_DIRECTIONS), np.float32)
         self.partials = device_empty(mean_loss_partials_shape(batch), np.float64)
         self.dx = device_empty((batch, layout.head_in), np.float32) if layout.n_layers else None
-        self._wgrad = WeightGrad(self.kind, batch, layout.mean_in, N_DIRECTIONS)
+        self._wgrad = (MeanCrossWeightGrad(batch, layout.obs_dim, layout.cross) if layout.mean_cross
+                       else WeightGrad(self.kind, batch, layout.mean_in, N_DIRECTIONS))
 
     def run(self, x: Any, x_next: Any, actions: Any, rows: BranchRows, epoch: Any, *, stream: Any) -> None:
-        """The forwards, the loss and the backward: x [2B, W] the online heads' input on s then s', x_next [B, W]
-        the target's on s', `rows` this step's C51 rows (rewards, discounts, weights). With a trunk, self.dx is
-        the loss's gradient with respect to the s rows of x (masked by the ReLU of a plain last trunk layer)."""
-        b, p = self.batch, self._p
-        dense_forward(self.kind, x, p[MEAN_W], p[MEAN_B], self.m, relu=False, stream=stream)
-        dense_forward(self.kind, x_next, self._t[MEAN_W], self._t[MEAN_B], self.m_tgt, relu=False, stream=stream)
+        """The forwards, the loss and the backward: x [2B, W] the online network's mean_input on s then s', x_next
+        [B, W] the target's on s', `rows` this step's C51 rows (rewards, discounts, weights). With a trunk, self.dx
+        is the loss's gradient with respect to the s rows of x (masked by the ReLU of a plain last trunk layer)."""
+        b, p, t, g = self.batch, self._p, self._t, self._g
+        _forward(self.layout, self.kind, x, p, self.m, stream)
+        _forward(self.layout, self.kind, x_next, t, self.m_tgt, stream)
         mean_loss(self.m, self.m_tgt, actions, rows, self.weight, self.dm, self.partials, epoch, stream=stream)
         x_s = x[:b]
-        self._wgrad(x_s, self.dm, self._g[MEAN_W], self._g[MEAN_B], stream=stream)
+        if self.layout.mean_cross:
+            self._wgrad(x_s, self.dm, g[MEAN_W], g[MEAN_B], pos_col=self.layout.position_col, stream=stream)
+        else:
+            self._wgrad(x_s, self.dm, g[MEAN_W], g[MEAN_B], stream=stream)
         if self.dx is not None:
             act = x_s if self.layout.head_input_relu else None
             dense_backward_input(self.kind, self.dm, p[MEAN_W], self.dx, act=act, stream=stream)
@@ -87,7 +93,7 @@ class MeanStep:
 
 class MeanActor:
     """The mean head's direction values for acting on `n` environments: `values` [n, 1, 4] (select_actions'
-    mean=), one dense launch from the acting network's heads' input."""
+    mean=), one launch from the acting network's mean_input."""
 
     def __init__(self, layout: ParamLayout, n: int, *, dense: str) -> None:
         _check(layout, "MeanActor")
@@ -97,9 +103,18 @@ class MeanActor:
         self._views: dict[int, dict[str, Any]] = {}
 
     def run(self, params: Any, x: Any, *, stream: Any) -> None:
-        """self.values of the flat parameters `params` from the heads' input x [n, W]."""
+        """self.values of the flat parameters `params` from Network.mean_input x [n, W]."""
         key = device_address(params)
         if key not in self._views:
             self._views[key] = self.layout.views(params)
-        p = self._views[key]
-        dense_forward(self.kind, x, p[MEAN_W], p[MEAN_B], self._out, relu=False, stream=stream)
+        _forward(self.layout, self.kind, x, self._views[key], self._out, stream)
+
+
+def _forward(layout: ParamLayout, kind: str, x: Any, p: dict[str, Any], m: Any, stream: Any) -> None:
+    """m = the mean head of the parameter views `p` on its input x (Network.mean_input): the dense layer, or with
+    network.mean_cross the fused kernel over the observation x."""
+    if layout.mean_cross:
+        mean_cross_forward(x, p[MEAN_W], p[MEAN_B], m, n_cross=layout.cross, pos_col=layout.position_col,
+                           stream=stream)
+    else:
+        dense_forward(kind, x, p[MEAN_W], p[MEAN_B], m, relu=False, stream=stream)

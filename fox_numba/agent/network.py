@@ -125,8 +125,9 @@ trunk) reads [obs | q obs[:, :M] | enc], q the observation's position column (la
 its market columns (all columns before the portfolio part), so a linear head's value of holding can be q x . beta, the
 bilinear form the plain observation cannot give it (tools/results/learner_ablation_h200.md section 27). The crossed
 columns are data (no gradient flows back through them); an encoder's columns start at layout.encoder_col. Refused with
-VSN. Off, the network launches none of its kernels. With network.mean_cross (layout.mean_cross) the forward forms the
-same [obs | q obs[:, :M]] for the direction mean head alone (`mean_input`, agent/mean_head.py); layer 0 reads obs.
+VSN. Off, the network launches none of its kernels. With network.mean_cross (layout.mean_cross) the direction mean
+head alone reads [obs | q obs[:, :M]], and forms it on the fly from `mean_input`, the observation
+(kernels/mean_cross.py, agent/mean_head.py); layer 0 reads obs and the network stages no crossed columns.
 
 Encoder cache (either encoder; evaluation, agent/evaluator.py): a sample's encoder output depends on its market row
 alone, so where the rows are known in advance `Network(..., cache_samples=M)` holds a second encoder of M samples:
@@ -542,8 +543,9 @@ class Network:
         self.cache = (window_encoder(layout, cache_samples, 1, dense=dense, stream=stream) if cache_samples
                       else None)  # the encoder cache: forward only (one gradient row, the least it allocates)
         self._joined = device_empty((batch, layout.in_dim), np.float32) if self.encoder is not None else None
-        self._crossed = (device_empty((batch, layout.obs_dim + layout.cross), np.float32) if layout.cross
-                         else None)  # [obs | position x market]; the encoder's columns follow it in _joined
+        self._crossed = (device_empty((batch, layout.obs_dim + layout.cross), np.float32)
+                         if layout.cross and not layout.mean_cross
+                         else None)  # layer 0's [obs | position x market]; the encoder's columns follow it in _joined
         self._from_cache = False  # the last forward read the cache (its encoder kept nothing for the backward)
         n_layers, hidden, z = layout.n_layers, layout.hidden, layout.n_atoms
         # Trunk outputs [layer, row, unit] in one buffer (the hidden-signal producers read it whole).
@@ -605,7 +607,7 @@ class Network:
             src = self.activations[layer - 1]
         elif self._joined is not None:
             src = self._joined
-        elif self._crossed is not None and not self.layout.mean_cross:
+        elif self._crossed is not None:
             src = self._crossed
         else:
             src = self._obs if self.vsn is None else self.vsn.gated
@@ -619,10 +621,12 @@ class Network:
 
     def mean_input(self, rows: int) -> Any:
         """The mean head's input of the last forward, first `rows` rows: the heads' input, or with network.mean_cross
-        the observation beside its position x market columns."""
+        the observation, whose position x market columns the mean head forms itself (kernels/mean_cross.py)."""
         if not self.layout.mean_cross:
             return self.head_input(rows)
-        return self._crossed if rows == self.batch else self._crossed[:rows]
+        if self._obs is None:
+            raise RuntimeError("Network.mean_input needs a forward first")
+        return self._obs if rows == self.batch else self._obs[:rows]
 
     def _linear(self, x: Any, w: Any, b: Any, y: Any, relu: bool, stream: Any) -> None:
         dense_forward(self.dense, x, w, b, y, relu=relu, stream=stream)
@@ -647,7 +651,7 @@ class Network:
         base = obs
         if self._crossed is not None:
             position_cross(obs, self._crossed, n_cross=lay.cross, pos_col=lay.position_col, stream=stream)
-            base = obs if lay.mean_cross else self._crossed
+            base = self._crossed
         if self.encoder is not None:
             if (rows is None) == (encoded is None):
                 raise ValueError("Network.forward: the layout has an encoder over past bars (network.mamba2_window or "

@@ -80,16 +80,19 @@ def test_mean_cross_widens_the_mean_head_alone():
 
 @pytest.mark.parametrize("part", ["position_cross", "mean_cross"])
 def test_the_mean_head_reads_the_crossed_columns(stream, stager, rng, part):
-    """With either crossing the mean head's input (Network.mean_input) is [obs | q obs[:, :M]] (each product one
-    float32 rounding: equal to float64's rounded); the C51 heads read it with position_cross, obs with mean_cross."""
+    """With position_cross the mean head's input (Network.mean_input) is layer 0's [obs | q obs[:, :M]] (each
+    product one float32 rounding: equal to float64's rounded), which the C51 heads read too; with mean_cross it is
+    the observation, whose crossed columns the mean head's kernels form (kernels/mean_cross.py), and the C51 heads
+    read obs. Either way the head's weight has a row per column of [obs | q obs[:, :M]]."""
     obs_dim, rows = 10, 3
     lay = ParamLayout.build(obs_dim, plain_network(n_atoms=5, mean_head=True, **{part: True}))
     net = Network(lay, rows, stream=stream)
     obs = rng.standard_normal((rows, obs_dim)).astype(np.float32)
     net.forward(stager.upload_new(init_params(lay, 1)), stager.upload_new(obs), None, stream=stream)
     crossed = reference.position_cross64(obs, lay.cross, lay.position_col).astype(np.float32)
-    np.testing.assert_array_equal(stager.download(net.mean_input(rows)), crossed)
-    np.testing.assert_array_equal(stager.download(net.head_input(rows)), obs if part == "mean_cross" else crossed)
+    heads = obs if part == "mean_cross" else crossed
+    np.testing.assert_array_equal(stager.download(net.mean_input(rows)), heads)
+    np.testing.assert_array_equal(stager.download(net.head_input(rows)), heads)
     assert lay.entry(MEAN_W).shape == (obs_dim + lay.cross, N_DIRECTIONS) and lay.cross == obs_dim - 6
 
 
