@@ -12,15 +12,17 @@ m = x @ W + b, so for row i and direction d
 
 Why not the dense layers: the head has four outputs, and a GEMM launch tiles 64 or 128 of them, so on an H100 its
 two forwards, their position x market staging and its weight gradient took 0.15 ms of the 0.45-ms default learner
-step (tools/results/live_branches_h100.md). Here each thread reads one row's observation once for all its terms,
-and the crossed columns are never written. There is no input gradient: network.mean_cross needs a linear network,
-whose input is data.
+step (tools/results/live_branches_h100.md). Here blocks stage tiles of the observation in shared memory, read from
+global memory once and coalesced, and the crossed columns are never written. There is no input gradient:
+network.mean_cross needs a linear network, whose input is data.
 
-Arithmetic: exact float32 (no tensor cores at any run.precision; four columns fill no tile), summed over the columns
-in order (the plain and the crossed sum apart, then b + plain + q crossed); the weight gradient sums each split of
-SPLIT_ROWS rows in order into a float32 partial, then the splits in order: the same bits on every run of a shape.
-Launch shapes: the forward one thread per (row, direction), grid-stride; the gradient one thread per (input column
-or the bias, split), then one per output element.
+Arithmetic: exact float32 (no tensor cores at any run.precision; four columns fill no tile). The forward sums the
+plain and the crossed terms apart, each over the columns in order, then b + plain + q crossed; the weight gradient
+sums each split of SPLIT_ROWS rows in order into a float32 partial, then the splits in order: the same bits on every
+run of a shape. Launch shapes: the forward a block of TILE_ROWS x 4 threads per TILE_ROWS rows, one thread per
+(row, direction), walking the columns TILE_COLS at a time; the gradient a block of TILE_COLS x 4 threads per
+(column tile, split), one per (column, direction), walking the split's rows TILE_ROWS at a time, then a grid-stride
+pass over the outputs.
 """
 
 from __future__ import annotations
@@ -31,12 +33,20 @@ import numpy as np
 from numba import cuda, float32, int32
 
 from fox_numba.actions import N_DIRECTIONS
-from fox_numba.device.launch import check_array, i32, launch, launch_2d, launch_strided
+from fox_numba.device.launch import check_array, i32, launch_strided, launch_tiles
 from fox_numba.device.memory import device_empty
 from fox_numba.device.registry import register
 
+TILE_ROWS = 32
+"""Rows of the observation each block stages in shared memory at a time (both kernels)."""
+TILE_COLS = 64
+"""Observation columns per staged tile: the forward walks the columns tile by tile; the gradient's blocks each own one
+tile of columns (grid x)."""
 SPLIT_ROWS = 128
-"""Rows each weight-gradient thread sums before the splits are added (8,192 rows: 64 splits)."""
+"""Rows each weight-gradient block sums before the splits are added (8,192 rows: 64 splits)."""
+_PAD = TILE_COLS + 1  # a tile row's stride in shared memory: rows land in different banks
+_FWD_THREADS = TILE_ROWS * N_DIRECTIONS  # the forward's block: one thread per (row, direction) of a row tile
+_GRAD_THREADS = TILE_COLS * N_DIRECTIONS  # the gradient's block: one thread per (column, direction) of its tile
 _F1 = float32[::1]
 _F2 = float32[:, ::1]
 
@@ -44,69 +54,101 @@ _F2 = float32[:, ::1]
 @register((_F2, _F2, _F1, _F2, int32, int32))
 @cuda.jit
 def mean_cross_forward_kernel(obs, w, b, m, n_cross, pos_col):
-    """m[i, d] of the module header, one (row, direction) per thread, grid-stride."""
-    d_obs = obs.shape[1]
-    n = m.shape[0] * m.shape[1]
-    k = cuda.grid(1)
-    while k < n:
-        i = k // m.shape[1]
-        d = k - i * m.shape[1]
-        plain = float32(0.0)
-        crossed = float32(0.0)
-        for c in range(d_obs):
-            v = obs[i, c]
-            plain += v * w[c, d]
-            if c < n_cross:
-                crossed += v * w[d_obs + c, d]
-        m[i, d] = b[d] + plain + obs[i, pos_col] * crossed
-        k += cuda.gridsize(1)
+    """m[i, d] of the module header; block x holds rows TILE_ROWS x .. and walks the columns a tile at a time."""
+    tile = cuda.shared.array((TILE_ROWS, _PAD), float32)
+    w_plain = cuda.shared.array((TILE_COLS, N_DIRECTIONS), float32)
+    w_cross = cuda.shared.array((TILE_COLS, N_DIRECTIONS), float32)
+    tid = cuda.threadIdx.x
+    r0 = cuda.blockIdx.x * TILE_ROWS
+    rows, d_obs = obs.shape[0], obs.shape[1]
+    r = tid // N_DIRECTIONS
+    d = tid - r * N_DIRECTIONS
+    plain = float32(0.0)
+    crossed = float32(0.0)
+    for c0 in range(0, d_obs, TILE_COLS):
+        for e in range(tid, TILE_ROWS * TILE_COLS, _FWD_THREADS):
+            rr = e // TILE_COLS
+            cc = e - rr * TILE_COLS
+            inside = r0 + rr < rows and c0 + cc < d_obs
+            tile[rr, cc] = obs[r0 + rr, c0 + cc] if inside else float32(0.0)
+        for e in range(tid, TILE_COLS * N_DIRECTIONS, _FWD_THREADS):
+            cc = e // N_DIRECTIONS
+            dd = e - cc * N_DIRECTIONS
+            w_plain[cc, dd] = w[c0 + cc, dd] if c0 + cc < d_obs else float32(0.0)
+            w_cross[cc, dd] = w[d_obs + c0 + cc, dd] if c0 + cc < n_cross else float32(0.0)
+        cuda.syncthreads()
+        for cc in range(TILE_COLS):
+            v = tile[r, cc]
+            plain += v * w_plain[cc, d]
+            crossed += v * w_cross[cc, d]
+        cuda.syncthreads()
+    if r0 + r < rows:
+        m[r0 + r, d] = b[d] + plain + obs[r0 + r, pos_col] * crossed
 
 
 @register((_F2, _F2, float32[:, :, ::1], int32, int32))
 @cuda.jit
 def mean_cross_wgrad_partials(obs, dm, partials, n_cross, pos_col):
-    """partials[s, c, d]: split s's sum over its rows of column c of [obs | q obs[:, :M] | 1] times dm[:, d]."""
-    c, s = cuda.grid(2)
-    d_obs = obs.shape[1]
-    if c < partials.shape[1] and s < partials.shape[0]:
-        a0 = float32(0.0)
-        a1 = float32(0.0)
-        a2 = float32(0.0)
-        a3 = float32(0.0)
-        end = min(obs.shape[0], (s + 1) * SPLIT_ROWS)
-        for i in range(s * SPLIT_ROWS, end):
-            if c < d_obs:
-                v = obs[i, c]
-            elif c < d_obs + n_cross:
-                v = obs[i, pos_col] * obs[i, c - d_obs]
-            else:
-                v = float32(1.0)
-            a0 += v * dm[i, 0]
-            a1 += v * dm[i, 1]
-            a2 += v * dm[i, 2]
-            a3 += v * dm[i, 3]
-        partials[s, c, 0] = a0
-        partials[s, c, 1] = a1
-        partials[s, c, 2] = a2
-        partials[s, c, 3] = a3
+    """partials[s, c, d]: split s's (grid y) sum over its rows of column c of [obs | q obs[:, :M] | 1] times
+    dm[:, d], for the columns of tile grid x (their crossed columns, and the bias in tile 0)."""
+    tile = cuda.shared.array((TILE_ROWS, _PAD), float32)
+    dm_t = cuda.shared.array((TILE_ROWS, N_DIRECTIONS), float32)
+    q_t = cuda.shared.array(TILE_ROWS, float32)
+    tid = cuda.threadIdx.x
+    d = tid // TILE_COLS
+    cc = tid - d * TILE_COLS
+    c0 = cuda.blockIdx.x * TILE_COLS
+    s = cuda.blockIdx.y
+    rows, d_obs = obs.shape[0], obs.shape[1]
+    plain = float32(0.0)
+    crossed = float32(0.0)
+    bias = float32(0.0)
+    for r0 in range(s * SPLIT_ROWS, min(rows, (s + 1) * SPLIT_ROWS), TILE_ROWS):
+        for e in range(tid, TILE_ROWS * TILE_COLS, _GRAD_THREADS):
+            rr = e // TILE_COLS
+            ce = e - rr * TILE_COLS
+            inside = r0 + rr < rows and c0 + ce < d_obs
+            tile[rr, ce] = obs[r0 + rr, c0 + ce] if inside else float32(0.0)
+        if tid < TILE_ROWS * N_DIRECTIONS:
+            rr = tid // N_DIRECTIONS
+            dd = tid - rr * N_DIRECTIONS
+            dm_t[rr, dd] = dm[r0 + rr, dd] if r0 + rr < rows else float32(0.0)
+        if tid < TILE_ROWS:
+            q_t[tid] = obs[r0 + tid, pos_col] if r0 + tid < rows else float32(0.0)
+        cuda.syncthreads()
+        for rr in range(TILE_ROWS):
+            v = tile[rr, cc]
+            g = dm_t[rr, d]
+            plain += v * g
+            crossed += (q_t[rr] * v) * g
+            bias += g
+        cuda.syncthreads()
+    c = c0 + cc
+    if c < d_obs:
+        partials[s, c, d] = plain
+    if c < n_cross:
+        partials[s, d_obs + c, d] = crossed
+    if c0 == 0 and cc == 0:
+        partials[s, d_obs + n_cross, d] = bias
 
 
 @register((float32[:, :, ::1], _F2, _F1))
 @cuda.jit
 def mean_cross_wgrad_reduce(partials, dw, db):
-    """dw[c, d] (c < D + M) and db[d] (the last column of the partials): the splits summed in order."""
-    k = cuda.grid(1)
+    """dw[c, d] (c < D + M) and db[d] (the last column of the partials): the splits summed in order, grid-stride."""
     cols = partials.shape[1]
-    if k < cols * N_DIRECTIONS:
+    k = cuda.grid(1)
+    while k < cols * N_DIRECTIONS:
         c = k // N_DIRECTIONS
         d = k - c * N_DIRECTIONS
-        s = float32(0.0)
+        acc = float32(0.0)
         for j in range(partials.shape[0]):
-            s += partials[j, c, d]
+            acc += partials[j, c, d]
         if c < dw.shape[0]:
-            dw[c, d] = s
+            dw[c, d] = acc
         else:
-            db[d] = s
+            db[d] = acc
+        k += cuda.gridsize(1)
 
 
 def _check_columns(d_obs: int, n_cross: int, pos_col: int) -> None:
@@ -123,8 +165,8 @@ def mean_cross_forward(obs: Any, w: Any, b: Any, m: Any, *, n_cross: int, pos_co
     check_array("w", w, "[D + M, 4]", (d_obs + n_cross, N_DIRECTIONS))
     check_array("b", b, "[4]", (N_DIRECTIONS,))
     check_array("m", m, "[R, 4]", (rows, N_DIRECTIONS))
-    launch_strided(mean_cross_forward_kernel, rows * N_DIRECTIONS, obs, w, b, m, i32(n_cross), i32(pos_col),
-                   stream=stream, block=128)
+    launch_tiles(mean_cross_forward_kernel, (-(-rows // TILE_ROWS),), _FWD_THREADS, obs, w, b, m, i32(n_cross),
+                 i32(pos_col), stream=stream)
 
 
 class MeanCrossWeightGrad:
@@ -144,6 +186,6 @@ class MeanCrossWeightGrad:
         check_array("dm", dm, "[rows, 4]", (self.rows, N_DIRECTIONS))
         check_array("dw", dw, "[D + M, 4]", (d + n_cross, N_DIRECTIONS))
         check_array("db", db, "[4]", (N_DIRECTIONS,))
-        launch_2d(mean_cross_wgrad_partials, d + n_cross + 1, self.splits, obs, dm, self.partials, i32(n_cross),
-                  i32(pos_col), stream=stream, block=(64, 1))
-        launch(mean_cross_wgrad_reduce, (d + n_cross + 1) * N_DIRECTIONS, self.partials, dw, db, stream=stream)
+        launch_tiles(mean_cross_wgrad_partials, (-(-d // TILE_COLS), self.splits), _GRAD_THREADS, obs, dm,
+                     self.partials, i32(n_cross), i32(pos_col), stream=stream)
+        launch_strided(mean_cross_wgrad_reduce, (d + n_cross + 1) * N_DIRECTIONS, self.partials, dw, db, stream=stream)
