@@ -36,6 +36,7 @@ from fox_numba.actions import N_DIRECTIONS
 from fox_numba.device.launch import check_array, i32, launch_strided, launch_tiles
 from fox_numba.device.memory import device_empty
 from fox_numba.device.registry import register
+from fox_numba.device.runtime import u32
 
 TILE_ROWS = 32
 """Rows of the observation each block stages in shared memory at a time (both kernels)."""
@@ -47,43 +48,67 @@ SPLIT_ROWS = 128
 _PAD = TILE_COLS + 1  # a tile row's stride in shared memory: rows land in different banks
 _FWD_THREADS = TILE_ROWS * N_DIRECTIONS  # the forward's block: one thread per (row, direction) of a row tile
 _GRAD_THREADS = TILE_COLS * N_DIRECTIONS  # the gradient's block: one thread per (column, direction) of its tile
+# uint32 walks (kernels/head_rows.py's header): numba's int64 indices cost a negative-index wrap and 64-bit arithmetic
+# per access, which made the first tiled forward as slow as an untiled one (28 us a launch on an H100).
+_ND, _TC, _TR, _PD = (np.uint32(n) for n in (N_DIRECTIONS, TILE_COLS, TILE_ROWS, _PAD))
+_TILE, _FT, _GT = (np.uint32(n) for n in (TILE_ROWS * TILE_COLS, _FWD_THREADS, _GRAD_THREADS))
+_ONE = np.uint32(1)
+_SH_TILE, _SH_W, _SH_DM = TILE_ROWS * _PAD, TILE_COLS * N_DIRECTIONS, TILE_ROWS * N_DIRECTIONS  # shared sizes
 _F1 = float32[::1]
 _F2 = float32[:, ::1]
+
+
+@cuda.jit(device=True)
+def _stage_tile(tile, obs, r0, c0, rows, d_obs, tid, threads):
+    """tile[rr * _PAD + cc] = obs[r0 + rr, c0 + cc] for the TILE_ROWS x TILE_COLS tile, 0 outside obs."""
+    e = tid
+    while e < _TILE:
+        rr = u32(e // _TC)
+        cc = u32(e - rr * _TC)
+        row = u32(r0 + rr)
+        col = u32(c0 + cc)
+        tile[u32(rr * _PD + cc)] = obs[row, col] if row < rows and col < d_obs else float32(0.0)
+        e = u32(e + threads)
 
 
 @register((_F2, _F2, _F1, _F2, int32, int32))
 @cuda.jit
 def mean_cross_forward_kernel(obs, w, b, m, n_cross, pos_col):
     """m[i, d] of the module header; block x holds rows TILE_ROWS x .. and walks the columns a tile at a time."""
-    tile = cuda.shared.array((TILE_ROWS, _PAD), float32)
-    w_plain = cuda.shared.array((TILE_COLS, N_DIRECTIONS), float32)
-    w_cross = cuda.shared.array((TILE_COLS, N_DIRECTIONS), float32)
-    tid = cuda.threadIdx.x
-    r0 = cuda.blockIdx.x * TILE_ROWS
-    rows, d_obs = obs.shape[0], obs.shape[1]
-    r = tid // N_DIRECTIONS
-    d = tid - r * N_DIRECTIONS
+    tile = cuda.shared.array(_SH_TILE, float32)
+    w_plain = cuda.shared.array(_SH_W, float32)
+    w_cross = cuda.shared.array(_SH_W, float32)
+    tid = u32(cuda.threadIdx.x)
+    r0 = u32(cuda.blockIdx.x * TILE_ROWS)
+    rows, d_obs, n_c = u32(obs.shape[0]), u32(obs.shape[1]), u32(n_cross)
+    r = u32(tid // _ND)
+    d = u32(tid - r * _ND)
+    base = u32(r * _PD)
     plain = float32(0.0)
     crossed = float32(0.0)
-    for c0 in range(0, d_obs, TILE_COLS):
-        for e in range(tid, TILE_ROWS * TILE_COLS, _FWD_THREADS):
-            rr = e // TILE_COLS
-            cc = e - rr * TILE_COLS
-            inside = r0 + rr < rows and c0 + cc < d_obs
-            tile[rr, cc] = obs[r0 + rr, c0 + cc] if inside else float32(0.0)
-        for e in range(tid, TILE_COLS * N_DIRECTIONS, _FWD_THREADS):
-            cc = e // N_DIRECTIONS
-            dd = e - cc * N_DIRECTIONS
-            w_plain[cc, dd] = w[c0 + cc, dd] if c0 + cc < d_obs else float32(0.0)
-            w_cross[cc, dd] = w[d_obs + c0 + cc, dd] if c0 + cc < n_cross else float32(0.0)
+    c0 = u32(0)
+    while c0 < d_obs:
+        _stage_tile(tile, obs, r0, c0, rows, d_obs, tid, _FT)
+        e = tid
+        while e < u32(_TC * _ND):
+            col = u32(c0 + u32(e // _ND))
+            dd = u32(e - u32(e // _ND) * _ND)
+            w_plain[e] = w[col, dd] if col < d_obs else float32(0.0)
+            w_cross[e] = w[u32(d_obs + col), dd] if col < n_c else float32(0.0)
+            e = u32(e + _FT)
         cuda.syncthreads()
-        for cc in range(TILE_COLS):
-            v = tile[r, cc]
-            plain += v * w_plain[cc, d]
-            crossed += v * w_cross[cc, d]
+        cc = u32(0)
+        while cc < _TC:
+            v = tile[u32(base + cc)]
+            k = u32(cc * _ND + d)
+            plain += v * w_plain[k]
+            crossed += v * w_cross[k]
+            cc = u32(cc + _ONE)
         cuda.syncthreads()
-    if r0 + r < rows:
-        m[r0 + r, d] = b[d] + plain + obs[r0 + r, pos_col] * crossed
+        c0 = u32(c0 + _TC)
+    row = u32(r0 + r)
+    if row < rows:
+        m[row, d] = b[d] + plain + obs[row, pos_col] * crossed
 
 
 @register((_F2, _F2, float32[:, :, ::1], int32, int32))
@@ -91,64 +116,68 @@ def mean_cross_forward_kernel(obs, w, b, m, n_cross, pos_col):
 def mean_cross_wgrad_partials(obs, dm, partials, n_cross, pos_col):
     """partials[s, c, d]: split s's (grid y) sum over its rows of column c of [obs | q obs[:, :M] | 1] times
     dm[:, d], for the columns of tile grid x (their crossed columns, and the bias in tile 0)."""
-    tile = cuda.shared.array((TILE_ROWS, _PAD), float32)
-    dm_t = cuda.shared.array((TILE_ROWS, N_DIRECTIONS), float32)
+    tile = cuda.shared.array(_SH_TILE, float32)
+    dm_t = cuda.shared.array(_SH_DM, float32)
     q_t = cuda.shared.array(TILE_ROWS, float32)
-    tid = cuda.threadIdx.x
-    d = tid // TILE_COLS
-    cc = tid - d * TILE_COLS
-    c0 = cuda.blockIdx.x * TILE_COLS
+    tid = u32(cuda.threadIdx.x)
+    d = u32(tid // _TC)
+    cc = u32(tid - d * _TC)
+    c0 = u32(cuda.blockIdx.x * TILE_COLS)
     s = cuda.blockIdx.y
-    rows, d_obs = obs.shape[0], obs.shape[1]
+    rows, d_obs, n_c = u32(obs.shape[0]), u32(obs.shape[1]), u32(n_cross)
     plain = float32(0.0)
     crossed = float32(0.0)
     bias = float32(0.0)
-    for r0 in range(s * SPLIT_ROWS, min(rows, (s + 1) * SPLIT_ROWS), TILE_ROWS):
-        for e in range(tid, TILE_ROWS * TILE_COLS, _GRAD_THREADS):
-            rr = e // TILE_COLS
-            ce = e - rr * TILE_COLS
-            inside = r0 + rr < rows and c0 + ce < d_obs
-            tile[rr, ce] = obs[r0 + rr, c0 + ce] if inside else float32(0.0)
-        if tid < TILE_ROWS * N_DIRECTIONS:
-            rr = tid // N_DIRECTIONS
-            dd = tid - rr * N_DIRECTIONS
-            dm_t[rr, dd] = dm[r0 + rr, dd] if r0 + rr < rows else float32(0.0)
-        if tid < TILE_ROWS:
-            q_t[tid] = obs[r0 + tid, pos_col] if r0 + tid < rows else float32(0.0)
+    r0 = u32(s * SPLIT_ROWS)
+    end = min(rows, u32(r0 + SPLIT_ROWS))
+    while r0 < end:
+        _stage_tile(tile, obs, r0, c0, rows, d_obs, tid, _GT)
+        if tid < u32(_TR * _ND):
+            row = u32(r0 + u32(tid // _ND))
+            dm_t[tid] = dm[row, u32(tid - u32(tid // _ND) * _ND)] if row < rows else float32(0.0)
+        if tid < _TR:
+            row = u32(r0 + tid)
+            q_t[tid] = obs[row, pos_col] if row < rows else float32(0.0)
         cuda.syncthreads()
-        for rr in range(TILE_ROWS):
-            v = tile[rr, cc]
-            g = dm_t[rr, d]
+        rr = u32(0)
+        while rr < _TR:
+            v = tile[u32(rr * _PD + cc)]
+            g = dm_t[u32(rr * _ND + d)]
             plain += v * g
             crossed += (q_t[rr] * v) * g
             bias += g
+            rr = u32(rr + _ONE)
         cuda.syncthreads()
-    c = c0 + cc
+        r0 = u32(r0 + _TR)
+    c = u32(c0 + cc)
     if c < d_obs:
         partials[s, c, d] = plain
-    if c < n_cross:
-        partials[s, d_obs + c, d] = crossed
+    if c < n_c:
+        partials[s, u32(d_obs + c), d] = crossed
     if c0 == 0 and cc == 0:
-        partials[s, d_obs + n_cross, d] = bias
+        partials[s, u32(d_obs + n_c), d] = bias
 
 
 @register((float32[:, :, ::1], _F2, _F1))
 @cuda.jit
 def mean_cross_wgrad_reduce(partials, dw, db):
     """dw[c, d] (c < D + M) and db[d] (the last column of the partials): the splits summed in order, grid-stride."""
-    cols = partials.shape[1]
-    k = cuda.grid(1)
-    while k < cols * N_DIRECTIONS:
-        c = k // N_DIRECTIONS
-        d = k - c * N_DIRECTIONS
+    n = u32(partials.shape[1] * N_DIRECTIONS)
+    n_splits, n_w = u32(partials.shape[0]), u32(dw.shape[0])
+    k = u32(cuda.grid(1))
+    while k < n:
+        c = u32(k // _ND)
+        d = u32(k - c * _ND)
         acc = float32(0.0)
-        for j in range(partials.shape[0]):
+        j = u32(0)
+        while j < n_splits:
             acc += partials[j, c, d]
-        if c < dw.shape[0]:
+            j = u32(j + _ONE)
+        if c < n_w:
             dw[c, d] = acc
         else:
             db[d] = acc
-        k += cuda.gridsize(1)
+        k = u32(k + u32(cuda.gridsize(1)))
 
 
 def _check_columns(d_obs: int, n_cross: int, pos_col: int) -> None:
