@@ -42,7 +42,10 @@ Launch shapes and memory:
   reducer, reused) adds the chunks in order.
 - batch_transpose: one thread per output element (`launch`).
 Constraints: S <= MAX_SEQ, E <= MAX_HEAD, float32 C-contiguous arrays; float32 literals throughout (a bare 0.0 is
-float64 on the GPU), one `cuda.shared.array` per source line (two on a line alias in the simulator).
+float64 on the GPU), one `cuda.shared.array` per source line (two on a line alias in the simulator). Indices and
+loop counters are uint32 (`u32`, kernels/head_rows.py's header): numba's int64 indices cost a negative-index wrap and
+64-bit arithmetic per access (the attention kernels' PTX held 1,478 and 2,849 64-bit operations, 307 and 577 now;
+the sums are unchanged, the same bits on the simulator).
 """
 
 from __future__ import annotations
@@ -56,7 +59,7 @@ from numba import cuda, float32, int32
 from fox_numba.device.launch import check_array, i32, launch, launch_rows, launch_tiles
 from fox_numba.device.memory import device_empty
 from fox_numba.device.registry import register
-from fox_numba.device.runtime import SIMULATOR
+from fox_numba.device.runtime import SIMULATOR, u32
 from fox_numba.kernels.gemm import wgrad_reduce
 
 MAX_SEQ = 64
@@ -72,6 +75,7 @@ LN_EPS = np.float32(1e-5)
 LN_CHUNK = 256
 """Rows per block of the layer-norm parameter gradient (16384 * 64 rows: 4096 chunks)."""
 WARP = 32
+_ONE = np.uint32(1)
 
 _F1 = float32[::1]
 _F2 = float32[:, ::1]
@@ -93,13 +97,14 @@ def _unit(per, n_units):
 def _stage_pair(a, col_a, scale_a, b, col_b, ta, tb, off, base, seq, e_dim, tid, per):
     """A unit's tiles from `seq` rows at `base`: ta[off + j E + e] = a[base + j, col_a + e] * scale_a and tb likewise
     from b at col_b (unscaled); the unit's `per` threads share the elements, thread `tid` every per-th."""
-    idx = tid
-    while idx < seq * e_dim:
-        j = idx // e_dim
-        e = idx - j * e_dim
-        ta[off + idx] = a[base + j, col_a + e] * scale_a
-        tb[off + idx] = b[base + j, col_b + e]
-        idx += per
+    n, dim, step = u32(u32(seq) * u32(e_dim)), u32(e_dim), u32(per)
+    idx = u32(tid)
+    while idx < n:
+        j = u32(idx // dim)
+        e = u32(idx - j * dim)
+        ta[u32(off + idx)] = a[u32(base + j), u32(col_a + e)] * scale_a
+        tb[u32(off + idx)] = b[u32(base + j), u32(col_b + e)]
+        idx = u32(idx + step)
 
 
 @register((_F2, _F2, _F2, int32, int32, float32))
@@ -107,45 +112,62 @@ def _stage_pair(a, col_a, scale_a, b, col_b, ta, tb, off, base, seq, e_dim, tid,
 def attention_fwd_kernel(qkv, out, lse, seq, per, scale):
     """out and lse of each unit (sequence, head) = divmod(unit, H) of the block, `per` threads a unit (module
     header); thread t of a unit: query rows t, t + per, ..."""
-    width = out.shape[1]
-    n_heads = lse.shape[1]
-    e_dim = width // n_heads
+    width = u32(out.shape[1])
+    n_heads = u32(lse.shape[1])
+    e_dim = u32(width // n_heads)
     k, tid, unit, active = _unit(per, (out.shape[0] // seq) * n_heads)
-    n = unit // n_heads
-    h = unit - n * n_heads
-    q0 = h * e_dim
-    base = n * seq
-    off = k * seq * e_dim  # the unit's slice of the tiles
+    n_seq, n_per = u32(seq), u32(per)
+    n = u32(u32(unit) // n_heads)
+    h = u32(u32(unit) - n * n_heads)
+    q0 = u32(h * e_dim)
+    base = u32(n * n_seq)
+    off = u32(u32(k) * n_seq * e_dim)  # the unit's slice of the tiles
     ks = cuda.shared.array(SHARED_SLOTS, float32)
     vs = cuda.shared.array(SHARED_SLOTS, float32)
     q = cuda.local.array(MAX_HEAD, float32)
     p = cuda.local.array(MAX_SEQ, float32)
     _stage_pair(qkv, width + q0, float32(1.0), qkv, 2 * width + q0, ks, vs, off, base, seq, e_dim, tid, per)
     cuda.syncthreads()
-    i = tid
-    while active and i < seq:
-        for e in range(e_dim):
-            q[e] = qkv[base + i, q0 + e] * scale
-        for j in range(seq):
-            s = float32(0.0)
-            for e in range(e_dim):
-                s += q[e] * ks[off + j * e_dim + e]
-            p[j] = s
+    i = u32(tid)
+    while active and i < n_seq:
+        row = u32(base + i)
+        e = u32(0)
+        while e < e_dim:
+            q[e] = qkv[row, u32(q0 + e)] * scale
+            e = u32(e + _ONE)
+        j = u32(0)
+        while j < n_seq:
+            kb = u32(off + j * e_dim)
+            sc = float32(0.0)
+            e = u32(0)
+            while e < e_dim:
+                sc += q[e] * ks[u32(kb + e)]
+                e = u32(e + _ONE)
+            p[j] = sc
+            j = u32(j + _ONE)
         top = p[0]
-        for j in range(1, seq):
+        j = _ONE
+        while j < n_seq:
             top = max(top, p[j])
+            j = u32(j + _ONE)
         total = float32(0.0)
-        for j in range(seq):
+        j = u32(0)
+        while j < n_seq:
             p[j] = math.exp(p[j] - top)
             total += p[j]
+            j = u32(j + _ONE)
         inv = float32(1.0) / total
-        for e in range(e_dim):
+        e = u32(0)
+        while e < e_dim:
             acc = float32(0.0)
-            for j in range(seq):
-                acc += p[j] * vs[off + j * e_dim + e]
-            out[base + i, q0 + e] = acc * inv
-        lse[base + i, h] = top + math.log(total)
-        i += per
+            j = u32(0)
+            while j < n_seq:
+                acc += p[j] * vs[u32(off + j * e_dim + e)]
+                j = u32(j + _ONE)
+            out[row, u32(q0 + e)] = acc * inv
+            e = u32(e + _ONE)
+        lse[row, h] = top + math.log(total)
+        i = u32(i + n_per)
 
 
 @register((_F2, _F2, _F2, _F2, _F2, int32, int32, float32))
@@ -153,16 +175,17 @@ def attention_fwd_kernel(qkv, out, lse, seq, per, scale):
 def attention_bwd_kernel(qkv, out, dout, lse, dqkv, seq, per, scale):
     """dQ, dK, dV of each unit (sequence, head) of the block into dqkv (module header): pass 1 a thread per query
     row (dQ, Delta), pass 2 a thread per key row (dK, dV), both recomputing P from lse."""
-    width = out.shape[1]
-    n_heads = lse.shape[1]
-    e_dim = width // n_heads
+    width = u32(out.shape[1])
+    n_heads = u32(lse.shape[1])
+    e_dim = u32(width // n_heads)
     k, tid, unit, active = _unit(per, (out.shape[0] // seq) * n_heads)
-    n = unit // n_heads
-    h = unit - n * n_heads
-    q0 = h * e_dim
-    base = n * seq
-    off = k * seq * e_dim  # the unit's slices of the tiles and of the row vectors
-    roff = k * seq
+    n_seq, n_per = u32(seq), u32(per)
+    n = u32(u32(unit) // n_heads)
+    h = u32(u32(unit) - n * n_heads)
+    q0 = u32(h * e_dim)
+    base = u32(n * n_seq)
+    off = u32(u32(k) * n_seq * e_dim)  # the unit's slices of the tiles and of the row vectors
+    roff = u32(u32(k) * n_seq)
     ta = cuda.shared.array(SHARED_SLOTS, float32)  # pass 1: K; pass 2: Q * scale
     tb = cuda.shared.array(SHARED_SLOTS, float32)  # pass 1: V; pass 2: dO
     lse_s = cuda.shared.array(MAX_BLOCK, float32)
@@ -173,74 +196,104 @@ def attention_bwd_kernel(qkv, out, dout, lse, dqkv, seq, per, scale):
     gb = cuda.local.array(MAX_HEAD, float32)  # pass 2: dV
     _stage_pair(qkv, width + q0, float32(1.0), qkv, 2 * width + q0, ta, tb, off, base, seq, e_dim, tid, per)
     cuda.syncthreads()
-    i = tid
-    while active and i < seq:
+    i = u32(tid)
+    while active and i < n_seq:
+        row = u32(base + i)
         delta = float32(0.0)
-        for e in range(e_dim):
-            ra[e] = qkv[base + i, q0 + e] * scale
-            rb[e] = dout[base + i, q0 + e]
+        e = u32(0)
+        while e < e_dim:
+            ra[e] = qkv[row, u32(q0 + e)] * scale
+            rb[e] = dout[row, u32(q0 + e)]
             ga[e] = float32(0.0)
-            delta += rb[e] * out[base + i, q0 + e]
-        m = lse[base + i, h]
-        lse_s[roff + i] = m
-        delta_s[roff + i] = delta
-        for j in range(seq):
-            s = float32(0.0)
+            delta += rb[e] * out[row, u32(q0 + e)]
+            e = u32(e + _ONE)
+        m = lse[row, h]
+        lse_s[u32(roff + i)] = m
+        delta_s[u32(roff + i)] = delta
+        j = u32(0)
+        while j < n_seq:
+            kb = u32(off + j * e_dim)
+            sc = float32(0.0)
             dp = float32(0.0)
-            for e in range(e_dim):
-                s += ra[e] * ta[off + j * e_dim + e]
-                dp += rb[e] * tb[off + j * e_dim + e]
-            ds = math.exp(s - m) * (dp - delta)
-            for e in range(e_dim):
-                ga[e] += ds * ta[off + j * e_dim + e]
-        for e in range(e_dim):
-            dqkv[base + i, q0 + e] = ga[e] * scale
-        i += per
+            e = u32(0)
+            while e < e_dim:
+                sc += ra[e] * ta[u32(kb + e)]
+                dp += rb[e] * tb[u32(kb + e)]
+                e = u32(e + _ONE)
+            ds = math.exp(sc - m) * (dp - delta)
+            e = u32(0)
+            while e < e_dim:
+                ga[e] += ds * ta[u32(kb + e)]
+                e = u32(e + _ONE)
+            j = u32(j + _ONE)
+        e = u32(0)
+        while e < e_dim:
+            dqkv[row, u32(q0 + e)] = ga[e] * scale
+            e = u32(e + _ONE)
+        i = u32(i + n_per)
     cuda.syncthreads()  # every thread is done with K, V before Q, dO replace them
     _stage_pair(qkv, q0, scale, dout, q0, ta, tb, off, base, seq, e_dim, tid, per)
     cuda.syncthreads()
-    j = tid
-    while active and j < seq:
-        for e in range(e_dim):
-            ra[e] = qkv[base + j, width + q0 + e]
-            rb[e] = qkv[base + j, 2 * width + q0 + e]
+    j = u32(tid)
+    while active and j < n_seq:
+        row = u32(base + j)
+        e = u32(0)
+        while e < e_dim:
+            ra[e] = qkv[row, u32(width + q0 + e)]
+            rb[e] = qkv[row, u32(2 * width + q0 + e)]
             ga[e] = float32(0.0)
             gb[e] = float32(0.0)
-        for r in range(seq):
-            s = float32(0.0)
+            e = u32(e + _ONE)
+        r = u32(0)
+        while r < n_seq:
+            rbase = u32(off + r * e_dim)
+            sc = float32(0.0)
             dp = float32(0.0)
-            for e in range(e_dim):
-                s += ta[off + r * e_dim + e] * ra[e]
-                dp += tb[off + r * e_dim + e] * rb[e]
-            pr = math.exp(s - lse_s[roff + r])
-            ds = pr * (dp - delta_s[roff + r])
-            for e in range(e_dim):
-                gb[e] += pr * tb[off + r * e_dim + e]
-                ga[e] += ds * ta[off + r * e_dim + e]
-        for e in range(e_dim):
-            dqkv[base + j, width + q0 + e] = ga[e]
-            dqkv[base + j, 2 * width + q0 + e] = gb[e]
-        j += per
+            e = u32(0)
+            while e < e_dim:
+                sc += ta[u32(rbase + e)] * ra[e]
+                dp += tb[u32(rbase + e)] * rb[e]
+                e = u32(e + _ONE)
+            pr = math.exp(sc - lse_s[u32(roff + r)])
+            ds = pr * (dp - delta_s[u32(roff + r)])
+            e = u32(0)
+            while e < e_dim:
+                gb[e] += pr * tb[u32(rbase + e)]
+                ga[e] += ds * ta[u32(rbase + e)]
+                e = u32(e + _ONE)
+            r = u32(r + _ONE)
+        e = u32(0)
+        while e < e_dim:
+            dqkv[row, u32(width + q0 + e)] = ga[e]
+            dqkv[row, u32(2 * width + q0 + e)] = gb[e]
+            e = u32(e + _ONE)
+        j = u32(j + n_per)
 
 
 @register((_F2, _F2, _F1, _F1, _F2, _F2))
 @cuda.jit
 def add_layer_norm_fwd_kernel(x, a, gamma, beta, y, stats):
     """y[r] = LN(x[r] + a[r]) gamma + beta, stats[r] = (mu, rstd); one thread per row."""
-    r = cuda.grid(1)
-    if r < x.shape[0]:
-        w = x.shape[1]
+    r = u32(cuda.grid(1))
+    if r < u32(x.shape[0]):
+        w = u32(x.shape[1])
         s = float32(0.0)
-        for c in range(w):
+        c = u32(0)
+        while c < w:
             s += x[r, c] + a[r, c]
+            c = u32(c + _ONE)
         mu = s / float32(w)
         v = float32(0.0)
-        for c in range(w):
+        c = u32(0)
+        while c < w:
             d = (x[r, c] + a[r, c]) - mu
             v += d * d
+            c = u32(c + _ONE)
         rstd = float32(1.0) / math.sqrt(v / float32(w) + LN_EPS)
-        for c in range(w):
+        c = u32(0)
+        while c < w:
             y[r, c] = ((x[r, c] + a[r, c]) - mu) * rstd * gamma[c] + beta[c]
+            c = u32(c + _ONE)
         stats[r, 0] = mu
         stats[r, 1] = rstd
 
@@ -249,57 +302,63 @@ def add_layer_norm_fwd_kernel(x, a, gamma, beta, y, stats):
 @cuda.jit
 def add_layer_norm_bwd_kernel(dy, x, a, gamma, stats, dz):
     """dz[r] = rstd (g - mean(g) - xh mean(g xh)), g = dy gamma, xh the normalised x + a; one thread per row."""
-    r = cuda.grid(1)
-    if r < x.shape[0]:
-        w = x.shape[1]
+    r = u32(cuda.grid(1))
+    if r < u32(x.shape[0]):
+        w = u32(x.shape[1])
         mu = stats[r, 0]
         rstd = stats[r, 1]
         m1 = float32(0.0)
         m2 = float32(0.0)
-        for c in range(w):
+        c = u32(0)
+        while c < w:
             g = dy[r, c] * gamma[c]
             m1 += g
             m2 += g * (((x[r, c] + a[r, c]) - mu) * rstd)
+            c = u32(c + _ONE)
         m1 /= float32(w)
         m2 /= float32(w)
-        for c in range(w):
+        c = u32(0)
+        while c < w:
             xh = ((x[r, c] + a[r, c]) - mu) * rstd
             dz[r, c] = rstd * (dy[r, c] * gamma[c] - m1 - xh * m2)
+            c = u32(c + _ONE)
 
 
 @register((_F2, _F2, _F2, _F2, _F3, _F2, int32))
 @cuda.jit
 def layer_norm_param_partials_kernel(dy, x, a, stats, pg, pb, chunk):
     """pg[k, 0, c] = sum dy xh and pb[k, c] = sum dy over the rows of chunk k = blockIdx.x, in order; thread c."""
-    k = cuda.blockIdx.x
-    rows = x.shape[0]
-    r0 = k * chunk
-    r1 = min(r0 + chunk, rows)
-    c = cuda.threadIdx.x
-    while c < x.shape[1]:
+    k = u32(cuda.blockIdx.x)
+    r0 = u32(k * u32(chunk))
+    r1 = min(u32(r0 + u32(chunk)), u32(x.shape[0]))
+    c = u32(cuda.threadIdx.x)
+    while c < u32(x.shape[1]):
         sg = float32(0.0)
         sb = float32(0.0)
-        for r in range(r0, r1):
+        r = r0
+        while r < r1:
             xh = ((x[r, c] + a[r, c]) - stats[r, 0]) * stats[r, 1]
             sg += dy[r, c] * xh
             sb += dy[r, c]
+            r = u32(r + _ONE)
         pg[k, 0, c] = sg
         pb[k, c] = sb
-        c += cuda.blockDim.x
+        c = u32(c + u32(cuda.blockDim.x))
 
 
 @register((_F2, _F2, int32))
 @cuda.jit
 def batch_transpose_kernel(x, y, rows):
     """y[b*C + c, r] = x[b*R + r, c] for x [B*R, C] (R = rows), one thread per element of y."""
-    i = cuda.grid(1)
-    if i < y.shape[0] * rows:
-        out_row = i // rows
-        r = i - out_row * rows
-        cols = x.shape[1]
-        b = out_row // cols
-        c = out_row - b * cols
-        y[out_row, r] = x[b * rows + r, c]
+    i = u32(cuda.grid(1))
+    n_r = u32(rows)
+    if i < u32(y.shape[0] * rows):
+        out_row = u32(i // n_r)
+        r = u32(i - out_row * n_r)
+        cols = u32(x.shape[1])
+        b = u32(out_row // cols)
+        c = u32(out_row - b * cols)
+        y[out_row, r] = x[u32(b * n_r + r), c]
 
 
 def _round_threads(n: int) -> int:
