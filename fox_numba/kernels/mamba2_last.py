@@ -29,7 +29,9 @@ Launch shapes: mamba2_last_weights and the backward's dt pass, one thread per (w
 backwards, prefix sums forwards); the readout and the gate's backward, one thread per element of [S, HP] (coalesced
 over the columns); the inputs' backward, one thread per row (window, bar), heads in order so dc_t sums them without
 atomics; dC, one thread per (window, n). Every sum runs in a fixed order: the same bits on every run. The part
-[G, 3H] is reduced by kernels/mamba2.py's mamba2_head_grad.
+[G, 3H] is reduced by kernels/mamba2.py's mamba2_head_grad. The weights, readout and inputs-backward kernels index
+in uint32 (`u32`, kernels/head_rows.py's header: no negative-index wrap, no 64-bit arithmetic; the inputs backward's
+PTX held 632 64-bit operations, 285 now), the same sums in the same order.
 """
 
 from __future__ import annotations
@@ -37,12 +39,15 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numpy as np
 from numba import cuda, float32, int32
 
 from fox_numba.device.launch import check_array, i32, launch
 from fox_numba.device.registry import register
+from fox_numba.device.runtime import u32
 from fox_numba.kernels.mamba2 import A_LOG, D_SKIP, DT_BIAS, N_HEAD_PARAMS, in_width, sigmoid, softplus
 
+_ONE = np.uint32(1)
 _F1 = float32[::1]
 _F2 = float32[:, ::1]
 
@@ -51,28 +56,33 @@ _F2 = float32[:, ::1]
 @cuda.jit
 def mamba2_last_weights_kernel(zxbcdt, heads, kappa, alpha, seq_len, state_dim):
     """kappa[r, h] and alpha[r, h] of every bar r of window b = i // H, head h = i % H (module header)."""
-    i = cuda.grid(1)
-    n_heads = heads.shape[1]
-    if i < kappa.shape[0] // seq_len * n_heads:
-        b = i // n_heads
-        hd = i - b * n_heads
-        b_col = zxbcdt.shape[1] - 2 * state_dim - n_heads
-        c_col = b_col + state_dim
-        dt_col = c_col + state_dim + hd
+    i = u32(cuda.grid(1))
+    n_heads = u32(heads.shape[1])
+    t_len, n_state = u32(seq_len), u32(state_dim)
+    if i < u32(u32(kappa.shape[0]) // t_len * n_heads):
+        b = u32(i // n_heads)
+        hd = u32(i - b * n_heads)
+        b_col = u32(u32(zxbcdt.shape[1]) - n_state - n_state - n_heads)
+        c_col = u32(b_col + n_state)
+        dt_col = u32(c_col + n_state + hd)
         a = -math.exp(heads[A_LOG, hd])
         dt_bias = heads[DT_BIAS, hd]
-        last = b * seq_len + seq_len - 1
+        last = u32(b * t_len + t_len - _ONE)
         after = float32(0.0)  # sum of dt over the later bars
-        for k_rev in range(seq_len):
-            row = last - k_rev
+        k_rev = u32(0)
+        while k_rev < t_len:
+            row = u32(last - k_rev)
             dt = softplus(zxbcdt[row, dt_col] + dt_bias)
             c = float32(0.0)
-            for n in range(state_dim):
-                c += zxbcdt[row, b_col + n] * zxbcdt[last, c_col + n]
+            n = u32(0)
+            while n < n_state:
+                c += zxbcdt[row, u32(b_col + n)] * zxbcdt[last, u32(c_col + n)]
+                n = u32(n + _ONE)
             decay = math.exp(a * after)
             alpha[row, hd] = decay
             kappa[row, hd] = dt * decay * c
             after += dt
+            k_rev = u32(k_rev + _ONE)
 
 
 @register((_F2, _F2, _F2, _F2, _F2, int32))
@@ -80,17 +90,19 @@ def mamba2_last_weights_kernel(zxbcdt, heads, kappa, alpha, seq_len, state_dim):
 def mamba2_last_readout_kernel(zxbcdt, heads, kappa, y, gated, seq_len):
     """y[b, j] = sum_t kappa[(b, t), h] x_t[j] + D_h x_L[j] and gated = y silu(z_L[j]), h = j // P; one thread per
     element of y [S, HP]."""
-    i = cuda.grid(1)
-    hp = y.shape[1]
-    if i < y.shape[0] * hp:
-        b = i // hp
-        j = i - b * hp
-        hd = j // (hp // heads.shape[1])
+    i = u32(cuda.grid(1))
+    hp = u32(y.shape[1])
+    t_len = u32(seq_len)
+    if i < u32(u32(y.shape[0]) * hp):
+        b = u32(i // hp)
+        j = u32(i - b * hp)
+        hd = u32(j // u32(hp // u32(heads.shape[1])))
         acc = float32(0.0)
-        for t in range(seq_len):
-            row = b * seq_len + t
-            acc += kappa[row, hd] * zxbcdt[row, hp + j]
-        last = b * seq_len + seq_len - 1
+        row = u32(b * t_len)
+        last = u32(row + t_len - _ONE)
+        while row <= last:
+            acc += kappa[row, hd] * zxbcdt[row, u32(hp + j)]
+            row = u32(row + _ONE)
         v = acc + heads[D_SKIP, hd] * zxbcdt[last, hp + j]
         z = zxbcdt[last, j]
         y[b, j] = v
@@ -120,36 +132,47 @@ def mamba2_last_gate_bwd_kernel(zxbcdt, y, dgated, dy, dzxbcdt, seq_len):
 def mamba2_last_inputs_bwd_kernel(zxbcdt, heads, kappa, alpha, dy, dzxbcdt, w, dc, seq_len, state_dim):
     """For row r = (window b, bar t): w[r, h] = dy_h . x_t, dx_t, dc[r] (heads in order), dB_t; 0 into z and C at
     the bars before the last. One thread per row."""
-    r = cuda.grid(1)
-    if r < w.shape[0]:
-        n_heads = heads.shape[1]
-        hp = dy.shape[1]
-        head_dim = hp // n_heads
-        b = r // seq_len
-        last = b * seq_len + seq_len - 1
-        b_col = 2 * hp
-        c_col = b_col + state_dim
-        dt_col = c_col + state_dim
+    r = u32(cuda.grid(1))
+    if r < u32(w.shape[0]):
+        n_heads = u32(heads.shape[1])
+        hp = u32(dy.shape[1])
+        head_dim = u32(hp // n_heads)
+        t_len, n_state = u32(seq_len), u32(state_dim)
+        b = u32(r // t_len)
+        last = u32(b * t_len + t_len - _ONE)
+        b_col = u32(hp + hp)
+        c_col = u32(b_col + n_state)
+        dt_col = u32(c_col + n_state)
         dcs = float32(0.0)
-        for hd in range(n_heads):
-            dt = softplus(zxbcdt[r, dt_col + hd] + heads[DT_BIAS, hd])
+        hd = u32(0)
+        while hd < n_heads:
+            dt = softplus(zxbcdt[r, u32(dt_col + hd)] + heads[DT_BIAS, hd])
             scale = kappa[r, hd] + (heads[D_SKIP, hd] if r == last else float32(0.0))
             ww = float32(0.0)
-            for p in range(head_dim):
-                j = hd * head_dim + p
+            j = u32(hd * head_dim)
+            end = u32(j + head_dim)
+            while j < end:
                 d = dy[b, j]
-                ww += d * zxbcdt[r, hp + j]
-                dzxbcdt[r, hp + j] = scale * d
+                ww += d * zxbcdt[r, u32(hp + j)]
+                dzxbcdt[r, u32(hp + j)] = scale * d
+                j = u32(j + _ONE)
             w[r, hd] = ww
             dcs += ww * dt * alpha[r, hd]
+            hd = u32(hd + _ONE)
         dc[r] = dcs
-        for n in range(state_dim):
-            dzxbcdt[r, b_col + n] = dcs * zxbcdt[last, c_col + n]
+        n = u32(0)
+        while n < n_state:
+            dzxbcdt[r, u32(b_col + n)] = dcs * zxbcdt[last, u32(c_col + n)]
+            n = u32(n + _ONE)
         if r != last:
-            for j in range(hp):
+            j = u32(0)
+            while j < hp:
                 dzxbcdt[r, j] = float32(0.0)
-            for n in range(state_dim):
-                dzxbcdt[r, c_col + n] = float32(0.0)
+                j = u32(j + _ONE)
+            n = u32(0)
+            while n < n_state:
+                dzxbcdt[r, u32(c_col + n)] = float32(0.0)
+                n = u32(n + _ONE)
 
 
 @register((_F2, _F2, _F2, _F2, _F2, _F2, _F2, _F2, int32, int32))
