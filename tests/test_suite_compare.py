@@ -7,6 +7,8 @@ import statistics
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 
 from suite_compare import compare, main  # noqa: E402
@@ -54,3 +56,39 @@ def test_by_fold_rows_show_where_a_difference_comes_from(tmp_path, capsys):
         path.write_text(json.dumps(record))
     assert main(["--by-fold", str(paths[0]), f"x={paths[1]}"]) == 0
     assert "| a fold 1 | seen | +3.00 | +3.50 | +0.50 (0.00) |" in capsys.readouterr().out
+
+
+def draw(honest: dict[str, list[float]], first_seed: int) -> dict:
+    """suite() with its seeds numbered from first_seed (another draw of seeds)."""
+    record = suite(honest)
+    for entry in record["markets"].values():
+        entry["runs"] = {str(int(s) + first_seed): run for s, run in entry["runs"].items()}
+    return record
+
+
+def write(tmp_path, name: str, record: dict) -> str:
+    path = tmp_path / f"{name}.json"
+    path.write_text(json.dumps(record))
+    return str(path)
+
+
+def test_comma_separated_draws_are_one_suite_of_all_their_seeds(tmp_path, capsys):
+    base = [write(tmp_path, "b0", draw({"a": [1.0, 2.0, 3.0], "b": [0.0, 1.0, 2.0]}, 0)),
+            write(tmp_path, "b5", draw({"a": [4.0, 5.0], "b": [3.0, 4.0]}, 5))]
+    other = [write(tmp_path, "x0", draw({"a": [2.0, 2.5, 4.0], "b": [0.0, 1.0, 2.0]}, 0)),
+             write(tmp_path, "x5", draw({"a": [4.5, 7.0], "b": [3.0, 4.0]}, 5))]
+    assert main([",".join(base), "x=" + ",".join(other)]) == 0
+    row = cells(capsys.readouterr().out)["a"]
+    diff = [1.0, 0.5, 1.0, 0.5, 2.0]  # seeds 0, 1, 2, 5, 6
+    assert row[1] == f"{statistics.mean([1.0, 2.0, 3.0, 4.0, 5.0]):+.2f}"
+    assert row[3] == f"{statistics.mean(diff):+.2f} ({statistics.stdev(diff) / math.sqrt(5):.2f})"
+
+
+def test_merging_refuses_a_seed_whose_figures_differ_and_other_markets(tmp_path, capsys):
+    first = write(tmp_path, "b0", draw({"a": [1.0, 2.0], "b": [0.0, 1.0]}, 0))
+    clash = write(tmp_path, "c1", draw({"a": [9.0], "b": [1.0]}, 1))  # seed 1 again, another figure
+    other = write(tmp_path, "m", {"markets": {"a": {"role": "seen", "runs": {}}}, "pooled": {}})
+    for second, message in ((clash, "market a seed 1 differs"), (other, "markets ['a'] differ")):
+        with pytest.raises(SystemExit) as exit_info:
+            main([f"{first},{second}", f"x={first}"])
+        assert exit_info.value.code == 2 and message in capsys.readouterr().err

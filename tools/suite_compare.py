@@ -2,6 +2,7 @@
 
     python3 tools/suite_compare.py [--by-fold] tools/results/suite_default_h200.json \
         NAME=tools/results/suite_X.json [...]
+    python3 tools/suite_compare.py BASE_0_4.json,BASE_5_9.json NAME=X_0_4.json,X_5_9.json   # ten seeds
 
 Per market (and pooled over the seen and over the held-out markets, a seed's pooled figure being its mean over
 the group's markets): the baseline's honest mean, then for each config its mean and its difference from the
@@ -64,6 +65,29 @@ def mean(values: dict[int, float]) -> str:
     return f"{statistics.mean(values.values()):+.2f}" if values else "n/a"
 
 
+def merge(suites: list[dict[str, Any]], names: list[str]) -> dict[str, Any]:
+    """One suite of several draws of the same config (for instance seeds 0-4 and seeds 5-9), their runs side by
+    side per market; the suites must have the same markets, and a seed in two of them the same figures there."""
+    merged = json.loads(json.dumps(suites[0]))
+    for suite, name in zip(suites[1:], names[1:], strict=True):
+        if set(suite["markets"]) != set(merged["markets"]):
+            raise ValueError(f"{name}: markets {sorted(suite['markets'])} differ from {names[0]}'s "
+                             f"{sorted(merged['markets'])}")
+        for market, entry in suite["markets"].items():
+            runs = merged["markets"][market]["runs"]
+            for seed, run in entry["runs"].items():
+                if seed in runs and runs[seed].get("honest") != run.get("honest"):
+                    raise ValueError(f"{name}: market {market} seed {seed} differs from an earlier file's run")
+                runs[seed] = run
+    return merged
+
+
+def load(spec: str) -> dict[str, Any]:
+    """A suite JSON, or several joined by commas merged into one (`merge`)."""
+    paths = spec.split(",")
+    return merge([json.loads(Path(p).read_text()) for p in paths], paths)
+
+
 def compare(base: dict[str, Any], others: list[tuple[str, dict[str, Any]]], by_fold: bool = False) -> str:
     """The markdown table (module docstring)."""
     rows_of = per_seed_fold if by_fold else per_seed
@@ -83,16 +107,22 @@ def compare(base: dict[str, Any], others: list[tuple[str, dict[str, Any]]], by_f
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--by-fold", action="store_true", help="a row per market and fold (module docstring)")
-    parser.add_argument("baseline", type=Path, help="the baseline's tools/suite.py JSON")
-    parser.add_argument("configs", nargs="+", help="NAME=PATH of each config's tools/suite.py JSON")
+    parser.add_argument("baseline", help="the baseline's tools/suite.py JSON (several, comma-separated: one suite "
+                        "of their runs, e.g. seeds 0-4 and 5-9)")
+    parser.add_argument("configs", nargs="+", help="NAME=PATH of each config's tools/suite.py JSON (PATH as the "
+                        "baseline's)")
     args = parser.parse_args(argv)
     others = []
     for item in args.configs:
         name, sep, path = item.partition("=")
         if not sep:
             parser.error(f"expected NAME=PATH, got {item!r}")
-        others.append((name, json.loads(Path(path).read_text())))
-    print(compare(json.loads(args.baseline.read_text()), others, args.by_fold), end="")
+        others.append((name, path))
+    try:
+        base, others = load(args.baseline), [(name, load(path)) for name, path in others]
+    except (OSError, ValueError) as exc:
+        parser.error(str(exc))
+    print(compare(base, others, args.by_fold), end="")
     return 0
 
 
