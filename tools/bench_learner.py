@@ -15,6 +15,7 @@
     python3 tools/bench_learner.py --out /tmp/bench_mean_cross --mean-cross  # the mean head reads position x market
     python3 tools/bench_learner.py --out /tmp/bench_live --mean-cross --precision tf32 --live-branches 1  # the
         # default network's step: the head computes the direction branch's columns alone (agent/network.py)
+    python3 tools/bench_learner.py --out /tmp/bench_conc --concurrent 8 ...  # 8 learners on 8 streams in one process
 
 One gradient step of the default network (obs_dim -> 256 -> 256 -> 13 dueling C51 heads x 51 atoms,
 network.* of the default config), at each batch of --batch (default 8192, then smaller ones where the
@@ -228,6 +229,36 @@ def bench_modes(args: argparse.Namespace) -> dict[str, Any]:
     return res
 
 
+def bench_concurrent(args: argparse.Namespace) -> dict[str, Any]:
+    """--concurrent N learners in one process, each with its own stream, replay and captured step graph, their
+    steps queued round-robin a step at a time (no host sync): whether the GPU overlaps independent runs' kernels,
+    as separate processes do not (issue 26 item 3; many_runs_meanx_h100.md). Wall clock around the queued
+    rounds, every stream synchronised before and after: ms per round of N steps (one step of each learner)."""
+    streams = [new_stream() for _ in range(args.concurrent)]
+    learners = []
+    for stream in streams:
+        learner, _ = make_learner(args, Stager(stream, chunk_bytes=16 << 20), stream, graphs=True)
+        learner.train_epoch(args.warmup)  # eager first replay, then the capture
+        learners.append(learner)
+
+    def window() -> float:
+        for stream in streams:
+            stream.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(args.steps):
+            for learner in learners:
+                learner.graph.replay()
+        for stream in streams:
+            stream.synchronize()
+        return (time.perf_counter() - t0) * 1e3 / args.steps
+
+    skipped = 0.0
+    ms = min(window() for _ in range(args.windows))
+    for learner in learners:
+        skipped += learner.epoch_stats()["skipped_steps"]
+    return {"runs": args.concurrent, "ms_per_round": ms, "skipped_steps": skipped}
+
+
 def bench_kernels(args: argparse.Namespace) -> dict[str, Any]:
     """Mean GPU ms per step of each kernel of an eager step, queued behind a spin kernel."""
     stream = new_stream()
@@ -385,6 +416,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--layers", type=int, default=None, help="network.n_layers (default: the config's)")
     parser.add_argument("--hidden", type=int, default=256, help="network.hidden with --layers")
     parser.add_argument("--precision", choices=PRECISIONS, default="fp32", help="run.precision of the dense layers")
+    parser.add_argument("--concurrent", type=int, default=0,
+                        help="also time N learners in one process on N streams, their graphed steps queued "
+                             "round-robin (0: off; bench_concurrent)")
     return parser
 
 
@@ -408,8 +442,16 @@ def main(argv: list[str] | None = None) -> int:
         modes = bench_modes(one)
         print(json.dumps(modes), flush=True)
         kernels = bench_kernels(one)
-        results["batches"].append({"batch": batch, "modes": modes, "per_kernel": kernels})
+        concurrent = bench_concurrent(one) if args.concurrent > 0 else None
+        results["batches"].append({"batch": batch, "modes": modes, "per_kernel": kernels, "concurrent": concurrent})
         lines += markdown_batch(modes, kernels, one)
+        if concurrent is not None:
+            n, ms = concurrent["runs"], concurrent["ms_per_round"]
+            lines += ["", f"{n} learners in one process, each on its own stream, their graphed steps queued "
+                      f"round-robin: {ms:.3f} ms per round of {n} steps, {ms / modes['graph_queued_ms']:.2f} x one "
+                      f"learner's step alone ({n:.0f} would be no overlap at all); steps skipped "
+                      f"{concurrent['skipped_steps']:.0f}.", ""]
+            ok = ok and concurrent["skipped_steps"] == 0
         ok = ok and modes["skipped_steps"] == 0 and bool(np.isfinite(modes["loss"])) and modes[
             "graph_equals_eager_bitwise"]
     atomic_write_text(args.out.with_suffix(".json"), json.dumps(results, indent=2) + "\n")

@@ -28,3 +28,17 @@ def test_bench_learner_tiny(tmp_path, extra):
     assert "| kernel | grid |" in text and sum(r["launches_per_step"] for r in kernels["launch_shapes"]) == sum(
         r["launches_per_step"] for r in kernels["kernels"])  # the by-grid rows split the per-kernel ones
     assert ("mean_head.mean_loss_partials" in text) == bool(extra)
+
+
+def test_bench_learner_concurrent_learners(tmp_path):
+    """--concurrent 2: two learners on two streams, their steps queued round-robin, every step applied; the figure
+    and its ratio to one learner's step are in the table (the simulator runs the streams one after another)."""
+    spec = importlib.util.spec_from_file_location("bench_learner", TOOL)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    out = tmp_path / "bench"
+    assert module.main(["--out", str(out), "--tiny", "--concurrent", "2"]) == 0
+    (only,) = json.loads(out.with_suffix(".json").read_text())["batches"]
+    assert only["concurrent"]["runs"] == 2 and only["concurrent"]["skipped_steps"] == 0
+    assert only["concurrent"]["ms_per_round"] > 0
+    assert "2 learners in one process, each on its own stream" in out.with_suffix(".md").read_text()
