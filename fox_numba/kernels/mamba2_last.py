@@ -27,9 +27,10 @@ form is checked in float64 (tests/kernels/test_mamba2_last.py reads kernels/mamb
 
 Launch shapes: mamba2_last_weights and the backward's dt pass, one thread per (window, head), in time (suffix sums
 backwards, prefix sums forwards); the readout and the gate's backward, one thread per element of [S, HP] (coalesced
-over the columns); the inputs' backward, one thread per row (window, bar), heads in order so dc_t sums them without
-atomics; dC, one thread per (window, n). Every sum runs in a fixed order: the same bits on every run. The part
-[G, 3H] is reduced by kernels/mamba2.py's mamba2_head_grad. The weights, readout and inputs-backward kernels index
+over the columns); the inputs' backward, one block per row (window, bar) for dx and z's zeros (a thread per column,
+coalesced) and one thread per row for w, dc and dB, heads in order so dc_t sums them without atomics; dC, one
+thread per (window, n). Every sum runs in a fixed order: the same bits on every run. The part [G, 3H] is reduced by
+kernels/mamba2.py's mamba2_head_grad. The weights, readout and inputs-backward kernels index
 in uint32 (`u32`, kernels/head_rows.py's header: no negative-index wrap, no 64-bit arithmetic; the inputs backward's
 PTX held 632 64-bit operations, 285 now), the same sums in the same order.
 """
@@ -42,12 +43,14 @@ from typing import Any
 import numpy as np
 from numba import cuda, float32, int32
 
-from fox_numba.device.launch import check_array, i32, launch
+from fox_numba.device.launch import check_array, i32, launch, launch_rows
 from fox_numba.device.registry import register
 from fox_numba.device.runtime import u32
 from fox_numba.kernels.mamba2 import A_LOG, D_SKIP, DT_BIAS, N_HEAD_PARAMS, in_width, sigmoid, softplus
 
 _ONE = np.uint32(1)
+DX_THREADS = 256
+"""Most threads of mamba2_last_dx_kernel's block (one row's 2 HP columns; more columns loop)."""
 _F1 = float32[::1]
 _F2 = float32[:, ::1]
 
@@ -127,11 +130,36 @@ def mamba2_last_gate_bwd_kernel(zxbcdt, y, dgated, dy, dzxbcdt, seq_len):
         dzxbcdt[last, j] = g * y[b, j] * (sg * (float32(1.0) + z * (float32(1.0) - sg)))
 
 
+@register((_F2, _F2, _F2, _F2, _F2, int32))
+@cuda.jit
+def mamba2_last_dx_kernel(zxbcdt, heads, kappa, dy, dzxbcdt, seq_len):
+    """The z and x columns c < 2 HP of dzxbcdt at row r = blockIdx.x = (window b, bar t), a thread per column: dx_t[j]
+    = (kappa[r, h] + D_h at the last bar) dy[b, j] (c = HP + j, h = j // P), and 0 into z at the bars before the
+    last."""
+    r = u32(cuda.blockIdx.x)
+    hp = u32(dy.shape[1])
+    head_dim = u32(hp // u32(heads.shape[1]))
+    t_len = u32(seq_len)
+    b = u32(r // t_len)
+    is_last = r == u32(b * t_len + t_len - _ONE)
+    c = u32(cuda.threadIdx.x)
+    while c < u32(hp + hp):
+        if c < hp:
+            if not is_last:
+                dzxbcdt[r, c] = float32(0.0)
+        else:
+            j = u32(c - hp)
+            hd = u32(j // head_dim)
+            scale = kappa[r, hd] + (heads[D_SKIP, hd] if is_last else float32(0.0))
+            dzxbcdt[r, c] = scale * dy[b, j]
+        c = u32(c + u32(cuda.blockDim.x))
+
+
 @register((_F2, _F2, _F2, _F2, _F2, _F2, _F2, _F1, int32, int32))
 @cuda.jit
 def mamba2_last_inputs_bwd_kernel(zxbcdt, heads, kappa, alpha, dy, dzxbcdt, w, dc, seq_len, state_dim):
-    """For row r = (window b, bar t): w[r, h] = dy_h . x_t, dx_t, dc[r] (heads in order), dB_t; 0 into z and C at
-    the bars before the last. One thread per row."""
+    """For row r = (window b, bar t): w[r, h] = dy_h . x_t, dc[r] (heads in order), dB_t; 0 into C at the bars
+    before the last (x and z: mamba2_last_dx_kernel). One thread per row."""
     r = u32(cuda.grid(1))
     if r < u32(w.shape[0]):
         n_heads = u32(heads.shape[1])
@@ -147,14 +175,11 @@ def mamba2_last_inputs_bwd_kernel(zxbcdt, heads, kappa, alpha, dy, dzxbcdt, w, d
         hd = u32(0)
         while hd < n_heads:
             dt = softplus(zxbcdt[r, u32(dt_col + hd)] + heads[DT_BIAS, hd])
-            scale = kappa[r, hd] + (heads[D_SKIP, hd] if r == last else float32(0.0))
             ww = float32(0.0)
             j = u32(hd * head_dim)
             end = u32(j + head_dim)
             while j < end:
-                d = dy[b, j]
-                ww += d * zxbcdt[r, u32(hp + j)]
-                dzxbcdt[r, u32(hp + j)] = scale * d
+                ww += dy[b, j] * zxbcdt[r, u32(hp + j)]
                 j = u32(j + _ONE)
             w[r, hd] = ww
             dcs += ww * dt * alpha[r, hd]
@@ -165,10 +190,6 @@ def mamba2_last_inputs_bwd_kernel(zxbcdt, heads, kappa, alpha, dy, dzxbcdt, w, d
             dzxbcdt[r, u32(b_col + n)] = dcs * zxbcdt[last, u32(c_col + n)]
             n = u32(n + _ONE)
         if r != last:
-            j = u32(0)
-            while j < hp:
-                dzxbcdt[r, j] = float32(0.0)
-                j = u32(j + _ONE)
             n = u32(0)
             while n < n_state:
                 dzxbcdt[r, u32(c_col + n)] = float32(0.0)
@@ -292,6 +313,7 @@ def mamba2_last_backward(zxbcdt: Any, heads: Any, kappa: Any, alpha: Any, y: Any
     zx = zxbcdt if grad == windows else zxbcdt[:rows]
     t, n = i32(seq_len), i32(state_dim)
     launch(mamba2_last_gate_bwd_kernel, grad * hp, zx, y, dgated, dy, dzxbcdt, t, stream=stream)
+    launch_rows(mamba2_last_dx_kernel, rows, min(2 * hp, DX_THREADS), zx, heads, kappa, dy, dzxbcdt, t, stream=stream)
     launch(mamba2_last_inputs_bwd_kernel, rows, zx, heads, kappa, alpha, dy, dzxbcdt, w, dc, t, n, stream=stream)
     launch(mamba2_last_dt_bwd_kernel, grad * n_heads, zx, heads, kappa, alpha, dy, w, dzxbcdt, part, t, n,
            stream=stream)

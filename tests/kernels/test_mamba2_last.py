@@ -16,6 +16,7 @@ import reference_mamba2 as ref
 from test_mamba2_kernels import H, S, SHAPES, T, close, inputs, upload
 
 from fox_numba.kernels.mamba2 import N_HEAD_PARAMS, mamba2_head_grad
+from fox_numba.kernels import mamba2_last
 from fox_numba.kernels.mamba2_last import mamba2_last_backward, mamba2_last_readout, mamba2_last_weights
 
 
@@ -44,10 +45,15 @@ def test_forward_matches_the_scans_last_bar(stream, stager, rng, head_dim, state
     close(stager.download(gated), want * z_last * ref.sigmoid64(z_last), 1e-5, 2e-6, "gated")
 
 
-@pytest.mark.parametrize(("head_dim", "state_dim", "grad"), [(*SHAPES[0], S), (*SHAPES[1], S), (*SHAPES[1], 2)])
-def test_backward_matches_backpropagation_through_time(stream, stager, rng, head_dim, state_dim, grad):
+@pytest.mark.parametrize(("head_dim", "state_dim", "grad", "dx_threads"),
+                         [(*SHAPES[0], S, None), (*SHAPES[1], S, None), (*SHAPES[1], 2, None), (*SHAPES[0], S, 5)])
+def test_backward_matches_backpropagation_through_time(stream, stager, rng, monkeypatch, head_dim, state_dim, grad,
+                                                       dx_threads):
     """Every column of dzxbcdt (z and C zero before the last bar) and every element of dheads; with G < S the
-    backward covers the first G windows of a forward over S."""
+    backward covers the first G windows of a forward over S; with dx_threads a block of the dx kernel has fewer
+    threads than a row's 2 HP columns (5 of 24), so each walks several."""
+    if dx_threads is not None:
+        monkeypatch.setattr(mamba2_last, "DX_THREADS", dx_threads)
     zx, heads = inputs(rng, head_dim, state_dim)
     hp, n = H * head_dim, state_dim
     dzx, dh, kappa, alpha, y, _ = forward(stager, stream, zx, heads, head_dim, state_dim)
