@@ -36,7 +36,9 @@ Launch shapes and memory:
   and accumulators in local arrays (at most MAX_SEQ + 4 MAX_HEAD floats). In the inner loops every thread of a unit
   reads the same tile element (a broadcast, no bank conflict). Softmax subtracts the row max; every sum is one
   thread's chain in index order: no atomics, the same bits on every run and for any block size.
-- add_layer_norm_forward / _backward: one thread per row (W <= 64 columns, two passes in float32).
+- add_layer_norm_forward / _backward: a block per LN_ROWS rows, staged in shared memory (x + a, and dy in the
+  backward) and written back through it, coalesced; one thread per row sums it (W <= 64 columns, two passes in
+  float32, in column order).
 - LayerNormParamGrad: one block per chunk of LN_CHUNK rows (`launch_tiles`), thread c sums column c over the chunk
   in order into partial [chunk, 1, W] / [chunk, W]; then gemm.wgrad_reduce (the dense weight gradient's split
   reducer, reused) adds the chunks in order.
@@ -72,10 +74,16 @@ MAX_BLOCK = 256
 """Most threads of an attention block."""
 LN_EPS = np.float32(1e-5)
 """Added to the variance before the square root (PyTorch's LayerNorm default)."""
+LN_ROWS = 64
+"""Rows of a layer-norm block, staged in shared memory (x + a, and dy in the backward)."""
+LN_MAX_WIDTH = 64
+"""Most columns a layer norm takes (its rows' shared-memory tile)."""
 LN_CHUNK = 256
 """Rows per block of the layer-norm parameter gradient (16384 * 64 rows: 4096 chunks)."""
 WARP = 32
 _ONE = np.uint32(1)
+_LN_ROWS = np.uint32(LN_ROWS)
+_LN_TILE = LN_ROWS * (LN_MAX_WIDTH + 1)  # a row's stride is W or W + 1, odd
 
 _F1 = float32[::1]
 _F2 = float32[:, ::1]
@@ -270,58 +278,110 @@ def attention_bwd_kernel(qkv, out, dout, lse, dqkv, seq, per, scale):
         j = u32(j + n_per)
 
 
+@cuda.jit(device=True)
+def _stage_sum(tile, x, a, r0, n_rows, w, stride, tid):
+    """tile[rr * stride + c] = x[r0 + rr, c] + a[r0 + rr, c] for the block's n_rows rows, coalesced over (row,
+    column); the block's LN_ROWS threads share the elements."""
+    e = tid
+    n = u32(n_rows * w)
+    while e < n:
+        rr = u32(e // w)
+        c = u32(e - rr * w)
+        tile[u32(rr * stride + c)] = x[u32(r0 + rr), c] + a[u32(r0 + rr), c]
+        e = u32(e + _LN_ROWS)
+
+
+@cuda.jit(device=True)
+def _write_tile(tile, y, r0, n_rows, w, stride, tid):
+    """y[r0 + rr, c] = tile[rr * stride + c] for the block's rows, coalesced."""
+    e = tid
+    n = u32(n_rows * w)
+    while e < n:
+        rr = u32(e // w)
+        c = u32(e - rr * w)
+        y[u32(r0 + rr), c] = tile[u32(rr * stride + c)]
+        e = u32(e + _LN_ROWS)
+
+
 @register((_F2, _F2, _F1, _F1, _F2, _F2))
 @cuda.jit
 def add_layer_norm_fwd_kernel(x, a, gamma, beta, y, stats):
-    """y[r] = LN(x[r] + a[r]) gamma + beta, stats[r] = (mu, rstd); one thread per row."""
-    r = u32(cuda.grid(1))
-    if r < u32(x.shape[0]):
-        w = u32(x.shape[1])
+    """y[r] = LN(x[r] + a[r]) gamma + beta, stats[r] = (mu, rstd); a block of LN_ROWS rows staged in shared memory,
+    one thread per row."""
+    tile = cuda.shared.array(_LN_TILE, float32)
+    tid = u32(cuda.threadIdx.x)
+    r0 = u32(cuda.blockIdx.x * LN_ROWS)
+    n_rows = min(u32(u32(x.shape[0]) - r0), _LN_ROWS)
+    w = u32(x.shape[1])
+    stride = u32(w | _ONE)  # odd: the threads' rows fall in different banks
+    _stage_sum(tile, x, a, r0, n_rows, w, stride, tid)
+    cuda.syncthreads()
+    if tid < n_rows:
+        base = u32(tid * stride)
         s = float32(0.0)
         c = u32(0)
         while c < w:
-            s += x[r, c] + a[r, c]
+            s += tile[u32(base + c)]
             c = u32(c + _ONE)
         mu = s / float32(w)
         v = float32(0.0)
         c = u32(0)
         while c < w:
-            d = (x[r, c] + a[r, c]) - mu
+            d = tile[u32(base + c)] - mu
             v += d * d
             c = u32(c + _ONE)
         rstd = float32(1.0) / math.sqrt(v / float32(w) + LN_EPS)
         c = u32(0)
         while c < w:
-            y[r, c] = ((x[r, c] + a[r, c]) - mu) * rstd * gamma[c] + beta[c]
+            tile[u32(base + c)] = (tile[u32(base + c)] - mu) * rstd * gamma[c] + beta[c]
             c = u32(c + _ONE)
-        stats[r, 0] = mu
-        stats[r, 1] = rstd
+        stats[u32(r0 + tid), 0] = mu
+        stats[u32(r0 + tid), 1] = rstd
+    cuda.syncthreads()
+    _write_tile(tile, y, r0, n_rows, w, stride, tid)
 
 
 @register((_F2, _F2, _F2, _F1, _F2, _F2))
 @cuda.jit
 def add_layer_norm_bwd_kernel(dy, x, a, gamma, stats, dz):
-    """dz[r] = rstd (g - mean(g) - xh mean(g xh)), g = dy gamma, xh the normalised x + a; one thread per row."""
-    r = u32(cuda.grid(1))
-    if r < u32(x.shape[0]):
-        w = u32(x.shape[1])
-        mu = stats[r, 0]
-        rstd = stats[r, 1]
+    """dz[r] = rstd (g - mean(g) - xh mean(g xh)), g = dy gamma, xh the normalised x + a; a block of LN_ROWS rows
+    (x + a and dy) staged in shared memory, one thread per row."""
+    tile = cuda.shared.array(_LN_TILE, float32)
+    dy_t = cuda.shared.array(_LN_TILE, float32)
+    tid = u32(cuda.threadIdx.x)
+    r0 = u32(cuda.blockIdx.x * LN_ROWS)
+    n_rows = min(u32(u32(x.shape[0]) - r0), _LN_ROWS)
+    w = u32(x.shape[1])
+    stride = u32(w | _ONE)
+    _stage_sum(tile, x, a, r0, n_rows, w, stride, tid)
+    e = tid
+    while e < u32(n_rows * w):
+        rr = u32(e // w)
+        c = u32(e - rr * w)
+        dy_t[u32(rr * stride + c)] = dy[u32(r0 + rr), c]
+        e = u32(e + _LN_ROWS)
+    cuda.syncthreads()
+    if tid < n_rows:
+        base = u32(tid * stride)
+        mu = stats[u32(r0 + tid), 0]
+        rstd = stats[u32(r0 + tid), 1]
         m1 = float32(0.0)
         m2 = float32(0.0)
         c = u32(0)
         while c < w:
-            g = dy[r, c] * gamma[c]
+            g = dy_t[u32(base + c)] * gamma[c]
             m1 += g
-            m2 += g * (((x[r, c] + a[r, c]) - mu) * rstd)
+            m2 += g * ((tile[u32(base + c)] - mu) * rstd)
             c = u32(c + _ONE)
         m1 /= float32(w)
         m2 /= float32(w)
         c = u32(0)
         while c < w:
-            xh = ((x[r, c] + a[r, c]) - mu) * rstd
-            dz[r, c] = rstd * (dy[r, c] * gamma[c] - m1 - xh * m2)
+            xh = (tile[u32(base + c)] - mu) * rstd
+            tile[u32(base + c)] = rstd * (dy_t[u32(base + c)] * gamma[c] - m1 - xh * m2)
             c = u32(c + _ONE)
+    cuda.syncthreads()
+    _write_tile(tile, dz, r0, n_rows, w, stride, tid)
 
 
 @register((_F2, _F2, _F2, _F2, _F3, _F2, int32))
@@ -426,6 +486,8 @@ def _check_norm(x: Any, a: Any, stats: Any, gamma: Any) -> tuple[int, int]:
     check_array("a", a, "[R, W]", (rows, width))
     check_array("stats", stats, "[R, 2]", (rows, 2))
     check_array("gamma", gamma, "[W]", (width,))
+    if not 1 <= width <= LN_MAX_WIDTH:
+        raise ValueError(f"add_layer_norm: the rows' width W = {width} must be in 1 .. {LN_MAX_WIDTH}")
     return rows, width
 
 
@@ -434,7 +496,8 @@ def add_layer_norm_forward(x: Any, a: Any, gamma: Any, beta: Any, y: Any, stats:
     rows, width = _check_norm(x, a, stats, gamma)
     check_array("beta", beta, "[W]", (width,))
     check_array("y", y, "[R, W]", (rows, width))
-    launch(add_layer_norm_fwd_kernel, rows, x, a, gamma, beta, y, stats, stream=stream)
+    launch_tiles(add_layer_norm_fwd_kernel, (-(-rows // LN_ROWS),), LN_ROWS, x, a, gamma, beta, y, stats,
+                 stream=stream)
 
 
 def add_layer_norm_backward(dy: Any, x: Any, a: Any, gamma: Any, stats: Any, dz: Any, *, stream: Any) -> None:
@@ -442,7 +505,8 @@ def add_layer_norm_backward(dy: Any, x: Any, a: Any, gamma: Any, stats: Any, dz:
     rows, width = _check_norm(x, a, stats, gamma)
     check_array("dy", dy, "[R, W]", (rows, width))
     check_array("dz", dz, "[R, W]", (rows, width))
-    launch(add_layer_norm_bwd_kernel, rows, dy, x, a, gamma, stats, dz, stream=stream)
+    launch_tiles(add_layer_norm_bwd_kernel, (-(-rows // LN_ROWS),), LN_ROWS, dy, x, a, gamma, stats, dz,
+                 stream=stream)
 
 
 class LayerNormParamGrad:

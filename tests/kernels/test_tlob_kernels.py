@@ -21,6 +21,8 @@ import reference_tlob as ref
 
 from fox_numba.device.launch import i32, launch_rows
 from fox_numba.kernels.tlob import (
+    LN_MAX_WIDTH,
+    LN_ROWS,
     MAX_BLOCK,
     SHARED_SLOTS,
     LayerNormParamGrad,
@@ -138,8 +140,8 @@ def norm_inputs(rng, rows, width):
     return x, a, gamma, beta
 
 
-def test_layer_norm_forward_matches_float64(stream, stager, rng):
-    rows, width = 6, 7
+@pytest.mark.parametrize(("rows", "width"), [(6, 7), (2 * LN_ROWS + 22, 16)])  # one short block; three, even width
+def test_layer_norm_forward_matches_float64(stream, stager, rng, rows, width):
     x, a, gamma, beta = norm_inputs(rng, rows, width)
     dx, da, dgam, dbeta = upload(stager, x, a, gamma, beta)
     y, stats = nans(stager, (rows, width), (rows, 2))
@@ -221,6 +223,19 @@ def test_encoder_reference_backward_matches_finite_differences(rng):
         assert_matches_fd(grads[name], central_differences(loss, value.copy()))
 
 
+def test_layer_norm_backward_over_several_blocks(stream, stager, rng):
+    """dz over three blocks of LN_ROWS rows, the last one short, at an even width (a padded shared-memory row)."""
+    rows, width = 2 * LN_ROWS + 22, 16
+    x, a, gamma, beta = norm_inputs(rng, rows, width)
+    dy = f32(rng.standard_normal((rows, width)))
+    dx, da, dgam, dbeta, ddy = upload(stager, x, a, gamma, beta, dy)
+    y, stats, dz = nans(stager, (rows, width), (rows, 2), (rows, width))
+    add_layer_norm_forward(dx, da, dgam, dbeta, y, stats, stream=stream)
+    add_layer_norm_backward(ddy, dx, da, dgam, stats, dz, stream=stream)
+    want_dz = ref.add_layer_norm_bwd64(dy, x, a, gamma)[0]
+    np.testing.assert_allclose(stager.download(dz), want_dz, rtol=1e-5, atol=1e-5 * np.abs(want_dz).max())
+
+
 def test_checks(stream, stager):
     qkv, out, lse = nans(stager, (6, 9), (6, 3), (6, 1))
     with pytest.raises(ValueError, match="rows = N"):
@@ -237,3 +252,6 @@ def test_checks(stream, stager):
     x, stats = nans(stager, (6, 3), (6, 1))
     with pytest.raises(ValueError, match="stats must be"):
         add_layer_norm_forward(x, x, x[0], x[0], x, stats, stream=stream)
+    wide, wide_stats = nans(stager, (2, LN_MAX_WIDTH + 1), (2, 2))
+    with pytest.raises(ValueError, match="W = 65 must be in 1 .. 64"):
+        add_layer_norm_forward(wide, wide, wide[0], wide[0], wide, wide_stats, stream=stream)
