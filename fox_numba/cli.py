@@ -488,10 +488,22 @@ def sweep(
         typer.Option(help="Ray cluster to join: auto, HOST:PORT or ray://HOST:PORT (default: start a local one with "
                      "this machine's CPUs and GPUs)."),
     ] = None,
+    per_gpu: Annotated[
+        int,
+        typer.Option("--per-gpu", min=1, help="Trials sharing each GPU at once (each is granted 1/N of one). Short "
+                     "runs leave most of a GPU idle: 8 default runs at once took 2.59x one run's wall on an H100, "
+                     "1.58x with --mps (tools/results/many_runs_*_h100.md). Mind the GPU memory of large configs."),
+    ] = 1,
+    mps: Annotated[
+        bool,
+        typer.Option("--mps", help="Run a local cluster's trials under a private CUDA MPS daemon, so that the "
+                     "kernels of the trials sharing a GPU run at once instead of taking turns (the same numbers "
+                     "either way). Needs nvidia-cuda-mps-control; not with --address."),
+    ] = False,
 ) -> None:
     """Train every combination of config values times every seed and tabulate validation Sharpe per config.
 
-    One `fox train` per trial, as a Ray task (one GPU each; one CPU under the simulator).
+    One `fox train` per trial, as a Ray task (1/N of a GPU each with --per-gpu N; one CPU under the simulator).
 
     A spec: every key of \\[grid] is a config field; every combination of
     the values is a config, trained once per seed.
@@ -511,6 +523,7 @@ def sweep(
     HEALTH_DIAG across seeds) and SWEEP/summary.json; exit code 1 if a trial
     failed. Needs the ray extra: pip install -e ".\\[ray]".
     """
+    from fox_numba.device.mps import mps_for_children, mps_problem
     from fox_numba.device.runtime import SIMULATOR
     from fox_numba.sweep.aggregate import diag_table, results_table
     from fox_numba.sweep.driver import BaseOptions, run_sweep
@@ -519,6 +532,12 @@ def sweep(
     from fox_numba.sweep.spec import SWEEP_OWNED, load_spec
 
     import_ray()  # a missing extra stops here, before a store is built
+    if mps and (address is not None or SIMULATOR):
+        raise ConfigError("--mps starts a daemon for this machine's GPU: "
+                          + ("with --address, start one on each node instead" if address else "there is none here "
+                             "(the CUDA simulator is on)"))
+    if mps and (problem := mps_problem()) is not None:
+        raise ConfigError(problem)
     plan = load_spec(spec)
     for text in set_ or []:
         if (key := parse_override(text)[0]) in SWEEP_OWNED:
@@ -533,7 +552,8 @@ def sweep(
     log = lambda m: typer.echo(m, err=True)
     log(f"sweep {folder.path}: {len(plan.trials())} trials, store {selection.path}; "
         + (backend_line(chosen) if address is None else f"Ray cluster {address}, preset {chosen}"))
-    summary = run_sweep(plan, base, folder, address=address, simulator=SIMULATOR, log=log)
+    with mps_for_children(mps):
+        summary = run_sweep(plan, base, folder, address=address, simulator=SIMULATOR, log=log, per_gpu=per_gpu)
     console = Console(width=None if sys.stdout.isatty() else 200)
     console.print(results_table(summary))
     console.print(diag_table(summary))

@@ -1,7 +1,7 @@
 """N `fox train` runs sharing one GPU against one run alone (issue 26 item 3: N runs in at most 1.5 x one's wall).
 
     python3 tools/bench_runs.py --runs 8 --out tools/results/many_runs_NAME [--folder runs/bench_runs]
-        [--no-warmup] [-- extra fox train arguments, e.g. --preset default --set learner.epochs=5]
+        [--no-warmup] [--mps] [-- extra fox train arguments, e.g. --preset default --set learner.epochs=5]
 
 In order, each a `python -m fox_numba train` with the extra arguments and `run.seed`, `run.name` and `run.out_dir`
 set by the tool (tools/train_seeds.py's command):
@@ -35,8 +35,9 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tools"))
 
 from bench_device import machine, results_header  # noqa: E402
-from train_seeds import Job, run_jobs, train_command  # noqa: E402
+from train_seeds import MPS_HELP, Job, run_jobs, train_command  # noqa: E402
 
+from fox_numba.device.mps import mps_for_children, mps_problem  # noqa: E402
 from fox_numba.io import atomic_write_text  # noqa: E402
 
 PHASES = ("collect", "train", "evaluate", "epoch")
@@ -136,12 +137,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True, help="results path without suffix (.md and .json)")
     parser.add_argument("--folder", type=Path, default=Path("runs/bench_runs"), help="folder of the run folders")
     parser.add_argument("--no-warmup", action="store_true", help="skip the warm-up run (the caches are warm)")
+    parser.add_argument("--mps", action="store_true", help=MPS_HELP + " (every phase, the warm-up included)")
     args = parser.parse_args(own)
+    if args.mps and (problem := mps_problem()) is not None:
+        parser.error(problem)
     if args.runs < 1:
         parser.error("--runs must be at least 1")
     command = "python3 tools/bench_runs.py " + " ".join(argv)
     info = {"date_utc": datetime.now(UTC).strftime("%Y-%m-%d %H:%M"), **machine()}
-    record = bench(args.runs, extra, args.folder, not args.no_warmup)
+    with mps_for_children(args.mps):
+        record = bench(args.runs, extra, args.folder, not args.no_warmup)
     out_md, out_json = args.out.with_name(args.out.name + ".md"), args.out.with_name(args.out.name + ".json")
     atomic_write_text(out_md, markdown(record, command, info))
     atomic_write_text(out_json, json.dumps({"command": command, "machine": info, **record}, indent=1) + "\n")

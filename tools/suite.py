@@ -1,7 +1,7 @@
 """Score a `fox train` config on the market suite (data/suite/suite.toml): every market x every seed, one table.
 
     python3 tools/suite.py --seeds 0 1 2 3 4 --parallel 6 --out tools/results/suite_NAME [--markets a,b]
-        [--runs runs/suite] [--stores DIR] [--suite data/suite/suite.toml] [-- extra fox train arguments]
+        [--runs runs/suite] [--stores DIR] [--suite data/suite/suite.toml] [--mps] [-- extra fox train arguments]
 
 Each market's store is built from its definition (`python -m fox_numba data synth --definition DEF --out
 STORES/MARKET.h5`; an existing store built from the same definition digest is reused; STORES defaults to
@@ -66,9 +66,10 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tools"))
 
 from bench_device import machine, results_header  # noqa: E402
-from train_seeds import Job, run_jobs, train_command  # noqa: E402
+from train_seeds import MPS_HELP, Job, run_jobs, train_command  # noqa: E402
 
 from fox_numba.config import load_config, read_toml  # noqa: E402
+from fox_numba.device.mps import mps_for_children, mps_problem  # noqa: E402
 from fox_numba.errors import ConfigError  # noqa: E402
 from fox_numba.io import atomic_write_text  # noqa: E402
 from fox_numba.market.default import built_hash, default_store_path  # noqa: E402
@@ -587,15 +588,19 @@ def main(argv: list[str] | None = None) -> int:
                         "these (settings that change no training), --parallel at a time (module header)")
     parser.add_argument("--pack", type=Path, metavar="RUNS_NAME.tgz",
                         help="also pack the runs' summary.json, metrics.jsonl and epochs.log into this archive")
+    parser.add_argument("--mps", action="store_true", help=MPS_HELP + " (the training runs and --rescore's)")
     args = parser.parse_args(own)
+    if args.mps and (problem := mps_problem()) is not None:
+        parser.error(problem)
     if args.rescore and args.tabulate is None:
         parser.error("--rescore needs --tabulate (the earlier suite whose run folders it scores again)")
     if args.pack is not None and args.pack.suffix != ".tgz":
         parser.error(f"--pack {args.pack}: the archive's name must end in .tgz (runs_NAME.tgz)")
     try:
         if args.tabulate is not None:
-            code = tabulate(args.tabulate, args.out, args.runs, args.rescore, args.parallel,
-                            "python3 tools/suite.py " + " ".join(argv))
+            with mps_for_children(args.mps and bool(args.rescore)):
+                code = tabulate(args.tabulate, args.out, args.runs, args.rescore, args.parallel,
+                                "python3 tools/suite.py " + " ".join(argv))
             if args.pack is not None:
                 earlier = json.loads(args.tabulate.read_text(encoding="utf-8"))
                 pack_runs(args.runs or Path(earlier["runs"]), list(earlier["markets"]),
@@ -617,7 +622,8 @@ def main(argv: list[str] | None = None) -> int:
         ready = [m for m in markets if builds[m.name].get("returncode", 0) == 0]
         jobs = [Job((m.name, seed), market_command(m, suite, extra, store_path(stores, m), seed, runs),
                     runs / m.name / f"seed_{seed}.log") for seed in args.seeds for m in ready]
-        done = run_jobs(jobs, args.parallel)
+        with mps_for_children(args.mps):
+            done = run_jobs(jobs, args.parallel)
     record = {
         "command": "python3 tools/suite.py " + " ".join(argv),
         "wall_s": None if args.from_runs else time.perf_counter() - start,

@@ -1,7 +1,7 @@
 """Run `fox train` for several seeds (in parallel on one GPU or one after another) and tabulate the results.
 
     python3 tools/train_seeds.py --seeds 0 1 2 --out tools/results/train_default_h200 [--parallel 3]
-        [--runs runs/seeds] [-- extra fox train arguments, e.g. --preset default --set learner.epochs=5]
+        [--runs runs/seeds] [--mps] [-- extra fox train arguments, e.g. --preset default --set learner.epochs=5]
 
 Each seed runs `python -m fox_numba train --set run.seed=S --set run.name=seed_S --set run.out_dir=RUNS ...`,
 its output kept in RUNS/seed_S.log. When all are done, OUT.md and OUT.json hold per seed the wall time and
@@ -16,8 +16,9 @@ folds.select_days > 0, the held-out selection days. Exit status 1 if any run fai
 rewrites OUT.md and OUT.json from the run folders in RUNS and the command, machine and wall times recorded
 in OUT.json (after the summary gained a field, or on run folders copied back from a GPU machine).
 
-`fox sweep` runs seeds x configs on Ray, one trial per GPU; this script keeps the parallel-on-one-GPU
-measurement of tools/results/train_default_h200.md.
+`fox sweep` runs seeds x configs on Ray; this script keeps the parallel-on-one-GPU measurement of
+tools/results/train_default_h200.md. With --mps (here, in tools/suite.py and tools/bench_runs.py) the runs start
+under a private CUDA MPS daemon (fox_numba/device/mps.py), so their kernels share the GPU at once.
 """
 
 from __future__ import annotations
@@ -38,8 +39,12 @@ sys.path.insert(0, str(ROOT / "tools"))
 
 from bench_device import machine, results_header  # noqa: E402
 
+from fox_numba.device.mps import mps_for_children, mps_problem  # noqa: E402
 from fox_numba.io import atomic_write_text  # noqa: E402
 from fox_numba.sweep.aggregate import fmt, fold_rows, mean  # noqa: E402
+
+MPS_HELP = ("run the runs under a private CUDA MPS daemon (fox_numba/device/mps.py), so that their kernels share the "
+            "GPU at once instead of taking turns; needs nvidia-cuda-mps-control")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -52,7 +57,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=Path, default=Path("runs/seeds"), help="folder of the seeds' run folders")
     parser.add_argument("--parallel", type=int, default=1, help="runs at a time (they share the GPU)")
     parser.add_argument("--tabulate", type=Path, help="an earlier OUT.json: re-tabulate its runs, train nothing")
+    parser.add_argument("--mps", action="store_true", help=MPS_HELP)
     args = parser.parse_args(own)
+    if args.mps and (problem := mps_problem()) is not None:
+        parser.error(problem)
     if args.tabulate is not None:
         old = json.loads(args.tabulate.read_text(encoding="utf-8"))
         seeds = sorted(int(k) for k in old["seeds"])
@@ -61,8 +69,9 @@ def main(argv: list[str] | None = None) -> int:
         return write_tables(args.out, seeds, parallel, results, old["command"], old["machine"], old["wall_s"])
     args.runs.mkdir(parents=True, exist_ok=True)
     start_all = time.perf_counter()
-    done = run_jobs([Job(seed, train_command(extra, seed, args.runs), args.runs / f"seed_{seed}.log")
-                     for seed in args.seeds], args.parallel)
+    with mps_for_children(args.mps):
+        done = run_jobs([Job(seed, train_command(extra, seed, args.runs), args.runs / f"seed_{seed}.log")
+                         for seed in args.seeds], args.parallel)
     results = {seed: {**done[seed], **run_figures(args.runs, seed)} for seed in args.seeds}
     wall_all = time.perf_counter() - start_all
     info = {"date_utc": datetime.now(UTC).strftime("%Y-%m-%d %H:%M"), **machine()}

@@ -76,8 +76,9 @@ def identity(spec: SweepSpec, base: BaseOptions, jobs: Sequence[TrialJob]) -> di
 
 
 def run_sweep(spec: SweepSpec, base: BaseOptions, folder: SweepFolder, *, address: str | None, simulator: bool,
-              log: Log, cwd: Path | None = None) -> dict[str, Any]:
-    """Run (or continue) the sweep in `folder`; its summary (also written to summary.json)."""
+              log: Log, cwd: Path | None = None, per_gpu: int = 1) -> dict[str, Any]:
+    """Run (or continue) the sweep in `folder`, up to `per_gpu` trials sharing a GPU; its summary (also written
+    to summary.json)."""
     start = time.perf_counter()
     trials = spec.trials()
     jobs = plan(trials, base, folder, cwd or Path.cwd())
@@ -105,7 +106,7 @@ def run_sweep(spec: SweepSpec, base: BaseOptions, folder: SweepFolder, *, addres
                          f"{last[-1] if len(last) > 1 else ''} (stderr: {job.stderr})")
 
     if todo:
-        run_jobs(todo, folder, address=address, simulator=simulator, on_done=done)
+        run_jobs(todo, folder, address=address, simulator=simulator, on_done=done, per_gpu=per_gpu)
     records = {t.id: folder.record(t.id) for t in trials}
     summary = sweep_summary(trials, folder, records, wall_s=time.perf_counter() - start)
     folder.save_summary(summary)

@@ -1,8 +1,8 @@
 """Run a sweep's trials as Ray tasks, one `python -m fox_numba train` subprocess each.
 
 Ray schedules; this module only submits one task per unfinished trial and collects outcomes as they
-arrive. A task asks for one GPU when the cluster has any (Ray sets CUDA_VISIBLE_DEVICES to the GPU it
-grants, so each trial sees one device) and one CPU otherwise; a trial granted a GPU runs its kernels
+arrive. A task asks for 1 / per_gpu of a GPU when the cluster has any (`fox sweep --per-gpu`, 1 by default;
+Ray sets CUDA_VISIBLE_DEVICES to the GPU it grants, so each trial sees one device) and one CPU otherwise; a trial granted a GPU runs its kernels
 there (NUMBA_ENABLE_CUDASIM=0), one granted a CPU under the CUDA simulator (=1). A subprocess per trial
 keeps a crash, a CUDA context or numba state of one trial out of the worker and the next trial; it is
 the same code path as `fox train`, and an interrupted trial continues with `fox train --resume`.
@@ -127,9 +127,10 @@ def connect(ray: Any, address: str | None, *, simulator: bool) -> None:
 
 
 def run_jobs(jobs: Sequence[TrialJob], folder: SweepFolder, *, address: str | None, simulator: bool,
-             on_done: Callable[[TrialJob, TrialRecord, bool], None]) -> None:
+             on_done: Callable[[TrialJob, TrialRecord, bool], None], per_gpu: int = 1) -> None:
     """Run every job on Ray, recording each outcome in the sweep folder as it arrives (`on_done(job,
-    record, resumed)`); a failed trial is recorded and the others go on."""
+    record, resumed)`); a failed trial is recorded and the others go on. On a cluster with GPUs each trial is
+    granted 1 / per_gpu of one, so up to per_gpu trials share each GPU at once."""
     ray = import_ray()
     connect(ray, address, simulator=simulator)
     # A signal handler that raises inside Ray's wait would surface as a SystemError: note the signal, and
@@ -138,7 +139,7 @@ def run_jobs(jobs: Sequence[TrialJob], folder: SweepFolder, *, address: str | No
     previous = {sig: signal.signal(sig, lambda signum, frame: caught.append(signum)) for sig in INTERRUPTS}
     try:
         use_gpu = ray.cluster_resources().get("GPU", 0) >= 1
-        task = ray.remote(run_trial).options(num_gpus=1 if use_gpu else 0, num_cpus=1, max_retries=0)
+        task = ray.remote(run_trial).options(num_gpus=1 / per_gpu if use_gpu else 0, num_cpus=1, max_retries=0)
         pending = {task.remote(job, use_gpu): job for job in jobs}
         while pending:
             ready, _ = ray.wait(list(pending), num_returns=1, timeout=WAIT_S)
