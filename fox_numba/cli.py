@@ -492,7 +492,7 @@ def sweep(
         int,
         typer.Option("--per-gpu", min=1, help="Trials sharing each GPU at once (each is granted 1/N of one). Short "
                      "runs leave most of a GPU idle: 8 default runs at once took 2.59x one run's wall on an H100, "
-                     "1.58x with --mps (tools/results/many_runs_*_h100.md). Mind the GPU memory of large configs."),
+                     "1.59x with --mps (tools/results/many_runs_*_h100.md). Mind the GPU memory of large configs."),
     ] = 1,
     mps: Annotated[
         bool,

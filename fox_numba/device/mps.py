@@ -2,8 +2,8 @@
 
 Without MPS, the CUDA contexts of separate processes take turns on a GPU: the learner steps of 8 `fox train` runs
 ran one after another, 8 runs at once took 2.59 x one run's wall on an H100 (tools/results/many_runs_meanx_h100.md).
-Under an MPS daemon the processes' kernels share the GPU as one context's streams would (1.58 x there,
-many_runs_mps_h100.md), and each run's numbers stay the same bit for bit (the kernels and their order in a run do
+Under an MPS daemon the processes' kernels share the GPU as one context's streams would (1.59 x there,
+many_runs_mps2_h100.md), and each run's numbers stay the same bit for bit (the kernels and their order in a run do
 not change).
 
     with mps_daemon() as env:        # starts `nvidia-cuda-mps-control -d` with pipes in a temporary folder
