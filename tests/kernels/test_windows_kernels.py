@@ -2,10 +2,13 @@
 inputs, every output element. The kernels copy float32 values, so the outputs equal the references exactly.
 
 The market: R = 23 rows over days of 1, 4, 7 and 11 bars (a one-bar day included); the samples' rows include every
-day's first bar, a bar one after it and each day's last bar, so windows of T = 5 clamp at day starts in every way.
+day's first bar, a bar one after it and each day's last bar, so windows of T = 5 or 11 clamp at day starts in every way;
+at T = 11 a gather block's warps take more than one bar, and at F = 67 and 161 its lanes one and two rounds of four
+columns, the last rounds partial.
 """
 
 import numpy as np
+import pytest
 
 from fox_numba.device import registry
 from fox_numba.kernels.windows import concat_columns, gather_windows
@@ -28,7 +31,9 @@ def test_kernels_are_registered():
     assert names == {"gather_windows_kernel", "concat_columns_kernel"}
 
 
-def test_gather_windows_matches_numpy(stream, stager, rng):
+@pytest.mark.parametrize("T, C, F", [(T, C, F), (11, 70, 67), (3, 170, 161)],
+                         ids=["short", "more bars than warps", "two column rounds"])
+def test_gather_windows_matches_numpy(stream, stager, rng, T, C, F):
     market = rng.standard_normal((DAY_START[-1], C)).astype(np.float32)
     day_first = np.repeat(DAY_START[:-1], np.diff(DAY_START)).astype(np.int32)
     rows = np.array([0, 1, 2, 5, 6, 9, 11, 12, 13, 16, 17, 22], np.int32)
