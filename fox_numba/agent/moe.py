@@ -18,8 +18,13 @@ sum of the experts' logits; the auxiliary forecast is the experts' mean (a regre
 Initialisation (`init_params`): every expert block is drawn as the single head is (Xavier with fan-out HW, its own
 draw per expert, so the experts differ from the first step and the gate has something to route between); the gate
 starts at 0, a uniform mixture, whose fresh logits have 1/sqrt(K) of one head's spread (a smoother start that the
-C51 loss rescales in its first steps). Weight decay and the fold boundary's shrink-and-perturb (a fresh gate is 0)
-pull the gate towards uniform.
+C51 loss rescales in its first steps). With the heads started at zero (network.head_init_scale = 0, the default)
+the experts are equal, and under a uniform gate they would stay equal for good (each gets 1/K of the same
+gradient, which Adam's normalisation undoes: the mixture is the single head; the market suite measured exactly that,
+tools/results/learner_ablation_h200.md section 59); so then the gate is drawn as a trunk layer is (uniform within
+sqrt(6 / H)): the mixture still starts at zero, but each expert's gradient is weighted by its own gate per sample,
+and the experts part from the first step. Weight decay and the fold boundary's shrink-and-perturb (towards a fresh
+draw of the same kind) pull the gate towards that start.
 
 Load balancing: the learner's online network adds lambda sum_b K sum_k u_bk**2 to the loss (u_bk: the batch-mean
 gate weight of expert k in branch b, over the s rows), lambda = ISV[MOE_LAMBDA_EFF] driven by the controller in

@@ -44,7 +44,8 @@ own generator numpy.random.default_rng([seed, entry index]); trunk weights Kaimi
 (U(+-sqrt(6 / fan_in))), head weights Xavier-uniform (U(+-sqrt(6 / (fan_in + fan_out)))), so fresh logits
 have unit scale and every head starts near a smooth distribution (with MoE heads, fan_out is one expert's), times
 `head_scale` (network.head_init_scale; 0 starts the heads at zero: uniform distributions, equal values); biases
-and the VSN and MoE gates 0.
+and the VSN and MoE gates 0, but the MoE gate's weight drawn as a trunk layer's when the heads start at zero (equal
+experts under a uniform gate would stay equal: agent/moe.py).
 
 `Network(layout, batch, stream=s, grad_rows=G)` keeps the forward's activations so `backward` can follow;
 backward uses the first G rows of the last forward (the learner runs s and s' through one forward of 2B rows
@@ -156,7 +157,7 @@ from fox_numba.agent.iqn import IQN_HEAD_PREFIX, iqn_entries
 from fox_numba.agent.mean_head import MEAN_HEAD_PREFIX, mean_entries
 from fox_numba.agent.mamba2 import MAMBA2_PREFIX, Mamba2Dims, Mamba2Encoder, encoder_dims, mamba2_entries
 from fox_numba.agent.mamba2 import init_params as mamba2_init
-from fox_numba.agent.moe import MOE_PREFIX, MoeHeads, moe_entries
+from fox_numba.agent.moe import GATE_W, MOE_PREFIX, MoeHeads, moe_entries
 from fox_numba.agent.noisy import NoiseKey, NoisyHead, init_sigma, sigma_entries
 from fox_numba.agent.param_entry import ParamEntry
 from fox_numba.agent.spectral import SpectralKey, SpectralNorm, layer_widths
@@ -452,7 +453,9 @@ def init_params(layout: ParamLayout, seed: int, head_scale: float = 1.0) -> np.n
     (C51, IQN and mean heads) scaled by `head_scale`."""
     flat = np.zeros(layout.size, np.float32)
     for index, e in enumerate(layout.entries):
-        if not e.decay or e.name.startswith((VSN_PREFIX, MOE_PREFIX, MAMBA2_PREFIX, TLOB_PREFIX)):
+        gate_breaks_symmetry = e.name == GATE_W and head_scale == 0  # zero experts: drawn as a trunk layer
+        if not e.decay or (e.name.startswith((VSN_PREFIX, MOE_PREFIX, MAMBA2_PREFIX, TLOB_PREFIX))
+                           and not gate_breaks_symmetry):
             continue  # biases and the VSN and MoE gates start at 0 (uniform gates), sigma, Mamba2 and TLOB below
         rng = np.random.default_rng([seed % 2**63, index])
         fan_in, fan_out = e.shape

@@ -67,6 +67,22 @@ def test_init_draws_each_expert_as_one_head_and_a_uniform_gate():
                                   init_params(lay, 5)[: lay.entry("head.weight").offset])  # the trunk is the plain one
 
 
+def test_zero_started_experts_get_a_drawn_gate():
+    """With the heads at zero (network.head_init_scale = 0) the K experts are equal: a uniform gate would give each
+    1/K of the same gradient and keep them equal for good, so the gate's weight is drawn as a trunk layer's
+    (uniform within sqrt(6 / H)), its bias 0; everything else as the single head's zero start."""
+    lay = build(TRUNK)
+    p = lay.unpack(init_params(lay, 5, head_scale=0.0))
+    assert not p["head.weight"].any() and not p["head.bias"].any() and not p["moe.bias"].any()
+    gate, bound = p["moe.weight"], math.sqrt(6.0 / lay.entry("moe.weight").shape[0])
+    assert np.abs(gate).max() <= bound and np.abs(gate).max() > 0.5 * bound
+    assert len({tuple(gate[:, k]) for k in range(gate.shape[1])}) == gate.shape[1]  # every expert routed apart
+    drawn = lay.unpack(init_params(lay, 5))
+    assert not drawn["moe.weight"].any()  # drawn experts keep the uniform gate
+    np.testing.assert_array_equal(init_params(lay, 5, head_scale=0.0)[: lay.entry("head.weight").offset],
+                                  init_params(lay, 5)[: lay.entry("head.weight").offset])  # the trunk as before
+
+
 def random_params(lay, rng):
     """init_params with nonzero biases and a nonzero gate (its init is 0)."""
     p0 = init_params(lay, 3)

@@ -74,6 +74,30 @@ def test_steps_launch_the_mixture_and_follow_the_seed(stream, stager, rng, n_lay
         assert 1.0 <= stats["moe_balance"] <= K
 
 
+def test_zero_started_experts_part_under_the_drawn_gate(stream, stager, rng):
+    """Heads started at zero (network.head_init_scale = 0): the K experts begin equal, and the drawn gate
+    (agent/moe.py) weights each one's gradient by its own routing, so after an epoch no two experts are equal
+    and the mixture is not the single head; under the gate of the drawn-head start (0, uniform) the same epoch
+    leaves every expert equal to the first, bit for bit (the failure the drawn gate removes)."""
+    replay, market, isv0 = random_replay(rng), rng.standard_normal((12, M)).astype(np.float32), steady_isv(rng)
+    cfg = moe_config(K, n_layers=0)
+    cfg.network.head_init_scale = 0.0
+    for uniform_gate in (False, True):
+        learner, _ = build(stager, stream, cfg, replay, market, isv0, seed=3)
+        if uniform_gate:
+            flat = stager.download(learner.params)
+            learner.layout.unpack(flat)["moe.weight"][:] = 0.0  # views of flat
+            stager.upload(flat, learner.params)
+            stager.upload(flat, learner.target)
+        learner.train_epoch(1)
+        p = learner.layout.unpack(stager.download(learner.params))
+        hw = p["head.weight"].shape[1] // K
+        experts = [p["head.weight"][:, k * hw : (k + 1) * hw] for k in range(K)]
+        assert np.abs(experts[0]).max() > 0  # the heads learned
+        equal = [np.array_equal(experts[0], e) for e in experts[1:]]
+        assert equal == [uniform_gate] * (K - 1), f"uniform gate {uniform_gate}: experts equal to the first {equal}"
+
+
 def test_signals_and_lambda_after_a_step(stream, stager, rng):
     """After the first step (the slots at their bootstrap: unobserved) ISV 118-127 hold the signals of the step's
     online gate weights on s and lambda has taken one controller step from its base weight; the epoch stat is the
