@@ -9,6 +9,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 
 from port_probe import (  # noqa: E402
+    ensembles,
     PORT_COLUMNS,
     Book,
     AGENT_GRAD_SCALE,
@@ -193,3 +194,14 @@ def test_risk_units_divide_rewards_returns_and_costs_and_the_agents_gradient_is_
     np.testing.assert_array_equal(scaled.idx, rows.idx)
     n = 5
     assert AGENT_GRAD_SCALE * 2.0 / n == 1.0 / (4 * n)
+
+
+def test_an_ensemble_is_the_mean_of_each_groups_weights_and_trades_as_their_mean_values(rng):
+    """`ensembles`: groups of k consecutive fits averaged; the averaged weights' values are the mean of the group's
+    values on any rows (the values are linear in the weights), so its argmax is the ensemble's decision."""
+    fits = [rng.standard_normal((7, 4)) for _ in range(6)]
+    groups = ensembles(fits, 3)
+    assert len(groups) == 2
+    np.testing.assert_allclose(groups[1], (fits[3] + fits[4] + fits[5]) / 3, rtol=1e-12)
+    phi = rng.standard_normal((11, 7))
+    np.testing.assert_allclose(phi @ groups[0], np.mean([phi @ w for w in fits[:3]], axis=0), rtol=1e-12, atol=1e-12)

@@ -1,6 +1,6 @@
 """Do the agent's portfolio columns cost its counterfactual learner the linear fit's read? (CPU)
 
-    python3 tools/port_probe.py [--store STORE.h5] [--modes plain agent history] [--seeds 0 1 2] \
+    python3 tools/port_probe.py [--store STORE.h5] [--modes plain agent history] [--seeds 0 1 2] [--ensemble K] \
         [--set folds.n_folds=1 --set folds.val_days=30 --set folds.step_days=30] [--out tools/results/NAME.md]
 
 The agent with learner.counterfactual + counterfactual_held on the mean head's position x market input (`meancf`)
@@ -309,6 +309,12 @@ def learn(xb: np.ndarray, book: Book, rows: Rows, mode: str, lc: LearnerConfig, 
     return (total / count if count else w), Carry(w, moments)
 
 
+def ensembles(fits: list[np.ndarray], k: int) -> list[np.ndarray]:
+    """The mean weights of each group of k consecutive fits (seeds in order): an ensemble of k values linear in the
+    same columns is the linear values of their mean weights, so it trades as one."""
+    return [np.mean(fits[i : i + k], axis=0) for i in range(0, len(fits), k)]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--store", type=Path, help="market store (default: the embedded default market)")
@@ -330,9 +336,14 @@ def main(argv: list[str] | None = None) -> int:
                         "draw times this (network.head_init_scale; `initial_weights`), not from zero")
     parser.add_argument("--agent-units", action="store_true", help="rewards in the agent's risk units, its "
                         "mean-head loss's gradient scale and its Adam epsilon (`learn`, `in_risk_units`)")
+    parser.add_argument("--ensemble", type=int, metavar="K", help="also trade the mean of K seeds' weights: the seeds "
+                        "in order in groups of K, each group's averaged weights traded (`ensembles`)")
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE", help="config override")
     parser.add_argument("--out", type=Path, help="also write the table to this markdown file")
     args = parser.parse_args(argv)
+    if args.ensemble is not None and not (2 <= args.ensemble <= len(args.seeds)
+                                          and len(args.seeds) % args.ensemble == 0):
+        parser.error(f"--ensemble {args.ensemble}: K must be at least 2 and divide the {len(args.seeds)} seeds")
     if args.n_step < 1 or (args.n_step > 1 and {"agent", "history"} & set(args.modes)):
         parser.error("--n-step must be >= 1, and above 1 only with the modes plain and left")
     cfg, selection, feats, plain = probe_setup(args.store, args.set)
@@ -363,6 +374,13 @@ def main(argv: list[str] | None = None) -> int:
             lines.append(f"| {fold.index} | {mode} | {mean_se([s for s, _ in acts], 2)} | "
                          f"{mean_se([r for _, r in acts], 1, '')} | {' '.join(f'{s:+.2f}' for s, _ in acts)} |")
             print(lines[-1], flush=True)
+            if args.ensemble is not None:
+                groups = [traded_argmax(lambda a, b, w=w: trade_day(xb, book, a, b, w, cols)[0], m, cfg)
+                          for w in ensembles(fits, args.ensemble)]
+                lines.append(f"| {fold.index} | {mode}, mean of {args.ensemble} seeds' weights | "
+                             f"{mean_se([s for s, _ in groups], 2)} | {mean_se([r for _, r in groups], 1, '')} | "
+                             f"{' '.join(f'{s:+.2f}' for s, _ in groups)} |")
+                print(lines[-1], flush=True)
     finish_table(lines, args.out, "port_probe.py", argv,
                  "The agent's counterfactual batch and portfolio columns in the linear fit",
                  f"Store: {selection.path}, {len(selection.days)} days; seeds {args.seeds}; learner: lr {lc.lr} "
