@@ -2,8 +2,9 @@
 
 Ray schedules; this module only submits one task per unfinished trial and collects outcomes as they
 arrive. A task asks for 1 / per_gpu of a GPU when the cluster has any (`fox sweep --per-gpu`, 1 by default;
-Ray sets CUDA_VISIBLE_DEVICES to the GPU it grants, so each trial sees one device) and one CPU otherwise; a trial granted a GPU runs its kernels
-there (NUMBA_ENABLE_CUDASIM=0), one granted a CPU under the CUDA simulator (=1). A subprocess per trial
+Ray sets CUDA_VISIBLE_DEVICES to the GPU it grants, so each trial sees one device) and one CPU otherwise; a
+trial granted a GPU runs its kernels there (NUMBA_ENABLE_CUDASIM=0), one granted a CPU under the CUDA
+simulator (=1). A subprocess per trial
 keeps a crash, a CUDA context or numba state of one trial out of the worker and the next trial; it is
 the same code path as `fox train`, and an interrupted trial continues with `fox train --resume`.
 
