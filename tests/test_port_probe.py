@@ -10,6 +10,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 
 from port_probe import (  # noqa: E402
     ensembles,
+    mirrored,
     PORT_COLUMNS,
     Book,
     AGENT_GRAD_SCALE,
@@ -205,3 +206,23 @@ def test_an_ensemble_is_the_mean_of_each_groups_weights_and_trades_as_their_mean
     np.testing.assert_allclose(groups[1], (fits[3] + fits[4] + fits[5]) / 3, rtol=1e-12)
     phi = rng.standard_normal((11, 7))
     np.testing.assert_allclose(phi @ groups[0], np.mean([phi @ w for w in fits[:3]], axis=0), rtol=1e-12, atol=1e-12)
+
+
+def test_the_mirror_negates_the_signed_columns_and_the_price_changes_only(rng):
+    """`mirrored`: the market reflected about its prices: its signed columns (symmetry_probe.signed_columns) and the
+    rewards and returns change sign; the unsigned columns, the bias column and the rows' structure do not."""
+    from symmetry_probe import signed_columns
+
+    xb = np.hstack([rng.standard_normal((9, 128)), np.ones((9, 1))])
+    rows = Rows(idx=np.arange(8), reward=rng.standard_normal(9), last=np.zeros(9, bool),
+                ret=rng.standard_normal(9), cost=rng.random(9))
+    xm, rm = mirrored(xb, rows)
+    signed = signed_columns()
+    rest = np.setdiff1d(np.arange(129), signed)
+    np.testing.assert_array_equal(xm[:, signed], -xb[:, signed])
+    np.testing.assert_array_equal(xm[:, rest], xb[:, rest])
+    assert 128 in rest and len(signed) == 84
+    np.testing.assert_array_equal(rm.reward, -rows.reward)
+    np.testing.assert_array_equal(rm.ret, -rows.ret)
+    np.testing.assert_array_equal(rm.cost, rows.cost)
+    np.testing.assert_array_equal(rm.idx, rows.idx)
