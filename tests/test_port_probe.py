@@ -10,6 +10,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 
 from port_probe import (  # noqa: E402
     ensembles,
+    features,
+    mirror_parity,
+    mirror_project,
     mirrored,
     PORT_COLUMNS,
     Book,
@@ -226,3 +229,19 @@ def test_the_mirror_negates_the_signed_columns_and_the_price_changes_only(rng):
     np.testing.assert_array_equal(rm.ret, -rows.ret)
     np.testing.assert_array_equal(rm.cost, rows.cost)
     np.testing.assert_array_equal(rm.idx, rows.idx)
+
+
+def test_projected_weights_value_the_mirrored_state_as_the_state(rng):
+    """`mirror_project`: for the projected weights, the values of the mirrored row (signed columns negated), held
+    at -q, are the row's values with Short and Long swapped; projecting twice changes nothing; unprojected weights
+    do not have the property."""
+    xb = np.hstack([rng.standard_normal((6, 128)), np.ones((6, 1))])
+    xm, _ = mirrored(xb, Rows(idx=np.arange(6), reward=np.zeros(6), last=np.zeros(6, bool), ret=np.zeros(6)))
+    q, port = rng.choice([-1.0, 0.0, 1.0], 6), rng.random((6, 1))
+    parity = mirror_parity(128, (2,))
+    w = rng.standard_normal((2 * 129 + 1, 4))
+    p = mirror_project(w, parity)
+    np.testing.assert_allclose(features(xm, -q, port) @ p, (features(xb, q, port) @ p)[:, [2, 1, 0, 3]],
+                               rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(mirror_project(p, parity), p, rtol=1e-15, atol=0)
+    assert not np.allclose(features(xm, -q, port) @ w, (features(xb, q, port) @ w)[:, [2, 1, 0, 3]])

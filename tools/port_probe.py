@@ -1,7 +1,8 @@
 """Do the agent's portfolio columns cost its counterfactual learner the linear fit's read? (CPU)
 
     python3 tools/port_probe.py [--store STORE.h5] [--modes plain agent history] [--seeds 0 1 2] [--ensemble K] \
-        [--mirror] [--set folds.n_folds=1 --set folds.val_days=30 --set folds.step_days=30] [--out tools/results/NAME.md]
+        [--mirror [batch|project]] [--set folds.n_folds=1 --set folds.val_days=30 --set folds.step_days=30] \
+        [--out tools/results/NAME.md]
 
 The agent with learner.counterfactual + counterfactual_held on the mean head's position x market input (`meancf`)
 earns about half of what the same values earn in tools/td_probe.py's linear fit (`qdir_cross`). That fit differs
@@ -278,10 +279,32 @@ def mirrored(xb: np.ndarray, rows: Rows) -> tuple[np.ndarray, Rows]:
     return xm, dataclasses.replace(rows, reward=-rows.reward, ret=-rows.ret)
 
 
+MIRROR_DIRECTIONS = np.array([2, 1, 0, 3])
+"""The direction each one becomes in the mirror: Short and Long swap, Hold and Flat stay (actions.Direction)."""
+
+
+def mirror_parity(n_x: int, cols: tuple[int, ...]) -> np.ndarray:
+    """[F]: +1 for a feature the mirror leaves, -1 for one it negates, in `features`' order [x, 1, q, q x, port]:
+    the signed market columns -1, the bias +1, q -1, q x_signed +1, q x_unsigned -1; of the portfolio columns
+    only the bars left (L) is allowed, +1 (`mirrored`)."""
+    from symmetry_probe import signed_columns
+
+    x = np.ones(n_x)
+    x[signed_columns()] = -1.0
+    return np.concatenate([x, [1.0, -1.0], -x, np.ones(len(cols))])
+
+
+def mirror_project(w: np.ndarray, parity: np.ndarray) -> np.ndarray:
+    """The weights [F, 4] made mirror-symmetric, Q(mirror x, -q, sigma d) = Q(x, q, d): the mean of w and its
+    mirror image parity * w[:, sigma] (odd inputs then carry no Hold or Flat value, and Short and Long share the
+    rest with opposite signs on the odd inputs)."""
+    return 0.5 * (w + parity[:, None] * w[:, MIRROR_DIRECTIONS])
+
+
 def learn(xb: np.ndarray, book: Book, rows: Rows, mode: str, lc: LearnerConfig, seed: int, spread: float,
           history: int, n_step: int = 1, average: str = "none", average_start: int = 1,
           start: tuple[np.ndarray, list[np.ndarray]] | None = None,
-          init_scale: float = 0.0, agent_units: bool = False, mirror: bool = False) -> tuple[np.ndarray, Carry]:
+          init_scale: float = 0.0, agent_units: bool = False, mirror: str = "none") -> tuple[np.ndarray, Carry]:
     """The four direction values' weights [F, 4] learned from the agent's counterfactual batches (module header),
     and the state a next fold would carry. `average`: 'none' trades the last step's weights; 'epoch' the mean of
     the epoch-end weights from epoch `average_start` on (the agent's evaluation.network = 'average'); 'step' the
@@ -290,11 +313,13 @@ def learn(xb: np.ndarray, book: Book, rows: Rows, mode: str, lc: LearnerConfig, 
     start also drives the first epoch's behaviour. `agent_units`: the gradient of the agent's mean-head loss, the
     mean over the batch's rows (each a transition's direction) of e**2 / 2, one eighth of this fit's 2 / n sum
     over transitions, and Adam with the agent's epsilon (learner.adam_eps); pass rows in risk units with it
-    (`in_risk_units`). `mirror`: each step's gradient is the mean of the batch's and of its mirror's (`mirrored`:
-    the same transitions in the market reflected about its prices, held at -q; modes plain and left only, whose
-    portfolio columns do not read the price), so the values learn the market's up/down symmetry."""
+    (`in_risk_units`). `mirror` (modes plain and left only, whose portfolio columns do not read the price):
+    'batch' makes each step's gradient the mean of the batch's and of its mirror's (`mirrored`: the same transitions
+    in the market reflected about its prices, held at -q); 'project' projects the weights onto the mirror-symmetric
+    ones after each step (`mirror_project`); 'none' neither."""
     rng = np.random.default_rng(seed)
-    xm, rows_m = mirrored(xb, rows) if mirror else (xb, rows)
+    xm, rows_m = mirrored(xb, rows) if mirror == "batch" else (xb, rows)
+    parity = mirror_parity(xb.shape[1] - 1, PORT_COLUMNS[mode])
     cols = PORT_COLUMNS[mode]
     n_in = 2 * xb.shape[1] + len(cols)
     w = initial_weights(n_in, xb.shape[1] - 1, init_scale, seed) if start is None else start[0].copy()
@@ -315,9 +340,11 @@ def learn(xb: np.ndarray, book: Book, rows: Rows, mode: str, lc: LearnerConfig, 
         stored = np.arange(n) % 4 == 0
         q, entry, bars = (np.where(stored, vq[t], q), np.where(stored, ve[t], entry), np.where(stored, vb[t], bars))
         g = batch_grad(xb, book, rows, t, q, entry, bars, w, w_tgt, lc.gamma, cols, n_step)
-        if mirror:
+        if mirror == "batch":
             g = 0.5 * (g + batch_grad(xm, book, rows_m, t, -q, entry, bars, w, w_tgt, lc.gamma, cols, n_step))
         w = update(step, w, grad_scale * g)
+        if mirror == "project":
+            w = mirror_project(w, parity)
         w_tgt = (1 - lc.tau) * w_tgt + lc.tau * w
         if enters_average(step, lc.steps_per_epoch, average, average_start):
             total, count = total + w, count + 1
@@ -351,8 +378,10 @@ def main(argv: list[str] | None = None) -> int:
                         "draw times this (network.head_init_scale; `initial_weights`), not from zero")
     parser.add_argument("--agent-units", action="store_true", help="rewards in the agent's risk units, its "
                         "mean-head loss's gradient scale and its Adam epsilon (`learn`, `in_risk_units`)")
-    parser.add_argument("--mirror", action="store_true", help="also train on each batch's mirror, the market "
-                        "reflected about its prices (`learn`; modes plain and left)")
+    parser.add_argument("--mirror", nargs="?", const="batch", choices=("none", "batch", "project"), default="none",
+                        help="the market's "
+                        "up/down symmetry: train on each batch and its mirror, or project the weights onto the "
+                        "symmetric ones after each step (`learn`; modes plain and left)")
     parser.add_argument("--ensemble", type=int, metavar="K", help="also trade the mean of K seeds' weights: the seeds "
                         "in order in groups of K, each group's averaged weights traded (`ensembles`)")
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE", help="config override")
@@ -363,7 +392,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--ensemble {args.ensemble}: K must be at least 2 and divide the {len(args.seeds)} seeds")
     if args.n_step < 1 or (args.n_step > 1 and {"agent", "history"} & set(args.modes)):
         parser.error("--n-step must be >= 1, and above 1 only with the modes plain and left")
-    if args.mirror and {"agent", "history"} & set(args.modes):
+    if args.mirror != "none" and {"agent", "history"} & set(args.modes):
         parser.error("--mirror: only the modes plain and left (their portfolio columns do not read the price)")
     cfg, selection, feats, plain = probe_setup(args.store, args.set)
     lc = cfg.learner
@@ -409,8 +438,8 @@ def main(argv: list[str] | None = None) -> int:
                  f"bar(s) held; forecast columns: {cfg.features.forecast_horizons if args.forecast else 'none'}; "
                  f"weights traded: averaged '{args.average}' (from epoch {args.average_start}); folds after the "
                  f"first start from {'zero' if args.carry is None else f'the last x {args.carry}'}; initial weights: "
-                 f"{'zero' if not args.init_scale else f'the mean head draw x {args.init_scale}'}; mirrored batches: "
-                 f"{'yes' if args.mirror else 'no'}; units: "
+                 f"{'zero' if not args.init_scale else f'the mean head draw x {args.init_scale}'}; mirror: "
+                 f"{args.mirror}; units: "
                  f"{f'the agent (risk units, Adam eps {lc.adam_eps})' if args.agent_units else 'price points'}. Mean "
                  "(standard error) over the seeds of the validation daily Sharpe of the values' argmax from flat "
                  "each day, and each seed's (in order; a seed's random draws are the same in every variant, so two "
