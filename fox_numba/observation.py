@@ -78,6 +78,18 @@ OBS_DIM = N_MARKET + N_PORTFOLIO
 # Portfolio column indices within the portfolio part (kernels add N_MARKET for the observation row).
 PORT_POSITION, PORT_UPNL, PORT_BARS_IN_POS, PORT_ORDER_SIDE, PORT_ORDER_DIST, PORT_BARS_LEFT = range(N_PORTFOLIO)
 
+MIRROR_EVEN: frozenset[str] = frozenset({
+    "log_volume", "log_trade_count", "range_rel", "realised_vol_15", "spread_close_ticks", "spread_mean_ticks",
+    "log_depth", "log_book_events", "tod_sin", "tod_cos", "session_frac",
+    "unrealised_pnl", "bars_in_position", "order_distance", "bars_left",
+})
+"""The features and portfolio columns the market's mirror leaves unchanged (every price reflected about a level, so
+buyers and sellers swap and every price change flips sign): sizes, counts, ranges, volatility, spreads, depth, the
+time of day, and the portfolio's PnL, holding time, order distance and time left. Every other column changes sign
+(order-flow and trade imbalances, returns, depth imbalances, the microprice offset, their EMAs, the forecast
+columns, the position and the order's side). Normalised columns flip exactly where their training mean is 0
+(network.mirror; tools/symmetry_probe.py)."""
+
 Z_REALISED_VOL = FEATURE_INDEX["realised_vol_15"]
 """Market column of the bar's normalised realised_vol_15 (the regime penalty's volatility)."""
 
@@ -208,3 +220,10 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def mirror_parity(features: FeatureConfig) -> np.ndarray:
+    """float32 [obs_dim(features)]: +1 for each observation column the market's mirror leaves, -1 for one it negates
+    (MIRROR_EVEN)."""
+    even = [name.split(".", 1)[1] in MIRROR_EVEN for name in column_names(features)]
+    return np.where(even, 1.0, -1.0).astype(np.float32)

@@ -623,3 +623,11 @@ def central_differences64(objective, flat, entries, eps=1e-6):
             down[k] -= eps
             grad[k] = (objective(up) - objective(down)) / (2 * eps)
     return grad
+
+
+def mirror_project64(w, b, parity):
+    """kernels/mirror.py in float64: W[i, d] and p_i W[i, sigma d] averaged (sigma swaps Short and Long), b likewise
+    with parity +1."""
+    sigma = [2, 1, 0, 3]  # actions.Direction: SHORT 0, HOLD 1, LONG 2, FLAT 3
+    w64, b64 = np.asarray(w, np.float64), np.asarray(b, np.float64)
+    return 0.5 * (w64 + np.asarray(parity, np.float64)[:, None] * w64[:, sigma]), 0.5 * (b64 + b64[sigma])

@@ -44,14 +44,13 @@ from fox_numba.features.forecast import forward_change  # noqa: E402
 from fox_numba.market.default import default_store_path  # noqa: E402
 from fox_numba.market.select import select_market  # noqa: E402
 from fox_numba.market.synthetic_oracle import oracle_positions, oracle_threshold  # noqa: E402
-from fox_numba.observation import FEATURE_NAMES, N_MARKET  # noqa: E402
+from fox_numba.observation import FEATURE_NAMES, MIRROR_EVEN, N_MARKET  # noqa: E402
 from fox_numba.walkforward.driver import half_spread, load_features, scored_days  # noqa: E402
 from fox_numba.walkforward.folds import make_folds  # noqa: E402
 from fox_numba.walkforward.metrics import compute_metrics, positions_to_days  # noqa: E402
 
-UNSIGNED = frozenset({"log_volume", "log_trade_count", "range_rel", "realised_vol_15", "spread_close_ticks",
-                      "spread_mean_ticks", "log_depth", "log_book_events", "tod_sin", "tod_cos", "session_frac"})
-"""Features a mirrored market leaves unchanged (fox_numba/OBSERVATION.md); every other one changes sign."""
+UNSIGNED = MIRROR_EVEN & frozenset(FEATURE_NAMES)
+"""Features a mirrored market leaves unchanged (fox_numba/observation.py MIRROR_EVEN); every other one changes sign."""
 VARIANTS = ("probe", "odd", "signed", "no_intercept")
 
 

@@ -129,7 +129,7 @@ from fox_numba.agent.depth import StochasticDepth
 from fox_numba.agent.environment import env_params
 from fox_numba.agent.fold_market import FoldMarketDevice
 from fox_numba.agent.iqn import IqnStep
-from fox_numba.agent.mean_head import MeanStep
+from fox_numba.agent.mean_head import MEAN_B, MEAN_W, MeanStep, mean_head_parity
 from fox_numba.agent.network import Dropout, Network, ParamLayout, init_params
 from fox_numba.agent.noisy import STREAM_ONLINE, STREAM_TARGET, NoiseKey
 from fox_numba.agent.replay import ReplayBatch, ReplayBuffer
@@ -161,6 +161,7 @@ from fox_numba.kernels.learner import (
     select_rows,
     shrink_perturb,
 )
+from fox_numba.kernels.mirror import mirror_project
 from fox_numba.kernels.optim import (
     OPTIM_STATE_DTYPE,
     adam_update,
@@ -298,6 +299,9 @@ class Learner:
         self.decay_mask = stager.upload_new(layout.decay_mask())
         self.fresh = device_empty(n, np.float32)  # shrink-and-perturb's fresh draw
         self.average = device_zeros(n, np.float32, stream=stream)  # the fold's running mean of epoch-end params
+        self.mirror = stager.upload_new(mean_head_parity(cfg, layout)) if cfg.network.mirror else None
+        """network.mirror: the parity of the mean head's input columns (kernels/mirror.py); None off."""
+        self.project_mirror(stream)
         self.optim_state = device_zeros(1, OPTIM_STATE_DTYPE, stream=stream)
         self.schedule = ControlBlock(SCHEDULE_DTYPE)
         self.lr_scale = 1.0
@@ -455,6 +459,7 @@ class Learner:
         adam_update(self.params, self.grads, self.adam_m, self.adam_v, self.decay_mask, self.isv, self.optim_state,
                     self.adam_partials, beta1=lc.adam_beta1, beta2=lc.adam_beta2, eps=lc.adam_eps,
                     weight_decay=lc.weight_decay, stream=s)
+        self.project_mirror(s)
         polyak(self.target, self.params, self.isv, self.optim_state, self.polyak_partials, stream=s)
         finish(self.isv, self.optim_state, self.adam_partials, self.polyak_partials, n, self.support_online,
                self.support_target, self.epoch, stream=s)
@@ -551,6 +556,14 @@ class Learner:
         seed, network.head_init_scale)."""
         self.stager.upload(init_params(self.layout, seed, self.cfg.network.head_init_scale), self.fresh)
         shrink_perturb(self.params, self.fresh, self.cfg.learner.fold_keep, stream=self.stream)
+        self.project_mirror(self.stream)
+
+    def project_mirror(self, stream: Any) -> None:
+        """With network.mirror, the mean head's weights made mirror-symmetric in place (kernels/mirror.py); off,
+        nothing."""
+        if self.mirror is not None:
+            mirror_project(self.params, self.mirror, w_offset=self.layout.entry(MEAN_W).offset,
+                           b_offset=self.layout.entry(MEAN_B).offset, stream=stream)
 
     def sync_target(self) -> None:
         """target = params and target supports = online supports."""

@@ -37,9 +37,11 @@ from fox_numba.device.runtime import device_address
 from fox_numba.kernels.learner import BranchRows
 from fox_numba.kernels.mean_cross import MeanCrossWeightGrad, mean_cross_forward
 from fox_numba.kernels.mean_head import mean_loss, mean_loss_partials_shape
+from fox_numba.observation import mirror_parity
 
 if TYPE_CHECKING:
     from fox_numba.agent.network import ParamLayout
+    from fox_numba.config import FoxConfig
 
 MEAN_W, MEAN_B = "mean.head.weight", "mean.head.bias"
 MEAN_HEAD_PREFIX = "mean.head."  # entries initialised Xavier-uniform, as the C51 head
@@ -48,6 +50,19 @@ MEAN_HEAD_PREFIX = "mean.head."  # entries initialised Xavier-uniform, as the C5
 def mean_entries(width: int) -> list[tuple[str, tuple[int, ...], bool]]:
     """(name, shape, decay) of the mean head's entries over a heads' input of `width` columns."""
     return [(MEAN_W, (width, N_DIRECTIONS), True), (MEAN_B, (N_DIRECTIONS,), False)]
+
+
+def mean_head_parity(cfg: FoxConfig, layout: ParamLayout) -> np.ndarray:
+    """float32 [rows of mean.head.weight]: the market mirror's parity of each input column of the mean head
+    (network.mirror, kernels/mirror.py): the observation's (observation.mirror_parity), then its position x market
+    columns', each the product of the position's (-1) and the market column's."""
+    _check(layout, "network.mirror")
+    obs = mirror_parity(cfg.features)
+    rows = layout.entry(MEAN_W).shape[0]
+    if len(obs) != layout.obs_dim or rows != layout.obs_dim + layout.cross:
+        raise ValueError(f"network.mirror: the mean head reads {rows} columns, not the {len(obs)} observation "
+                         f"columns and {layout.cross} crossed ones")
+    return np.concatenate([obs, -obs[: layout.cross]]).astype(np.float32)
 
 
 def _check(layout: ParamLayout, owner: str) -> None:

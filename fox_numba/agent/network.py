@@ -251,6 +251,9 @@ class ParamLayout:
                               "an encoder (mamba2_window, tlob_window); with position_cross every head already reads "
                               "the crossed columns; it is on by default: set network.mean_cross=false for a trunk "
                               "or an encoder")
+        if cfg.mirror and not cfg.mean_cross:
+            raise ConfigError("network.mirror needs network.mean_cross (the default): the projection is of a linear "
+                              "mean head on the observation and its position x market columns")
         cross = cross_columns(cfg, obs_dim)
         layer_cross = 0 if cfg.mean_cross else cross
         mamba2 = encoder_dims(cfg, market_features)

@@ -6,6 +6,7 @@ import numpy as np
 import reference
 from real_trainer import SMALL, real_trainer
 
+from fox_numba.agent.mean_head import MEAN_B, MEAN_W, mean_head_parity
 from fox_numba.device.registry import kernel_name
 from fox_numba.kernels.action_select import heads_kernel
 from fox_numba.walkforward.reset_registry import FoldReset, ResetContext
@@ -93,3 +94,35 @@ def test_with_counterfactual_targets_the_mean_head_trains_every_direction_on_eve
     expected = np.zeros(dm.shape, bool)
     expected[np.arange(8), np.arange(8) % 4] = True
     np.testing.assert_array_equal(dm != 0, expected)
+
+
+def test_the_mirror_keeps_the_mean_head_symmetric_through_training_and_the_fold_boundary(half_hour_store):
+    """network.mirror: from its start, after each epoch's steps and after the fold reset (shrink-and-perturb from a
+    fresh draw), the mean head's weights satisfy W[i, d] = p_i W[i, sigma d] exactly (sigma swaps Short and Long;
+    p the input columns' mirror parity, agent/mean_head.py), so the mirrored observation values Short as the
+    observation values Long; the bias pairs Short with Long; the target network, Polyak-averaged from symmetric
+    weights, is symmetric too. Without it the trained head is not."""
+    base = [*SMALL, "env.collect_steps=2", "learner.steps_per_epoch=2", "network.mean_head=true",
+            "network.mean_cross=true", "network.n_layers=0", "network.head_init_scale=1.0"]
+    sigma = [2, 1, 0, 3]
+    for mirror in (True, False):
+        rt = real_trainer(half_hour_store, [*base, f"network.mirror={str(mirror).lower()}"])
+        trainer, lay = rt.trainer, rt.trainer.layout
+        learner = trainer.learner
+        parity = mean_head_parity(rt.cfg, lay)
+        assert parity.shape == (lay.obs_dim + lay.cross,) and (parity < 0).any() and (parity > 0).any()
+
+        def symmetric(flat):
+            p = lay.unpack(flat)
+            w, b = p[MEAN_W], p[MEAN_B]
+            return np.array_equal(w, parity[:, None] * w[:, sigma]) and np.array_equal(b, b[sigma])
+
+        checks = [symmetric(learner.stager.download(learner.params))]
+        rt.registry.reset(FoldReset, ResetContext(fold=0, seed=rt.cfg.run.seed, stream=trainer.stream))
+        trainer.collect()
+        trainer.train(lambda: None)
+        checks += [symmetric(learner.stager.download(learner.params)),
+                   symmetric(learner.stager.download(learner.target))]
+        rt.registry.reset(FoldReset, ResetContext(fold=1, seed=rt.cfg.run.seed, stream=trainer.stream))
+        checks.append(symmetric(learner.stager.download(learner.params)))
+        assert checks == [mirror] * 4, f"mirror={mirror}: {checks}"
