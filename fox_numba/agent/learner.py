@@ -239,7 +239,7 @@ class Learner:
         "online", "target_net", "graph", "batch", "obs", "obs_next", "rows", "q", "entropy",
         "util", "grads", "aux_target", "norm_partials", "adam_partials", "polyak_partials", "loss_partials",
         "q_partials", "hidden_partials", "decay_mask", "branch_weights", "schedule", "epoch",
-        "is_weights", "iqn", "mean", "draw", "book", "env_params", "lr_scale",
+        "is_weights", "iqn", "mean", "draw", "book", "env_params", "lr_scale", "mirror",
     )
 
     def __init__(
