@@ -8,7 +8,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 
-from symmetry_probe import UNSIGNED, fit, signed_columns  # noqa: E402
+from symmetry_probe import UNSIGNED, fit, side_shares, signed_columns  # noqa: E402
 
 from fox_numba.features.forecast import fit_probe  # noqa: E402
 from fox_numba.observation import FEATURE_NAMES, N_MARKET  # noqa: E402
@@ -52,3 +52,14 @@ def test_the_probe_variant_is_the_probe_and_the_others_drop_what_they_name(rng):
     w = np.linalg.solve(x.T @ x + 0.01 * len(y) * np.eye(N_MARKET), x.T @ y)
     np.testing.assert_allclose(fit("no_intercept", x, y, 0.01)(z), z @ w, rtol=1e-9, atol=1e-12)
     assert fit("no_intercept", x, y, 0.01)(np.zeros((1, N_MARKET)))[0] == 0.0
+
+
+def test_side_shares_count_the_moves_past_the_threshold_and_the_held_sides(rng):
+    forward = rng.standard_normal(200)
+    forward[::17] = np.nan
+    held = rng.integers(-1, 2, 200).astype(np.float64)
+    up, down, long, short = side_shares(forward, held, 0.5)
+    ok = forward[np.isfinite(forward)]
+    assert up == sum(1 for v in ok if v > 0.5) / len(ok) and down == sum(1 for v in ok if v < -0.5) / len(ok)
+    assert long == sum(1 for v in held if v > 0) / 200 and short == sum(1 for v in held if v < 0) / 200
+    assert 0 < up < 0.5 and 0 < down < 0.5 and 0 < long < 0.5 and 0 < short < 0.5

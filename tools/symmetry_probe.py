@@ -17,6 +17,10 @@ the forecast, walkforward/probe.py) on each suite fold's validation days:
 - `signed`: the centred fit with intercept on the signed columns alone (what dropping the unsigned columns does);
 - `no_intercept`: the uncentred fit on every column without intercept (what dropping the intercept does).
 
+`--sides` asks instead which way each fold's moves and the fits lean: per fold the shares of the training and of the
+validation bars whose forward change passes the oracle's cost threshold up and down, and the validation bars the
+probe and the odd read hold long and short (learner_ablation_h200.md section 62).
+
 The ridge penalty is evaluation.probe_ridge times the rows, as the probe's. Deterministic (no seeds). Each market's
 store is data/suite's definition built into --stores (`fox data synth --definition`, as tools/suite.py builds them;
 default: its stores folder), with the suite's plan and the market's derived settings (tools/suite.py).
@@ -27,7 +31,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -39,7 +43,7 @@ sys.path.insert(0, str(ROOT))
 from suite import SUITE, load_suite, store_path  # noqa: E402
 
 from fox_numba.agent.fold_market import FoldMarket  # noqa: E402
-from fox_numba.config import FeatureConfig, load_config  # noqa: E402
+from fox_numba.config import FeatureConfig, FoxConfig, load_config  # noqa: E402
 from fox_numba.features.forecast import forward_change  # noqa: E402
 from fox_numba.market.default import default_store_path  # noqa: E402
 from fox_numba.market.select import select_market  # noqa: E402
@@ -93,8 +97,10 @@ def score(m: FoldMarket, forecast: Callable[[np.ndarray], np.ndarray], commissio
     return float(compute_metrics(days, annualisation_days=annual).sharpe_daily)
 
 
-def market_rows(name: str, stores: Path) -> list[dict[str, float]]:
-    """Per suite fold of the market, {variant: validation daily Sharpe}."""
+def suite_folds(name: str, stores: Path) -> Iterator[tuple[FoldMarket, np.ndarray, np.ndarray, np.ndarray,
+                                                              FoxConfig]]:
+    """Per suite fold of the market: the fold's market, its training rows' market columns and forward changes
+    (the rows whose change is finite), every row's forward change over the probe's horizon, and the run config."""
     suite = load_suite(SUITE)
     market = next(mk for mk in suite.markets if mk.name == name)
     cfg = load_config("default", overrides=[*suite.plan, *market.overrides, *market.derived(),
@@ -102,16 +108,52 @@ def market_rows(name: str, stores: Path) -> list[dict[str, float]]:
     selection = select_market(cfg.market)
     features = load_features(cfg, selection)
     plain = FeatureConfig(**{**vars(cfg.features), "forecast_horizons": []})
-    ev = cfg.evaluation
-    out = []
     for fold in make_folds(cfg.folds, selection.days):
         m = FoldMarket.build(features, fold, plain, cfg.env)
-        y = forward_change(np.asarray(m.mid, np.float64), m.day_start, ev.probe_horizon_bars)
+        y = forward_change(np.asarray(m.mid, np.float64), m.day_start, cfg.evaluation.probe_horizon_bars)
         train = np.arange(m.train_stop)
         train = train[np.isfinite(y[train])]
-        x = np.asarray(m.market_obs[train, :N_MARKET], np.float64)
-        out.append({v: score(m, fit(v, x, y[train], ev.probe_ridge), cfg.env.commission, ev.annualisation_days)
+        yield m, np.asarray(m.market_obs[train, :N_MARKET], np.float64), y[train], y, cfg
+
+
+def market_rows(name: str, stores: Path) -> list[dict[str, float]]:
+    """Per suite fold of the market, {variant: validation daily Sharpe}."""
+    out = []
+    for m, x, y_train, _, cfg in suite_folds(name, stores):
+        ev = cfg.evaluation
+        out.append({v: score(m, fit(v, x, y_train, ev.probe_ridge), cfg.env.commission, ev.annualisation_days)
                     for v in VARIANTS})
+    return out
+
+
+def side_shares(forward: np.ndarray, positions: np.ndarray, threshold: float) -> tuple[float, float, float, float]:
+    """(share of the rows whose forward change is above +threshold, below -threshold, share held long, held
+    short), the forward change's non-finite rows left out of its two shares."""
+    ok = np.isfinite(forward)
+    return (float(np.mean(forward[ok] > threshold)), float(np.mean(forward[ok] < -threshold)),
+            float(np.mean(positions > 0)), float(np.mean(positions < 0)))
+
+
+def side_rows(name: str, stores: Path) -> list[str]:
+    """Per suite fold of the market, one table row: the training and the validation bars' shares of moves past the
+    cost threshold up and down over the probe's horizon, and the validation bars the probe and its odd read hold
+    long and short."""
+    out = []
+    for k, (m, x, y_train, y, cfg) in enumerate(suite_folds(name, stores)):
+        threshold = oracle_threshold(m.tick_size, m.point_value, cfg.env.commission)
+        windows = [(int(m.day_start[d]), int(m.day_start[d + 1])) for d in scored_days(m)]
+        rows = np.concatenate([np.arange(a, b) for a, b in windows])
+        obs = np.asarray(m.market_obs[:, :N_MARKET], np.float64)
+        up_t, down_t, _, _ = side_shares(y[: m.train_stop], np.zeros(1), threshold)
+        cells = [f"{up_t:.3f} / {down_t:.3f}"]
+        for v in ("probe", "odd"):
+            forecast = fit(v, x, y_train, cfg.evaluation.probe_ridge)
+            held = np.concatenate([oracle_positions(forecast(obs[a:b]), threshold) for a, b in windows])
+            up_v, down_v, long_v, short_v = side_shares(y[rows], held, threshold)
+            if v == "probe":
+                cells.append(f"{up_v:.3f} / {down_v:.3f}")
+            cells.append(f"{long_v:.3f} / {short_v:.3f}")
+        out.append(f"| {name} | {k} | " + " | ".join(cells) + " |")
     return out
 
 
@@ -121,9 +163,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stores", type=Path, default=default_store_path().parent / "suite",
                         help="folder of the suite's stores (tools/suite.py --stores)")
     parser.add_argument("--out", type=Path, help="also write the table to this markdown file")
+    parser.add_argument("--sides", action="store_true", help="instead of the Sharpe table, per fold the shares of "
+                        "bars whose forward change passes the cost threshold up / down (training, validation) and "
+                        "the validation bars the probe and the odd read hold long / short")
     args = parser.parse_args(argv)
     suite = load_suite(SUITE)
     names = args.markets.split(",") if args.markets else [m.name for m in suite.markets]
+    if args.sides:
+        lines = ["| market | fold | training: up / down | validation: up / down | probe: long / short | "
+                 "odd: long / short |", "| --- | ---: | ---: | ---: | ---: | ---: |"]
+        for name in names:
+            for row in side_rows(name, args.stores):
+                lines.append(row)
+                print(row, flush=True)
+        return write_table(lines, args.out, argv)
     roles = {m.name: m.role for m in suite.markets}
     lines = ["| market | role | fold | " + " | ".join(VARIANTS) + " | odd - probe |",
              "| --- | --- | ---: |" + " ---: |" * (len(VARIANTS) + 1)]
@@ -138,11 +191,16 @@ def main(argv: list[str] | None = None) -> int:
         if len(g) > 1:
             lines.append(f"| **{role} folds, mean (SE)** | | {len(g)} | | | | | "
                          f"{statistics.fmean(g):+.2f} ({statistics.stdev(g) / len(g) ** 0.5:.2f}) |")
+    return write_table(lines, args.out, argv)
+
+
+def write_table(lines: list[str], out: Path | None, argv: list[str] | None) -> int:
+    """Print the table, and write it with its command to `out` when given."""
     text = "\n".join(lines)
     print(text)
-    if args.out is not None:
-        args.out.write_text(f"Command: `python3 tools/symmetry_probe.py {' '.join(argv or sys.argv[1:])}`\n\n"
-                            f"{text}\n", encoding="utf-8")
+    if out is not None:
+        out.write_text(f"Command: `python3 tools/symmetry_probe.py {' '.join(argv or sys.argv[1:])}`\n\n{text}\n",
+                       encoding="utf-8")
     return 0
 
 
