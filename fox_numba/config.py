@@ -311,6 +311,14 @@ class NetworkConfig:
         "symmetric head entered half as often there) where three others gained; so off by default. Needs mean_cross "
         "(a linear network whose mean head reads the observation).",
     )
+    mirror_strength: float = opt(
+        1.0,
+        "With network.mirror, the fraction (0, 1] of the way the mean head's weights move to their mirror-symmetric "
+        "projection after each step (kernels/mirror.py): 1 holds the head exactly symmetric; below 1 the part that "
+        "breaks the symmetry shrinks by (1 - s) a step, a weight decay on the asymmetry alone that the gradient can "
+        "hold up where the training window keeps asking for a lean (such as one side's entries on high_cost, "
+        "tools/results/learner_ablation_h200.md section 62).",
+    )
     mean_cross: bool = opt(
         True,
         "The direction mean head alone reads the position x market input: m(x, d) on [x, q x], the C51 heads on "

@@ -625,9 +625,11 @@ def central_differences64(objective, flat, entries, eps=1e-6):
     return grad
 
 
-def mirror_project64(w, b, parity):
+def mirror_project64(w, b, parity, strength=1.0):
     """kernels/mirror.py in float64: W[i, d] and p_i W[i, sigma d] averaged (sigma swaps Short and Long), b likewise
-    with parity +1."""
+    with parity +1; each value moved the fraction `strength` of the way there."""
     sigma = [2, 1, 0, 3]  # actions.Direction: SHORT 0, HOLD 1, LONG 2, FLAT 3
     w64, b64 = np.asarray(w, np.float64), np.asarray(b, np.float64)
-    return 0.5 * (w64 + np.asarray(parity, np.float64)[:, None] * w64[:, sigma]), 0.5 * (b64 + b64[sigma])
+    pw = 0.5 * (w64 + np.asarray(parity, np.float64)[:, None] * w64[:, sigma])
+    pb = 0.5 * (b64 + b64[sigma])
+    return w64 + strength * (pw - w64), b64 + strength * (pb - b64)

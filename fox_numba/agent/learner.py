@@ -559,11 +559,12 @@ class Learner:
         self.project_mirror(self.stream)
 
     def project_mirror(self, stream: Any) -> None:
-        """With network.mirror, the mean head's weights made mirror-symmetric in place (kernels/mirror.py); off,
-        nothing."""
+        """With network.mirror, the mean head's weights moved network.mirror_strength of the way to mirror-symmetric
+        ones in place (kernels/mirror.py); off, nothing."""
         if self.mirror is not None:
             mirror_project(self.params, self.mirror, w_offset=self.layout.entry(MEAN_W).offset,
-                           b_offset=self.layout.entry(MEAN_B).offset, stream=stream)
+                           b_offset=self.layout.entry(MEAN_B).offset, strength=self.cfg.network.mirror_strength,
+                           stream=stream)
 
     def sync_target(self) -> None:
         """target = params and target supports = online supports."""

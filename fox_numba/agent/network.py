@@ -251,6 +251,10 @@ class ParamLayout:
                               "an encoder (mamba2_window, tlob_window); with position_cross every head already reads "
                               "the crossed columns; it is on by default: set network.mean_cross=false for a trunk "
                               "or an encoder")
+        if not 0.0 < cfg.mirror_strength <= 1.0:
+            raise ConfigError(f"network.mirror_strength must be in (0, 1], got {cfg.mirror_strength}")
+        if cfg.mirror_strength != 1.0 and not cfg.mirror:
+            raise ConfigError("network.mirror_strength acts only with network.mirror = true")
         if cfg.mirror and not cfg.mean_cross:
             raise ConfigError("network.mirror needs network.mean_cross (the default): the projection is of a linear "
                               "mean head on the observation and its position x market columns")

@@ -13,6 +13,10 @@ The projection onto those weights is the mean of W and its mirror image:
     W[i, H], W[i, F] <- W[i, H] (1 + p_i) / 2, W[i, F] (1 + p_i) / 2         (0 on a negated column)
     b as a row of parity +1
 
+With a strength s < 1 (network.mirror_strength) each value moves the fraction s of the way, v <- v + s (proj - v):
+the part of the head that breaks the symmetry shrinks by (1 - s) a step, a weight decay on the asymmetry alone,
+which the gradient can hold up where the training data keep asking for it. s = 1 writes the projection itself.
+
 Why: in the agent's linear replica the symmetry raised 11 of the suite's 14 folds, seen folds +1.58 (SE 0.89) and
 held-out ones +3.31 (0.56) daily Sharpe (tools/results/learner_ablation_h200.md section 61); a projection costs one small launch a step, where training on
 mirrored batches as well would double the step. Launch: one thread per weight row and one for the bias
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 from numba import cuda, float32, int32
 
 from fox_numba.actions import N_DIRECTIONS, Direction
@@ -34,11 +39,19 @@ _S, _H, _L, _F = int(Direction.SHORT), int(Direction.HOLD), int(Direction.LONG),
 _HALF = float32(0.5)
 
 
-@register((float32[::1], float32[::1], int32, int32))
+@cuda.jit(device=True)
+def toward(v, target, strength):
+    """v moved the fraction `strength` of the way to target; the target itself at strength 1 (the same bits)."""
+    if strength >= float32(1.0):
+        return target
+    return v + strength * (target - v)
+
+
+@register((float32[::1], float32[::1], int32, int32, float32))
 @cuda.jit
-def mirror_project_kernel(params, parity, w_offset, b_offset):
+def mirror_project_kernel(params, parity, w_offset, b_offset, strength):
     """Row i < len(parity) of the weights at w_offset ([rows, 4], row-major), row len(parity) the bias at b_offset;
-    each projected as the module header says."""
+    each moved toward its projection as the module header says."""
     i = u32(cuda.grid(1))
     rows = u32(parity.shape[0])
     if i > rows:
@@ -46,15 +59,17 @@ def mirror_project_kernel(params, parity, w_offset, b_offset):
     p = parity[i] if i < rows else float32(1.0)
     base = u32(w_offset) + i * u32(N_DIRECTIONS) if i < rows else u32(b_offset)
     s, h, lo, f = params[base + u32(_S)], params[base + u32(_H)], params[base + u32(_L)], params[base + u32(_F)]
-    params[base + u32(_S)] = _HALF * (s + p * lo)
-    params[base + u32(_L)] = _HALF * (lo + p * s)
-    params[base + u32(_H)] = _HALF * (h + p * h)
-    params[base + u32(_F)] = _HALF * (f + p * f)
+    params[base + u32(_S)] = toward(s, _HALF * (s + p * lo), strength)
+    params[base + u32(_L)] = toward(lo, _HALF * (lo + p * s), strength)
+    params[base + u32(_H)] = toward(h, _HALF * (h + p * h), strength)
+    params[base + u32(_F)] = toward(f, _HALF * (f + p * f), strength)
 
 
-def mirror_project(params: Any, parity: Any, *, w_offset: int, b_offset: int, stream: Any) -> None:
-    """The mean head's weights [rows, 4] at w_offset and bias [4] at b_offset of the flat params made
-    mirror-symmetric for the input columns' parity [rows] (module header)."""
+def mirror_project(params: Any, parity: Any, *, w_offset: int, b_offset: int, strength: float = 1.0,
+                   stream: Any) -> None:
+    """The mean head's weights [rows, 4] at w_offset and bias [4] at b_offset of the flat params moved the fraction
+    `strength` (0, 1] of the way to their mirror-symmetric projection for the input columns' parity [rows]
+    (module header)."""
     rows = int(parity.shape[0])
     check_array("parity", parity, "[rows]", (rows,))
     n = int(params.shape[0])
@@ -62,5 +77,8 @@ def mirror_project(params: Any, parity: Any, *, w_offset: int, b_offset: int, st
     if not (0 <= w_offset and w_offset + rows * N_DIRECTIONS <= n and 0 <= b_offset <= n - N_DIRECTIONS):
         raise ValueError(f"mirror_project: weights [{rows}, {N_DIRECTIONS}] at {w_offset} or the bias at {b_offset} "
                          f"outside the {n} parameters")
-    launch(mirror_project_kernel, rows + 1, params, parity, i32(w_offset), i32(b_offset), stream=stream)
+    if not 0.0 < strength <= 1.0:
+        raise ValueError(f"mirror_project: strength {strength} outside (0, 1]")
+    launch(mirror_project_kernel, rows + 1, params, parity, i32(w_offset), i32(b_offset), np.float32(strength),
+           stream=stream)
 

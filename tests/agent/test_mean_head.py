@@ -169,3 +169,16 @@ def test_a_saved_mean_head_learner_resumes_bit_for_bit(stream, stager, rng, tmp_
     a = resumes_through_a_checkpoint(stager, stream, rng, cfg, tmp_path / "ck.h5", tiny_config(n_layers=1))
     head = a.layout.unpack(host_state(a)["params"])[MEAN_W]
     assert not np.array_equal(head, a.layout.unpack(init_params(a.layout, 2))[MEAN_W])  # the head learned
+
+
+def test_mirror_settings_are_refused_where_they_cannot_act():
+    """network.mirror needs the crossed mean head; network.mirror_strength lies in (0, 1] and needs the mirror."""
+    base = dict(n_atoms=5, mean_head=True, mean_cross=True)
+    ParamLayout.build(16, plain_network(**base, mirror=True, mirror_strength=0.01))
+    with pytest.raises(ConfigError, match="network.mirror needs network.mean_cross"):
+        ParamLayout.build(16, plain_network(n_atoms=5, mean_head=True, mirror=True))
+    for strength in (0.0, 1.5, -0.1):
+        with pytest.raises(ConfigError, match="mirror_strength must be in"):
+            ParamLayout.build(16, plain_network(**base, mirror=True, mirror_strength=strength))
+    with pytest.raises(ConfigError, match="mirror_strength acts only with network.mirror"):
+        ParamLayout.build(16, plain_network(**base, mirror_strength=0.5))

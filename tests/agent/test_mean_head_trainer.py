@@ -126,3 +126,19 @@ def test_the_mirror_keeps_the_mean_head_symmetric_through_training_and_the_fold_
         rt.registry.reset(FoldReset, ResetContext(fold=1, seed=rt.cfg.run.seed, stream=trainer.stream))
         checks.append(symmetric(learner.stager.download(learner.params)))
         assert checks == [mirror] * 4, f"mirror={mirror}: {checks}"
+
+
+def test_a_mirror_strength_below_one_shrinks_the_started_heads_asymmetry_by_that_fraction(half_hour_store):
+    """network.mirror_strength reaches the learner: the drawn mean head (head_init_scale 1) of the same seed keeps
+    (1 - s) of its asymmetry W - p W[:, sigma] after the starting projection, where the mirror off keeps all of it."""
+    base = [*SMALL, "network.mean_head=true", "network.mean_cross=true", "network.n_layers=0",
+            "network.head_init_scale=1.0"]
+    sigma = [2, 1, 0, 3]
+    gaps = []
+    for extra in (["network.mirror=false"], ["network.mirror=true", "network.mirror_strength=0.25"]):
+        rt = real_trainer(half_hour_store, [*base, *extra])
+        learner, lay = rt.trainer.learner, rt.trainer.layout
+        w = lay.unpack(learner.stager.download(learner.params))[MEAN_W].astype(np.float64)
+        gaps.append(w - mean_head_parity(rt.cfg, lay)[:, None] * w[:, sigma])
+    assert np.abs(gaps[0]).max() > 1e-3
+    np.testing.assert_allclose(gaps[1], 0.75 * gaps[0], rtol=1e-4, atol=1e-6)
