@@ -387,7 +387,11 @@ class NetworkConfig:
         "kernels/windows.py): per sample, the market columns of the T bars ending at its own bar (a bar before its "
         "day's first reads that first bar: no look across days or ahead) pass a Mamba2 (SSD) block, and the block's "
         "output at the last bar, mamba2_out columns, is appended to the observation the trunk (or the heads) read. "
-        "Refused with vsn, moe_experts, iqn_quantiles and noisy_sigma0. Off by default; not yet measured on the suite.",
+        "Refused with vsn, moe_experts, iqn_quantiles and noisy_sigma0, and beside network.mean_cross (set it false). "
+        "On the suite at T = 32 (5 seeds) it equalled its network without the encoder on the seen markets, +0.16 "
+        "(SE 0.53), and stayed 2.13 (0.39) below the defaults, as dropping mean_cross alone costs 2.29 "
+        "(tools/results/learner_ablation_h200.md section 63); so off by default. Learner step 2.46 ms on an H100 "
+        "(tools/results/bench_learner_gather_mamba2w32_tf32_h100.md).",
     )
     mamba2_heads: int = opt(4, "Heads H of the Mamba2 encoder (network.mamba2_window > 0).")
     mamba2_head_dim: int = opt(16, "Channels P per head of the Mamba2 encoder, 1 .. 64.")
