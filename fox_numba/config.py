@@ -298,26 +298,29 @@ class NetworkConfig:
         "since section 43, with mean_cross and learner.counterfactual_held.",
     )
     mirror: bool = opt(
-        False,
-        "Keep the direction mean head mirror-symmetric: after each gradient step its weights are projected so that "
+        True,
+        "Keep the direction mean head mirror-symmetric: after each gradient step its weights move "
+        "network.mirror_strength of the way to their projection onto the weights for which "
         "the market reflected about its prices (buyers and sellers swapped, every price change negated: "
         "observation.py MIRROR_EVEN) values Short where the market values Long, and Hold and Flat alike, "
         "m(P x, -q, sigma d) = m(x, q, d) (kernels/mirror.py). A prior for markets whose laws do not favour a side: "
         "a 60-day fit otherwise puts direction on columns that carry none (volatility, volume, the time of day) and "
-        "on the window's drift. In the agent's linear replica, over every suite fold, the symmetry moved single folds "
-        "by -2.7 to +6.2 daily Sharpe: seen folds +1.58 (SE 0.89), held-out folds +3.31 (0.56) "
-        "(tools/results/learner_ablation_h200.md section 61). On the suite (10 seeds, section 62): held-out markets "
-        "+2.51 (SE 0.19), volatile +3.83; seen markets +0.06 (0.09), noise, as high_cost lost 2.53 (0.30) (the "
-        "symmetric head entered half as often there) where three others gained; so off by default. Needs mean_cross "
-        "(a linear network whose mean head reads the observation).",
+        "on the window's drift. On the suite over ten seeds (tools/results/learner_ablation_h200.md section 64), "
+        "at strength 0.01: seen markets +0.46 (SE 0.11), held-out +1.68 (0.20), the default market +0.67 (0.26); "
+        "on the seeds that chose nothing (5-9) seen +0.42 (0.19). The exact symmetry (strength 1) gained the "
+        "held-out markets more, +2.51 (0.19), but lost high_cost 2.53 (0.30), where the fit leans to one side, and "
+        "was noise on the seen ones, +0.06 (0.09) (section 62). On by default since section 64. Needs mean_cross "
+        "(a linear network whose mean head reads the observation): set network.mirror=false with a trunk or an "
+        "encoder.",
     )
     mirror_strength: float = opt(
-        1.0,
+        0.01,
         "With network.mirror, the fraction (0, 1] of the way the mean head's weights move to their mirror-symmetric "
         "projection after each step (kernels/mirror.py): 1 holds the head exactly symmetric; below 1 the part that "
         "breaks the symmetry shrinks by (1 - s) a step, a weight decay on the asymmetry alone that the gradient can "
-        "hold up where the training window keeps asking for a lean (such as one side's entries on high_cost, "
-        "tools/results/learner_ablation_h200.md section 62).",
+        "hold up where the training window keeps asking for a lean (such as one side's entries on high_cost). "
+        "0.01 against 1 on the suite: seen markets +0.46 (SE 0.11) against +0.06 (0.09) over the defaults before, "
+        "high_cost -0.05 (0.35) against -2.53 (0.30) (tools/results/learner_ablation_h200.md sections 62 and 64).",
     )
     mean_cross: bool = opt(
         True,
@@ -678,6 +681,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "network.hidden": 16,
         "network.n_layers": 1,
         "network.mean_cross": False,
+        "network.mirror": False,
         "network.n_atoms": 11,
         "network.head_init_scale": 1.0,
         "learner.batch_size": 16,
@@ -808,6 +812,8 @@ RUN_FIELDS_ADDED: dict[str, Any] = {
     "features.ema_start": "first",
     "network.mean_head": False,
     "network.mean_cross": False,
+    "network.mirror": False,
+    "network.mirror_strength": 1.0,
     "learner.counterfactual": False,
     "learner.counterfactual_held": False,
     "env.position_history": True,

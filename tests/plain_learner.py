@@ -10,7 +10,7 @@ from typing import Any
 
 from fox_numba.config import FoxConfig, NetworkConfig
 
-PLAIN_NETWORK = {"mean_head": False, "mean_cross": False, "head_init_scale": 1.0}
+PLAIN_NETWORK = {"mean_head": False, "mean_cross": False, "mirror": False, "head_init_scale": 1.0}
 PLAIN_LEARNER = {"counterfactual": False, "counterfactual_held": False}
 PLAIN_RUN = {"precision": "fp32"}
 

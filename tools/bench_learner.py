@@ -13,7 +13,7 @@
     python3 tools/bench_learner.py --out /tmp/bench_cross --position-cross  # the heads read position x market too
     python3 tools/bench_learner.py --out /tmp/bench_mean --mean-head  # the direction mean head beside C51
     python3 tools/bench_learner.py --out /tmp/bench_mean_cross --mean-cross  # the mean head reads position x market
-    python3 tools/bench_learner.py --out /tmp/bench_live --mean-cross --precision tf32 --live-branches 1  # the
+    python3 tools/bench_learner.py --out /tmp/bench_live --mean-cross --mirror --precision tf32 --live-branches 1  # the
         # default network's step: the head computes the direction branch's columns alone (agent/network.py)
     python3 tools/bench_learner.py --out /tmp/bench_conc --concurrent 8 ...  # 8 learners on 8 streams in one process
 
@@ -109,6 +109,7 @@ def make_learner(args: argparse.Namespace, stager: Stager, stream: Any, graphs: 
     cfg.network.position_cross = args.position_cross
     cfg.network.mean_head = args.mean_head or args.mean_cross
     cfg.network.mean_cross = args.mean_cross
+    cfg.network.mirror = args.mirror
     # the synthetic replay has no fold book to price counterfactual targets from (the default learner since
     # section 43 of learner_ablation_h200.md): this step is the one-step C51 step the flags above extend
     cfg.learner.counterfactual = cfg.learner.counterfactual_held = False
@@ -304,8 +305,8 @@ def markdown_batch(modes: dict[str, Any], kernels: dict[str, Any], args: argpars
         f"network.vsn {args.vsn}, network.moe_experts {args.moe_experts}, network.mamba2_window "
         f"{args.mamba2_window}, network.tlob_window {args.tlob_window}, network.position_cross "
         f"{args.position_cross}, network.mean_head {args.mean_head or args.mean_cross}, network.mean_cross "
-        f"{args.mean_cross}, live branches {args.live_branches} (4: every head column computed; 1: the direction "
-        "branch's alone). "
+        f"{args.mean_cross}, network.mirror {args.mirror}, live branches {args.live_branches} (4: every head column "
+        "computed; 1: the direction branch's alone). "
         f"Replay of {args.capacity} random transitions "
         f"over {args.bars} market rows. Best of {args.windows} windows of {args.steps} steps after "
         f"{args.warmup} warm-up steps."
@@ -410,6 +411,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="network.mean_head: the direction mean head's squared error beside the C51 loss")
     parser.add_argument("--mean-cross", action="store_true",
                         help="network.mean_cross (with mean_head): the mean head alone reads position x market")
+    parser.add_argument("--mirror", action="store_true",
+                        help="network.mirror (with --mean-cross): the mean head's projection after each step")
     parser.add_argument("--live-branches", type=int, default=N_BRANCHES,
                         help="the head's live branches (agent/network.py): 1 computes the direction branch's columns "
                              "alone, as the default counterfactual learner's network does (default: all 4)")

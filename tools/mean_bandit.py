@@ -67,7 +67,7 @@ def bandit_replay(high: float = HIGH) -> dict[str, np.ndarray]:
 def bandit_config(steps: int, lr: float) -> FoxConfig:
     cfg = FoxConfig()
     cfg.network.n_layers, cfg.network.n_atoms, cfg.network.mean_head = 0, ATOMS, True
-    cfg.network.mean_cross = False  # a bandit: no portfolio columns to cross
+    cfg.network.mean_cross = cfg.network.mirror = False  # a bandit: no portfolio columns to cross, no mirror
     cfg.learner.counterfactual = cfg.learner.counterfactual_held = False  # its rewards are given, not priced
     cfg.network.support_max_scale = 1.0
     cfg.learner.batch_size, cfg.learner.lr, cfg.learner.lr_min_frac = 8, lr, 0.05

@@ -249,15 +249,14 @@ class ParamLayout:
                                or cfg.tlob_window):
             raise ConfigError("network.mean_cross needs network.mean_head and a linear network (n_layers = 0) without "
                               "an encoder (mamba2_window, tlob_window); with position_cross every head already reads "
-                              "the crossed columns; it is on by default: set network.mean_cross=false for a trunk "
-                              "or an encoder")
+                              "the crossed columns; it is on by default, and network.mirror with it: set "
+                              "network.mean_cross=false and network.mirror=false for a trunk or an encoder")
         if not 0.0 < cfg.mirror_strength <= 1.0:
             raise ConfigError(f"network.mirror_strength must be in (0, 1], got {cfg.mirror_strength}")
-        if cfg.mirror_strength != 1.0 and not cfg.mirror:
-            raise ConfigError("network.mirror_strength acts only with network.mirror = true")
         if cfg.mirror and not cfg.mean_cross:
-            raise ConfigError("network.mirror needs network.mean_cross (the default): the projection is of a linear "
-                              "mean head on the observation and its position x market columns")
+            raise ConfigError("network.mirror (on by default) needs network.mean_cross: the projection is of a linear "
+                              "mean head on the observation and its position x market columns; set "
+                              "network.mirror=false beside network.mean_cross=false")
         cross = cross_columns(cfg, obs_dim)
         layer_cross = 0 if cfg.mean_cross else cross
         mamba2 = encoder_dims(cfg, market_features)

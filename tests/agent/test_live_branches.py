@@ -40,7 +40,7 @@ def test_the_layout_of_live_branches():
     w, b = p_live["head.weight"], p_live["head.bias"]
     np.testing.assert_array_equal(w[:, : live.live_cols], p_full["head.weight"][:, : live.live_cols])
     assert np.abs(w[:, : live.live_cols]).min() > 0 and not w[:, live.live_cols :].any() and not b.any()
-    for bad in ({"noisy_sigma0": 0.5}, {"moe_experts": 2, "mean_head": False, "mean_cross": False}):
+    for bad in ({"noisy_sigma0": 0.5}, {"moe_experts": 2, "mean_head": False, "mean_cross": False, "mirror": False}):
         net = load_config("default", overrides=[f"network.{k}={str(v).lower()}" for k, v in bad.items()]).network
         with pytest.raises(ValueError, match="live_branches must be in 1..4, and 4 with NoisyNet or MoE heads"):
             ParamLayout.build(OBS_DIM, net, live_branches=1)
@@ -96,7 +96,7 @@ def test_a_live_branch_trainer_is_the_whole_heads_trainer_bit_for_bit(four_day_s
     moments, and the same validation days, every bit."""
     overrides = [*SMALL, "learner.batch_size=8", "network.head_init_scale=0.0"]
     if trunk:
-        overrides += [f"network.n_layers={trunk}", "network.mean_cross=false"]
+        overrides += [f"network.n_layers={trunk}", "network.mean_cross=false", "network.mirror=false"]
     runs = []
     for forced in (None, N_BRANCHES):
         if forced is not None:

@@ -97,16 +97,17 @@ def test_with_counterfactual_targets_the_mean_head_trains_every_direction_on_eve
 
 
 def test_the_mirror_keeps_the_mean_head_symmetric_through_training_and_the_fold_boundary(half_hour_store):
-    """network.mirror: from its start, after each epoch's steps and after the fold reset (shrink-and-perturb from a
-    fresh draw), the mean head's weights satisfy W[i, d] = p_i W[i, sigma d] exactly (sigma swaps Short and Long;
-    p the input columns' mirror parity, agent/mean_head.py), so the mirrored observation values Short as the
-    observation values Long; the bias pairs Short with Long; the target network, Polyak-averaged from symmetric
-    weights, is symmetric too. Without it the trained head is not."""
+    """network.mirror at strength 1: from its start, after each epoch's steps and after the fold reset
+    (shrink-and-perturb from a fresh draw), the mean head's weights satisfy W[i, d] = p_i W[i, sigma d] exactly (sigma
+    swaps Short and Long; p the input columns' mirror parity, agent/mean_head.py), so the mirrored observation values
+    Short as the observation values Long; the bias pairs Short with Long; the target network, Polyak-averaged from
+    symmetric weights, is symmetric too. Without it the trained head is not."""
     base = [*SMALL, "env.collect_steps=2", "learner.steps_per_epoch=2", "network.mean_head=true",
             "network.mean_cross=true", "network.n_layers=0", "network.head_init_scale=1.0"]
     sigma = [2, 1, 0, 3]
     for mirror in (True, False):
-        rt = real_trainer(half_hour_store, [*base, f"network.mirror={str(mirror).lower()}"])
+        rt = real_trainer(half_hour_store, [*base, f"network.mirror={str(mirror).lower()}",
+                                            "network.mirror_strength=1"])
         trainer, lay = rt.trainer, rt.trainer.layout
         learner = trainer.learner
         parity = mean_head_parity(rt.cfg, lay)
