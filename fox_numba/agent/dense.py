@@ -5,7 +5,8 @@
                                                                (and 'bf16' likewise)
     dense_forward(kind, x, w, b, y, relu=True, stream=s)       y = x @ w + b (then ReLU; cols=: the leading columns
                                                                alone on the GPU, the others zero by their weights)
-    dense_backward_input(kind, dy, w, dx, act=a, stream=s)     dx = (dy @ w.T) * (a > 0)  (act=None: no mask)
+    dense_backward_input(kind, dy, w, dx, act=a, stream=s)     dx = (dy @ w.T) * (a > 0)  (act=None: no mask;
+                                                               cols=: the leading reduction columns alone)
     WeightGrad(kind, rows, n_in, n_out)(x, dy, dw, db, stream=s)   dw = x.T @ dy, db = dy summed over rows
 
 'tiled' runs the register-tiled GEMMs (kernels/nn.py; the weight gradient's split plan is built once per shape,
@@ -61,10 +62,13 @@ def dense_forward(kind: str, x: Any, w: Any, b: Any, y: Any, *, relu: bool, stre
         strided_linear_forward(x, w, b, y, relu=relu, stream=stream)
 
 
-def dense_backward_input(kind: str, dy: Any, w: Any, dx: Any, *, act: Any, stream: Any) -> None:
-    """dx = dy @ w.T, zeroed where act <= 0 when the layer's input activation `act` is given."""
+def dense_backward_input(kind: str, dy: Any, w: Any, dx: Any, *, act: Any, stream: Any, cols: int | None = None
+                         ) -> None:
+    """dx = dy @ w.T, zeroed where act <= 0 when the layer's input activation `act` is given. `cols`: the caller's
+    promise that dy is 0 past its first `cols` columns; the GPU kinds then reduce over those alone, 'strided' over
+    every column (the same numbers)."""
     if kind != "strided":
-        linear_backward_input(dy, w, dx, act=act, stream=stream, precision=_PRECISION[kind])
+        linear_backward_input(dy, w, dx, act=act, stream=stream, precision=_PRECISION[kind], cols=cols)
     else:
         strided_linear_backward_input(dy, w, dx, act=act, stream=stream)
 

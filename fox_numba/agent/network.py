@@ -733,6 +733,7 @@ class Network:
                 dy = moe.backward(x, self.dhead, g, stream=stream)
             self._wgrads[layer](x, dy, g[w.name], g[b.name], stream=stream)
             head_noise = self.noisy if layer == lay.n_layers else None
+            head_cols = self._head_cols if layer == lay.n_layers else None  # dy is 0 past the live columns
             if head_noise is not None:
                 head_noise.backward(g, stream=stream)
             spectral = self.spectral if layer < lay.n_layers else None
@@ -748,13 +749,14 @@ class Network:
                 self.vsn.backward(self._obs, dy, w_used, g, stream=stream, extra=extra)
             if layer == 0 and self.encoder is not None:  # the encoder's columns of the input gradient, then its own
                 enc = self.encoder
-                dense_backward_input(self.dense, dy, w_used[lay.encoder_col :], enc.dx, act=None, stream=stream)
+                dense_backward_input(self.dense, dy, w_used[lay.encoder_col :], enc.dx, act=None, stream=stream,
+                                     cols=head_cols)
                 enc.backward(p, g, stream=stream)
             if layer > 0:
                 dx = self._dh[layer % len(self._dh)]
                 relu_input = not self._is_block(layer - 1)  # x is a plain layer's ReLU output: its sign masks
                 act = x if relu_input and not block else None
-                dense_backward_input(self.dense, dy, w_used, dx, act=act, stream=stream)
+                dense_backward_input(self.dense, dy, w_used, dx, act=act, stream=stream, cols=head_cols)
                 if moe is not None:
                     moe.add_input_grad(p, dx, act=act, stream=stream)
                 if block:

@@ -116,18 +116,21 @@ def _build(cfg):
         return ty, tx
 
     @cuda.jit(device=True)
-    def fetch(src, transposed, fixed, k, tid, regs):
+    def fetch(src, transposed, fixed, k, k_end, tid, regs):
         """Registers <- one operand tile at reduction offset k: src[fixed : fixed+tile, k : k+BK] when
-        `transposed` (src contiguous along the reduction), else src[k : k+BK, fixed : fixed+tile]."""
+        `transposed` (src contiguous along the reduction), else src[k : k+BK, fixed : fixed+tile]; zero past the
+        source and at reduction indices from k_end on."""
         n_rows, n_cols = src.shape
         if transposed:
             c = k + tid % BK
             r = fixed + tid // BK
             step = t_stride
+            n_cols = min(n_cols, k_end)
         else:
             c = fixed + tid % tile
             r = k + tid // tile
             step = d_stride
+            n_rows = min(n_rows, k_end)
         for q in range(loads):
             rq = r + q * step
             v = float32(0)
@@ -176,8 +179,8 @@ def _build(cfg):
             for j in range(micro):
                 acc[i, j] = float32(0)
         n_steps = (k1 - k0 + BK - 1) // BK
-        fetch(a_src, a_t, a_fixed, k0, tid, ra)
-        fetch(b_src, b_t, b_fixed, k0, tid, rb)
+        fetch(a_src, a_t, a_fixed, k0, k1, tid, ra)
+        fetch(b_src, b_t, b_fixed, k0, k1, tid, rb)
         store(a_s, a_t, 0, tid, ra)
         store(b_s, b_t, 0, tid, rb)
         cuda.syncthreads()
@@ -185,8 +188,8 @@ def _build(cfg):
             buf = uint32(t) % 2
             more = t + 1 < n_steps
             if more:
-                fetch(a_src, a_t, a_fixed, k0 + (t + 1) * BK, tid, ra)
-                fetch(b_src, b_t, b_fixed, k0 + (t + 1) * BK, tid, rb)
+                fetch(a_src, a_t, a_fixed, k0 + (t + 1) * BK, k1, tid, ra)
+                fetch(b_src, b_t, b_fixed, k0 + (t + 1) * BK, k1, tid, rb)
             for kk in range(BK):
                 k = uint32(kk)
                 fragments(a_s, buf, k, ty, a)
@@ -228,14 +231,15 @@ def _build(cfg):
                             v = float32(0)
                         y[ri, cj] = v
 
-    def linear_bwd_in(dy, w, act, dx, mask):
-        """dx = dy @ w^T, zeroed where act <= 0 when mask != 0 (act is not read when mask == 0)."""
+    def linear_bwd_in(dy, w, act, dx, mask, k_len):
+        """dx = dy[:, :k_len] @ w[:, :k_len]^T, zeroed where act <= 0 when mask != 0 (act is not read when
+        mask == 0)."""
         acc = cuda.local.array((micro, micro), float32)
         unused = cuda.local.array(micro, float32)
         row0 = uint32(cuda.blockIdx.y) * tile
         col0 = uint32(cuda.blockIdx.x) * tile
         ty, tx = thread_coords(uint32(cuda.threadIdx.x))
-        product(dy, True, row0, w, True, col0, 0, dy.shape[1], ty, tx, acc, unused, False)
+        product(dy, True, row0, w, True, col0, 0, k_len, ty, tx, acc, unused, False)
         n_rows, n_cols = dx.shape
         for i in range(micro):
             ri = out_index(row0, ty, i)
@@ -283,7 +287,7 @@ def _build(cfg):
     return GemmKernels(
         cfg,
         kernel(linear_fwd, "linear_fwd", (_F2, _F2, _F1, _F2, int32)),
-        kernel(linear_bwd_in, "linear_bwd_in", (_F2, _F2, _F2, _F2, int32)),
+        kernel(linear_bwd_in, "linear_bwd_in", (_F2, _F2, _F2, _F2, int32, int32)),
         kernel(linear_wgrad, "linear_wgrad", (_F2, _F2, _F3, _F2, int32)),
     )
 

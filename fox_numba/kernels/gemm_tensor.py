@@ -297,13 +297,14 @@ def _kernels(bf16: bool) -> tuple[Any, Any, Any]:
         product_fwd(x, row0, w, col0, 0, x.shape[1], acc, unused, False)
         epilogue_fwd(y, b, relu, row0, col0, uint32(cuda.threadIdx.x), acc)
 
-    def linear_bwd_in(dy, w, act, dx, mask):
-        """dx = dy @ w^T, zeroed where act <= 0 when mask != 0 (act is not read when mask == 0)."""
+    def linear_bwd_in(dy, w, act, dx, mask, k_len):
+        """dx = dy[:, :k_len] @ w[:, :k_len]^T, zeroed where act <= 0 when mask != 0 (act is not read when
+        mask == 0)."""
         acc = cuda.local.array(ACC, float32)
         unused = cuda.local.array(1, float32)
         row0 = uint32(cuda.blockIdx.y) * TILE
         col0 = uint32(cuda.blockIdx.x) * TILE
-        product_bwd_in(dy, row0, w, col0, 0, dy.shape[1], acc, unused, False)
+        product_bwd_in(dy, row0, w, col0, 0, k_len, acc, unused, False)
         epilogue_bwd_in(dx, act, mask, row0, col0, uint32(cuda.threadIdx.x), acc)
 
     def linear_wgrad(x, dy, pw, pb, chunk):
@@ -330,7 +331,7 @@ def _kernels(bf16: bool) -> tuple[Any, Any, Any]:
 
     fmt = "bf16" if bf16 else "tf32"
     built = []
-    for fn, sig in ((linear_fwd, (_F2, _F2, _F1, _F2, int32)), (linear_bwd_in, (_F2, _F2, _F2, _F2, int32)),
+    for fn, sig in ((linear_fwd, (_F2, _F2, _F1, _F2, int32)), (linear_bwd_in, (_F2, _F2, _F2, _F2, int32, int32)),
                     (linear_wgrad, (_F2, _F2, _F3, _F2, int32))):
         fn.__name__ = fn.__qualname__ = f"{fn.__name__}_{fmt}"  # the registry's and the compile check's name
         built.append(_kernel(fn, sig))

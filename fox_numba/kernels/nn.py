@@ -134,9 +134,12 @@ def linear_forward(
 
 
 def linear_backward_input(
-    dy: Any, w: Any, dx: Any, *, act: Any = None, stream: Any, config: str | None = None, precision: str = "fp32"
+    dy: Any, w: Any, dx: Any, *, act: Any = None, stream: Any, config: str | None = None, precision: str = "fp32",
+    cols: int | None = None,
 ) -> None:
-    """dx = dy @ w.T, zeroed where act <= 0 when the layer input activation `act` is given."""
+    """dx = dy @ w.T, zeroed where act <= 0 when the layer input activation `act` is given. With `cols` the
+    reduction runs over the first `cols` columns of dy and w alone: the caller's promise that the rest of dy is 0
+    (a head's columns past its live branches), so the sum is the same, in the same order."""
     n_batch, n, k = _shape(dy)[0], _shape(dy)[-1], _shape(dx)[-1]
     arrays = {"dy": dy, "w": w, "dx": dx}
     expected = {"dy": (n_batch, n), "w": (k, n), "dx": (n_batch, k)}
@@ -146,7 +149,9 @@ def linear_backward_input(
     g = _gemm(_config(precision, config, n_batch, k, n))
     grid = (_cdiv(k, g.config.tile), _cdiv(n_batch, g.config.tile))
     mask_src = dx if act is None else act  # not read when the mask is off
-    launch_tiles(g.bwd_in, grid, g.config.threads, dy, w, mask_src, dx, _FLAG[act is not None], stream=stream)
+    k_len = _live(cols, n, "linear_backward_input")
+    launch_tiles(g.bwd_in, grid, g.config.threads, dy, w, mask_src, dx, _FLAG[act is not None], i32(k_len),
+                 stream=stream)
 
 
 class LinearWeightGrad:

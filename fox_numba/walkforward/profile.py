@@ -97,9 +97,10 @@ def _work(rec: Any) -> tuple[float, float]:
     if op == "linear_fwd":  # x[B,K], w[K,N]
         (b, k), (_, n) = arrays[0][2], arrays[1][2]
         flops = 2.0 * b * k * n
-    elif op == "linear_bwd_in":  # dy[B,N], w[K,N]
-        (b, n), (k, _) = arrays[0][2], arrays[1][2]
-        flops = 2.0 * b * k * n
+    elif op == "linear_bwd_in":  # dy[B,N], w[K,N], then mask and k_len: the reduction runs over k_len <= N
+        (b, _), (k, _) = arrays[0][2], arrays[1][2]
+        dtype, value = rec.args[-1]
+        flops = 2.0 * b * k * float(np.frombuffer(value, dtype)[0])
     elif op == "linear_wgrad":  # x[B,K], dy[B,N]
         (b, k), (_, n) = arrays[0][2], arrays[1][2]
         flops = 2.0 * b * k * n

@@ -145,6 +145,27 @@ def test_backward_input_multi_tile(stream, stager, rng, config):
     assert_within(backward_input(stager, stream, dy, w, act, config), ref, bound)
 
 
+@pytest.mark.parametrize("config", sorted(CONFIGS))
+def test_backward_input_over_the_leading_columns_reads_no_other(stream, stager, rng, config):
+    """cols=: the reduction over the first `cols` columns of dy and w alone (a head's live columns): the float64
+    product of those columns, whatever the rest of dy and w hold (random here, so a read of them would show), and
+    the same bits as the whole reduction where the rest of dy is 0, as the caller promises."""
+    b_, k, n = MULTI[config]["backward_input"]
+    cols = n // 3 + 1
+    dy, w, act = normal(rng, b_, n), normal(rng, k, n), activation(rng, b_, k)
+    dx = nan_array(stager, b_, k)
+    linear_backward_input(stager.upload_new(dy), stager.upload_new(w), dx, act=stager.upload_new(act),
+                          stream=stream, config=config, cols=cols)
+    ref, bound = backward_input_reference(dy[:, :cols], w[:, :cols], act)
+    got = stager.download(dx)
+    assert_within(got, ref, bound)
+    dy[:, cols:] = 0.0
+    whole = backward_input(stager, stream, dy, w, act, config)
+    np.testing.assert_array_equal(got.view(np.uint32), whole.view(np.uint32))
+    with pytest.raises(ValueError, match="linear_backward_input: cols = 0 must be in"):
+        linear_backward_input(stager.upload_new(dy), stager.upload_new(w), dx, stream=stream, cols=0)
+
+
 def weight_grad(stager, stream, grads, x, dy):
     dw, db = nan_array(stager, x.shape[1], dy.shape[1]), nan_array(stager, dy.shape[1])
     grads(stager.upload_new(x), stager.upload_new(dy), dw, db, stream=stream)

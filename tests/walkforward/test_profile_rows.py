@@ -28,5 +28,10 @@ def test_rows_name_the_grid_and_count_the_gemm_work():
     wgrad = LaunchRecord("fox_numba.kernels.gemm.linear_wgrad_64x4", (14, 3, 18), (256,),
                          (array((8192, 134)), array((8192, 868)), array((18, 134, 868)), array((18, 868))))
     assert launch_name(wgrad) == "gemm.linear_wgrad_64x4 14x3x18" and _work(wgrad)[1] == 2.0 * 8192 * 134 * 868
+    k_len = np.int32(255).tobytes()  # the reduction over a head's live columns alone (kernels/nn.py cols=)
+    bwd_in = LaunchRecord("fox_numba.kernels.gemm_tensor.linear_bwd_in_tf32", (2, 64), (256,),
+                          (array((8192, 868)), array((256, 868)), array((8192, 256)), array((8192, 256)),
+                           ("<i4", np.int32(1).tobytes()), ("<i4", k_len)))
+    assert _work(bwd_in)[1] == 2.0 * 8192 * 256 * 255
     other = LaunchRecord("fox_numba.kernels.learner.select_q_rows", (1024,), (104,), (array((8192, 4), np.int32),))
     assert launch_name(other) == "learner.select_q_rows 1024" and _work(other) == (8192 * 4 * 4.0, 0.0)
