@@ -145,6 +145,25 @@ def test_live_head_columns_alone(stream, stager, rng, fmt):
 
 
 @gpu_only
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_backward_input_over_the_live_head_columns(stream, stager, rng, fmt):
+    """The head's input gradient (a trunk's last layer, or an encoder's columns) with cols = 255 of 868: the
+    product of those columns alone, whatever the others hold (random here, so a read would show), and the same bits
+    as the whole reduction where dy is 0 past them, as the network promises."""
+    b_, k, n, cols = 2 * TILE + 5, 256, 868, 255
+    dy, w = normal(rng, b_, n), normal(rng, k, n)
+    dev_w = stager.upload_new(w)
+    dx = stager.upload_new(np.full((b_, k), np.nan, np.float32))
+    linear_backward_input(stager.upload_new(dy), dev_w, dx, stream=stream, precision=fmt, cols=cols)
+    got = stager.download(dx)
+    check(fmt, got, dy[:, :cols], w[:, :cols].T, cols)
+    dy[:, cols:] = 0.0
+    whole = stager.upload_new(np.full((b_, k), np.nan, np.float32))
+    linear_backward_input(stager.upload_new(dy), dev_w, whole, stream=stream, precision=fmt)
+    np.testing.assert_array_equal(got.view(np.uint32), stager.download(whole).view(np.uint32))
+
+
+@gpu_only
 def test_same_bits_twice_and_chosen_by_precision(stream, stager, rng):
     b_, k, n = SHAPES[1]
     x, w, b = normal(rng, b_, k), normal(rng, k, n), normal(rng, n)
