@@ -245,3 +245,8 @@ def test_projected_weights_value_the_mirrored_state_as_the_state(rng):
                                rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(mirror_project(p, parity), p, rtol=1e-15, atol=0)
     assert not np.allclose(features(xm, -q, port) @ w, (features(xb, q, port) @ w)[:, [2, 1, 0, 3]])
+    # at a strength s the gap between the two shrinks to (1 - s) of the unprojected weights' gap
+    gap = features(xm, -q, port) @ w - (features(xb, q, port) @ w)[:, [2, 1, 0, 3]]
+    h = mirror_project(w, parity, 0.25)
+    np.testing.assert_allclose(features(xm, -q, port) @ h - (features(xb, q, port) @ h)[:, [2, 1, 0, 3]],
+                               0.75 * gap, rtol=1e-10, atol=1e-10)

@@ -294,17 +294,20 @@ def mirror_parity(n_x: int, cols: tuple[int, ...]) -> np.ndarray:
     return np.concatenate([x, [1.0, -1.0], -x, np.ones(len(cols))])
 
 
-def mirror_project(w: np.ndarray, parity: np.ndarray) -> np.ndarray:
-    """The weights [F, 4] made mirror-symmetric, Q(mirror x, -q, sigma d) = Q(x, q, d): the mean of w and its
-    mirror image parity * w[:, sigma] (odd inputs then carry no Hold or Flat value, and Short and Long share the
-    rest with opposite signs on the odd inputs)."""
-    return 0.5 * (w + parity[:, None] * w[:, MIRROR_DIRECTIONS])
+def mirror_project(w: np.ndarray, parity: np.ndarray, strength: float = 1.0) -> np.ndarray:
+    """The weights [F, 4] moved the fraction `strength` of the way to mirror-symmetric ones, Q(mirror x, -q, sigma d)
+    = Q(x, q, d): the mean of w and its mirror image parity * w[:, sigma] (odd inputs then carry no Hold or Flat
+    value, and Short and Long share the rest with opposite signs on the odd inputs); kernels/mirror.py's rule
+    (network.mirror_strength)."""
+    symmetric = 0.5 * (w + parity[:, None] * w[:, MIRROR_DIRECTIONS])
+    return symmetric if strength == 1.0 else w + strength * (symmetric - w)
 
 
 def learn(xb: np.ndarray, book: Book, rows: Rows, mode: str, lc: LearnerConfig, seed: int, spread: float,
           history: int, n_step: int = 1, average: str = "none", average_start: int = 1,
           start: tuple[np.ndarray, list[np.ndarray]] | None = None,
-          init_scale: float = 0.0, agent_units: bool = False, mirror: str = "none") -> tuple[np.ndarray, Carry]:
+          init_scale: float = 0.0, agent_units: bool = False, mirror: str = "none", mirror_strength: float = 1.0
+          ) -> tuple[np.ndarray, Carry]:
     """The four direction values' weights [F, 4] learned from the agent's counterfactual batches (module header),
     and the state a next fold would carry. `average`: 'none' trades the last step's weights; 'epoch' the mean of
     the epoch-end weights from epoch `average_start` on (the agent's evaluation.network = 'average'); 'step' the
@@ -316,7 +319,7 @@ def learn(xb: np.ndarray, book: Book, rows: Rows, mode: str, lc: LearnerConfig, 
     (`in_risk_units`). `mirror` (modes plain and left only, whose portfolio columns do not read the price):
     'batch' makes each step's gradient the mean of the batch's and of its mirror's (`mirrored`: the same transitions
     in the market reflected about its prices, held at -q); 'project' projects the weights onto the mirror-symmetric
-    ones after each step (`mirror_project`); 'none' neither."""
+    ones after each step (`mirror_project`; `mirror_strength` of the way there); 'none' neither."""
     rng = np.random.default_rng(seed)
     xm, rows_m = mirrored(xb, rows) if mirror == "batch" else (xb, rows)
     parity = mirror_parity(xb.shape[1] - 1, PORT_COLUMNS[mode])
@@ -344,7 +347,7 @@ def learn(xb: np.ndarray, book: Book, rows: Rows, mode: str, lc: LearnerConfig, 
             g = 0.5 * (g + batch_grad(xm, book, rows_m, t, -q, entry, bars, w, w_tgt, lc.gamma, cols, n_step))
         w = update(step, w, grad_scale * g)
         if mirror == "project":
-            w = mirror_project(w, parity)
+            w = mirror_project(w, parity, mirror_strength)
         w_tgt = (1 - lc.tau) * w_tgt + lc.tau * w
         if enters_average(step, lc.steps_per_epoch, average, average_start):
             total, count = total + w, count + 1
@@ -382,6 +385,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="the market's "
                         "up/down symmetry: train on each batch and its mirror, or project the weights onto the "
                         "symmetric ones after each step (`learn`; modes plain and left)")
+    parser.add_argument("--mirror-strength", type=float, default=1.0, metavar="S", help="with --mirror project: "
+                        "move the weights the fraction S of the way to the symmetric ones (network.mirror_strength)")
     parser.add_argument("--ensemble", type=int, metavar="K", help="also trade the mean of K seeds' weights: the seeds "
                         "in order in groups of K, each group's averaged weights traded (`ensembles`)")
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE", help="config override")
@@ -392,6 +397,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--ensemble {args.ensemble}: K must be at least 2 and divide the {len(args.seeds)} seeds")
     if args.n_step < 1 or (args.n_step > 1 and {"agent", "history"} & set(args.modes)):
         parser.error("--n-step must be >= 1, and above 1 only with the modes plain and left")
+    if not 0.0 < args.mirror_strength <= 1.0 or (args.mirror_strength != 1.0 and args.mirror != "project"):
+        parser.error("--mirror-strength: in (0, 1], and below 1 only with --mirror project")
     if args.mirror != "none" and {"agent", "history"} & set(args.modes):
         parser.error("--mirror: only the modes plain and left (their portfolio columns do not read the price)")
     cfg, selection, feats, plain = probe_setup(args.store, args.set)
@@ -415,7 +422,7 @@ def main(argv: list[str] | None = None) -> int:
             prev = carried.get(mode) if args.carry is not None else None
             out = [learn(xb, book, rows, mode, lc, seed, cfg.env.explore_spread, args.history_bars, args.n_step,
                          args.average, args.average_start, prev[i].start(args.carry) if prev else None,
-                         args.init_scale, args.agent_units, args.mirror)
+                         args.init_scale, args.agent_units, args.mirror, args.mirror_strength)
                    for i, seed in enumerate(args.seeds)]
             fits, carried[mode] = [w for w, _ in out], [c for _, c in out]
             acts = [traded_argmax(lambda a, b, w=w: trade_day(xb, book, a, b, w, cols)[0], m, cfg) for w in fits]
@@ -439,7 +446,8 @@ def main(argv: list[str] | None = None) -> int:
                  f"weights traded: averaged '{args.average}' (from epoch {args.average_start}); folds after the "
                  f"first start from {'zero' if args.carry is None else f'the last x {args.carry}'}; initial weights: "
                  f"{'zero' if not args.init_scale else f'the mean head draw x {args.init_scale}'}; mirror: "
-                 f"{args.mirror}; units: "
+                 f"{args.mirror}{f' at strength {args.mirror_strength}' if args.mirror_strength != 1.0 else ''}; "
+                 "units: "
                  f"{f'the agent (risk units, Adam eps {lc.adam_eps})' if args.agent_units else 'price points'}. Mean "
                  "(standard error) over the seeds of the validation daily Sharpe of the values' argmax from flat "
                  "each day, and each seed's (in order; a seed's random draws are the same in every variant, so two "
