@@ -8,9 +8,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 
-from symmetry_probe import UNSIGNED, fit, side_shares, signed_columns  # noqa: E402
+from symmetry_probe import UNSIGNED, fit, largest_offset, side_shares, signed_columns  # noqa: E402
 
 from fox_numba.features.forecast import fit_probe  # noqa: E402
+from fox_numba.features.normalise import NormStats  # noqa: E402
 from fox_numba.observation import FEATURE_NAMES, N_MARKET  # noqa: E402
 
 
@@ -63,3 +64,12 @@ def test_side_shares_count_the_moves_past_the_threshold_and_the_held_sides(rng):
     assert up == sum(1 for v in ok if v > 0.5) / len(ok) and down == sum(1 for v in ok if v < -0.5) / len(ok)
     assert long == sum(1 for v in held if v > 0) / 200 and short == sum(1 for v in held if v < 0) / 200
     assert 0 < up < 0.5 and 0 < down < 0.5 and 0 < long < 0.5 and 0 < short < 0.5
+
+
+def test_largest_offset_reads_the_signed_features_alone(rng):
+    n = len(FEATURE_NAMES)
+    mean, std = rng.uniform(-0.01, 0.01, n), rng.uniform(1.0, 2.0, n)
+    unsigned, signed = FEATURE_NAMES.index("log_volume"), FEATURE_NAMES.index("ofi_l1")
+    mean[unsigned] = 5.0  # an unsigned feature's offset does not count
+    mean[signed], std[signed] = -0.3, 1.5
+    assert largest_offset(NormStats(mean=mean, std=std, n_rows=10)) == ("ofi_l1", -0.3 / 1.5)

@@ -19,7 +19,8 @@ the forecast, walkforward/probe.py) on each suite fold's validation days:
 
 `--sides` asks instead which way each fold's moves and the fits lean: per fold the shares of the training and of the
 validation bars whose forward change passes the oracle's cost threshold up and down, and the validation bars the
-probe and the odd read hold long and short (learner_ablation_h200.md section 62).
+probe and the odd read hold long and short, and the signed feature whose training mean is largest against its std
+(learner_ablation_h200.md section 62).
 
 The ridge penalty is evaluation.probe_ridge times the rows, as the probe's. Deterministic (no seeds). Each market's
 store is data/suite's definition built into --stores (`fox data synth --definition`, as tools/suite.py builds them;
@@ -45,6 +46,7 @@ from suite import SUITE, load_suite, store_path  # noqa: E402
 from fox_numba.agent.fold_market import FoldMarket  # noqa: E402
 from fox_numba.config import FeatureConfig, FoxConfig, load_config  # noqa: E402
 from fox_numba.features.forecast import forward_change  # noqa: E402
+from fox_numba.features.normalise import NormStats  # noqa: E402
 from fox_numba.market.default import default_store_path  # noqa: E402
 from fox_numba.market.select import select_market  # noqa: E402
 from fox_numba.market.synthetic_oracle import oracle_positions, oracle_threshold  # noqa: E402
@@ -134,10 +136,19 @@ def side_shares(forward: np.ndarray, positions: np.ndarray, threshold: float) ->
             float(np.mean(positions > 0)), float(np.mean(positions < 0)))
 
 
+def largest_offset(stats: NormStats) -> tuple[str, float]:
+    """The signed feature whose training mean is largest against its std, and that ratio: the mirror of a z-scored
+    signed column is exactly its negative only where that mean is 0 (network.mirror's projection assumes it)."""
+    signed = [j for j, name in enumerate(FEATURE_NAMES) if name not in UNSIGNED]
+    ratio = np.asarray(stats.mean, np.float64)[signed] / np.asarray(stats.std, np.float64)[signed]
+    k = int(np.argmax(np.abs(ratio)))
+    return FEATURE_NAMES[signed[k]], float(ratio[k])
+
+
 def side_rows(name: str, stores: Path) -> list[str]:
     """Per suite fold of the market, one table row: the training and the validation bars' shares of moves past the
-    cost threshold up and down over the probe's horizon, and the validation bars the probe and its odd read hold
-    long and short."""
+    cost threshold up and down over the probe's horizon, the validation bars the probe and its odd read hold
+    long and short, and the signed feature with the largest training mean against its std (`largest_offset`)."""
     out = []
     for k, (m, x, y_train, y, cfg) in enumerate(suite_folds(name, stores)):
         threshold = oracle_threshold(m.tick_size, m.point_value, cfg.env.commission)
@@ -153,6 +164,8 @@ def side_rows(name: str, stores: Path) -> list[str]:
             if v == "probe":
                 cells.append(f"{up_v:.3f} / {down_v:.3f}")
             cells.append(f"{long_v:.3f} / {short_v:.3f}")
+        feature, ratio = largest_offset(m.stats)
+        cells.append(f"{feature} {ratio:+.3f}")
         out.append(f"| {name} | {k} | " + " | ".join(cells) + " |")
     return out
 
@@ -171,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     names = args.markets.split(",") if args.markets else [m.name for m in suite.markets]
     if args.sides:
         lines = ["| market | fold | training: up / down | validation: up / down | probe: long / short | "
-                 "odd: long / short |", "| --- | ---: | ---: | ---: | ---: | ---: |"]
+                 "odd: long / short | largest signed mean / std |", "| --- | ---: | ---: | ---: | ---: | ---: | --- |"]
         for name in names:
             for row in side_rows(name, args.stores):
                 lines.append(row)
