@@ -419,7 +419,8 @@ class NetworkConfig:
     )
     tlob_blocks: int = opt(1, "Blocks of the TLOB encoder, each an attention over time then one over features (>= 1).")
     tlob_heads: int = opt(
-        2, "Attention heads of both TLOB views (the time view's width D and the feature view's width T divide by it)."
+        2, "Attention heads of both TLOB views (the time view's width D and the feature view's width T divide by it; "
+        "a head's tokens x columns, T x D / heads and D x T / heads, at most 2048)."
     )
     tlob_out: int = opt(16, "Output columns of the TLOB encoder, appended to the observation.")
 

@@ -59,6 +59,7 @@ from fox_numba.features.book import BOOK_FEATURES
 from fox_numba.kernels.tlob import (
     MAX_HEAD,
     MAX_SEQ,
+    TILE,
     LayerNormParamGrad,
     add_layer_norm_backward,
     add_layer_norm_forward,
@@ -86,12 +87,15 @@ class TlobShape:
     n_out: int
 
     def check(self) -> None:
-        """Refuse sizes the kernels cannot run (kernels/tlob.py: tokens <= MAX_SEQ, head width <= MAX_HEAD)."""
+        """Refuse sizes the kernels cannot run (kernels/tlob.py: tokens <= MAX_SEQ, head width <= MAX_HEAD, tokens x
+        head width <= TILE)."""
         for tokens, width, heads, view in ((self.seq, self.width, self.heads_time, "time"),
                                            (self.width, self.seq, self.heads_feature, "feature")):
-            if not 1 <= tokens <= MAX_SEQ or heads < 1 or width % heads or width // heads > MAX_HEAD:
+            if (not 1 <= tokens <= MAX_SEQ or heads < 1 or width % heads or width // heads > MAX_HEAD
+                    or tokens * (width // heads) > TILE):
                 raise ValueError(f"TLOB {view} view: {tokens} tokens of width {width} in {heads} heads; need "
-                                 f"tokens <= {MAX_SEQ} and the width a multiple of the heads, <= {MAX_HEAD} per head")
+                                 f"tokens <= {MAX_SEQ} and the width a multiple of the heads, <= {MAX_HEAD} per head, "
+                                 f"with tokens x head width <= {TILE}")
         if min(self.n_in, self.n_blocks, self.n_out) < 1:
             raise ValueError(f"TLOB: n_in={self.n_in}, n_blocks={self.n_blocks}, n_out={self.n_out} must be >= 1")
 

@@ -22,20 +22,21 @@ Layer norm over the last axis of z = x + a (the residual sum): y = (z - mu) rstd
 dz = rstd (g - mean(g) - xh mean(g xh)) (one array: dL/dx = dL/da = dz); dgamma = sum_rows dy xh, dbeta = sum_rows dy.
 
 Launch shapes and memory:
-- attention_forward / attention_backward: a unit of work is one (sequence, head), `attention_threads(S)` threads (S
-  rounded up to a warp on the GPU, S under the simulator); thread t of a unit handles its query rows (forward,
-  backward pass 1) or key rows (backward pass 2) t, t + per, ... A block packs K units (`attention_units`: as many as
-  fit in MAX_BLOCK threads and in the SHARED_SLOTS floats of each shared tile, at most the units there are), each with
-  its own slice of the tiles: K and V (the backward's second pass: Q pre-scaled and dO), S * E floats each, and in the
-  backward two S-vectors (lse, Delta) in MAX_BLOCK floats. The tiles are 16 KB each, sized for S = E = 64 (32 KB /
-  33 KB a block, under the 48 KB of static shared memory); at the default S = 32, E = 8 one unit per block would use
-  2 KB of them and cap an SM at 7 blocks of 32 threads, a ninth of its resident threads. A unit computes the same
-  sums in the same order whatever K is, so the packing changes no bit; the threads of a last block's missing units
-  load unit 0's tiles into their own slices, pass the barriers and write nothing else. Q and the scores do not fit
-  in shared memory as well (64 KB in all at S = E = 64), so each thread keeps its own query / key row, probability row
-  and accumulators in local arrays (at most MAX_SEQ + 4 MAX_HEAD floats). In the inner loops every thread of a unit
-  reads the same tile element (a broadcast, no bank conflict). Softmax subtracts the row max; every sum is one
-  thread's chain in index order: no atomics, the same bits on every run and for any block size.
+- attention_forward / attention_backward: a unit of work is one (sequence, head), S * ceil(E / CHUNK) threads
+  (`attention_unit_threads`): thread (i, c) handles token i's columns c CHUNK .. c CHUNK + CHUNK - 1 of the output
+  (the forward's query row i; the backward's dQ row i in pass 1, dK and dV rows i in pass 2), accumulating them in a
+  CHUNK-float array the compiler keeps in registers (constant indices after unrolling). A block packs K units
+  (`attention_units`: as many as fit in MAX_BLOCK threads and in the TILE floats of each shared tile, at most the
+  units there are; the kernels take K), each with its own S * E slice of every tile: the forward stages Q (pre-scaled),
+  K and V, the backward Q, dO, K and V in each pass, plus two S-vectors (lse, Delta) in MAX_BLOCK floats (three
+  tiles, 24 KB; four and the vectors, 36 KB; under the 48 KB of static shared memory). A tile the thread reads its own
+  row of is stored by column (element e of row i at e S + i: a unit's threads read consecutive words), one whose row
+  every thread of the unit reads at once by row (a broadcast). Nothing else is per thread: the scores are recomputed
+  (the forward's two passes, max then exp-sum, each recompute the dot products) instead of kept in a local array,
+  which at 2,048 threads an SM spilled out of the L1 (0.41 ms forward, 1.05 ms backward a launch at 16,384 windows on
+  an H100, tools/results/bench_learner_u32_tlob32_tf32_h100.md). Softmax subtracts the row max; every sum is one
+  thread's chain in index order, the same sums in the same order as before the chunking: no atomics, the same bits on
+  every run and for any packing. Threads past the block's units stage nothing, pass the barriers and write nothing.
 - add_layer_norm_forward / _backward: a block per LN_ROWS rows, staged in shared memory (x + a, and dy in the
   backward) and written back through it, coalesced; one thread per row sums it (W <= 64 columns, two passes in
   float32, in column order).
@@ -43,7 +44,7 @@ Launch shapes and memory:
   in order into partial [chunk, 1, W] / [chunk, W]; then gemm.wgrad_reduce (the dense weight gradient's split
   reducer, reused) adds the chunks in order.
 - batch_transpose: one thread per output element (`launch`).
-Constraints: S <= MAX_SEQ, E <= MAX_HEAD, float32 C-contiguous arrays; float32 literals throughout (a bare 0.0 is
+Constraints: S <= MAX_SEQ, E <= MAX_HEAD, S * E <= TILE, float32 C-contiguous arrays; float32 literals throughout (a bare 0.0 is
 float64 on the GPU), one `cuda.shared.array` per source line (two on a line alias in the simulator). Indices and
 loop counters are uint32 (`u32`, kernels/head_rows.py's header): numba's int64 indices cost a negative-index wrap and
 64-bit arithmetic per access (the attention kernels' PTX held 1,478 and 2,849 64-bit operations, 307 and 577 now;
@@ -68,10 +69,12 @@ MAX_SEQ = 64
 """Most tokens per sequence (T snapshots in the time view, D features in the feature view)."""
 MAX_HEAD = 64
 """Most columns per head."""
-SHARED_SLOTS = MAX_SEQ * MAX_HEAD
-"""Floats of each shared tile of an attention block, split between its units."""
-MAX_BLOCK = 256
-"""Most threads of an attention block."""
+TILE = 2048
+"""Floats of each shared tile of an attention block; a unit (sequence, head) takes S * E of them, so S * E <= TILE."""
+CHUNK = 8
+"""Output columns of a head per attention thread (held in registers: a constant-length, unrolled array)."""
+MAX_BLOCK = 512
+"""Most threads of an attention block (a unit's S * ceil(E / CHUNK) <= 512 whenever S * E <= TILE)."""
 LN_EPS = np.float32(1e-5)
 """Added to the variance before the square root (PyTorch's LayerNorm default)."""
 LN_ROWS = 64
@@ -82,6 +85,7 @@ LN_CHUNK = 256
 """Rows per block of the layer-norm parameter gradient (16384 * 64 rows: 4096 chunks)."""
 WARP = 32
 _ONE = np.uint32(1)
+_CHUNK = np.uint32(CHUNK)
 _LN_ROWS = np.uint32(LN_ROWS)
 _LN_TILE = LN_ROWS * (LN_MAX_WIDTH + 1)  # a row's stride is W or W + 1, odd
 
@@ -91,191 +95,186 @@ _F3 = float32[:, :, ::1]
 
 
 @cuda.jit(device=True)
-def _unit(per, n_units):
-    """(k, tid, unit, active) of this thread: its unit's place k in the block, its place tid in the unit, the unit's
-    index (0 for a missing unit of a last block, which loads unit 0's tiles into its own slice and writes nothing
-    else) and whether the unit exists."""
-    k = cuda.threadIdx.x // per
-    unit = cuda.blockIdx.x * (cuda.blockDim.x // per) + k
-    active = unit < n_units
-    return k, cuda.threadIdx.x - k * per, unit if active else 0, active
+def _place(seq, unit_threads, packed, n_units):
+    """(k, i, c, unit, active) of this thread: its unit's place k in the block, its token i and column chunk c in the
+    unit (thread r of a unit: c = r // S, i = r - c S), the unit's index (0 for a slot past the block's `packed` units
+    or past the last unit, which stages and writes nothing) and whether the unit exists."""
+    t = u32(cuda.threadIdx.x)
+    k = u32(t // unit_threads)
+    r = u32(t - k * unit_threads)
+    c = u32(r // seq)
+    unit = u32(u32(cuda.blockIdx.x) * u32(packed) + k)
+    active = k < u32(packed) and unit < u32(n_units)
+    return k, u32(r - c * seq), c, unit if active else u32(0), active
 
 
 @cuda.jit(device=True)
-def _stage_pair(a, col_a, scale_a, b, col_b, ta, tb, off, base, seq, e_dim, tid, per):
-    """A unit's tiles from `seq` rows at `base`: ta[off + j E + e] = a[base + j, col_a + e] * scale_a and tb likewise
-    from b at col_b (unscaled); the unit's `per` threads share the elements, thread `tid` every per-th."""
-    n, dim, step = u32(u32(seq) * u32(e_dim)), u32(e_dim), u32(per)
+def _stage(src, col, scale, tile, off, base, seq, e_dim, tid, unit_threads, by_column):
+    """A unit's tile of `seq` rows of `e_dim` columns: tile[off + j E + e] (by row) or tile[off + e S + j] (by column,
+    so that the unit's threads each reading their own row walk consecutive words) = src[base + j, col + e] * scale;
+    the unit's threads share the elements, thread `tid` every unit_threads-th."""
+    n = u32(seq * e_dim)
     idx = u32(tid)
     while idx < n:
-        j = u32(idx // dim)
-        e = u32(idx - j * dim)
-        ta[u32(off + idx)] = a[u32(base + j), u32(col_a + e)] * scale_a
-        tb[u32(off + idx)] = b[u32(base + j), u32(col_b + e)]
-        idx = u32(idx + step)
+        j = u32(idx // e_dim)
+        e = u32(idx - j * e_dim)
+        dst = u32(off + e * seq + j) if by_column else u32(off + idx)
+        tile[dst] = src[u32(base + j), u32(col + e)] * scale
+        idx = u32(idx + unit_threads)
+
+
+@cuda.jit(device=True)
+def _dot(col_tile, col_at, seq, row_tile, row_at, e_dim):
+    """sum_e col_tile[col_at + e S] row_tile[row_at + e], in e order: a thread's own row of a by-column tile (every
+    thread of a unit its own, consecutive words) against a row of a by-row tile (the same for the unit: a broadcast)."""
+    s = float32(0.0)
+    e = u32(0)
+    while e < e_dim:
+        s += col_tile[u32(col_at + e * seq)] * row_tile[u32(row_at + e)]
+        e = u32(e + _ONE)
+    return s
 
 
 @register((_F2, _F2, _F2, int32, int32, float32))
 @cuda.jit
-def attention_fwd_kernel(qkv, out, lse, seq, per, scale):
-    """out and lse of each unit (sequence, head) = divmod(unit, H) of the block, `per` threads a unit (module
-    header); thread t of a unit: query rows t, t + per, ..."""
+def attention_fwd_kernel(qkv, out, lse, seq, packed, scale):
+    """out and lse of the block's `packed` units (sequence, head) = divmod(unit, H); thread (i, c) of a unit: query
+    row i's output columns c CHUNK .. c CHUNK + CHUNK - 1 (module header)."""
     width = u32(out.shape[1])
     n_heads = u32(lse.shape[1])
     e_dim = u32(width // n_heads)
-    k, tid, unit, active = _unit(per, (out.shape[0] // seq) * n_heads)
-    n_seq, n_per = u32(seq), u32(per)
-    n = u32(u32(unit) // n_heads)
-    h = u32(u32(unit) - n * n_heads)
+    n_seq = u32(seq)
+    per = u32(n_seq * u32((e_dim + _CHUNK - _ONE) // _CHUNK))
+    k, i, c, unit, active = _place(n_seq, per, packed, u32(out.shape[0] // seq) * n_heads)
+    n = u32(unit // n_heads)
+    h = u32(unit - n * n_heads)
     q0 = u32(h * e_dim)
     base = u32(n * n_seq)
-    off = u32(u32(k) * n_seq * e_dim)  # the unit's slice of the tiles
-    ks = cuda.shared.array(SHARED_SLOTS, float32)
-    vs = cuda.shared.array(SHARED_SLOTS, float32)
-    q = cuda.local.array(MAX_HEAD, float32)
-    p = cuda.local.array(MAX_SEQ, float32)
-    _stage_pair(qkv, width + q0, float32(1.0), qkv, 2 * width + q0, ks, vs, off, base, seq, e_dim, tid, per)
+    off = u32(k * n_seq * e_dim)  # the unit's slice of the tiles
+    r = u32(c * n_seq + i)  # its place among the unit's threads
+    qt = cuda.shared.array(TILE, float32)
+    ks = cuda.shared.array(TILE, float32)
+    vs = cuda.shared.array(TILE, float32)
+    acc = cuda.local.array(CHUNK, float32)
+    if active:
+        _stage(qkv, q0, scale, qt, off, base, n_seq, e_dim, r, per, True)
+        _stage(qkv, width + q0, float32(1.0), ks, off, base, n_seq, e_dim, r, per, False)
+        _stage(qkv, 2 * width + q0, float32(1.0), vs, off, base, n_seq, e_dim, r, per, False)
     cuda.syncthreads()
-    i = u32(tid)
-    while active and i < n_seq:
-        row = u32(base + i)
-        e = u32(0)
-        while e < e_dim:
-            q[e] = qkv[row, u32(q0 + e)] * scale
-            e = u32(e + _ONE)
+    if active:
+        top = _dot(qt, u32(off + i), n_seq, ks, off, e_dim)
+        j = _ONE
+        while j < n_seq:
+            top = max(top, _dot(qt, u32(off + i), n_seq, ks, u32(off + j * e_dim), e_dim))
+            j = u32(j + _ONE)
+        for cc in range(CHUNK):
+            acc[cc] = float32(0.0)
+        total = float32(0.0)
+        c0 = u32(c * _CHUNK)
         j = u32(0)
         while j < n_seq:
             kb = u32(off + j * e_dim)
-            sc = float32(0.0)
-            e = u32(0)
-            while e < e_dim:
-                sc += q[e] * ks[u32(kb + e)]
-                e = u32(e + _ONE)
-            p[j] = sc
-            j = u32(j + _ONE)
-        top = p[0]
-        j = _ONE
-        while j < n_seq:
-            top = max(top, p[j])
-            j = u32(j + _ONE)
-        total = float32(0.0)
-        j = u32(0)
-        while j < n_seq:
-            p[j] = math.exp(p[j] - top)
-            total += p[j]
+            pj = math.exp(_dot(qt, u32(off + i), n_seq, ks, kb, e_dim) - top)
+            total += pj
+            for cc in range(CHUNK):
+                if c0 + cc < e_dim:
+                    acc[cc] += pj * vs[u32(kb + c0 + cc)]
             j = u32(j + _ONE)
         inv = float32(1.0) / total
-        e = u32(0)
-        while e < e_dim:
-            acc = float32(0.0)
-            j = u32(0)
-            while j < n_seq:
-                acc += p[j] * vs[u32(off + j * e_dim + e)]
-                j = u32(j + _ONE)
-            out[row, u32(q0 + e)] = acc * inv
-            e = u32(e + _ONE)
-        lse[row, h] = top + math.log(total)
-        i = u32(i + n_per)
+        row = u32(base + i)
+        for cc in range(CHUNK):
+            if c0 + cc < e_dim:
+                out[row, u32(q0 + c0 + cc)] = acc[cc] * inv
+        if c == 0:
+            lse[row, h] = top + math.log(total)
 
 
 @register((_F2, _F2, _F2, _F2, _F2, int32, int32, float32))
 @cuda.jit
-def attention_bwd_kernel(qkv, out, dout, lse, dqkv, seq, per, scale):
-    """dQ, dK, dV of each unit (sequence, head) of the block into dqkv (module header): pass 1 a thread per query
-    row (dQ, Delta), pass 2 a thread per key row (dK, dV), both recomputing P from lse."""
+def attention_bwd_kernel(qkv, out, dout, lse, dqkv, seq, packed, scale):
+    """dQ, dK, dV of the block's `packed` units into dqkv (module header): pass 1 thread (i, c) query row i's dQ
+    columns (and Delta_i), pass 2 thread (j, c) key row j's dK and dV columns, both recomputing P from lse."""
     width = u32(out.shape[1])
     n_heads = u32(lse.shape[1])
     e_dim = u32(width // n_heads)
-    k, tid, unit, active = _unit(per, (out.shape[0] // seq) * n_heads)
-    n_seq, n_per = u32(seq), u32(per)
-    n = u32(u32(unit) // n_heads)
-    h = u32(u32(unit) - n * n_heads)
+    n_seq = u32(seq)
+    per = u32(n_seq * u32((e_dim + _CHUNK - _ONE) // _CHUNK))
+    k, i, c, unit, active = _place(n_seq, per, packed, u32(out.shape[0] // seq) * n_heads)
+    n = u32(unit // n_heads)
+    h = u32(unit - n * n_heads)
     q0 = u32(h * e_dim)
     base = u32(n * n_seq)
-    off = u32(u32(k) * n_seq * e_dim)  # the unit's slices of the tiles and of the row vectors
-    roff = u32(u32(k) * n_seq)
-    ta = cuda.shared.array(SHARED_SLOTS, float32)  # pass 1: K; pass 2: Q * scale
-    tb = cuda.shared.array(SHARED_SLOTS, float32)  # pass 1: V; pass 2: dO
+    off = u32(k * n_seq * e_dim)
+    roff = u32(k * n_seq)  # the unit's slice of the row vectors
+    r = u32(c * n_seq + i)
+    c0 = u32(c * _CHUNK)
+    row = u32(base + i)
+    ta = cuda.shared.array(TILE, float32)  # pass 1: Q * scale by column; pass 2: Q * scale by row
+    tb = cuda.shared.array(TILE, float32)  # pass 1: dO by column; pass 2: dO by row
+    tc = cuda.shared.array(TILE, float32)  # pass 1: K by row; pass 2: K by column
+    td = cuda.shared.array(TILE, float32)  # pass 1: V by row; pass 2: V by column
     lse_s = cuda.shared.array(MAX_BLOCK, float32)
     delta_s = cuda.shared.array(MAX_BLOCK, float32)
-    ra = cuda.local.array(MAX_HEAD, float32)  # pass 1: q * scale; pass 2: k
-    rb = cuda.local.array(MAX_HEAD, float32)  # pass 1: dO; pass 2: v
-    ga = cuda.local.array(MAX_HEAD, float32)  # pass 1: dQ; pass 2: dK
-    gb = cuda.local.array(MAX_HEAD, float32)  # pass 2: dV
-    _stage_pair(qkv, width + q0, float32(1.0), qkv, 2 * width + q0, ta, tb, off, base, seq, e_dim, tid, per)
+    ga = cuda.local.array(CHUNK, float32)  # pass 1: dQ; pass 2: dK
+    gb = cuda.local.array(CHUNK, float32)  # pass 2: dV
+    if active:
+        _stage(qkv, q0, scale, ta, off, base, n_seq, e_dim, r, per, True)
+        _stage(dout, q0, float32(1.0), tb, off, base, n_seq, e_dim, r, per, True)
+        _stage(qkv, width + q0, float32(1.0), tc, off, base, n_seq, e_dim, r, per, False)
+        _stage(qkv, 2 * width + q0, float32(1.0), td, off, base, n_seq, e_dim, r, per, False)
     cuda.syncthreads()
-    i = u32(tid)
-    while active and i < n_seq:
-        row = u32(base + i)
+    if active:
         delta = float32(0.0)
         e = u32(0)
         while e < e_dim:
-            ra[e] = qkv[row, u32(q0 + e)] * scale
-            rb[e] = dout[row, u32(q0 + e)]
-            ga[e] = float32(0.0)
-            delta += rb[e] * out[row, u32(q0 + e)]
+            delta += tb[u32(off + e * n_seq + i)] * out[row, u32(q0 + e)]
             e = u32(e + _ONE)
         m = lse[row, h]
-        lse_s[u32(roff + i)] = m
-        delta_s[u32(roff + i)] = delta
+        if c == 0:
+            lse_s[u32(roff + i)] = m
+            delta_s[u32(roff + i)] = delta
+        for cc in range(CHUNK):
+            ga[cc] = float32(0.0)
         j = u32(0)
         while j < n_seq:
             kb = u32(off + j * e_dim)
-            sc = float32(0.0)
-            dp = float32(0.0)
-            e = u32(0)
-            while e < e_dim:
-                sc += ra[e] * ta[u32(kb + e)]
-                dp += rb[e] * tb[u32(kb + e)]
-                e = u32(e + _ONE)
+            sc = _dot(ta, u32(off + i), n_seq, tc, kb, e_dim)
+            dp = _dot(tb, u32(off + i), n_seq, td, kb, e_dim)
             ds = math.exp(sc - m) * (dp - delta)
-            e = u32(0)
-            while e < e_dim:
-                ga[e] += ds * ta[u32(kb + e)]
-                e = u32(e + _ONE)
+            for cc in range(CHUNK):
+                if c0 + cc < e_dim:
+                    ga[cc] += ds * tc[u32(kb + c0 + cc)]
             j = u32(j + _ONE)
-        e = u32(0)
-        while e < e_dim:
-            dqkv[row, u32(q0 + e)] = ga[e] * scale
-            e = u32(e + _ONE)
-        i = u32(i + n_per)
-    cuda.syncthreads()  # every thread is done with K, V before Q, dO replace them
-    _stage_pair(qkv, q0, scale, dout, q0, ta, tb, off, base, seq, e_dim, tid, per)
+        for cc in range(CHUNK):
+            if c0 + cc < e_dim:
+                dqkv[row, u32(q0 + c0 + cc)] = ga[cc] * scale
+    cuda.syncthreads()  # every thread is done with pass 1's tiles before pass 2's replace them
+    if active:
+        _stage(qkv, q0, scale, ta, off, base, n_seq, e_dim, r, per, False)
+        _stage(dout, q0, float32(1.0), tb, off, base, n_seq, e_dim, r, per, False)
+        _stage(qkv, width + q0, float32(1.0), tc, off, base, n_seq, e_dim, r, per, True)
+        _stage(qkv, 2 * width + q0, float32(1.0), td, off, base, n_seq, e_dim, r, per, True)
     cuda.syncthreads()
-    j = u32(tid)
-    while active and j < n_seq:
-        row = u32(base + j)
-        e = u32(0)
-        while e < e_dim:
-            ra[e] = qkv[row, u32(width + q0 + e)]
-            rb[e] = qkv[row, u32(2 * width + q0 + e)]
-            ga[e] = float32(0.0)
-            gb[e] = float32(0.0)
-            e = u32(e + _ONE)
-        r = u32(0)
-        while r < n_seq:
-            rbase = u32(off + r * e_dim)
-            sc = float32(0.0)
-            dp = float32(0.0)
-            e = u32(0)
-            while e < e_dim:
-                sc += ta[u32(rbase + e)] * ra[e]
-                dp += tb[u32(rbase + e)] * rb[e]
-                e = u32(e + _ONE)
-            pr = math.exp(sc - lse_s[u32(roff + r)])
-            ds = pr * (dp - delta_s[u32(roff + r)])
-            e = u32(0)
-            while e < e_dim:
-                gb[e] += pr * tb[u32(rbase + e)]
-                ga[e] += ds * ta[u32(rbase + e)]
-                e = u32(e + _ONE)
-            r = u32(r + _ONE)
-        e = u32(0)
-        while e < e_dim:
-            dqkv[row, u32(width + q0 + e)] = ga[e]
-            dqkv[row, u32(2 * width + q0 + e)] = gb[e]
-            e = u32(e + _ONE)
-        j = u32(j + n_per)
+    if active:
+        for cc in range(CHUNK):
+            ga[cc] = float32(0.0)
+            gb[cc] = float32(0.0)
+        q = u32(0)
+        while q < n_seq:
+            qb = u32(off + q * e_dim)
+            sc = _dot(tc, u32(off + i), n_seq, ta, qb, e_dim)
+            dp = _dot(td, u32(off + i), n_seq, tb, qb, e_dim)
+            pr = math.exp(sc - lse_s[u32(roff + q)])
+            ds = pr * (dp - delta_s[u32(roff + q)])
+            for cc in range(CHUNK):
+                if c0 + cc < e_dim:
+                    gb[cc] += pr * tb[u32(qb + c0 + cc)]
+                    ga[cc] += ds * ta[u32(qb + c0 + cc)]
+            q = u32(q + _ONE)
+        for cc in range(CHUNK):
+            if c0 + cc < e_dim:
+                dqkv[row, u32(width + q0 + c0 + cc)] = ga[cc]
+                dqkv[row, u32(2 * width + q0 + c0 + cc)] = gb[cc]
 
 
 @cuda.jit(device=True)
@@ -422,36 +421,37 @@ def batch_transpose_kernel(x, y, rows):
 
 
 def _round_threads(n: int) -> int:
-    """Threads of a block that loops over n rows or columns: n rounded up to a warp on the GPU, n under the
-    simulator (which pays per thread)."""
+    """Threads of a block of n working threads: n rounded up to a warp on the GPU, n under the simulator (which
+    pays per thread)."""
     return n if SIMULATOR else -(-n // WARP) * WARP
 
 
-def attention_threads(seq: int) -> int:
-    """Threads per unit (sequence, head) of the attention kernels."""
-    return _round_threads(seq)
+def attention_unit_threads(seq: int, head_dim: int) -> int:
+    """Threads of a unit (sequence, head) of the attention kernels: one per token and chunk of CHUNK columns."""
+    return seq * -(-head_dim // CHUNK)
 
 
 def attention_units(seq: int, head_dim: int, units: int) -> int:
-    """K, the units (sequence, head) an attention block packs (module header): within MAX_BLOCK threads and the
-    SHARED_SLOTS floats of each tile, and no more than `units`."""
-    fit = min(MAX_BLOCK // attention_threads(seq), SHARED_SLOTS // (seq * head_dim))
+    """K, the units (sequence, head) an attention block packs (module header): within MAX_BLOCK threads and the TILE
+    floats of each tile, and no more than `units`."""
+    fit = min(MAX_BLOCK // attention_unit_threads(seq, head_dim), TILE // (seq * head_dim))
     return max(1, min(fit, units))
 
 
 def _launch_attention(kernel: Any, n_units: int, seq: int, head_dim: int, *args: Any, stream: Any) -> None:
-    per = attention_threads(seq)
     k = attention_units(seq, head_dim, n_units)
-    launch_rows(kernel, -(-n_units // k), k * per, *args[:-1], i32(seq), i32(per), args[-1], stream=stream)
+    launch_rows(kernel, -(-n_units // k), _round_threads(k * attention_unit_threads(seq, head_dim)), *args[:-1],
+                i32(seq), i32(k), args[-1], stream=stream)
 
 
 def _attention_shape(qkv: Any, out: Any, lse: Any, seq: int) -> tuple[int, int]:
     """(sequences N, heads H) of a checked qkv [N*S, 3W], out [N*S, W], lse [N*S, H]."""
     rows, width = (int(d) for d in out.shape)
     n_heads = int(lse.shape[1]) if len(lse.shape) == 2 else 0
-    if not 1 <= seq <= MAX_SEQ or rows % seq or n_heads < 1 or width % n_heads or width // n_heads > MAX_HEAD:
+    if (not 1 <= seq <= MAX_SEQ or rows % seq or n_heads < 1 or width % n_heads or width // n_heads > MAX_HEAD
+            or seq * (width // n_heads) > TILE):
         raise ValueError(f"attention: out {tuple(out.shape)}, lse {tuple(lse.shape)}, seq {seq}: need rows = N * seq, "
-                         f"seq <= {MAX_SEQ}, width = heads * E with E <= {MAX_HEAD}")
+                         f"seq <= {MAX_SEQ}, width = heads * E with E <= {MAX_HEAD} and seq * E <= {TILE}")
     check_array("qkv", qkv, "[N*S, 3W]", (rows, 3 * width))
     check_array("out", out, "[N*S, W]", (rows, width))
     check_array("lse", lse, "[N*S, H]", (rows, n_heads))

@@ -75,6 +75,7 @@ def test_layout_entries_width_and_fingerprint():
     ({"tlob_window": 5}, "multiple of the heads"),
     ({"tlob_width": 6, "tlob_heads": 4, "tlob_window": 4}, "multiple of the heads"),
     ({"tlob_window": 66}, "tokens <= 64"),
+    ({"tlob_window": 64, "tlob_width": 64, "tlob_heads": 1}, "tokens x head width <= 2048"),
     ({"tlob_out": 0}, "n_out=0"),
 ])
 def test_unsupported_settings_are_refused(change, match):

@@ -24,7 +24,7 @@ from fox_numba.kernels.tlob import (
     LN_MAX_WIDTH,
     LN_ROWS,
     MAX_BLOCK,
-    SHARED_SLOTS,
+    TILE,
     LayerNormParamGrad,
     add_layer_norm_backward,
     add_layer_norm_forward,
@@ -32,7 +32,7 @@ from fox_numba.kernels.tlob import (
     attention_bwd_kernel,
     attention_forward,
     attention_fwd_kernel,
-    attention_threads,
+    attention_unit_threads,
     attention_units,
     batch_transpose,
 )
@@ -71,7 +71,7 @@ def assert_matches_fd(analytic, fd):
     np.testing.assert_allclose(analytic, fd, rtol=1e-6, atol=1e-7 * np.abs(fd).max())
 
 
-@pytest.mark.parametrize(("seq", "heads", "e_dim"), [(5, 2, 3), (4, 1, 4), (3, 3, 2)])
+@pytest.mark.parametrize(("seq", "heads", "e_dim"), [(5, 2, 3), (4, 1, 4), (3, 3, 2), (3, 2, 11)])
 def test_attention_forward_matches_float64(stream, stager, rng, seq, heads, e_dim):
     width = heads * e_dim
     qkv = f32(1.5 * rng.standard_normal((N_SEQS * seq, 3 * width)))
@@ -83,7 +83,7 @@ def test_attention_forward_matches_float64(stream, stager, rng, seq, heads, e_di
     np.testing.assert_allclose(stager.download(lse), want_lse, rtol=2e-6, atol=2e-6)
 
 
-@pytest.mark.parametrize(("seq", "heads", "e_dim"), [(5, 2, 3), (3, 3, 2)])
+@pytest.mark.parametrize(("seq", "heads", "e_dim"), [(5, 2, 3), (3, 3, 2), (3, 2, 11)])
 def test_attention_backward_matches_float64_and_finite_differences(stream, stager, rng, seq, heads, e_dim):
     width = heads * e_dim
     qkv = f32(1.5 * rng.standard_normal((N_SEQS * seq, 3 * width)))
@@ -98,13 +98,13 @@ def test_attention_backward_matches_float64_and_finite_differences(stream, stage
     assert_matches_fd(want, fd)
 
 
-@pytest.mark.parametrize(("threads", "packed"), [(2, 1), (8, 1), (2, 3), (8, 3)])
-def test_attention_block_shape_does_not_change_the_bits(stream, stager, rng, threads, packed):
-    """Fewer threads per unit than tokens (a thread loops over rows) and more (idle threads pass the barriers), one
-    unit (sequence, head) per block or three (4 units: the second block has two missing units, whose threads pass
-    the barriers and write nothing), give the bits of the wrapper's packing of one thread per token: each row is one
-    thread's chain in its own unit's tiles whatever the block. Every output is written (NaN-filled before)."""
-    seq, heads, width = 5, 2, 6
+@pytest.mark.parametrize("packed", [1, 3])
+def test_attention_block_shape_does_not_change_the_bits(stream, stager, rng, packed):
+    """One unit (sequence, head) per block or three (4 units of 2 column chunks each: the second block has two empty
+    slots, whose threads pass the barriers and write nothing), with threads to spare, give the bits of the wrapper's
+    packing of all four in one block: each output is one thread's chain in its own unit's tiles whatever the block.
+    Every output is written (NaN-filled before)."""
+    seq, heads, width = 5, 2, 20
     units = N_SEQS * heads
     assert attention_units(seq, width // heads, units) == units  # the wrapper packs the four in one block
     qkv = f32(rng.standard_normal((N_SEQS * seq, 3 * width)))
@@ -115,9 +115,9 @@ def test_attention_block_shape_does_not_change_the_bits(stream, stager, rng, thr
     attention_forward(dq, out, lse, seq, stream=stream)
     attention_backward(dq, out, ddout, lse, dqkv, seq, stream=stream)
     scale = np.float32(1.0 / np.sqrt(width // heads))
-    blocks, block = -(-units // packed), packed * threads
-    launch_rows(attention_fwd_kernel, blocks, block, dq, out2, lse2, i32(seq), i32(threads), scale, stream=stream)
-    launch_rows(attention_bwd_kernel, blocks, block, dq, out2, ddout, lse2, dqkv2, i32(seq), i32(threads), scale,
+    blocks, block = -(-units // packed), packed * attention_unit_threads(seq, width // heads) + 3
+    launch_rows(attention_fwd_kernel, blocks, block, dq, out2, lse2, i32(seq), i32(packed), scale, stream=stream)
+    launch_rows(attention_bwd_kernel, blocks, block, dq, out2, ddout, lse2, dqkv2, i32(seq), i32(packed), scale,
                 stream=stream)
     for a, b in ((out, out2), (lse, lse2), (dqkv, dqkv2)):
         assert np.isfinite(stager.download(a)).all()
@@ -125,11 +125,12 @@ def test_attention_block_shape_does_not_change_the_bits(stream, stager, rng, thr
 
 
 def test_attention_units_fit_the_block_and_the_tiles():
-    """The default time view (S = 32, E = 8) packs MAX_BLOCK // 32 units on the GPU's warp-rounded threads (S under
-    the simulator); S = E = 64 fills a tile with one unit; never more units than there are."""
-    per = attention_threads(32)
-    assert attention_units(32, 8, 10**6) == min(MAX_BLOCK // per, SHARED_SLOTS // 256)
-    assert attention_units(64, 64, 10**6) == 1 and attention_units(32, 8, 3) == 3
+    """The default time view (S = 32, E = 8: one chunk) packs TILE // 256 units; a unit of S * E = TILE fills a tile
+    alone; the threads of S = 64, E = 32 (four chunks) fill MAX_BLOCK / 2; never more units than there are."""
+    assert attention_unit_threads(32, 8) == 32 and attention_unit_threads(16, 16) == 32
+    assert attention_units(32, 8, 10**6) == min(MAX_BLOCK // 32, TILE // 256)
+    assert attention_units(64, 32, 10**6) == 1 and attention_unit_threads(64, 32) == 256
+    assert attention_units(32, 8, 3) == 3
 
 
 def norm_inputs(rng, rows, width):
@@ -245,6 +246,9 @@ def test_checks(stream, stager):
     wide, wlse = nans(stager, (6, 3), (6, 2))
     with pytest.raises(ValueError, match="heads"):
         attention_forward(qkv, wide, wlse, 3, stream=stream)
+    long_qkv, long_out, long_lse = nans(stager, (64, 3 * 33), (64, 33), (64, 1))
+    with pytest.raises(ValueError, match="seq \\* E <= 2048"):
+        attention_forward(long_qkv, long_out, long_lse, 64, stream=stream)
     with pytest.raises(ValueError, match="qkv must be"):
         attention_forward(out, out, lse, 3, stream=stream)
     with pytest.raises(ValueError, match="rows=4"):
