@@ -135,6 +135,24 @@ def _dot(col_tile, col_at, seq, row_tile, row_at, e_dim):
     return s
 
 
+@cuda.jit(device=True)
+def _stage_backward(qkv, dout, scale, ta, tb, tc, td, off, base, seq, e_dim, q0, tid, unit_threads, pass_one):
+    """The backward's tiles of a pass: ta = Q * scale, tb = dO, tc = K, td = V of the unit (head columns q0 ..);
+    pass 1 stores Q and dO by column (each thread's own query row) and K, V by row, pass 2 the other way round."""
+    width = u32(dout.shape[1])
+    _stage(qkv, q0, scale, ta, off, base, seq, e_dim, tid, unit_threads, pass_one)
+    _stage(dout, q0, float32(1.0), tb, off, base, seq, e_dim, tid, unit_threads, pass_one)
+    _stage(qkv, width + q0, float32(1.0), tc, off, base, seq, e_dim, tid, unit_threads, not pass_one)
+    _stage(qkv, 2 * width + q0, float32(1.0), td, off, base, seq, e_dim, tid, unit_threads, not pass_one)
+
+
+@cuda.jit(device=True)
+def _score_and_grad(own_s, own_d, col_at, seq, row_s, row_d, row_at, e_dim):
+    """(s, dP) of one (query, key) pair: the dot of the own row of by-column tile own_s with the row at row_at of
+    by-row tile row_s (the score), and the same of own_d with row_d (dO . V)."""
+    return (_dot(own_s, col_at, seq, row_s, row_at, e_dim), _dot(own_d, col_at, seq, row_d, row_at, e_dim))
+
+
 @register((_F2, _F2, _F2, int32, int32, float32))
 @cuda.jit
 def attention_fwd_kernel(qkv, out, lse, seq, packed, scale):
@@ -218,10 +236,7 @@ def attention_bwd_kernel(qkv, out, dout, lse, dqkv, seq, packed, scale):
     ga = cuda.local.array(CHUNK, float32)  # pass 1: dQ; pass 2: dK
     gb = cuda.local.array(CHUNK, float32)  # pass 2: dV
     if active:
-        _stage(qkv, q0, scale, ta, off, base, n_seq, e_dim, r, per, True)
-        _stage(dout, q0, float32(1.0), tb, off, base, n_seq, e_dim, r, per, True)
-        _stage(qkv, width + q0, float32(1.0), tc, off, base, n_seq, e_dim, r, per, False)
-        _stage(qkv, 2 * width + q0, float32(1.0), td, off, base, n_seq, e_dim, r, per, False)
+        _stage_backward(qkv, dout, scale, ta, tb, tc, td, off, base, n_seq, e_dim, q0, r, per, True)
     cuda.syncthreads()
     if active:
         delta = float32(0.0)
@@ -238,8 +253,7 @@ def attention_bwd_kernel(qkv, out, dout, lse, dqkv, seq, packed, scale):
         j = u32(0)
         while j < n_seq:
             kb = u32(off + j * e_dim)
-            sc = _dot(ta, u32(off + i), n_seq, tc, kb, e_dim)
-            dp = _dot(tb, u32(off + i), n_seq, td, kb, e_dim)
+            sc, dp = _score_and_grad(ta, tb, u32(off + i), n_seq, tc, td, kb, e_dim)
             ds = math.exp(sc - m) * (dp - delta)
             for cc in range(CHUNK):
                 if c0 + cc < e_dim:
@@ -250,10 +264,7 @@ def attention_bwd_kernel(qkv, out, dout, lse, dqkv, seq, packed, scale):
                 dqkv[row, u32(q0 + c0 + cc)] = ga[cc] * scale
     cuda.syncthreads()  # every thread is done with pass 1's tiles before pass 2's replace them
     if active:
-        _stage(qkv, q0, scale, ta, off, base, n_seq, e_dim, r, per, False)
-        _stage(dout, q0, float32(1.0), tb, off, base, n_seq, e_dim, r, per, False)
-        _stage(qkv, width + q0, float32(1.0), tc, off, base, n_seq, e_dim, r, per, True)
-        _stage(qkv, 2 * width + q0, float32(1.0), td, off, base, n_seq, e_dim, r, per, True)
+        _stage_backward(qkv, dout, scale, ta, tb, tc, td, off, base, n_seq, e_dim, q0, r, per, False)
     cuda.syncthreads()
     if active:
         for cc in range(CHUNK):
@@ -262,8 +273,7 @@ def attention_bwd_kernel(qkv, out, dout, lse, dqkv, seq, packed, scale):
         q = u32(0)
         while q < n_seq:
             qb = u32(off + q * e_dim)
-            sc = _dot(tc, u32(off + i), n_seq, ta, qb, e_dim)
-            dp = _dot(td, u32(off + i), n_seq, tb, qb, e_dim)
+            sc, dp = _score_and_grad(tc, td, u32(off + i), n_seq, ta, tb, qb, e_dim)
             pr = math.exp(sc - lse_s[u32(roff + q)])
             ds = pr * (dp - delta_s[u32(roff + q)])
             for cc in range(CHUNK):
