@@ -379,10 +379,11 @@ class NetworkConfig:
         "follow the utilisation and gate entropy, epoch stat moe_balance the loss term (1 balanced, K collapsed). "
         "Collect and evaluation act on the same mixture. Refused with noisy_sigma0 > 0. The learner step at K = 4: "
         "3.04 ms on an H200 against 0.93 ms without (tools/results/bench_learner_moe4_h200.md). On the suite at K = 4 "
-        "(5 seeds) it equalled the defaults, seen +0.01 (SE 0.03): with the heads started at zero the experts were "
-        "equal and stayed equal, the mixture one head (learner_ablation_h200.md section 59); the gate is now drawn "
-        "when the heads start at zero, so the experts part, not yet measured on the suite. The direction branch "
-        "acts on the mean head (network.mean_head), which the mixture does not touch.",
+        "(5 seeds) it first equalled the defaults, seen +0.01 (SE 0.03): with the heads started at zero the experts "
+        "were equal and stayed equal (learner_ablation_h200.md section 59); with the gate now drawn when the heads "
+        "start at zero the experts part, and the suite calls it noise, seen +0.03 (0.07), held out -0.08 (0.06) "
+        "(section 66): the direction branch acts on the mean head (network.mean_head), which the mixture does not "
+        "touch, so it shapes only collect's Thompson draw.",
     )
     mamba2_window: int = opt(
         0,
