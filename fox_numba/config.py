@@ -310,8 +310,8 @@ class NetworkConfig:
         "on the seeds that chose nothing (5-9) seen +0.42 (0.19). The exact symmetry (strength 1) gained the "
         "held-out markets more, +2.51 (0.19), but lost high_cost 2.53 (0.30), where the fit leans to one side, and "
         "was noise on the seen ones, +0.06 (0.09) (section 62). On by default since section 64. Needs mean_cross "
-        "(a linear network whose mean head reads the observation): set network.mirror=false with a trunk or an "
-        "encoder.",
+        "(a linear network whose mean head reads the observation) and no encoder, whose columns' mirror image is "
+        "not known: set network.mirror=false with a trunk, a Mamba2 or a TLOB encoder.",
     )
     mirror_strength: float = opt(
         0.01,
@@ -329,9 +329,10 @@ class NetworkConfig:
         "run.precision). network.position_cross gives the same input to every head, "
         "so the head GEMM, 17 x Z outputs wide, reads twice the columns; here only the mean head's four outputs "
         "do, the direction values keeping the bilinear term q x . beta that the held position needs (tools/"
-        "results/learner_ablation_h200.md sections 27, 34). Needs mean_head and a linear network (n_layers = 0) "
-        "without an encoder; refused with position_cross and vsn. On by default since section 43 (the smoke preset, "
-        "which keeps a trunk, turns it off).",
+        "results/learner_ablation_h200.md sections 27, 34). Needs mean_head and a linear network (n_layers = 0); "
+        "beside a Mamba2 or TLOB encoder the mean head reads [x, enc] and its q x, and its gradient reaches the "
+        "encoder; refused with position_cross and vsn. On by default since section 43 (the smoke preset, which "
+        "keeps a trunk, turns it off).",
     )
     spectral_norm: bool = opt(
         False,
@@ -391,10 +392,11 @@ class NetworkConfig:
         "kernels/windows.py): per sample, the market columns of the T bars ending at its own bar (a bar before its "
         "day's first reads that first bar: no look across days or ahead) pass a Mamba2 (SSD) block, and the block's "
         "output at the last bar, mamba2_out columns, is appended to the observation the trunk (or the heads) read. "
-        "Refused with vsn, moe_experts, iqn_quantiles and noisy_sigma0, and beside network.mean_cross (set it false). "
-        "On the suite at T = 32 (5 seeds) it equalled its network without the encoder on the seen markets, +0.16 "
-        "(SE 0.53), and stayed 2.13 (0.39) below the defaults, as dropping mean_cross alone costs 2.29 "
-        "(tools/results/learner_ablation_h200.md section 63); so off by default. Learner step 2.46 ms on an H100 "
+        "Refused with vsn, moe_experts, iqn_quantiles and noisy_sigma0, and beside network.mirror (set it false); "
+        "with network.mean_cross the crossed mean head reads the encoder's columns too. On the suite at T = 32 "
+        "(5 seeds), measured when it could not run beside mean_cross, it equalled its network without the encoder "
+        "on the seen markets, +0.16 (SE 0.53), and stayed 2.13 (0.39) below the defaults, as dropping mean_cross "
+        "alone costs 2.29 (tools/results/learner_ablation_h200.md section 63); so off by default. Learner step 2.46 ms on an H100 "
         "(tools/results/bench_learner_gather_mamba2w32_tf32_h100.md).",
     )
     mamba2_heads: int = opt(4, "Heads H of the Mamba2 encoder (network.mamba2_window > 0).")
@@ -411,8 +413,10 @@ class NetworkConfig:
         "or ahead), 40 columns each (10 levels x bid/ask x price in ticks from the close mid / log1p size, normalised "
         "on the fold's training rows, a missing level 0), pass tlob_blocks blocks of attention over time then over "
         "features, and the encoder's tlob_out columns are appended to the observation the trunk (or the heads) read. "
-        "T must be a multiple of tlob_heads. Refused with vsn, moe_experts, iqn_quantiles, noisy_sigma0 and "
-        "mamba2_window. Off by default; not yet measured on the suite.",
+        "T must be a multiple of tlob_heads. Refused with vsn, moe_experts, iqn_quantiles, noisy_sigma0, "
+        "mamba2_window and network.mirror (set it false); with network.mean_cross the crossed mean head reads the "
+        "encoder's columns too. Learner step 5.95 ms at T = 32 on an H200 (tools/results/tlob_attention_h200.md). "
+        "Off by default; not yet measured on the suite.",
     )
     tlob_width: int = opt(
         16, "Model width D of the TLOB encoder: each snapshot's embedding, and the feature view's tokens (at most 64, "

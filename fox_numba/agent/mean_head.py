@@ -11,8 +11,9 @@
 The head is one dense layer m(x) = x @ W_m + b_m on the C51 heads' input x (the trunk's last layer, or the
 observation when n_layers = 0), on the same dense kernels as the rest of the network (agent/dense.py). With
 network.mean_cross (the default) x is the observation beside its position x market columns, which the C51 heads do
-not read; then Network.mean_input is the observation and the fused kernels of kernels/mean_cross.py form the crossed
-columns as they read it (exact float32 at every run.precision: four outputs fill no GEMM tile).
+not read; then Network.mean_input is the observation (beside a Mamba2 or TLOB encoder's columns, which the head's
+gradient then reaches, as a trunk's) and the fused kernels of kernels/mean_cross.py form the crossed columns of the
+observation's market part as they read it (exact float32 at every run.precision: four outputs fill no GEMM tile).
 Its target network is the same entries of the target buffer, so Polyak, shrink-and-perturb, Adam, the clip and
 checkpoints treat it as any other parameters, and it holds no other state (no fold-boundary entry).
 
@@ -84,14 +85,19 @@ class MeanStep:
         self.m_tgt = device_empty((batch, N_DIRECTIONS), np.float32)
         self.dm = device_empty((batch, N_DIRECTIONS), np.float32)
         self.partials = device_empty(mean_loss_partials_shape(batch), np.float64)
-        self.dx = device_empty((batch, layout.head_in), np.float32) if layout.n_layers else None
-        self._wgrad = (MeanCrossWeightGrad(batch, layout.obs_dim, layout.cross) if layout.mean_cross
+        # The gradient into what feeds the head's input: the trunk's last layer, or an encoder's columns of it.
+        self._dx_rows = (slice(0, layout.head_in) if layout.n_layers
+                         else slice(layout.encoder_col, layout.in_dim) if layout.windowed else None)
+        self.dx = (device_empty((batch, self._dx_rows.stop - self._dx_rows.start), np.float32)
+                   if self._dx_rows is not None else None)
+        self._wgrad = (MeanCrossWeightGrad(batch, layout.head_in, layout.cross) if layout.mean_cross
                        else WeightGrad(self.kind, batch, layout.mean_in, N_DIRECTIONS))
 
     def run(self, x: Any, x_next: Any, actions: Any, rows: BranchRows, epoch: Any, *, stream: Any) -> None:
         """The forwards, the loss and the backward: x [2B, W] the online network's mean_input on s then s', x_next
         [B, W] the target's on s', `rows` this step's C51 rows (rewards, discounts, weights). With a trunk, self.dx
-        is the loss's gradient with respect to the s rows of x (masked by the ReLU of a plain last trunk layer)."""
+        is the loss's gradient with respect to the s rows of x (masked by the ReLU of a plain last trunk layer);
+        without one, beside an encoder, with respect to the encoder's columns of them."""
         b, p, t, g = self.batch, self._p, self._t, self._g
         _forward(self.layout, self.kind, x, p, self.m, stream)
         _forward(self.layout, self.kind, x_next, t, self.m_tgt, stream)
@@ -103,7 +109,7 @@ class MeanStep:
             self._wgrad(x_s, self.dm, g[MEAN_W], g[MEAN_B], stream=stream)
         if self.dx is not None:
             act = x_s if self.layout.head_input_relu else None
-            dense_backward_input(self.kind, self.dm, p[MEAN_W], self.dx, act=act, stream=stream)
+            dense_backward_input(self.kind, self.dm, p[MEAN_W][self._dx_rows], self.dx, act=act, stream=stream)
 
 
 class MeanActor:

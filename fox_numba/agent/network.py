@@ -245,18 +245,21 @@ class ParamLayout:
         if cfg.mean_head and cfg.iqn_quantiles > 0:
             raise ConfigError("network.mean_head does not combine with an IQN head (network.iqn_quantiles > 0): both "
                               "set the values the direction branch acts on")
-        if cfg.mean_cross and (not cfg.mean_head or cfg.position_cross or cfg.n_layers or cfg.mamba2_window
-                               or cfg.tlob_window):
-            raise ConfigError("network.mean_cross needs network.mean_head and a linear network (n_layers = 0) without "
-                              "an encoder (mamba2_window, tlob_window); with position_cross every head already reads "
-                              "the crossed columns; it is on by default, and network.mirror with it: set "
-                              "network.mean_cross=false and network.mirror=false for a trunk or an encoder")
+        if cfg.mean_cross and (not cfg.mean_head or cfg.position_cross or cfg.n_layers):
+            raise ConfigError("network.mean_cross needs network.mean_head and a linear network (n_layers = 0); with "
+                              "position_cross every head already reads the crossed columns; it is on by default, and "
+                              "network.mirror with it: set network.mean_cross=false and network.mirror=false for a "
+                              "trunk")
         if not 0.0 < cfg.mirror_strength <= 1.0:
             raise ConfigError(f"network.mirror_strength must be in (0, 1], got {cfg.mirror_strength}")
         if cfg.mirror and not cfg.mean_cross:
             raise ConfigError("network.mirror (on by default) needs network.mean_cross: the projection is of a linear "
                               "mean head on the observation and its position x market columns; set "
                               "network.mirror=false beside network.mean_cross=false")
+        if cfg.mirror and (cfg.mamba2_window or cfg.tlob_window):
+            raise ConfigError("network.mirror (on by default) does not combine with an encoder (mamba2_window, "
+                              "tlob_window): the market mirror's image of the encoder's columns is not known; set "
+                              "network.mirror=false")
         cross = cross_columns(cfg, obs_dim)
         layer_cross = 0 if cfg.mean_cross else cross
         mamba2 = encoder_dims(cfg, market_features)
@@ -629,13 +632,10 @@ class Network:
         return self._input(self.layout.n_layers, rows)
 
     def mean_input(self, rows: int) -> Any:
-        """The mean head's input of the last forward, first `rows` rows: the heads' input, or with network.mean_cross
-        the observation, whose position x market columns the mean head forms itself (kernels/mean_cross.py)."""
-        if not self.layout.mean_cross:
-            return self.head_input(rows)
-        if self._obs is None:
-            raise RuntimeError("Network.mean_input needs a forward first")
-        return self._obs if rows == self.batch else self._obs[:rows]
+        """The mean head's input of the last forward, first `rows` rows: the heads' input (with network.mean_cross the
+        observation, beside an encoder's columns when there is one; the head forms the observation's position x
+        market columns itself, kernels/mean_cross.py)."""
+        return self.head_input(rows)
 
     def _linear(self, x: Any, w: Any, b: Any, y: Any, relu: bool, stream: Any) -> None:
         dense_forward(self.dense, x, w, b, y, relu=relu, stream=stream)
@@ -698,9 +698,11 @@ class Network:
 
     def backward(self, params: Any, dlogits: Any, grads: Any, *, stream: Any, input_grad: Any = None) -> None:
         """grads [layout.size] = d(sum dlogits * logits) / d params over the first grad_rows rows of the last
-        forward (whose activations must still be in place). `input_grad` [grad_rows, hidden] (a trunk only): the
-        gradient another head reading the same input (IQN) sends into the trunk's last layer, already masked by
-        its ReLU (layout.head_input_relu); it is added to the C51 head's before the trunk's backward."""
+        forward (whose activations must still be in place). `input_grad` [grad_rows, hidden] (a trunk): the
+        gradient another head reading the same input (IQN, the mean head) sends into the trunk's last layer, already
+        masked by its ReLU (layout.head_input_relu); it is added to the C51 head's before the trunk's backward.
+        Without a trunk, beside an encoder (the mean head's): [grad_rows, the encoder's columns], added to the
+        C51 head's gradient of the encoder's output before the encoder's backward."""
         check_array("dlogits", dlogits, "[grad_rows, N_HEADS, Z]", (self.grad_rows, N_HEADS, self.layout.n_atoms))
         dueling_combine_backward(dlogits, self.dhead, stream=stream)
         self.backward_from_head(params, grads, stream=stream, input_grad=input_grad)
@@ -716,9 +718,11 @@ class Network:
         if lay.noisy and self.noisy is None:
             raise RuntimeError("Network.backward of a noisy layout needs noise= (sigma's gradient is the noise's)")
         if input_grad is not None:
-            if lay.n_layers == 0:
-                raise ValueError("Network.backward: input_grad needs a trunk (the observation takes no gradient)")
-            check_array("input_grad", input_grad, "[grad_rows, hidden]", (rows, lay.hidden))
+            if lay.n_layers == 0 and self.encoder is None:
+                raise ValueError("Network.backward: input_grad needs a trunk or an encoder (the observation takes no "
+                                 "gradient)")
+            width = lay.hidden if lay.n_layers else lay.in_dim - lay.encoder_col
+            check_array("input_grad", input_grad, "[grad_rows, width]", (rows, width))
         p, g = self._params(params), self._params(grads)
         dy = self.dhead  # at each layer's output: ReLU-masked for a plain layer, unmasked for a residual block
         for layer in range(lay.n_layers, -1, -1):
@@ -751,6 +755,8 @@ class Network:
                 enc = self.encoder
                 dense_backward_input(self.dense, dy, w_used[lay.encoder_col :], enc.dx, act=None, stream=stream,
                                      cols=head_cols)
+                if lay.n_layers == 0 and input_grad is not None:
+                    _add(enc.dx, input_grad, stream)
                 enc.backward(p, g, stream=stream)
             if layer > 0:
                 dx = self._dh[layer % len(self._dh)]
@@ -762,9 +768,13 @@ class Network:
                 if block:
                     self.residual.skip_grad(dx, g_out, x, mask=relu_input, stream=stream)
                 if layer == lay.n_layers and input_grad is not None:
-                    launch(axpy_f32, dx.size, dx.reshape(dx.size), np.float32(1.0), input_grad.reshape(dx.size),
-                           i32(dx.size), stream=stream)
+                    _add(dx, input_grad, stream)
                 if self.dropout is not None:  # the kept units' 1 / (1 - rate)
                     flat = dx.reshape(dx.size)
                     launch(scale_f32, dx.size, flat, self._keep, i32(dx.size), stream=stream)
                 dy = dx
+
+
+def _add(y: Any, x: Any, stream: Any) -> None:
+    """y += x, two float32 device arrays of one shape."""
+    launch(axpy_f32, y.size, y.reshape(y.size), np.float32(1.0), x.reshape(y.size), i32(y.size), stream=stream)

@@ -26,9 +26,11 @@ from test_learner import (
 )
 
 from fox_numba.actions import N_BRANCHES, N_DIRECTIONS
-from fox_numba.agent.mean_head import MEAN_B, MEAN_W
+from fox_numba.agent.mean_head import MEAN_B, MEAN_W, MeanStep
 from fox_numba.agent.network import Network, ParamLayout, init_params
 from fox_numba.errors import ConfigError
+from fox_numba.kernels.learner import BranchRows
+from fox_numba.kernels.signals import N_EPOCH_STATS
 from plain_learner import plain_network
 
 MEAN_KERNELS = {"mean_loss_partials", "mean_loss_finish"}
@@ -182,3 +184,43 @@ def test_mirror_settings_are_refused_where_they_cannot_act():
         with pytest.raises(ConfigError, match="mirror_strength must be in"):
             ParamLayout.build(16, plain_network(**base, mirror=True, mirror_strength=strength))
     ParamLayout.build(16, plain_network(**base, mirror_strength=0.5))  # unused without the mirror, not refused
+
+
+def test_beside_an_encoder_the_crossed_head_sends_the_encoder_its_gradient(stream, stager, rng):
+    """network.mean_cross beside a TLOB encoder: MeanStep on random [obs | enc] inputs gives float64's values on s,
+    s' and the target's s', its weight gradient over [obs | enc | q obs[:, :M]] and, as dx, the loss's gradient
+    with respect to the encoder's columns, dm W[enc rows]^T, which Network.backward adds to the C51 head's
+    (tests/agent/test_tlob_network.py)."""
+    sizes = dict(tlob_window=4, tlob_width=4, tlob_blocks=1, tlob_heads=2, tlob_out=3)
+    lay = ParamLayout.build(9, plain_network(n_atoms=3, mean_head=True, mean_cross=True, **sizes))
+    b, d, enc = 5, lay.in_dim, slice(lay.encoder_col, lay.in_dim)
+    p0, t0 = init_params(lay, 1), init_params(lay, 2)
+    p0[lay.entry(MEAN_B).offset : lay.entry(MEAN_B).stop] = rng.uniform(-0.5, 0.5, N_DIRECTIONS)
+    grads = stager.upload_new(np.zeros(lay.size, np.float32))
+    step = MeanStep(lay, b, 0.7, params=stager.upload_new(p0), target=stager.upload_new(t0), grads=grads,
+                    dense="strided")
+    x = rng.standard_normal((2 * b, d)).astype(np.float32)
+    actions = np.stack([rng.integers(0, 4, b)] + [rng.integers(0, 3, b) for _ in range(3)], 1).astype(np.int32)
+    rows = BranchRows(b, lay.n_atoms)
+    reward, discount, weight = (rng.uniform(0.1, 1, N_BRANCHES * b).astype(np.float32) for _ in range(3))
+    for name, arr in (("rewards", reward), ("discounts", discount), ("weights", weight)):
+        stager.upload(arr, getattr(rows, name))
+    epoch = stager.upload_new(np.zeros(N_EPOCH_STATS, np.float64))
+    up = stager.upload_new
+    step.run(up(x), up(x[b:]), up(actions), rows, epoch, stream=stream)
+    p, t = lay.unpack(p0), lay.unpack(t0)
+    crossed = reference.position_cross64(x, lay.cross, lay.position_col)
+    m = crossed @ p[MEAN_W].astype(np.float64) + p[MEAN_B]
+    m_tgt = crossed[b:] @ t[MEAN_W].astype(np.float64) + t[MEAN_B]
+    np.testing.assert_allclose(stager.download(step.m), m, rtol=2e-5, atol=2e-5)
+    np.testing.assert_allclose(stager.download(step.m_tgt), m_tgt, rtol=2e-5, atol=2e-5)
+    r = N_BRANCHES * np.arange(b)
+    e = m[np.arange(b), actions[:, 0]] - reward[r] - discount[r] * m_tgt[np.arange(b), m[b:].argmax(1)]
+    dm = np.zeros((b, N_DIRECTIONS))
+    dm[np.arange(b), actions[:, 0]] = float(np.float32(0.7)) * weight[r] * e
+    got = lay.unpack(stager.download(grads))
+    np.testing.assert_allclose(got[MEAN_W], crossed[:b].T @ dm, rtol=2e-5, atol=2e-5)
+    np.testing.assert_allclose(got[MEAN_B], dm.sum(0), rtol=2e-5, atol=2e-5)
+    dx = dm @ p[MEAN_W][enc].astype(np.float64).T
+    assert step.dx.shape == (b, lay.in_dim - lay.encoder_col) and np.abs(dx).max() > 1e-3
+    np.testing.assert_allclose(stager.download(step.dx), dx, rtol=2e-5, atol=2e-5)

@@ -16,10 +16,12 @@ import reference
 from windowed_network import ENCODER_CONFLICTS, run_windowed, unbound_network
 import reference_tlob as ref
 
-from fox_numba.actions import N_HEADS
+from fox_numba.actions import N_DIRECTIONS, N_HEADS
 from fox_numba.agent.fold_market import day_first_rows
+from fox_numba.agent.mean_head import MEAN_HEAD_PREFIX, MEAN_W
 from fox_numba.agent.network import Network, ParamLayout, init_params
 from fox_numba.agent.tlob import TLOB_PREFIX, TlobLayout, tlob_entries
+from fox_numba.device.memory import device_zeros
 from fox_numba.errors import ConfigError
 from fox_numba.features.book import BOOK_FEATURES
 from fox_numba.observation import OBS_DIM
@@ -33,6 +35,7 @@ LINEAR = plain_network(hidden=5, n_layers=0, n_atoms=3, **SIZES)
 TRUNK = plain_network(hidden=5, n_layers=2, n_atoms=3, **SIZES)
 SPECTRAL = plain_network(hidden=5, n_layers=2, n_atoms=3, spectral_norm=True, **SIZES)
 TWO_BLOCKS = plain_network(hidden=5, n_layers=1, n_atoms=3, **{**SIZES, "tlob_blocks": 2})
+MEAN_CROSS = plain_network(hidden=5, n_layers=0, n_atoms=3, mean_head=True, mean_cross=True, **SIZES)
 
 
 def build(cfg):
@@ -114,15 +117,21 @@ def random_params(lay, rng):
     return p0
 
 
-def objective64(lay, flat, book, obs, dl, spectral):
-    """(logits, sum(dl * logits)) of the float64 network on the first len(obs) samples."""
+def encoded64(lay, flat, book, n):
+    """The float64 encoder's output [n, O] over the windows of the first n sample rows."""
     p, t = lay.unpack(flat), lay.tlob
     first = day_first_rows(DAY_START)
     x = np.stack([book[np.maximum(np.arange(r - t.seq + 1, r + 1), first[r])].reshape(-1)
-                  for r in SAMPLE_ROWS[: len(obs)]]).astype(np.float64)
+                  for r in SAMPLE_ROWS[:n]]).astype(np.float64)
     enc = {name: value for name, value in p.items() if name.startswith(TLOB_PREFIX)}
-    out, _ = ref.encoder64(enc, x, t.seq, t.width, t.n_blocks, t.heads_time, t.heads_feature)
-    _, head = reference.net_head64(p, lay.n_layers, np.concatenate([obs, out], axis=1), spectral=spectral)
+    return ref.encoder64(enc, x, t.seq, t.width, t.n_blocks, t.heads_time, t.heads_feature)[0]
+
+
+def objective64(lay, flat, book, obs, dl, spectral):
+    """(logits, sum(dl * logits)) of the float64 network on the first len(obs) samples."""
+    out = encoded64(lay, flat, book, len(obs))
+    _, head = reference.net_head64(lay.unpack(flat), lay.n_layers, np.concatenate([obs, out], axis=1),
+                                   spectral=spectral)
     logits = reference.dueling64(head, lay.n_atoms)
     return logits, float(np.sum(dl * logits))
 
@@ -147,3 +156,44 @@ def test_forward_and_backward_match_float64(stream, stager, rng, dense, cfg):
         got, want = grads[e.offset : e.stop], fd[e.offset : e.stop]
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=2e-5 * np.abs(want).max(), err_msg=e.name)
         assert np.abs(got).max() > 0, e.name  # every entry takes a gradient
+
+
+def test_the_mean_head_reads_the_encoder_and_its_gradient_reaches_it(stream, stager, rng):
+    """network.mean_cross beside the encoder (mirror off; on, it is refused): the mean head's weight has a row per
+    column of [obs | enc] and per crossed market column, Network.mean_input is [obs | enc] with the float64 encoder's
+    output, and a gradient sent into the encoder's columns (backward's input_grad: the mean head's, MeanStep.dx) adds
+    to the C51 head's: every encoder and C51 entry's gradient is the central difference of sum(dl * logits) + sum(dx
+    * enc); the mean head's entries take none here (MeanStep writes them: tests/agent/test_mean_head.py)."""
+    lay = build(MEAN_CROSS)
+    n_out = lay.tlob.n_out
+    assert lay.entry(MEAN_W).shape == (OBS + n_out + lay.cross, N_DIRECTIONS) and lay.cross == OBS - 6
+    assert (lay.encoder_col, lay.in_dim, lay.mean_in) == (OBS, OBS + n_out, OBS + n_out + lay.cross)
+    with pytest.raises(ConfigError, match="network.mirror .* does not combine with an encoder"):
+        build(plain_network(hidden=5, n_layers=0, n_atoms=3, mean_head=True, mean_cross=True, mirror=True, **SIZES))
+    p0 = random_params(lay, rng)
+    host_book, book_obs, market_obs, day_first = market(stager, rng)
+    obs = rng.standard_normal((ROWS, OBS)).astype(np.float32)
+    dl = rng.standard_normal((GRAD_ROWS, N_HEADS, lay.n_atoms)).astype(np.float32)
+    dx = rng.standard_normal((GRAD_ROWS, n_out)).astype(np.float32)
+    net = Network(lay, ROWS, stream=stream, grad_rows=GRAD_ROWS, dense="strided")
+    net.bind_market(market_obs, day_first, book_obs)
+    params, grads = stager.upload_new(p0), device_zeros(lay.size, np.float32, stream=stream)
+    net.forward(params, stager.upload_new(obs), None, stream=stream, rows=stager.upload_new(SAMPLE_ROWS))
+    want = np.concatenate([obs, encoded64(lay, p0.astype(np.float64), host_book, ROWS)], axis=1)
+    np.testing.assert_allclose(stager.download(net.mean_input(ROWS)), want, rtol=2e-5, atol=2e-5 * np.abs(want).max())
+    net.backward(params, stager.upload_new(dl), grads, stream=stream, input_grad=stager.upload_new(dx))
+    got_all = stager.download(grads)
+    dl64, dx64 = dl.astype(np.float64), dx.astype(np.float64)
+
+    def objective(flat):
+        c51 = objective64(lay, flat, host_book, obs[:GRAD_ROWS], dl64, None)[1]
+        return c51 + float(np.sum(dx64 * encoded64(lay, flat, host_book, GRAD_ROWS)))
+
+    fd = reference.central_differences64(objective, p0.astype(np.float64), lay.entries)
+    for e in lay.entries:
+        got, want = got_all[e.offset : e.stop], fd[e.offset : e.stop]
+        if e.name.startswith(MEAN_HEAD_PREFIX):
+            assert not got.any() and not want.any(), e.name
+            continue
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=2e-5 * np.abs(want).max(), err_msg=e.name)
+        assert np.abs(got).max() > 0, e.name
