@@ -26,8 +26,13 @@ def windows(market, rows):
                            for r in rows])
 
 
-def test_a_mamba2_trainer_reads_the_windows_of_the_rows_it_acts_on(half_hour_store):
-    rt = real_trainer(half_hour_store, [*SMALL, "env.collect_steps=2", "learner.steps_per_epoch=1", *SIZES])
+@pytest.mark.parametrize("mean_cross", [False, True], ids=["linear", "mean_cross"])
+def test_a_mamba2_trainer_reads_the_windows_of_the_rows_it_acts_on(half_hour_store, mean_cross):
+    """Beside the crossed mean head too (network.mean_cross on a linear network: it acts on [obs | enc], mirror
+    off)."""
+    crossed = ["network.mean_head=true", "network.mean_cross=true", "network.n_layers=0"] if mean_cross else []
+    rt = real_trainer(half_hour_store, [*SMALL, "env.collect_steps=2", "learner.steps_per_epoch=1", *SIZES, *crossed])
+    assert rt.trainer.layout.mean_cross == mean_cross
     trainer = rt.trainer
     assert audit_trainer(rt.registry, trainer, rt.kills, rt.best) == []
     host = trainer.market.host
