@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 import reference
+from real_trainer import SMALL, real_trainer
 
 from fox_numba.actions import N_HEADS
 from fox_numba.agent.evaluator import eval_network
@@ -38,6 +39,20 @@ def run_windowed(stager: Any, stream: Any, lay: ParamLayout, p0: np.ndarray, obs
         uv = [reference.spectral_power64(p[f"trunk.{k}.weight"], u, v, 1)[:2]
               for k, (u, v) in enumerate(vector_views(lay, vectors))]
     return stager.download(logits), stager.download(grads), uv
+
+
+MEAN_CROSS = ["network.mean_head=true", "network.mean_cross=true", "network.n_layers=0"]
+"""Overrides that put the crossed mean head (network.mean_cross; mirror off, as the smoke preset has it) beside a
+trainer's encoder on a linear network."""
+
+
+def encoder_trainer(store: Any, sizes: list[str], mean_cross: bool) -> Any:
+    """tests/real_trainer.py's `rt` of the smoke preset with an encoder (`sizes`), one collect step pair and one
+    learner step an epoch, with or without the crossed mean head."""
+    rt = real_trainer(store, [*SMALL, "env.collect_steps=2", "learner.steps_per_epoch=1", *sizes,
+                              *(MEAN_CROSS if mean_cross else [])])
+    assert rt.trainer.layout.mean_cross == mean_cross
+    return rt
 
 
 def collect_train_evaluate(rt: Any, windows: Any, prefix: str) -> tuple[Any, Any]:

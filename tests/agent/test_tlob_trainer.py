@@ -6,8 +6,7 @@ encoder: tests/agent/test_tlob_network.py.
 
 import numpy as np
 import pytest
-from real_trainer import SMALL, real_trainer
-from windowed_network import collect_train_evaluate
+from windowed_network import collect_train_evaluate, encoder_trainer
 
 from fox_numba.agent.direction_signal import DirectionSignal
 from fox_numba.agent.fold_market import FoldMarket
@@ -30,9 +29,7 @@ def windows(market, rows):
 def test_a_tlob_trainer_reads_the_book_windows_of_the_rows_it_acts_on(half_hour_store, mean_cross):
     """Beside the crossed mean head too (network.mean_cross on a linear network: it acts on [obs | enc], mirror
     off)."""
-    crossed = ["network.mean_head=true", "network.mean_cross=true", "network.n_layers=0"] if mean_cross else []
-    rt = real_trainer(half_hour_store, [*SMALL, "env.collect_steps=2", "learner.steps_per_epoch=1", *SIZES, *crossed])
-    assert rt.trainer.layout.mean_cross == mean_cross
+    rt = encoder_trainer(half_hour_store, SIZES, mean_cross)
     trainer, cfg = rt.trainer, rt.cfg
     assert audit_trainer(rt.registry, trainer, rt.kills, rt.best) == []
     host = trainer.market.host
