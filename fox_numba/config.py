@@ -396,8 +396,8 @@ class NetworkConfig:
         "with network.mean_cross the crossed mean head reads the encoder's columns too. On the suite at T = 32 "
         "(5 seeds), measured when it could not run beside mean_cross, it equalled its network without the encoder "
         "on the seen markets, +0.16 (SE 0.53), and stayed 2.13 (0.39) below the defaults, as dropping mean_cross "
-        "alone costs 2.29 (tools/results/learner_ablation_h200.md section 63); so off by default. Learner step 2.46 ms on an H100 "
-        "(tools/results/bench_learner_gather_mamba2w32_tf32_h100.md).",
+        "alone costs 2.29 (tools/results/learner_ablation_h200.md section 63); so off by default. Learner step "
+        "2.46 ms on an H100 (tools/results/bench_learner_gather_mamba2w32_tf32_h100.md).",
     )
     mamba2_heads: int = opt(4, "Heads H of the Mamba2 encoder (network.mamba2_window > 0).")
     mamba2_head_dim: int = opt(16, "Channels P per head of the Mamba2 encoder, 1 .. 64.")

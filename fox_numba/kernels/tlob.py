@@ -44,11 +44,11 @@ Launch shapes and memory:
   in order into partial [chunk, 1, W] / [chunk, W]; then gemm.wgrad_reduce (the dense weight gradient's split
   reducer, reused) adds the chunks in order.
 - batch_transpose: one thread per output element (`launch`).
-Constraints: S <= MAX_SEQ, E <= MAX_HEAD, S * E <= TILE, float32 C-contiguous arrays; float32 literals throughout (a bare 0.0 is
-float64 on the GPU), one `cuda.shared.array` per source line (two on a line alias in the simulator). Indices and
-loop counters are uint32 (`u32`, kernels/head_rows.py's header): numba's int64 indices cost a negative-index wrap and
-64-bit arithmetic per access (the attention kernels' PTX held 1,478 and 2,849 64-bit operations, 307 and 577 now;
-the sums are unchanged, the same bits on the simulator).
+Constraints: S <= MAX_SEQ, E <= MAX_HEAD, S * E <= TILE, float32 C-contiguous arrays; float32 literals throughout (a
+bare 0.0 is float64 on the GPU), one `cuda.shared.array` per source line (two on a line alias in the simulator).
+Indices and loop counters are uint32 (`u32`, kernels/head_rows.py's header): numba's int64 indices cost a
+negative-index wrap and 64-bit arithmetic per access (the attention kernels' PTX held 1,478 and 2,849 64-bit
+operations before the uint32 walks, 307 and 577 after; the sums are unchanged, the same bits on the simulator).
 """
 
 from __future__ import annotations
