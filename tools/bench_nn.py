@@ -46,11 +46,13 @@ from fox_numba.io import atomic_write_text
 from fox_numba.kernels.gemm import BK, CONFIGS
 from fox_numba.kernels.gemm_tensor import product_error
 from fox_numba.kernels.nn import (
+    PRECISIONS,
+    TENSOR,
     LinearWeightGrad,
     linear_backward_input,
-    PRECISIONS,
     linear_forward,
     pick_config,
+    pick_tensor,
 )
 
 SHAPES = [(32, 256), (256, 256), (512, 512), (256, 64)]
@@ -165,10 +167,10 @@ def bench_shape(batch: int, k: int, n: int, args: argparse.Namespace) -> dict[st
         return lambda s: g(x_, dy_, ow, ob, stream=s)
 
     ops = {
-        "forward": (fwd(y), fwd(y2), lambda: torch.matmul(xt, wt, out=yt), grads.gemm.config.name if precision
-                    != "fp32" else pick_config(batch, n, k)),
-        "backward_input": (bwd(dx), bwd(dx2), lambda: torch.matmul(dyt, wt.T, out=dxt), grads.gemm.config.name if
-                           precision != "fp32" else pick_config(batch, k, n)),
+        "forward": (fwd(y), fwd(y2), lambda: torch.matmul(xt, wt, out=yt), pick_tensor(precision, batch, n) if
+                    precision != "fp32" else pick_config(batch, n, k)),
+        "backward_input": (bwd(dx), bwd(dx2), lambda: torch.matmul(dyt, wt.T, out=dxt), pick_tensor(precision,
+                           batch, k) if precision != "fp32" else pick_config(batch, k, n)),
         "backward_weight": (
             wgrad(dw, db),
             wgrad(dw2, db2),
@@ -215,14 +217,15 @@ def bench_shape(batch: int, k: int, n: int, args: argparse.Namespace) -> dict[st
     if args.sweep:
         sweep: dict[str, float] = {}
         same_bits = True  # every configuration gives the default's bits (forward, backward-input)
-        for config in CONFIGS:
+        built = CONFIGS if precision == "fp32" else [c for c, g in TENSOR.items() if g.config.precision == precision]
+        for config in built:
             sweep[f"forward_{config}_ms"] = time_numba(fwd(y2, config), args.reps, args)
             sweep[f"backward_input_{config}_ms"] = time_numba(bwd(dx2, config), args.reps, args)
             same_bits = same_bits and bits_equal(y, y2) and bits_equal(dx, dx2)
             g_c = LinearWeightGrad(batch, k, n, config=config)
             sweep[f"backward_weight_{config}_splits{g_c.splits}_ms"] = time_numba(wgrad(dw2, db2, g_c), args.reps, args)
         for chunk in (8 * BK, 32 * BK, 64 * BK, 128 * BK):
-            g_c = LinearWeightGrad(batch, k, n, chunk=chunk)
+            g_c = LinearWeightGrad(batch, k, n, chunk=chunk, precision=precision)
             sweep[f"backward_weight_chunk{chunk}_splits{g_c.splits}_ms"] = time_numba(
                 wgrad(dw2, db2, g_c), args.reps, args
             )
@@ -287,14 +290,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=3, help="graph replays before timing")
     parser.add_argument("--replays", type=int, default=10, help="graph replays per timed window")
     parser.add_argument("--windows", type=int, default=3)
-    parser.add_argument("--sweep", action="store_true", help="also time every configuration and several split lengths")
+    parser.add_argument("--sweep", action="store_true",
+                        help="also time every configuration of the precision and several split lengths")
     parser.add_argument("--precision", choices=PRECISIONS, default="fp32",
                         help="our kernels' precision; tf32 also lets cuBLAS use TF32, bf16 times cuBLAS's bf16 GEMM")
     parser.add_argument("--shapes", nargs="+", default=None, metavar="KxN",
                         help=f"layer shapes (in x out) instead of {' '.join(f'{k}x{n}' for k, n in SHAPES)}")
     args = parser.parse_args(argv)
-    if args.sweep and args.precision != "fp32":
-        parser.error("--sweep times the fp32 configurations; run it with --precision fp32")
     command = "python3 tools/bench_nn.py " + " ".join(argv if argv is not None else sys.argv[1:])
     torch.backends.cuda.matmul.allow_tf32 = args.precision == "tf32"
     torch.backends.cudnn.allow_tf32 = args.precision == "tf32"

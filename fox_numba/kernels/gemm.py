@@ -69,7 +69,10 @@ class Config(NamedTuple):
 
     @property
     def name(self) -> str:
-        return f"{self.tile}x{self.micro}" if self.precision == "fp32" else self.precision
+        if self.precision == "fp32":
+            return f"{self.tile}x{self.micro}"
+        # the tensor-core kernels' first geometry (kernels/gemm_tensor.GEOMETRIES) is named by its format alone
+        return self.precision if self.tile == 128 else f"{self.precision}_{self.tile}"
 
     @property
     def threads(self) -> int:

@@ -19,9 +19,10 @@ give the same bits under either configuration; the weight gradient's bits depend
   sweep in tools/results/bench_nn_h200.md (B = 8192 and 1024).
 - the weight gradient splits the batch into chunks of whole BK-row steps: enough splits to fill one wave
   of resident blocks, none shorter than MIN_SPLIT_ROWS (shorter ones measured slower).
-- `precision="tf32"` or `"bf16"` takes that format's one configuration (128 x 128 tiles, 2 blocks per SM, the
-  128x8 split plan), whatever the shapes: its operands are rounded to 10 (TF32) or 7 (bf16) mantissa bits, so its
-  bits differ from the fp32 kernels'.
+- `precision="tf32"` or `"bf16"` takes that format's tensor-core kernels (forward and backward-input: pick_tensor,
+  128 x 128 tiles where they fill the GPU, else 64 x 64; the weight gradient: 128 x 128 and the 128x8 split plan,
+  which fills the GPU with splits): their operands are rounded to 10 (TF32) or 7 (bf16) mantissa bits, so their bits
+  differ from the fp32 kernels'.
 """
 
 from __future__ import annotations
@@ -44,11 +45,19 @@ MIN_SPLIT_ROWS = 16 * BK  # batch rows per weight-gradient split at least
 
 _FLAG = {False: np.int32(0), True: np.int32(1)}
 
-TENSOR = {  # the tensor-core kernels of each format, 256 threads
-    fmt: GemmKernels(Config(tc.TILE, tc.TILE // 16, tc.BLOCKS_PER_SM, fmt), *kernels)
-    for fmt, kernels in (("tf32", (tc.linear_fwd_tf32, tc.linear_bwd_in_tf32, tc.linear_wgrad_tf32)),
-                         ("bf16", (tc.linear_fwd_bf16, tc.linear_bwd_in_bf16, tc.linear_wgrad_bf16)))
-}
+
+
+def _tensor_config(fmt: str, geom: tc.Geometry) -> Config:
+    return Config(geom.tile, geom.tile // 16, geom.blocks_per_sm, fmt)  # 256 threads
+
+
+def _tensor_sets() -> dict[str, GemmKernels]:
+    """The tensor-core kernels of each format and geometry, by configuration name."""
+    return {_tensor_config(fmt, geom).name: GemmKernels(_tensor_config(fmt, geom), *tc.KERNELS[fmt, geom.tile])
+            for fmt in ("tf32", "bf16") for geom in tc.GEOMETRIES}
+
+
+TENSOR = _tensor_sets()
 KERNEL_SETS = {**GEMMS, **TENSOR}  # every configuration a launcher may be asked for
 PRECISIONS = CHOICES["run.precision"]
 
@@ -69,6 +78,18 @@ def pick_config(rows: int, cols: int, reduction: int, splits: int = 1) -> str:
     return "128x8" if pads_little and fills and reduction >= LONG_REDUCTION else "64x4"
 
 
+def pick_tensor(precision: str, rows: int, cols: int) -> str:
+    """The tensor-core configuration of `precision` for a rows x cols output: TILE 128 where its blocks give every
+    SM one and pad the output at most MAX_PAD times TILE 64's, else TILE 64, whose 4x as many blocks hide more of
+    the global loads' latency and which computes less padding on narrow outputs (an encoder's 32 or 64 columns).
+    H100, tools/results/gemm_tiles_h100.md: 8192 x 256 outputs (128 blocks of 128) 0.034 -> 0.033 ms forward and
+    0.060 -> 0.044 backward-input at TILE 64, but 16384 x 256 (256 blocks) 0.047 -> 0.059 forward."""
+    big, small = tc.GEOMETRIES
+    fills = _tiles(rows, cols, big.tile) >= SMS
+    pads_little = _tiles(rows, cols, big.tile) * big.tile**2 <= MAX_PAD * _tiles(rows, cols, small.tile) * small.tile**2
+    return _tensor_config(precision, big if fills and pads_little else small).name
+
+
 def split_rows(batch: int, tiles: int, cfg: Config) -> tuple[int, int]:
     """(splits, rows per split) of the weight gradient's batch: one wave of resident blocks at most."""
     want = max(1, SMS * cfg.blocks_per_sm // tiles)
@@ -87,7 +108,9 @@ def _config(precision: str, config: str | None, rows: int, cols: int, reduction:
     shapes' pick."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
-    return config or (precision if precision in TENSOR else pick_config(rows, cols, reduction))
+    if config:
+        return config
+    return pick_tensor(precision, rows, cols) if precision in tc.UNIT_ROUNDOFF else pick_config(rows, cols, reduction)
 
 
 def _shape(arr: Any) -> tuple[int, ...]:
@@ -128,8 +151,9 @@ def linear_forward(
         {"x": x, "w": w, "b": b, "y": y},
         {"x": (n_batch, k), "w": (k, n), "b": (n,), "y": (n_batch, n)},
     )
-    g = _gemm(_config(precision, config, n_batch, n, k))
-    grid = (_cdiv(_live(cols, n, "linear_forward"), g.config.tile), _cdiv(n_batch, g.config.tile))
+    live = _live(cols, n, "linear_forward")
+    g = _gemm(_config(precision, config, n_batch, live, k))  # the launched columns' shape (the same bits either way)
+    grid = (_cdiv(live, g.config.tile), _cdiv(n_batch, g.config.tile))
     launch_tiles(g.fwd, grid, g.config.threads, x, w, b, y, _FLAG[relu], stream=stream)
 
 
@@ -174,7 +198,9 @@ class LinearWeightGrad:
         if chunk is not None and (chunk < BK or chunk % BK):
             raise ValueError(f"LinearWeightGrad: chunk={chunk} must be a positive multiple of {BK}")
         if config is None and precision != "fp32":
-            config = _config(precision, None, k, n, batch)
+            # TILE 128 (the configuration named by the format; _config refuses an unknown one): its split plan
+            # fills the GPU already, and its bits are those every committed tf32 result was trained with
+            config = _config(precision, precision, k, n, batch)
         if config is None:
             splits_128, chunk_128 = split_rows(batch, _tiles(k, n, 128), CONFIGS["128x8"])
             config = pick_config(k, n, chunk_128, splits_128)

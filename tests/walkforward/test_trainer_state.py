@@ -15,8 +15,8 @@ from real_trainer import SMALL, real_trainer
 
 from fox_numba.agent.fold_market import FoldMarket
 from fox_numba.device.isv import SLOTS, Isv
-from fox_numba.walkforward.reset_registry import FoldReset, ResetContext, StateResetRegistry
-from fox_numba.walkforward.trainer_state import audit_trainer, register_trainer
+from fox_numba.walkforward.reset_registry import FoldReset, ResetContext
+from fox_numba.walkforward.trainer_state import audit_trainer
 
 # ISV values of a trained run (the smoke epoch is too short to move the references off the base support):
 # the rule wants a half-width of 3 * 1.5 + 2 * 0.3 / sqrt(1 - 0.95**2) = 6.42 for the direction heads (4.92 for
