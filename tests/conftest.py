@@ -10,6 +10,7 @@ import dataclasses
 import os
 import sys
 import zlib
+from pathlib import Path
 
 os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
 # The simulator runs each CUDA thread as a Python thread; a shorter switch interval makes barrier-heavy
@@ -95,3 +96,17 @@ def half_hour_store(four_day_market, tmp_path_factory):
     backtest steps rather than 389: the simulator pays for every one."""
     instrument = dataclasses.replace(four_day_market.instrument, session_close="10:00")
     return write_store(tmp_path_factory.mktemp("short") / "half_hour.h5", instrument, four_day_market.days)
+
+
+@pytest.fixture(scope="module")
+def small_synth_store(tmp_path_factory) -> Path:
+    """16 days of the default synthetic market with its oracle and latent sidecars (`fox data synth`): the store of
+    the tools that read the latent truth (tests/test_latent_probe.py, tests/test_feature_read.py)."""
+    from typer.testing import CliRunner
+
+    from fox_numba.cli import app
+
+    store = tmp_path_factory.mktemp("latent") / "small.h5"
+    result = CliRunner().invoke(app, ["data", "synth", "--days", "16", "--out", str(store)])
+    assert result.exit_code == 0, result.output
+    return store

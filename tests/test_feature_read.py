@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_latent_probe import small_synth_store  # noqa: F401  (the module fixture: 16 synthetic days)
 from tool_loader import tool_module
 
 MINUTE = 60_000_000_000
@@ -47,7 +46,7 @@ def test_time_weighted_imbalance_against_a_loop(feature_read, rng):
     assert np.abs(got).max() > 0.05 and (got[:, :10] != got[:, 10:11]).any()
 
 
-def test_the_tool_on_a_small_synthetic_market(feature_read, tmp_path, small_synth_store):  # noqa: F811
+def test_the_tool_on_a_small_synthetic_market(feature_read, tmp_path, small_synth_store):
     out = tmp_path / "read.md"
     assert feature_read.main(["--store", str(small_synth_store), "--set", "folds.n_folds=1", "--set",
                               "folds.train_days=12", "--set", "folds.val_days=4", "--out", str(out)]) == 0

@@ -4,24 +4,10 @@ small synthetic market with its latent truth."""
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
 from tool_loader import tool_module
-
-
-@pytest.fixture(scope="module")
-def small_synth_store(tmp_path_factory) -> Path:
-    """16 days of the default synthetic market with its oracle and latent sidecars (`fox data synth`)."""
-    from typer.testing import CliRunner
-
-    from fox_numba.cli import app
-
-    store = tmp_path_factory.mktemp("latent") / "small.h5"
-    result = CliRunner().invoke(app, ["data", "synth", "--days", "16", "--out", str(store)])
-    assert result.exit_code == 0, result.output
-    return store
 
 
 @pytest.fixture(scope="module")
