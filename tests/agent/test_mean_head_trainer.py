@@ -3,6 +3,7 @@ epoch reports its loss and value gap, and the registry audit finds no unregister
 learner's step: tests/kernels/test_mean_head_kernels.py, tests/agent/test_mean_head.py."""
 
 import numpy as np
+import pytest
 import reference
 from real_trainer import SMALL, real_trainer
 
@@ -96,7 +97,8 @@ def test_with_counterfactual_targets_the_mean_head_trains_every_direction_on_eve
     np.testing.assert_array_equal(dm != 0, expected)
 
 
-def test_the_mirror_keeps_the_mean_head_symmetric_through_training_and_the_fold_boundary(half_hour_store):
+@pytest.mark.parametrize("mirror", [True, False], ids=["mirror", "free"])  # two tests: xdist runs them side by side
+def test_the_mirror_keeps_the_mean_head_symmetric_through_training_and_the_fold_boundary(half_hour_store, mirror):
     """network.mirror at strength 1: from its start, after each epoch's steps and after the fold reset
     (shrink-and-perturb from a fresh draw), the mean head's weights satisfy W[i, d] = p_i W[i, sigma d] exactly (sigma
     swaps Short and Long; p the input columns' mirror parity, agent/mean_head.py), so the mirrored observation values
@@ -105,28 +107,25 @@ def test_the_mirror_keeps_the_mean_head_symmetric_through_training_and_the_fold_
     base = [*SMALL, "env.collect_steps=2", "learner.steps_per_epoch=2", "network.mean_head=true",
             "network.mean_cross=true", "network.n_layers=0", "network.head_init_scale=1.0"]
     sigma = [2, 1, 0, 3]
-    for mirror in (True, False):
-        rt = real_trainer(half_hour_store, [*base, f"network.mirror={str(mirror).lower()}",
-                                            "network.mirror_strength=1"])
-        trainer, lay = rt.trainer, rt.trainer.layout
-        learner = trainer.learner
-        parity = mean_head_parity(rt.cfg, lay)
-        assert parity.shape == (lay.obs_dim + lay.cross,) and (parity < 0).any() and (parity > 0).any()
+    rt = real_trainer(half_hour_store, [*base, f"network.mirror={str(mirror).lower()}", "network.mirror_strength=1"])
+    trainer, lay = rt.trainer, rt.trainer.layout
+    learner = trainer.learner
+    parity = mean_head_parity(rt.cfg, lay)
+    assert parity.shape == (lay.obs_dim + lay.cross,) and (parity < 0).any() and (parity > 0).any()
 
-        def symmetric(flat):
-            p = lay.unpack(flat)
-            w, b = p[MEAN_W], p[MEAN_B]
-            return np.array_equal(w, parity[:, None] * w[:, sigma]) and np.array_equal(b, b[sigma])
+    def symmetric(flat):
+        p = lay.unpack(flat)
+        w, b = p[MEAN_W], p[MEAN_B]
+        return np.array_equal(w, parity[:, None] * w[:, sigma]) and np.array_equal(b, b[sigma])
 
-        checks = [symmetric(learner.stager.download(learner.params))]
-        rt.registry.reset(FoldReset, ResetContext(fold=0, seed=rt.cfg.run.seed, stream=trainer.stream))
-        trainer.collect()
-        trainer.train(lambda: None)
-        checks += [symmetric(learner.stager.download(learner.params)),
-                   symmetric(learner.stager.download(learner.target))]
-        rt.registry.reset(FoldReset, ResetContext(fold=1, seed=rt.cfg.run.seed, stream=trainer.stream))
-        checks.append(symmetric(learner.stager.download(learner.params)))
-        assert checks == [mirror] * 4, f"mirror={mirror}: {checks}"
+    checks = [symmetric(learner.stager.download(learner.params))]
+    rt.registry.reset(FoldReset, ResetContext(fold=0, seed=rt.cfg.run.seed, stream=trainer.stream))
+    trainer.collect()
+    trainer.train(lambda: None)
+    checks += [symmetric(learner.stager.download(learner.params)), symmetric(learner.stager.download(learner.target))]
+    rt.registry.reset(FoldReset, ResetContext(fold=1, seed=rt.cfg.run.seed, stream=trainer.stream))
+    checks.append(symmetric(learner.stager.download(learner.params)))
+    assert checks == [mirror] * 4, f"mirror={mirror}: {checks}"
 
 
 def test_a_mirror_strength_below_one_shrinks_the_started_heads_asymmetry_by_that_fraction(half_hour_store):

@@ -241,11 +241,12 @@ def _epilogue_kernel(tile: int):
 
 @pytest.mark.parametrize("tile", [g.tile for g in GEOMETRIES])
 def test_epilogues_write_every_accumulator_to_its_element(stream, stager, rng, tile):
-    """Every output element of a ragged block grid (200 x 150: partial tiles in both directions) receives the
-    accumulator the mma layout assigns it, through the staging: a lane or row mixed up moves an element to another's
-    value (src is random normal, so two elements never agree), an element left out stays NaN. Against float64:
-    y within one float32 rounding of src + b (then ReLU); dx and plain exact."""
-    rows, cols = 200, 150
+    """Every output element of a ragged block grid (TILE + 72 x TILE + 22: 2 x 2 blocks at TILE 128, 3 x 2 at 64,
+    partial tiles in both directions) receives the accumulator the mma layout assigns it, through the staging: a
+    lane or row mixed up moves an element to another's value (src is random normal, so two elements never agree), an
+    element left out stays NaN. Against float64: y within one float32 rounding of src + b (then ReLU); dx and plain
+    exact."""
+    rows, cols = tile + 72, tile + 22
     src, b, act = normal(rng, rows, cols), normal(rng, cols), normal(rng, rows, cols)
     outs = [stager.upload_new(np.full((rows, cols), np.nan, np.float32)) for _ in range(3)]
     grid = (-(-cols // tile), -(-rows // tile))
