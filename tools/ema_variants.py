@@ -100,12 +100,9 @@ def main(argv: list[str] | None = None) -> int:
                      f"{np.corrcoef(base[a], er[a])[0, 1]:+.3f} / {np.corrcoef(base[b], er[b])[0, 1]:+.3f} | "
                      f"er's std {er[a].std():.3f} / {er[b].std():.3f} |")
         print(lines[-1], flush=True)
-    table = "\n".join(lines) + "\n"
     if args.out is not None:
-        command = "python3 tools/ema_variants.py " + " ".join(argv if argv is not None else sys.argv[1:])
-        args.out.write_text(f"# EMA column variants and the ridge read of the latent\n\nCommand: `{command}`\n\n"
-                            f"Store: {selection.path}, {len(selection.days)} days (tools/ema_variants.py's header)."
-                            f"\n\n{table}")
+        lp.write_table(args.out, "EMA column variants and the ridge read of the latent", "ema_variants", argv,
+                       f"Store: {selection.path}, {len(selection.days)} days (tools/ema_variants.py's header).", lines)
     return 0
 
 

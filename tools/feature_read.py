@@ -35,7 +35,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from latent_probe import RIDGE, load_synthetic, ridge_read, traded, val_rows  # noqa: E402
+from latent_probe import RIDGE, load_synthetic, ridge_read, traded, val_rows, write_table  # noqa: E402
 
 from fox_numba.agent.fold_market import FoldMarket  # noqa: E402
 from fox_numba.config import FeatureConfig, FoxConfig  # noqa: E402
@@ -160,13 +160,10 @@ def main(argv: list[str] | None = None) -> int:
                 lines.append(f"| {fold.index} | {name} | {label} | {corr:+.3f} | {sharpe:+.2f} | "
                              f"{sharpe / oracle:.2f} | {trips:.1f} |")
                 print(lines[-1], flush=True)
-    table = "\n".join(lines) + "\n"
     if args.out is not None:
-        command = "python3 tools/feature_read.py " + " ".join(argv if argv is not None else sys.argv[1:])
-        args.out.write_text(f"# The latent's linear read with the bar's time-weighted book imbalance\n\nCommand: "
-                            f"`{command}`\n\nStore: {selection.path}, {len(selection.days)} days; commission "
-                            f"${cfg.env.commission} per side; every signal traded by the oracle's rule on the "
-                            f"validation days.\n\n{table}")
+        write_table(args.out, "The latent's linear read with the bar's time-weighted book imbalance", "feature_read",
+                    argv, f"Store: {selection.path}, {len(selection.days)} days; commission ${cfg.env.commission} per "
+                    "side; every signal traded by the oracle's rule on the validation days.", lines)
     return 0
 
 

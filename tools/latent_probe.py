@@ -165,6 +165,13 @@ def mean_se(values: Sequence[float], digits: int) -> str:
     return f"{statistics.fmean(values):+.{digits}f} ({se:.{digits}f})"
 
 
+def write_table(out: Path, title: str, tool: str, argv: list[str] | None, about: str, lines: list[str]) -> None:
+    """OUT: the title, the command that made the table (tools/<tool>.py and its arguments), `about`, the table."""
+    command = f"python3 tools/{tool}.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    table = "\n".join(lines)
+    out.write_text(f"# {title}\n\nCommand: `{command}`\n\n{about}\n\n{table}\n")
+
+
 def load_synthetic(parser: argparse.ArgumentParser, store: Path | None, overrides: list[str]) -> tuple:
     """(config, market selection, features, latent truth) of a synthetic store (default: the embedded default
     market) under the default preset and `overrides`; a parser error when the store keeps no latent truth."""
@@ -240,13 +247,11 @@ def main(argv: list[str] | None = None) -> int:
         sharpe = probe.metrics.sharpe_daily
         row(fold.index, f"probe (ridge, {ev.probe_horizon_bars}-bar change)", f"{corr:+.3f}", f"{sharpe:+.2f}",
             f"{sharpe / oracle:.2f}", f"{probe.metrics.round_trips / probe.metrics.n_days:.1f}")
-    table = "\n".join(lines) + "\n"
     if args.out is not None:
-        command = "python3 tools/latent_probe.py " + " ".join(argv if argv is not None else sys.argv[1:])
-        args.out.write_text(f"# The oracle's share a read of the latent earns\n\nCommand: `{command}`\n\nStore: "
-                            f"{selection.path}, {len(selection.days)} days; noise seeds {args.seeds}; commission "
-                            f"${cfg.env.commission} per side; every signal traded by the oracle's rule on the "
-                            f"validation days (tools/latent_probe.py's header).\n\n{table}")
+        write_table(args.out, "The oracle's share a read of the latent earns", "latent_probe", argv,
+                    f"Store: {selection.path}, {len(selection.days)} days; noise seeds {args.seeds}; commission "
+                    f"${cfg.env.commission} per side; every signal traded by the oracle's rule on the validation days "
+                    "(tools/latent_probe.py's header).", lines)
     return 0
 
 
