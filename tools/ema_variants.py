@@ -16,7 +16,6 @@ standard deviation there. No seeds: every row is one deterministic fit.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -53,10 +52,7 @@ def ema(z: np.ndarray, day_start: np.ndarray, half_life: float, start: str) -> n
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--store", type=Path, help="synthetic market store (default: the embedded default market)")
-    parser.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE", help="config override")
-    parser.add_argument("--out", type=Path, help="also write the table to this markdown file")
+    parser = lp.synthetic_parser(__doc__)
     args = parser.parse_args(argv)
     cfg, selection, features, latent = lp.load_synthetic(parser, args.store, args.set)
     plain = FeatureConfig(**{**vars(cfg.features), "forecast_horizons": [], "ema_start": "first"})

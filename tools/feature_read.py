@@ -26,7 +26,6 @@ item 3: half of the oracle on the default market is what the ridge read of today
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -35,7 +34,15 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from latent_probe import RIDGE, load_synthetic, ridge_read, traded, val_rows, write_table  # noqa: E402
+from latent_probe import (  # noqa: E402
+    RIDGE,
+    load_synthetic,
+    ridge_read,
+    synthetic_parser,
+    traded,
+    val_rows,
+    write_table,
+)
 
 from fox_numba.agent.fold_market import FoldMarket  # noqa: E402
 from fox_numba.config import FeatureConfig, FoxConfig  # noqa: E402
@@ -133,10 +140,7 @@ def scores(cols: np.ndarray, er: np.ndarray, m: FoldMarket, cfg: FoxConfig) -> t
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--store", type=Path, help="synthetic market store (default: the embedded default market)")
-    parser.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE", help="config override")
-    parser.add_argument("--out", type=Path, help="also write the table to this markdown file")
+    parser = synthetic_parser(__doc__)
     args = parser.parse_args(argv)
     cfg, selection, features, latent = load_synthetic(parser, args.store, args.set)
     plain = FeatureConfig(**{**vars(cfg.features), "forecast_horizons": []})

@@ -165,6 +165,15 @@ def mean_se(values: Sequence[float], digits: int) -> str:
     return f"{statistics.fmean(values):+.{digits}f} ({se:.{digits}f})"
 
 
+def synthetic_parser(doc: str) -> argparse.ArgumentParser:
+    """The argument parser of a tool over a synthetic store and its latent truth: --store, --set, --out."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    parser.add_argument("--store", type=Path, help="synthetic market store (default: the embedded default market)")
+    parser.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE", help="config override")
+    parser.add_argument("--out", type=Path, help="also write the table to this markdown file")
+    return parser
+
+
 def write_table(out: Path, title: str, tool: str, argv: list[str] | None, about: str, lines: list[str]) -> None:
     """OUT: the title, the command that made the table (tools/<tool>.py and its arguments), `about`, the table."""
     command = f"python3 tools/{tool}.py " + " ".join(argv if argv is not None else sys.argv[1:])
@@ -185,14 +194,11 @@ def load_synthetic(parser: argparse.ArgumentParser, store: Path | None, override
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--store", type=Path, help="synthetic market store (default: the embedded default market)")
+    parser = synthetic_parser(__doc__)
     parser.add_argument("--rho", type=float, nargs="+", default=[0.3, 0.5, 0.7, 0.9],
                         help="correlations with er of the noisy reads")  # fmt: skip
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4], help="noise seeds")
     parser.add_argument("--mlp-epochs", type=int, default=30, help="epochs of the MLP read")
-    parser.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE", help="config override")
-    parser.add_argument("--out", type=Path, help="also write the table to this markdown file")
     args = parser.parse_args(argv)
     cfg, selection, features, latent = load_synthetic(parser, args.store, args.set)
     plain = FeatureConfig(**{**vars(cfg.features), "forecast_horizons": []})
