@@ -46,39 +46,23 @@ from latent_probe import (  # noqa: E402
 
 from fox_numba.agent.fold_market import FoldMarket  # noqa: E402
 from fox_numba.config import FeatureConfig, FoxConfig  # noqa: E402
-from fox_numba.features.book_features import resting_sizes  # noqa: E402
-from fox_numba.features.windows import book_windows  # noqa: E402
-from fox_numba.market.schema import NS_PER_MINUTE, N_LEVELS  # noqa: E402
-from fox_numba.market.store import MarketStore  # noqa: E402
+from fox_numba.features.book_features import (  # noqa: E402
+    TW_IMBALANCE_COLUMNS,
+    resting_sizes,
+    time_weighted_imbalance,
+)
 from fox_numba.features.names import FEATURE_INDEX  # noqa: E402
+from fox_numba.market.store import MarketStore  # noqa: E402
 from fox_numba.observation import N_FEATURES, N_MARKET, market_part  # noqa: E402
 from fox_numba.walkforward.driver import half_spread, scored_days  # noqa: E402
 from fox_numba.walkforward.folds import make_folds  # noqa: E402
 from fox_numba.walkforward.probe import probe_baseline  # noqa: E402
 
-CANDIDATES = (*(f"tw_imbalance_l{k}" for k in range(1, N_LEVELS + 1)), "tw_imbalance_l1_5", "tw_imbalance_l1_10")
-"""The candidate columns, in order: the time-weighted imbalance per level, then over levels 1-5 and 1-10."""
+CANDIDATES = TW_IMBALANCE_COLUMNS
+"""The candidate columns (features/book_features.py time_weighted_imbalance)."""
 SWAPPED = {"depth_imbalance_l1": "tw_imbalance_l1", "depth_imbalance_l5": "tw_imbalance_l1_5",
            "depth_imbalance_l10": "tw_imbalance_l1_10"}
 """The `replaced` variant: each close-book column and the time-weighted one that takes its place."""
-
-
-def time_weighted_imbalance(book_ts: np.ndarray, bid_q: np.ndarray, ask_q: np.ndarray, bar_ts: np.ndarray
-                            ) -> np.ndarray:
-    """float64 [n_bars, len(CANDIDATES)]: each bar's book imbalance columns averaged over its book states, each
-    weighted by the time it rests inside [t, t + 60 s) (features/book_features.mean_spread's weights); sizes
-    float64 [n_rows, N_LEVELS] with empty levels 0; a level empty on both sides counts 0."""
-    enter, stop = book_windows(book_ts, bar_ts)
-    bid = np.concatenate([bid_q, bid_q[:, :5].sum(1, keepdims=True), bid_q.sum(1, keepdims=True)], axis=1)
-    ask = np.concatenate([ask_q, ask_q[:, :5].sum(1, keepdims=True), ask_q.sum(1, keepdims=True)], axis=1)
-    total = bid + ask
-    imb = np.divide(bid - ask, total, out=np.zeros_like(total), where=total > 0)
-    out = np.empty((len(bar_ts), imb.shape[1]))
-    for b, (lo, hi) in enumerate(zip(enter, stop, strict=True)):
-        ends = np.append(book_ts[lo + 1:hi], bar_ts[b] + NS_PER_MINUTE)
-        w = (ends - np.maximum(book_ts[lo:hi], bar_ts[b])).astype(np.float64)
-        out[b] = w @ imb[lo:hi] / w.sum()
-    return out
 
 
 def candidate_columns(store_path: Path, days: tuple[str, ...], bar_ts: np.ndarray, day_start: np.ndarray

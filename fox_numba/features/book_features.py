@@ -1,13 +1,19 @@
-"""Features of the book at a bar's close (spread, depth imbalance, microprice) and the bar's mean spread."""
+"""Features of the book at a bar's close (spread, depth imbalance, microprice), the bar's mean spread, and its
+time-weighted depth imbalance per level (TW_IMBALANCE_COLUMNS; not yet an observation column: tools/feature_read.py
+measures what it adds, section 67 of tools/results/learner_ablation_h200.md)."""
 
 from __future__ import annotations
 
 import numpy as np
 
+from fox_numba.features.windows import book_windows
 from fox_numba.jitcache import cached_njit
-from fox_numba.market.schema import NS_PER_MINUTE, UNDEF_PRICE
+from fox_numba.market.schema import N_LEVELS, NS_PER_MINUTE, UNDEF_PRICE
 
 _UNDEF = np.int64(UNDEF_PRICE)
+TW_IMBALANCE_COLUMNS = (*(f"tw_imbalance_l{k}" for k in range(1, N_LEVELS + 1)), "tw_imbalance_l1_5",
+                        "tw_imbalance_l1_10")
+"""time_weighted_imbalance's columns: the imbalance at each level, then over levels 1-5 and 1-10."""
 
 
 def resting_sizes(px: np.ndarray, sz: np.ndarray) -> np.ndarray:
@@ -78,4 +84,48 @@ def mean_spread(
     """
     out = np.empty(bar_ts.shape[0], dtype=np.float64)
     _time_weighted_spread(book_ts, best_bid, best_ask, bar_ts, enter, stop, out)
+    return out
+
+
+@cached_njit()
+def _time_weighted_imbalance(book_ts: np.ndarray, bid_q: np.ndarray, ask_q: np.ndarray, bar_ts: np.ndarray,
+                             enter: np.ndarray, stop: np.ndarray, out: np.ndarray) -> None:
+    n_levels = bid_q.shape[1]
+    for b in range(bar_ts.shape[0]):
+        bar_end = bar_ts[b] + NS_PER_MINUTE
+        weight = 0.0
+        for c in range(out.shape[1]):
+            out[b, c] = 0.0
+        for r in range(enter[b], stop[b]):
+            end = book_ts[r + 1] if r + 1 < stop[b] else bar_end
+            w = float(end - max(book_ts[r], bar_ts[b]))
+            weight += w
+            bid5 = ask5 = bid10 = ask10 = 0.0
+            for k in range(n_levels):
+                x, y = bid_q[r, k], ask_q[r, k]
+                if x + y > 0.0:
+                    out[b, k] += w * (x - y) / (x + y)
+                bid10 += x
+                ask10 += y
+                if k < 5:
+                    bid5 += x
+                    ask5 += y
+            if bid5 + ask5 > 0.0:
+                out[b, n_levels] += w * (bid5 - ask5) / (bid5 + ask5)
+            if bid10 + ask10 > 0.0:
+                out[b, n_levels + 1] += w * (bid10 - ask10) / (bid10 + ask10)
+        for c in range(out.shape[1]):
+            out[b, c] /= weight
+
+
+def time_weighted_imbalance(book_ts: np.ndarray, bid_q: np.ndarray, ask_q: np.ndarray, bar_ts: np.ndarray
+                            ) -> np.ndarray:
+    """float64 [n_bars, len(TW_IMBALANCE_COLUMNS)]: each bar's depth imbalance (bid size - ask size) / (bid size +
+    ask size) averaged over its book states, each weighted by the time it rests inside [t, t + 60 s) (mean_spread's
+    weights), at each level and over levels 1-5 and 1-10 (0 where both sides are empty). Sizes float64
+    [n_rows, N_LEVELS] with empty levels 0 (resting_sizes); int64 ns timestamps; every bar has a book state."""
+    enter, stop = book_windows(book_ts, bar_ts)
+    out = np.empty((bar_ts.shape[0], len(TW_IMBALANCE_COLUMNS)), dtype=np.float64)
+    _time_weighted_imbalance(book_ts, np.ascontiguousarray(bid_q), np.ascontiguousarray(ask_q), bar_ts, enter, stop,
+                             out)
     return out
