@@ -34,6 +34,12 @@ contiguous bytes. Columns are stored XOR `swizzle(row)`: the 32 lanes' writes (r
 fall in 32 different banks, and a row's reads are a permutation of its 32 words, so neither side has a bank
 conflict. The barriers around the staging are block-wide (the simulator has no syncwarp; the control flow is
 uniform).
+Registers: at TILE 128 the 64 accumulators and the main loop's operands fill the 128 registers the launch bounds
+allow, so nothing may push them to local memory. An array index that changes with a loop the compiler does not
+unroll does (the epilogue's loop over mma tile rows, whose body is too large to unroll, once made a 256-byte stack
+frame): the epilogue reads tile row 0 only and shifts the next row in (shift_tile_row). The weight gradient's
+bias-gradient share accumulates in the thread's slot of a shared array, not in a register that ptxas spilled. ptxas'
+figures: tools/results/gemm_tiles_h100.md.
 Determinism: every output element is one lane's accumulator, updated by the mma tiles in reduction order from
 0; the mma itself is a fixed circuit, so a shape gives the same bits on every run. One BK tile is two TF32 k-steps
 of 8 or one bf16 k-step of 16.
@@ -54,6 +60,7 @@ BK = 16  # reduction depth of one shared-memory tile (two TF32 mma k-steps of 8,
 THREADS = 256
 WARP_N = 32  # a warp tile's output columns: the epilogue writes a row of them with a lane per column
 NT = WARP_N // 8  # mma tile columns of a warp
+TILE_ROW = NT * 4  # a lane's accumulators of one mma tile row (4 of each mma tile)
 UNIT_ROUNDOFF = {"tf32": 2.0**-11, "bf16": 2.0**-8}
 """Relative rounding error of an operand converted to each format (11 and 8 significant bits, round to nearest)."""
 
@@ -82,7 +89,7 @@ class Geometry(NamedTuple):
 
     @property
     def acc(self) -> int:
-        return self.mt * NT * 4  # a lane's accumulators
+        return self.mt * TILE_ROW  # a lane's accumulators
 
     @property
     def k_major_shape(self) -> tuple[int, int, int]:
@@ -219,7 +226,8 @@ def device_parts(geom: Geometry) -> SimpleNamespace:
         def block_product(a_src, a_fixed, b_src, b_fixed, k0, k1, acc, sums, do_sums):
             """acc = A @ B over the reduction [k0, k1) for the lane's fragments (acc[(i * NT + j) * 4 + e]: mma
             tile (i, j), element e); with `do_sums` (b not k-major), sums[0] = this thread's sum of its B column
-            over its reduction rows (the bias gradient's share)."""
+            over its reduction rows (the bias gradient's share; the weight gradient passes a slot of shared
+            memory, module header: Registers)."""
             a_s = cuda.shared.array(a_shape, uint32)
             b_s = cuda.shared.array(b_shape, uint32)
             ra = cuda.local.array(loads, float32)
@@ -289,9 +297,18 @@ def device_parts(geom: Geometry) -> SimpleNamespace:
         """Output column of the lane's accumulators 0 and 2 of mma tile column j (1 and 3 are the next column)."""
         return origin + (tid // 32) % warps_n * WARP_N + j * 8 + 2 * (tid % 4)
 
+    @cuda.jit(device=True)
+    def shift_tile_row(acc):
+        """Moves the accumulators one mma tile row down (acc[e] = acc[e + TILE_ROW]; the last row's are left):
+        the epilogue reads tile row 0 only, at constant indices, which keeps acc in registers (an index that
+        changes with a loop the compiler does not unroll puts acc in local memory)."""
+        for e in range(acc_n - TILE_ROW):
+            acc[e] = acc[e + TILE_ROW]
+
     def make_epilogue(put: Any) -> Any:
         """The device function that hands each of a block's outputs to `put(out, aux, flag, row, col, value)`,
-        8 x 32 of a warp's outputs at a time staged through shared memory (module header: Epilogue)."""
+        8 x 32 of a warp's outputs at a time staged through shared memory (module header: Epilogue). It consumes
+        acc (shift_tile_row)."""
 
         @cuda.jit(device=True)
         def epilogue(out, aux, flag, row0, col0, tid, acc):
@@ -306,7 +323,7 @@ def device_parts(geom: Geometry) -> SimpleNamespace:
             for i in range(mt):
                 for half in range(2):  # the accumulators' rows g, then g + 8
                     for j in range(NT):
-                        e = (i * NT + j) * 4 + 2 * half
+                        e = j * 4 + 2 * half  # in tile row 0, which holds tile row i (shift_tile_row)
                         cc = j * 8 + t2
                         stage[warp, g, cc ^ mask] = acc[e]
                         stage[warp, g, (cc + 1) ^ mask] = acc[e + 1]
@@ -314,6 +331,7 @@ def device_parts(geom: Geometry) -> SimpleNamespace:
                     for rr in range(8):
                         put(out, aux, flag, r_warp + i * 16 + half * 8 + rr, c, stage[warp, rr, lane ^ swizzle(rr)])
                     cuda.syncthreads()
+                shift_tile_row(acc)
 
         return epilogue
 
@@ -366,7 +384,6 @@ def _kernels(geom: Geometry, bf16: bool) -> tuple[Any, Any, Any]:
         """pw[s] = x[rows]^T @ dy[rows], rows = [s*chunk, (s+1)*chunk) for split s = blockIdx.z; the blocks of the
         first row of tiles also write pb[s] = dy[rows] summed over the rows (fp32, from the unrounded dy)."""
         acc = cuda.local.array(acc_n, float32)
-        sums = cuda.local.array(1, float32)
         partial = cuda.shared.array(THREADS, float32)
         row0 = uint32(cuda.blockIdx.y) * tile
         col0 = uint32(cuda.blockIdx.x) * tile
@@ -375,10 +392,9 @@ def _kernels(geom: Geometry, bf16: bool) -> tuple[Any, Any, Any]:
         start = split * chunk
         stop = min(start + chunk, x.shape[0])
         do_sums = row0 == 0
-        product_wgrad(x, row0, dy, col0, start, stop, acc, sums, do_sums)
+        product_wgrad(x, row0, dy, col0, start, stop, acc, partial[tid:tid + 1], do_sums)  # partial[tid] = the share
         epilogue_plain(pw[split], pb, 0, row0, col0, tid, acc)
         if do_sums:  # a column's rows are split over threads tid, tid + TILE, ... (reduction rows mod row_parts)
-            partial[tid] = sums[0]
             cuda.syncthreads()
             c = col0 + tid
             if tid < tile and c < pb.shape[1]:

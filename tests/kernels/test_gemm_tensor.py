@@ -220,20 +220,27 @@ def _epilogue_kernel(tile: int):
     out_row, out_col = parts.out_row, parts.out_col  # the GPU compiler types globals' attributes of no module
     epilogue_fwd, epilogue_bwd_in, epilogue_plain = parts.epilogue_fwd, parts.epilogue_bwd_in, parts.epilogue_plain
 
-    @cuda.jit
-    def epilogues(src, b, act, y, dx, plain):
-        acc = cuda.local.array(acc_n, float32)
-        row0 = uint32(cuda.blockIdx.y) * tile
-        col0 = uint32(cuda.blockIdx.x) * tile
-        tid = uint32(cuda.threadIdx.x)
+    @cuda.jit(device=True)
+    def fill(src, row0, col0, tid, acc):
+        """acc <- src at each accumulator's (row, column), 0 outside src."""
         for i in range(mt):
             for j in range(NT):
                 for e in range(4):
                     r = out_row(row0, tid, i) + e // 2 * 8
                     c = out_col(col0, tid, j) + e % 2
                     acc[(i * NT + j) * 4 + e] = src[r, c] if r < src.shape[0] and c < src.shape[1] else float32(0)
+
+    @cuda.jit
+    def epilogues(src, b, act, y, dx, plain):
+        acc = cuda.local.array(acc_n, float32)
+        row0 = uint32(cuda.blockIdx.y) * tile
+        col0 = uint32(cuda.blockIdx.x) * tile
+        tid = uint32(cuda.threadIdx.x)
+        fill(src, row0, col0, tid, acc)  # again before each epilogue, which consumes acc
         epilogue_fwd(y, b, 1, row0, col0, tid, acc)
+        fill(src, row0, col0, tid, acc)
         epilogue_bwd_in(dx, act, 1, row0, col0, tid, acc)
+        fill(src, row0, col0, tid, acc)
         epilogue_plain(plain, b, 0, row0, col0, tid, acc)
 
     return epilogues
