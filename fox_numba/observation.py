@@ -1,16 +1,18 @@
 """The observation layout: one source of truth for every column the network sees.
 
 An observation row is float32 [obs_dim(features)] = [market part | portfolio part (N_PORTFOLIO)]; the market
-part is the N_MARKET feature columns, then one forecast column per features.forecast_horizons entry (none by
+part is the N_MARKET feature columns, with features.tw_imbalance the N_TW_IMBALANCE columns of the time-weighted
+book imbalance (`feature_columns` in all), then one forecast column per features.forecast_horizons entry (neither by
 default, when obs_dim is OBS_DIM):
 
-- Market part, precomputed on the host once per fold for every bar of the fold (`market_part`): the bar's
-  fold-normalised features z (features/normalise.py, statistics from the fold's training rows only), then
-  for each half-life h in EMA_HALF_LIVES the per-day EMA of z, restarting at each day's first bar:
+- Market part, precomputed on the host once per fold for every bar of the fold (`feature_part`): each block of
+  `market_part`, of the bar's fold-normalised features z (features/normalise.py, statistics from the fold's training
+  rows only; the time-weighted imbalance's, when on, normalised alike, in a block of its own): z, then for each
+  half-life h in EMA_HALF_LIVES the per-day EMA of z, restarting at each day's first bar:
       ema[t] = ema[t - 1] + alpha_h * (z[t] - ema[t - 1]),  alpha_h = 1 - 0.5**(1/h),  from
       ema[first - 1] = z[first] (features.ema_start 'first': ema[first] = z[first]) or 0 ('zero')
   Each column of a bar uses that bar and earlier bars of its day only: no look-ahead. A forecast column is a
-  linear function of the bar's feature columns fitted on the fold's training rows (features/forecast.py).
+  linear function of the bar's `feature_columns` fitted on the fold's training rows (features/forecast.py).
 - Portfolio part, computed on the device from an environment's state every step (kernels/env.py).
 
 Kernels read the plain-int constants below (numba freezes module globals at compile time).
@@ -26,13 +28,21 @@ from pathlib import Path
 import numpy as np
 
 from fox_numba.config import FeatureConfig
-from fox_numba.features.names import FEATURE_INDEX, FEATURE_NAMES, FEATURES
+from fox_numba.features.names import (
+    FEATURE_INDEX,
+    FEATURE_NAMES,
+    FEATURES,
+    TW_IMBALANCE_COLUMNS,
+    TW_IMBALANCE_FEATURES,
+)
 from fox_numba.io import generated_doc_main
 
 EMA_HALF_LIVES: tuple[int, ...] = (3, 10, 30)
 """Half-lives in bars of the per-day EMAs of the normalised features."""
 N_FEATURES = len(FEATURE_NAMES)
 N_MARKET = N_FEATURES * (1 + len(EMA_HALF_LIVES))
+N_TW_IMBALANCE = len(TW_IMBALANCE_COLUMNS) * (1 + len(EMA_HALF_LIVES))
+"""Market columns of the time-weighted imbalance block (features.tw_imbalance), after the N_MARKET feature columns."""
 
 UPNL_CLIP = 5.0
 """The unrealised-PnL column is clipped to +-UPNL_CLIP risk units."""
@@ -73,7 +83,7 @@ PORTFOLIO: tuple[tuple[str, str], ...] = (
 """(name, meaning) of the portfolio columns, in order."""
 N_PORTFOLIO = len(PORTFOLIO)
 OBS_DIM = N_MARKET + N_PORTFOLIO
-"""The observation's width without forecast columns (`obs_dim`)."""
+"""The observation's width by default (`obs_dim`: no time-weighted imbalance block, no forecast columns)."""
 
 # Portfolio column indices within the portfolio part (kernels add N_MARKET for the observation row).
 PORT_POSITION, PORT_UPNL, PORT_BARS_IN_POS, PORT_ORDER_SIDE, PORT_ORDER_DIST, PORT_BARS_LEFT = range(N_PORTFOLIO)
@@ -86,9 +96,9 @@ MIRROR_EVEN: frozenset[str] = frozenset({
 """The features and portfolio columns the market's mirror leaves unchanged (every price reflected about a level, so
 buyers and sellers swap and every price change flips sign): sizes, counts, ranges, volatility, spreads, depth, the
 time of day, and the portfolio's PnL, holding time, order distance and time left. Every other column changes sign
-(order-flow and trade imbalances, returns, depth imbalances, the microprice offset, their EMAs, the forecast
-columns, the position and the order's side). Normalised columns flip exactly where their training mean is 0
-(network.mirror; tools/symmetry_probe.py)."""
+(order-flow and trade imbalances, returns, depth imbalances, the close book's and the time-weighted ones, the
+microprice offset, their EMAs, the forecast columns, the position and the order's side). Normalised columns flip
+exactly where their training mean is 0 (network.mirror; tools/symmetry_probe.py)."""
 
 Z_REALISED_VOL = FEATURE_INDEX["realised_vol_15"]
 """Market column of the bar's normalised realised_vol_15 (the regime penalty's volatility)."""
@@ -96,9 +106,15 @@ Z_REALISED_VOL = FEATURE_INDEX["realised_vol_15"]
 OBSERVATION_DOC_PATH = Path(__file__).with_name("OBSERVATION.md")
 
 
+def feature_columns(features: FeatureConfig) -> int:
+    """Columns of the market part's feature blocks (N_MARKET, + N_TW_IMBALANCE with features.tw_imbalance): what the
+    probe, the forecast columns and a Mamba2 encoder read."""
+    return N_MARKET + (N_TW_IMBALANCE if features.tw_imbalance else 0)
+
+
 def market_columns(features: FeatureConfig) -> int:
     """Columns of the market part: the feature blocks, then one per forecast horizon."""
-    return N_MARKET + len(features.forecast_horizons)
+    return feature_columns(features) + len(features.forecast_horizons)
 
 
 def obs_dim(features: FeatureConfig) -> int:
@@ -117,29 +133,46 @@ def market_block_names() -> tuple[str, ...]:
 
 
 def column_names(features: FeatureConfig | None = None) -> tuple[str, ...]:
-    """Every observation column's name, in order (`z.ofi_l1`, ..., `ema30.session_frac`, [`forecast.h15`...,]
-    `port.position`...); without `features`, the layout without forecast columns."""
-    market = tuple(f"{block}.{name}" for block in market_block_names() for name in FEATURE_NAMES)
-    horizons = features.forecast_horizons if features is not None else []
+    """Every observation column's name, in order (`z.ofi_l1`, ..., `ema30.session_frac`, [`z.tw_imbalance_l1`, ...,
+    `ema30.tw_imbalance_l1_10`,] [`forecast.h15`...,] `port.position`...); without `features`, the default layout."""
+    features = features if features is not None else FeatureConfig()
+    parts = FEATURE_NAMES, *([TW_IMBALANCE_COLUMNS] if features.tw_imbalance else [])
+    market = tuple(f"{block}.{name}" for names in parts for block in market_block_names() for name in names)
+    horizons = features.forecast_horizons
     return market + tuple(f"forecast.h{h}" for h in horizons) + tuple(f"port.{name}" for name, _ in PORTFOLIO)
 
 
+def feature_part(z: np.ndarray, day_start: np.ndarray, ema_start: str) -> np.ndarray:
+    """The market part's feature blocks float32 [n, N_MARKET (+ N_TW_IMBALANCE)] of normalised values z [n,
+    N_FEATURES (+ len(TW_IMBALANCE_COLUMNS) with features.tw_imbalance)]: `market_part` of the features, then of the
+    time-weighted imbalance (each column of z and its EMAs, as `column_names` orders them)."""
+    z = np.asarray(z)
+    widths = (N_FEATURES, N_FEATURES + len(TW_IMBALANCE_COLUMNS))
+    if z.ndim != 2 or z.shape[1] not in widths:
+        raise ValueError(f"z must be [n, {widths[0]}] or [n, {widths[1]}] (features.tw_imbalance), got {z.shape}")
+    blocks = [market_part(z[:, :N_FEATURES], day_start, ema_start)]
+    if z.shape[1] > N_FEATURES:
+        blocks.append(market_part(z[:, N_FEATURES:], day_start, ema_start))
+    return np.concatenate(blocks, axis=1)
+
+
 def market_part(z: np.ndarray, day_start: np.ndarray, ema_start: str) -> np.ndarray:
-    """The market part float32 [n, N_MARKET] of normalised features z [n, N_FEATURES] whose days start at
-    rows day_start[0] = 0 < ... < day_start[-1] = n (EMAs restart at every day's first row from that row's z, or
-    from 0 with ema_start 'zero': features.ema_start; float64 inside)."""
+    """float32 [n, c (1 + len(EMA_HALF_LIVES))]: normalised columns z [n, c], then each EMA block of them, of rows
+    whose days start at rows day_start[0] = 0 < ... < day_start[-1] = n (EMAs restart at every day's first row from
+    that row's z, or from 0 with ema_start 'zero': features.ema_start; float64 inside). Column k c + j is block k
+    (z, ema3, ema10, ema30) of column j."""
     z = np.asarray(z)
     day_start = np.asarray(day_start, np.int64)
-    if z.ndim != 2 or z.shape[1] != N_FEATURES:
-        raise ValueError(f"z must be [n, {N_FEATURES}], got {z.shape}")
-    n = z.shape[0]
+    if z.ndim != 2 or z.shape[1] < 1:
+        raise ValueError(f"z must be [n, c >= 1], got {z.shape}")
+    n, c = z.shape
     if day_start.ndim != 1 or day_start.size < 2 or day_start[0] != 0 or day_start[-1] != n:
         raise ValueError(f"day_start must run from 0 to the {n} rows, got {day_start}")
     if np.any(np.diff(day_start) <= 0):
         raise ValueError("day_start must be strictly increasing (no empty days)")
     z64 = z.astype(np.float64)
-    out = np.empty((n, N_MARKET), np.float32)
-    out[:, :N_FEATURES] = z
+    out = np.empty((n, c * (1 + len(EMA_HALF_LIVES))), np.float32)
+    out[:, :c] = z
     first = np.zeros(n, bool)
     first[day_start[:-1]] = True
     if ema_start not in ("first", "zero"):
@@ -150,7 +183,7 @@ def market_part(z: np.ndarray, day_start: np.ndarray, ema_start: str) -> np.ndar
         for t in range(n):
             before = (z64[t] if ema_start == "first" else 0.0) if first[t] else ema[t - 1]
             ema[t] = before + alpha * (z64[t] - before)
-        out[:, (k + 1) * N_FEATURES : (k + 2) * N_FEATURES] = ema
+        out[:, (k + 1) * c : (k + 2) * c] = ema
     return out
 
 
@@ -159,8 +192,8 @@ def _cell(text: str) -> str:
 
 
 def observation_table_markdown() -> str:
-    """The column table as markdown: one row per market block (its 32 features listed once) and one per
-    portfolio column."""
+    """The column table as markdown: one row per market block (its 32 features listed once), the time-weighted
+    imbalance block's columns, and one row per portfolio column."""
     meanings = dict(FEATURES)
     lines = [
         "# Observation columns",
@@ -172,7 +205,9 @@ def observation_table_markdown() -> str:
             f"on the host) then the portfolio part (N_PORTFOLIO = {N_PORTFOLIO}, computed on the device each "
             "step). Market features are normalised with the fold's training-window statistics and clipped to "
             "+-features.clip_sigma; EMAs restart at each day's first bar (alpha = 1 - 0.5**(1/h)), from 0 "
-            "(features.ema_start = 'zero', the default) or from that bar's z ('first')."
+            "(features.ema_start = 'zero', the default) or from that bar's z ('first'). The time-weighted book "
+            "imbalance (features.tw_imbalance) and the forecast columns (features.forecast_horizons), both off by "
+            "default, follow the feature blocks in that order, before the portfolio part."
         ),
         "",
         "## Market blocks",
@@ -192,19 +227,41 @@ def observation_table_markdown() -> str:
     lines += ["", "## Features (j = column within a block)", "", "| j | feature | definition |", "| ---: | --- | --- |"]
     for j, name in enumerate(FEATURE_NAMES):
         lines.append(f"| {j} | `{name}` | {_cell(meanings[name])} |")
+    n_tw, tw_end = len(TW_IMBALANCE_COLUMNS), N_MARKET + N_TW_IMBALANCE
+    lines += [
+        "",
+        "## Time-weighted book imbalance (features.tw_imbalance)",
+        "",
+        (
+            f"With features.tw_imbalance = true, columns {N_MARKET} .. {tw_end - 1} (N_TW_IMBALANCE = "
+            f"{N_TW_IMBALANCE}) hold the {n_tw} columns below in the four blocks of the features, in the same "
+            f"order: column {N_MARKET} + {n_tw} k + j is block k (`z`, then `ema{{h}}` per half-life) of column j, "
+            f"from `z.{TW_IMBALANCE_COLUMNS[0]}` to `ema{EMA_HALF_LIVES[-1]}.{TW_IMBALANCE_COLUMNS[-1]}`. Each is "
+            "computed from every MBP-10 row of the bar (features/book_features.py time_weighted_imbalance), "
+            "normalised with the fold's training-window statistics and clipped to +-features.clip_sigma, with the "
+            "features' per-day EMAs. Under the market's mirror every one changes sign. Off by default."
+        ),
+        "",
+        "| j | column | definition |",
+        "| ---: | --- | --- |",
+    ]
+    for j, (name, meaning) in enumerate(TW_IMBALANCE_FEATURES):
+        lines.append(f"| {j} | `{name}` | {_cell(meaning)} |")
     lines += [
         "",
         "## Forecast columns (features.forecast_horizons)",
         "",
         (
-            f"With horizons h_1 .. h_k set, columns {N_MARKET} .. {N_MARKET} + k - 1 hold `forecast.h{{h}}`: the "
-            f"ridge forecast of the mid change over the next h bars from the bar's {N_MARKET} feature columns "
-            "(penalty features.forecast_ridge per row), fitted on the fold's training rows, standardised on them "
-            "and clipped to +-features.clip_sigma (features/forecast.py); the portfolio part then starts at "
-            f"column {N_MARKET} + k. None by default (the table below)."
+            f"With horizons h_1 .. h_k set, columns F .. F + k - 1 hold `forecast.h{{h}}`, F the feature columns "
+            f"({N_MARKET}, or {tw_end} with the time-weighted imbalance): the ridge forecast of the mid change over "
+            "the next h bars from the bar's F feature columns (penalty features.forecast_ridge per row), fitted on "
+            "the fold's training rows, standardised on them and clipped to +-features.clip_sigma "
+            "(features/forecast.py); the portfolio part then starts at column F + k. None by default."
         ),
         "",
         "## Portfolio part",
+        "",
+        f"Columns of the default layout: portfolio column j is column F + k + j ({N_MARKET} + j by default).",
         "",
         "| column | name | meaning |",
         "| ---: | --- | --- |",

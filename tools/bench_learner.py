@@ -138,8 +138,8 @@ def make_learner(args: argparse.Namespace, stager: Stager, stream: Any, graphs: 
     replay.upload(host, stager)
     market = stager.upload_new(rng.standard_normal((bars, m)).astype(np.float32))
     isv = stager.upload_new(bootstrap_values())
-    # the gate's groups: the observation's; a narrower input (--tiny, --obs-dim) gates market | portfolio
-    groups = None if args.obs_dim >= OBS_DIM else ((0, m), (m, args.obs_dim))
+    # the gate's groups: the observation's; another width (--tiny, --obs-dim) gates market | portfolio
+    groups = None if args.obs_dim == OBS_DIM else ((0, m), (m, args.obs_dim))
     layout = ParamLayout.build(args.obs_dim, cfg.network, vsn_groups=groups, market_features=min(m, N_MARKET),
                                live_branches=args.live_branches)
     aux_target = stager.upload_new(rng.standard_normal(bars).astype(np.float32))

@@ -46,7 +46,7 @@ from fox_numba.market.default import ensure_default_store  # noqa: E402
 from fox_numba.market.select import select_market  # noqa: E402
 from fox_numba.market.synthetic import sidecar_paths  # noqa: E402
 from fox_numba.market.synthetic_oracle import oracle_positions, oracle_threshold  # noqa: E402
-from fox_numba.observation import N_MARKET  # noqa: E402
+from fox_numba.observation import feature_columns  # noqa: E402
 from fox_numba.walkforward.driver import half_spread, load_features, scored_days  # noqa: E402
 from fox_numba.walkforward.folds import make_folds  # noqa: E402
 from fox_numba.walkforward.metrics import compute_metrics, positions_to_days  # noqa: E402
@@ -229,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
             row(fold.index, f"er + AR(1) noise, rho {rho:g}", mean_se([s[0] for s in scores], 3),
                 mean_se([s[1] for s in scores], 2), f"{statistics.fmean(s[1] for s in scores) / oracle:.2f}",
                 f"{statistics.fmean(s[2] for s in scores):.1f}")
-        x = np.asarray(m.market_obs[:, :N_MARKET], dtype=np.float64)
+        x = np.asarray(m.market_obs[:, :feature_columns(plain)], dtype=np.float64)
         read = ridge_read(x, er, train, RIDGE)
         sharpe, trips = traded(read, m, cfg)
         corr = float(np.corrcoef(read[val], er[val])[0, 1])
@@ -244,11 +244,11 @@ def main(argv: list[str] | None = None) -> int:
             mean_se([s[1] for s in scores], 2), f"{statistics.fmean(s[1] for s in scores) / oracle:.2f}",
             f"{statistics.fmean(s[2] for s in scores):.1f}")
         ev = cfg.evaluation
-        probe = probe_baseline(m.market_obs[:, :N_MARKET], m.mid, half_spread(m), m.day_start,
+        probe = probe_baseline(m.market_obs[:, :feature_columns(plain)], m.mid, half_spread(m), m.day_start,
                                slice(0, m.train_stop), scored_days(m), horizon=ev.probe_horizon_bars,
                                ridge=ev.probe_ridge, tick_size=m.tick_size, point_value=m.point_value,
                                commission=cfg.env.commission, annualisation_days=ev.annualisation_days)  # fmt: skip
-        pred = probe.probe.forecast(m.market_obs[:, :N_MARKET])
+        pred = probe.probe.forecast(m.market_obs[:, :feature_columns(plain)])
         corr = float(np.corrcoef(pred[val], er[val])[0, 1])
         sharpe = probe.metrics.sharpe_daily
         row(fold.index, f"probe (ridge, {ev.probe_horizon_bars}-bar change)", f"{corr:+.3f}", f"{sharpe:+.2f}",

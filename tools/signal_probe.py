@@ -35,14 +35,13 @@ sys.path.insert(0, str(ROOT))
 from fox_numba.agent.direction_signal import SIGNAL_CHUNK, DirectionSignal  # noqa: E402
 from fox_numba.agent.evaluator import eval_network  # noqa: E402
 from fox_numba.agent.fold_market import FoldMarket  # noqa: E402
-from fox_numba.agent.learner import live_branches  # noqa: E402
-from fox_numba.agent.network import ParamLayout  # noqa: E402
+from fox_numba.agent.learner import run_layout  # noqa: E402
 from fox_numba.checkpoint import load_checkpoint  # noqa: E402
 from fox_numba.config import load_run_config  # noqa: E402
 from fox_numba.device.staging import Stager  # noqa: E402
 from fox_numba.device.runtime import new_stream  # noqa: E402
 from fox_numba.market.select import select_market  # noqa: E402
-from fox_numba.observation import N_MARKET, obs_dim  # noqa: E402
+from fox_numba.observation import feature_columns  # noqa: E402
 from fox_numba.walkforward.driver import half_spread, load_features, scored_days  # noqa: E402
 from fox_numba.walkforward.folds import make_folds  # noqa: E402
 from fox_numba.walkforward.probe import probe_baseline  # noqa: E402
@@ -55,7 +54,7 @@ def run_folds(run: Path) -> list[dict[str, Any]]:
     selection = select_market(cfg.market)
     folds = make_folds(cfg.folds, selection.days)
     features = load_features(cfg, selection)
-    layout = ParamLayout.build(obs_dim(cfg.features), cfg.network, live_branches=live_branches(cfg))
+    layout = run_layout(cfg)
     stager = Stager(new_stream())
     lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     ev, out = cfg.evaluation, []
@@ -76,8 +75,8 @@ def run_folds(run: Path) -> list[dict[str, Any]]:
         days, train = scored_days(market), slice(0, market.train_stop)
         traded = probe_baseline(signal[:, None], market.mid, half_spread(market), market.day_start, train, days,
                                 ridge=0.0, **kw)  # fmt: skip
-        probe = probe_baseline(market.market_obs[:, :N_MARKET], market.mid, half_spread(market), market.day_start,
-                               train, days, ridge=ev.probe_ridge, **kw)  # fmt: skip
+        probe = probe_baseline(market.market_obs[:, :feature_columns(cfg.features)], market.mid, half_spread(market),
+                               market.day_start, train, days, ridge=ev.probe_ridge, **kw)  # fmt: skip
         epoch = int(ck.meta["epoch"])
         agent = next(x for x in lines if x["fold"] == fold.index and x["epoch"] == epoch)["val"]
         out.append({"fold": fold.index, "epoch": epoch, "agent": nan_for_none(agent["sharpe_daily"]),

@@ -7,7 +7,9 @@ Built once per fold:
 
 - normalisation fitted on the training rows less the purged tail only (`fit_normaliser`), applied to every
   bar of the fold (`apply_normaliser`), then the market part of the observation (z and its per-day EMAs,
-  `observation.market_part`, then a forecast column per features.forecast_horizons, fitted on the same
+  `observation.feature_part`: the features', then with features.tw_imbalance the time-weighted book imbalance's,
+  whose raw columns follow the features in the FeatureSet's values; then a forecast column per
+  features.forecast_horizons, fitted on the same
   training rows and cross-fitted on them: features/forecast.py): a bar's row depends on no later bar, and
   no statistic on any bar after the training window's purge start;
 - the close book (10 levels x 2 sides, price float64 / size float32), the close mid, the per-bar trade
@@ -52,8 +54,9 @@ from fox_numba.errors import ConfigError
 from fox_numba.features.book import apply_book_normaliser, book_snapshot, fit_book_normaliser
 from fox_numba.features.feature_set import FeatureSet
 from fox_numba.features.forecast import ForecastColumn, cross_fitted_column, forward_change
+from fox_numba.features.names import feature_names
 from fox_numba.features.normalise import NormStats, apply_normaliser, fit_normaliser
-from fox_numba.observation import market_part
+from fox_numba.observation import feature_part
 
 MIN_EPISODE_BARS = 2
 """An episode needs two bars: one step acts at the first bar's close and is marked at the second's."""
@@ -124,6 +127,8 @@ class FoldMarket:
     val_start: int
     """Fold row of the first validation bar."""
     stats: NormStats
+    """The statistics of the FeatureSet's values (the features, then the time-weighted imbalance's with
+    features.tw_imbalance): fitted on the training rows, or a checkpoint's."""
     book_stats: NormStats | None
     """The book snapshot's statistics (`fit_book_normaliser` on the training rows, or a checkpoint's)."""
     forecast: tuple[ForecastColumn, ...]
@@ -161,6 +166,10 @@ class FoldMarket:
         """
         raw = fs.raw
         given = stats is not None and risk_unit is not None
+        if fs.names != feature_names(features):
+            raise ConfigError(f"fold {fold.index}: the feature set holds {len(fs.names)} columns per bar, features "
+                              f"(tw_imbalance = {features.tw_imbalance}) needs {len(feature_names(features))}; "
+                              "build the features with the run's features config")  # fmt: skip
         if not (0 <= fold.train_first <= fold.train_stop == fold.val_first < fold.val_stop <= fs.n_days) or (
             fold.train_first == fold.train_stop and not given
         ):
@@ -192,7 +201,7 @@ class FoldMarket:
         day_start = (np.asarray(raw.day_start[fold.train_first : fold.val_stop + 1]) - g0).astype(np.int32)
         train_stop, val_start, n = g_train_stop - g0, g_val - g0, g_end - g0
         mid = np.ascontiguousarray(raw.mid[rows], np.float64)
-        feature_obs = market_part(z, day_start, features.ema_start)
+        feature_obs = feature_part(z, day_start, features.ema_start)
         if given:
             if len(forecast) != len(features.forecast_horizons):
                 raise ConfigError(f"fold {fold.index}: {len(forecast)} forecast columns given for "
@@ -289,7 +298,8 @@ class FoldMarket:
 
     def checkpoint_arrays(self) -> dict[str, np.ndarray]:
         """What a checkpoint keeps of the fold's market so that its network can be evaluated on other days:
-        the normalisation statistics and the risk unit (CHECKPOINT_ARRAYS), and the forecast columns' fits
+        the normalisation statistics (of the time-weighted imbalance's columns too, with features.tw_imbalance) and the
+        risk unit (CHECKPOINT_ARRAYS), and the forecast columns' fits
         (FORECAST_ARRAYS) where the run has them, and the book snapshot's statistics (BOOK_ARRAYS) where the market
         has them."""
         out = {
@@ -314,7 +324,7 @@ class FoldMarket:
 CHECKPOINT_ARRAYS: tuple[str, ...] = ("market.norm_mean", "market.norm_std", "market.risk_unit")
 """The names `FoldMarket.checkpoint_arrays` always writes."""
 FORECAST_ARRAYS: tuple[str, ...] = ("market.forecast_weights", "market.forecast_offset")
-"""The names it adds for a run with forecast columns (weights [k, N_MARKET], offsets [k])."""
+"""The names it adds for a run with forecast columns (weights [k, observation.feature_columns], offsets [k])."""
 BOOK_ARRAYS: tuple[str, ...] = ("market.book_mean", "market.book_std")
 """The names it adds for a market with book statistics (every trained fold's; [BOOK_FEATURES] each), which a
 checkpoint of a TLOB network (network.tlob_window) needs."""

@@ -183,6 +183,7 @@ from fox_numba.kernels.signals import (
     signal_partials_shape,
 )
 from fox_numba.kernels.spectral import spectral_epoch_stat
+from fox_numba.observation import obs_dim
 
 def check_counterfactual(cfg: FoxConfig) -> None:
     """learner.counterfactual's requirements (config.py), a ConfigError naming the first key that breaks one: the
@@ -226,6 +227,13 @@ def live_branches(cfg: FoxConfig) -> int:
     if not lc.counterfactual or net.noisy_sigma0 > 0 or net.moe_experts or lc.aux_weight > 0:
         return N_BRANCHES
     return max([1] + [b + 2 for b, fixed in enumerate(cfg.env.fixed_bins) if fixed < 0])  # entry b: branch b + 1
+
+
+def run_layout(cfg: FoxConfig) -> ParamLayout:
+    """The network layout of a run (the trainer's, `fox evaluate`'s): over obs_dim(cfg.features) columns, its VSN
+    groups and Mamba2 inputs taken from cfg.features, its `live_branches`."""
+    return ParamLayout.build(obs_dim(cfg.features), cfg.network, features=cfg.features,
+                             live_branches=live_branches(cfg))
 
 
 class Learner:

@@ -102,15 +102,15 @@ gate's). Noisy heads are refused with it. Off, the layout and the launches are t
 Mamba2 encoder (network.mamba2_window = T > 0, off by default; agent/mamba2.py, kernels/mamba2.py, kernels/windows.py):
 a layout built with it holds the block's entries mamba2.in_proj.weight, mamba2.heads, mamba2.out_proj.weight after
 the C51 head's, and its first layer (layer 0, or the head without a trunk) reads [obs | enc], obs_dim + E columns
-(layout.in_dim; E = mamba2_out). enc is the block's output at the last bar of each sample's window: the first
-N_MARKET columns of the fold's market part over the T bars ending at the sample's row (clamped to its day's first
-bar). `bind_market(market_obs, day_first)` gives the network its fold's market once per fold and `forward(...,
-rows=)` each observation's row (the block read at the last bar only: [batch, E], kernels/mamba2_last.py); the
-backward sends the E columns' input gradient dy W^T (W: the weights layer 0 read) into the block's parameter
-gradients, and the windows take none (market features are data). The window and the block's sizes are in the
-fingerprint. Refused with VSN, MoE, IQN and NoisyNet heads (each reads or gates the input or
-the head the encoder widens; not composed yet); the trunk parts act after layer 0 and compose. Off, the network
-launches none of its kernels.
+(layout.in_dim; E = mamba2_out). enc is the block's output at the last bar of each sample's window: the feature
+columns of the fold's market part (observation.feature_columns: N_MARKET, and the time-weighted imbalance's with
+features.tw_imbalance) over the T bars ending at the sample's row (clamped to its day's first bar).
+`bind_market(market_obs, day_first)` gives the network its fold's market once per fold and `forward(..., rows=)`
+each observation's row (the block read at the last bar only: [batch, E], kernels/mamba2_last.py); the backward sends
+the E columns' input gradient dy W^T (W: the weights layer 0 read) into the block's parameter gradients, and the
+windows take none (market features are data). The window and the block's sizes are in the fingerprint. Refused with
+VSN, MoE, IQN and NoisyNet heads (each reads or gates the input or the head the encoder widens; not composed yet); the
+trunk parts act after layer 0 and compose. Off, the network launches none of its kernels.
 
 TLOB encoder (network.tlob_window = T > 0, off by default; agent/tlob.py, kernels/tlob.py, kernels/windows.py,
 features/book.py): the same composition over the fold's close-book snapshots instead of its market part. A layout
@@ -164,7 +164,7 @@ from fox_numba.agent.spectral import SpectralKey, SpectralNorm, layer_widths
 from fox_numba.agent.tlob import TLOB_PREFIX, TlobLayout, TlobShape, TlobWindowEncoder, init_tlob_params, tlob_entries
 from fox_numba.agent.tlob import tlob_shape as tlob_config_shape
 from fox_numba.agent.vsn import VSN_PREFIX, VsnGate, check_groups, observation_groups, vsn_entries
-from fox_numba.config import NetworkConfig
+from fox_numba.config import FeatureConfig, NetworkConfig
 from fox_numba.device.elementwise import axpy_f32, scale_f32
 from fox_numba.device.isv import MOE_MAX_EXPERTS
 from fox_numba.device.launch import check_array, i32, launch
@@ -182,7 +182,8 @@ from fox_numba.kernels.heads import (
 from fox_numba.kernels.moe import MIN_EXPERTS
 from fox_numba.kernels.windows import concat_columns
 from fox_numba.kernels.position_cross import position_cross
-from fox_numba.observation import N_MARKET, N_PORTFOLIO, PORT_POSITION
+from fox_numba.observation import N_PORTFOLIO, PORT_POSITION, feature_columns
+from fox_numba.observation import obs_dim as features_obs_dim
 
 ALIGN = 32  # floats: every entry starts on a 128-byte boundary
 
@@ -212,12 +213,14 @@ class ParamLayout:
 
     @classmethod
     def build(cls, obs_dim: int, cfg: NetworkConfig, vsn_groups: tuple[tuple[int, int], ...] | None = None, *,
-              market_features: int = N_MARKET, live_branches: int = N_BRANCHES) -> ParamLayout:
+              features: FeatureConfig | None = None, market_features: int | None = None,
+              live_branches: int = N_BRANCHES) -> ParamLayout:
         """The layout of a network over observations of `obs_dim` columns, sized by `cfg`. With cfg.vsn the gate's
-        groups are `vsn_groups` (column ranges tiling the input), by default the observation layout's. With
-        cfg.mamba2_window the encoder reads the first `market_features` market columns (by default the market
-        part's N_MARKET). `live_branches` < N_BRANCHES (agent/learner.py `live_branches`: the branches the learner
-        trains or the policy chooses): the head computes the first branches' streams alone (module header)."""
+        groups are `vsn_groups` (column ranges tiling the input), by default the groups of the observation layout
+        under `features` (agent/vsn.py; default: the default FeatureConfig's). With cfg.mamba2_window the encoder
+        reads the first `market_features` market columns (by default the feature columns under `features`,
+        observation.feature_columns). `live_branches` < N_BRANCHES (agent/learner.py `live_branches`: the branches the
+        learner trains or the policy chooses): the head computes the first branches' streams alone (module header)."""
         if not 1 <= live_branches <= N_BRANCHES or (live_branches < N_BRANCHES
                                                     and (cfg.noisy_sigma0 > 0 or cfg.moe_experts)):
             raise ValueError(f"live_branches must be in 1..{N_BRANCHES}, and {N_BRANCHES} with NoisyNet or MoE heads "
@@ -262,12 +265,17 @@ class ParamLayout:
                               "network.mirror=false")
         cross = cross_columns(cfg, obs_dim)
         layer_cross = 0 if cfg.mean_cross else cross
-        mamba2 = encoder_dims(cfg, market_features)
+        features = features if features is not None else FeatureConfig()
+        mamba2 = encoder_dims(cfg, market_features if market_features is not None else feature_columns(features))
         tlob = tlob_config_shape(cfg)
         groups: tuple[tuple[int, int], ...] = ()
         if cfg.vsn:
+            if vsn_groups is None and obs_dim != features_obs_dim(features):
+                raise ValueError(f"network.vsn takes its groups from the observation layout "
+                                 f"({features_obs_dim(features)} columns under its features config); an input of "
+                                 f"{obs_dim} columns needs explicit vsn_groups")
             groups = (tuple((int(b), int(e)) for b, e in vsn_groups) if vsn_groups is not None
-                      else tuple((g.begin, g.end) for g in observation_groups(obs_dim)))
+                      else tuple((g.begin, g.end) for g in observation_groups(features)))
             check_groups(groups, obs_dim)
         shapes: list[tuple[str, tuple[int, ...], bool]] = []
         width = (obs_dim + layer_cross + (mamba2.d_out if mamba2 is not None else 0)

@@ -28,8 +28,7 @@ from fox_numba.agent.environment import VecEnv
 from fox_numba.agent.evaluator import Evaluator, eval_network, fixed_bins
 from fox_numba.agent.fold_market import FoldMarket, FoldMarketDevice, aux_forecast_target
 from fox_numba.agent.health import HealthDiag
-from fox_numba.agent.learner import Learner, live_branches
-from fox_numba.agent.network import ParamLayout
+from fox_numba.agent.learner import Learner, run_layout
 from fox_numba.agent.replay import STORED as REPLAY_FIELDS
 from fox_numba.agent.replay import ReplayBuffer
 from fox_numba.config import FoxConfig
@@ -38,7 +37,6 @@ from fox_numba.device.memory import Mapped
 from fox_numba.device.runtime import new_stream
 from fox_numba.device.staging import Stager
 from fox_numba.kernels.drift import update_q_drift_rate
-from fox_numba.observation import obs_dim
 
 # Seed streams of the run, each its own (seed, stream) pair so no two share draws.
 SEED_ENV, SEED_COLLECT, SEED_LEARNER = 1, 2, 3
@@ -66,7 +64,7 @@ class Trainer:
         self.stream = new_stream()
         self.stager = Stager(self.stream)
         self.bus = IsvBus(self.stager)
-        self.layout = ParamLayout.build(obs_dim(cfg.features), cfg.network, live_branches=live_branches(cfg))
+        self.layout = run_layout(cfg)
         self.replay = ReplayBuffer(cfg.learner.buffer_size, stream=self.stream)
         self.learner: Learner | None = None
         self.market: FoldMarketDevice | None = None

@@ -1,7 +1,7 @@
 """Variable-selection network (network.vsn): a per-sample softmax gate over the observation's feature groups, the
 part a Network composes in front of its trunk (formulas and kernels: kernels/vsn.py).
 
-    groups = observation_groups(obs_dim)                       (name, begin, end) per group, from observation.py
+    groups = observation_groups(features)                      (name, begin, end) per group, from observation.py
     ParamLayout.build(obs_dim, cfg)                            cfg.vsn: entries vsn.weight [D, K], vsn.bias [K]
     Network(layout, rows, isv=bus)                             the gate runs in every forward; `isv`: its focus EMAs
 
@@ -16,7 +16,8 @@ the gate through a trunk only, so a VSN layout with an IQN head needs n_layers >
 The groups are contiguous column ranges that tile the observation in order, defined from its one source of truth
 (observation.py, features/names.py): the bar's own features split into `ofi` (ofi_l1 .. ofi_multi_sum5), `trade`
 (trade imbalance, volume, trade count) and `bar` (returns, range, volatility, spread, book shape, time of day), then
-`history` (every EMA column), `forecast` (the forecast columns, when features.forecast_horizons has any) and
+`history` (every EMA column of the features), `tw_imbalance` (the time-weighted book imbalance block, z and EMAs,
+with features.tw_imbalance), `forecast` (the forecast columns, when features.forecast_horizons has any) and
 `portfolio`. The ranges are the seed's vsn_group_begins / vsn_group_ends buffers, held on the device.
 
 Focus signals: the learner's online network (given the ISV bus) folds, after each forward, the batch mean of the
@@ -33,12 +34,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from fox_numba.agent.dense import WeightGrad, dense_backward_input, dense_forward
+from fox_numba.config import FeatureConfig
 from fox_numba.device.elementwise import axpy_f32
 from fox_numba.device.launch import check_array, i32, launch
 from fox_numba.device.memory import Mapped, copy_device, device_empty
 from fox_numba.features.names import FEATURE_NAMES
 from fox_numba.kernels.vsn import MAX_GROUPS, vsn_apply, vsn_focus, vsn_gate_grad, vsn_softmax
-from fox_numba.observation import N_FEATURES, N_MARKET, N_PORTFOLIO, OBS_DIM
+from fox_numba.observation import N_FEATURES, N_MARKET, N_PORTFOLIO, feature_columns, market_columns
 
 if TYPE_CHECKING:
     from fox_numba.agent.network import ParamLayout
@@ -61,12 +63,8 @@ def _feature_group(name: str) -> str:
     return "ofi" if name.startswith("ofi_") else "trade" if name in TRADE_FEATURES else "bar"
 
 
-def observation_groups(obs_dim: int) -> tuple[VsnGroup, ...]:
-    """The gate groups of an observation of `obs_dim` columns (module header); obs_dim - OBS_DIM forecast columns."""
-    n_forecast = obs_dim - OBS_DIM
-    if n_forecast < 0:
-        raise ValueError(f"network.vsn takes its groups from the observation layout ({OBS_DIM} columns and the "
-                         f"forecast columns); an input of {obs_dim} columns needs explicit vsn_groups")
+def observation_groups(features: FeatureConfig) -> tuple[VsnGroup, ...]:
+    """The gate groups of the observation under `features` (module header)."""
     groups: list[VsnGroup] = []
     for c, name in enumerate(FEATURE_NAMES):
         kind = _feature_group(name)
@@ -78,9 +76,12 @@ def observation_groups(obs_dim: int) -> tuple[VsnGroup, ...]:
         else:
             groups.append(VsnGroup(kind, c, c + 1))
     groups.append(VsnGroup("history", N_FEATURES, N_MARKET))
-    if n_forecast:
-        groups.append(VsnGroup("forecast", N_MARKET, N_MARKET + n_forecast))
-    groups.append(VsnGroup("portfolio", obs_dim - N_PORTFOLIO, obs_dim))
+    features_end, market_end = feature_columns(features), market_columns(features)
+    if features_end > N_MARKET:
+        groups.append(VsnGroup("tw_imbalance", N_MARKET, features_end))
+    if market_end > features_end:
+        groups.append(VsnGroup("forecast", features_end, market_end))
+    groups.append(VsnGroup("portfolio", market_end, market_end + N_PORTFOLIO))
     return tuple(groups)
 
 

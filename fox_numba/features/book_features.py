@@ -1,19 +1,17 @@
 """Features of the book at a bar's close (spread, depth imbalance, microprice), the bar's mean spread, and its
-time-weighted depth imbalance per level (TW_IMBALANCE_COLUMNS; not yet an observation column: tools/feature_read.py
-measures what it adds, section 67 of tools/results/learner_ablation_h200.md)."""
+time-weighted depth imbalance per level (TW_IMBALANCE_COLUMNS: the observation's opt-in block, features.tw_imbalance;
+what it adds: section 67 of tools/results/learner_ablation_h200.md)."""
 
 from __future__ import annotations
 
 import numpy as np
 
+from fox_numba.features.names import TW_IMBALANCE_COLUMNS
 from fox_numba.features.windows import book_windows
 from fox_numba.jitcache import cached_njit
-from fox_numba.market.schema import N_LEVELS, NS_PER_MINUTE, UNDEF_PRICE
+from fox_numba.market.schema import NS_PER_MINUTE, UNDEF_PRICE
 
 _UNDEF = np.int64(UNDEF_PRICE)
-TW_IMBALANCE_COLUMNS = (*(f"tw_imbalance_l{k}" for k in range(1, N_LEVELS + 1)), "tw_imbalance_l1_5",
-                        "tw_imbalance_l1_10")
-"""time_weighted_imbalance's columns: the imbalance at each level, then over levels 1-5 and 1-10."""
 
 
 def resting_sizes(px: np.ndarray, sz: np.ndarray) -> np.ndarray:

@@ -9,9 +9,9 @@ import numpy as np
 from fox_numba.config import FeatureConfig
 from fox_numba.errors import ConfigError, InputError, MissingDataError
 from fox_numba.features.bar_features import range_feature, return_features, session_features
-from fox_numba.features.book_features import close_book_features, mean_spread
+from fox_numba.features.book_features import close_book_features, mean_spread, resting_sizes, time_weighted_imbalance
 from fox_numba.features.feature_set import FeatureSet, RawMarket
-from fox_numba.features.names import FEATURE_NAMES, check_feature_config
+from fox_numba.features.names import TW_IMBALANCE_COLUMNS, check_feature_config, feature_names
 from fox_numba.features.ofi import bar_order_flow, ofi_features
 from fox_numba.features.trade_features import trade_features, trade_flow
 from fox_numba.features.trade_summary import trade_summary
@@ -31,12 +31,13 @@ from fox_numba.market.schema import (
 
 
 DayFeatures = tuple[np.ndarray, dict[str, np.ndarray]]
-"""One day's features (float64 [n_bars, n_features]) and raw-market columns (`RawMarket` less the day index,
-day starts and instrument scalars), as `day_features` builds them and `features/cache.py` keeps them."""
+"""One day's features (float64 [n_bars, len(feature_names(config))]) and raw-market columns (`RawMarket` less the day
+index, day starts and instrument scalars), as `day_features` builds them and `features/cache.py` keeps them."""
 FEATURE_LAYOUT_VERSION = 1
 """Raise it whenever `day_features` computes anything differently: cached days built before are then rebuilt."""
 DAY_CONFIG_FIELDS = ("ofi_levels",)
-"""The `FeatureConfig` fields `day_features` reads (part of the feature cache's key)."""
+"""The `FeatureConfig` fields `day_features` reads (part of the feature cache's key) besides features.tw_imbalance,
+which enters the key through the day's column names (`names.feature_names`)."""
 
 
 def build_features(
@@ -96,7 +97,7 @@ def assemble_features(
     raw = {key: np.concatenate([p[1][key] for p in kept_parts]) for key in kept_parts[0][1]}
     return FeatureSet(
         values=np.concatenate([p[0] for p in kept_parts]),
-        names=FEATURE_NAMES,
+        names=feature_names(config),
         days=tuple(kept),
         raw=RawMarket(
             **raw,
@@ -173,8 +174,8 @@ def _check_close_books(close: np.ndarray, book: Mbp10, bars: Bars, source: str, 
 def day_features(
     day: MarketDay, instrument: Instrument, config: FeatureConfig, source: str, session: str
 ) -> DayFeatures | None:
-    """One day's feature matrix [n_bars, n_features] and its raw-market columns, over the session's bars
-    (None without one)."""
+    """One day's feature matrix [n_bars, len(feature_names(config))] and its raw-market columns, over the session's
+    bars (None without one); the time-weighted imbalance is computed only with features.tw_imbalance."""
     bars, book, trades = _require(day, source)
     _check_sorted(bars.ts_event.astype(np.int64), source, f"day {day.day} bars", strict=True)
     rows = bars_in_session(bars.ts_event, day.day, instrument, session)
@@ -207,7 +208,11 @@ def day_features(
     except (ValueError, KeyError) as e:
         message = f"cannot place day {day.day} in the session hours of {instrument.symbol}: {e}"
         raise InputError(source, message) from None
-    values = np.column_stack([columns[name] for name in FEATURE_NAMES])
+    if config.tw_imbalance:
+        tw = time_weighted_imbalance(book_ts, resting_sizes(book.bid_px, book.bid_sz),
+                                     resting_sizes(book.ask_px, book.ask_sz), bar_ts)
+        columns |= dict(zip(TW_IMBALANCE_COLUMNS, tw.T, strict=True))
+    values = np.column_stack([columns[name] for name in feature_names(config)])
 
     raw = {
         "ts": bars.ts_event.astype(np.uint64),

@@ -3,10 +3,11 @@
 Training needs per bar only the features and the raw-market rows (bars, the close book, order-flow and trade
 sums), but building them reads the day's every book row. The cache keeps them, one `.npz` file per day, under a
 name made of the day, its content digest (`MarketStore.day_digest`) and `feature_key` (everything `day_features`
-depends on besides the day: the feature config fields it reads, the session, the instrument, the code's
-`FEATURE_LAYOUT_VERSION`), so a rewritten day or a changed setting misses and is built afresh. A file is written
-under a temporary name and renamed, and records its digest, key and a sha256 of its arrays: one that does not
-load, does not match or does not hold exactly a day's arrays is ignored (logged) and rebuilt, never trusted.
+depends on besides the day: its column names, so features.tw_imbalance, the feature config fields it reads, the
+session, the instrument, the code's `FEATURE_LAYOUT_VERSION`), so a rewritten day or a changed setting misses and is
+built afresh. A file is written under a temporary name and renamed, and records its digest, key and a sha256 of its
+arrays: one that does not load, does not match or does not hold exactly a day's arrays is ignored (logged) and
+rebuilt, never trusted.
 Files of old digests or keys are left in the folder (delete it to reclaim the space).
 """
 
@@ -26,7 +27,7 @@ from fox_numba.config import FeatureConfig
 from fox_numba.errors import OutputError
 from fox_numba.features.build import DAY_CONFIG_FIELDS, FEATURE_LAYOUT_VERSION, DayFeatures, day_features
 from fox_numba.features.feature_set import RawMarket
-from fox_numba.features.names import FEATURE_NAMES
+from fox_numba.features.names import feature_names
 from fox_numba.io import atomic_path
 from fox_numba.market.schema import Instrument
 from fox_numba.market.select import instrument_key, mark_validated
@@ -47,7 +48,7 @@ def feature_key(config: FeatureConfig, session: str, instrument: Instrument) -> 
     """sha256 (hex) of everything a day's features depend on besides the day's rows."""
     parts = {
         "layout": FEATURE_LAYOUT_VERSION,
-        "names": FEATURE_NAMES,
+        "names": feature_names(config),
         "config": {name: getattr(config, name) for name in DAY_CONFIG_FIELDS},
         "session": session,
         "instrument": instrument_key(instrument),
@@ -88,7 +89,7 @@ class FeatureCache:
             with np.load(path, allow_pickle=False) as npz:
                 arrays = {name: npz[name] for name in npz.files}
             meta = json.loads(arrays.pop(META).tobytes().decode())
-            problem = _check(arrays, meta, digest, self.key)
+            problem = _check(arrays, meta, digest, self.key, len(feature_names(self.config)))
         except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile, UnicodeDecodeError) as e:
             problem = f"does not load ({type(e).__name__}: {e})"
         if problem:
@@ -138,15 +139,16 @@ class FeatureCache:
         return day_features(store.read_day(day), self.instrument, self.config, str(store.path), self.session)
 
 
-def _check(arrays: dict[str, np.ndarray], meta: object, digest: str, key: str) -> str:
-    """What is wrong with a loaded cache file ('' if nothing): its digest, key, arrays and their checksum."""
+def _check(arrays: dict[str, np.ndarray], meta: object, digest: str, key: str, width: int) -> str:
+    """What is wrong with a loaded cache file ('' if nothing): its digest, key, arrays (values of `width` columns) and
+    their checksum."""
     if not isinstance(meta, dict) or meta.get("digest") != digest or meta.get("key") != key:
         return "it was written for another day digest or feature key"
     if set(arrays) != {VALUES, *RAW_FIELDS}:
         return f"arrays {sorted(arrays)} are not {sorted({VALUES, *RAW_FIELDS})}"
     n = arrays[VALUES].shape[0]
-    if arrays[VALUES].shape != (n, len(FEATURE_NAMES)) or n == 0:
-        return f"values have shape {arrays[VALUES].shape}, not (bars > 0, {len(FEATURE_NAMES)})"
+    if arrays[VALUES].shape != (n, width) or n == 0:
+        return f"values have shape {arrays[VALUES].shape}, not (bars > 0, {width})"
     short = [name for name in RAW_FIELDS if arrays[name].shape[:1] != (n,)]
     if short:
         return f"raw column {short[0]} does not have the {n} rows of the values"

@@ -74,6 +74,26 @@ FEATURES: tuple[tuple[str, str], ...] = (
 FEATURE_NAMES: tuple[str, ...] = tuple(name for name, _ in FEATURES)
 FEATURE_INDEX: dict[str, int] = {name: i for i, name in enumerate(FEATURE_NAMES)}
 
+TW_IMBALANCE_FEATURES: tuple[tuple[str, str], ...] = (
+    (
+        "tw_imbalance_l1",
+        "(bid size - ask size) / (bid size + ask size) at book level 1, averaged over the bar's book states, each "
+        "weighted by the time it rests inside the bar (0 where both sides are empty).",
+    ),
+    *((f"tw_imbalance_l{m}", f"The same at book level {m}.") for m in range(2, N_LEVELS + 1)),
+    ("tw_imbalance_l1_5", "The same over the sizes of levels 1-5 (empty levels count 0)."),
+    ("tw_imbalance_l1_10", "The same over the sizes of all 10 levels."),
+)
+"""(name, definition) of the time-weighted book imbalance columns (features.tw_imbalance; features/book_features.py
+time_weighted_imbalance), which follow the features in `FeatureSet.values` when on."""
+TW_IMBALANCE_COLUMNS: tuple[str, ...] = tuple(name for name, _ in TW_IMBALANCE_FEATURES)
+
+
+def feature_names(config: FeatureConfig) -> tuple[str, ...]:
+    """The columns of `FeatureSet.values` under `config`: the features, then the time-weighted imbalance's with
+    features.tw_imbalance."""
+    return FEATURE_NAMES + (TW_IMBALANCE_COLUMNS if config.tw_imbalance else ())
+
 
 def check_feature_config(config: FeatureConfig) -> None:
     """Reject a feature config the builder cannot honour (width, OFI levels, clip)."""

@@ -742,7 +742,7 @@ def env_step(
     n = check_env_state(si, sf, dir_ema, port)
     n_bars = market.mid.shape[0]
     m = market.market_obs.shape[1]
-    if m < N_MARKET:  # the step reads the feature columns only (Z_REALISED_VOL); forecast columns may follow
+    if m < N_MARKET:  # the step reads the feature columns only (Z_REALISED_VOL); further market columns may follow
         raise ValueError(f"market_obs has {m} columns; the environment step needs at least {N_MARKET}")
     check_array("market_obs", market.market_obs, f"[n_bars, {m}]", (n_bars, m))
     for name in ("bid_px", "ask_px"):

@@ -41,7 +41,7 @@ from fox_numba.features.feature_set import FeatureSet
 from fox_numba.io import atomic_path, atomic_write_text
 from fox_numba.market.select import MarketSelection, cache_folder
 from fox_numba.market.store import MarketStore
-from fox_numba.observation import N_MARKET
+from fox_numba.observation import feature_columns
 from fox_numba.walkforward.folds import Fold, make_folds
 from fox_numba.walkforward.kill import EpochHealth, KillCriteria
 from fox_numba.walkforward.metrics import (
@@ -177,10 +177,10 @@ def fold_baselines(cfg: FoxConfig, market: FoldMarket, oracle: OracleReference |
     agent is scored on: the fold's validation days of MIN_EPISODE_BARS+ bars."""
     ev = cfg.evaluation
     fixed = day_baselines(cfg, market, oracle, store_days)
-    probe = probe_baseline(market.market_obs[:, :N_MARKET], market.mid, half_spread(market), market.day_start,
-                           slice(0, market.train_stop), fixed.days, horizon=ev.probe_horizon_bars, ridge=ev.probe_ridge,
-                           tick_size=market.tick_size, point_value=market.point_value, commission=cfg.env.commission,
-                           annualisation_days=ev.annualisation_days)  # fmt: skip
+    probe = probe_baseline(market.market_obs[:, :feature_columns(cfg.features)], market.mid, half_spread(market),
+                           market.day_start, slice(0, market.train_stop), fixed.days, horizon=ev.probe_horizon_bars,
+                           ridge=ev.probe_ridge, tick_size=market.tick_size, point_value=market.point_value,
+                           commission=cfg.env.commission, annualisation_days=ev.annualisation_days)  # fmt: skip
     series = {
         "lengths": np.diff(market.val_windows, axis=1)[:, 0].astype(np.int64),
         "buy_and_hold_pnl": fixed.buy_and_hold_pnl,

@@ -27,17 +27,16 @@ from fox_numba.agent.fold_market import (
     book_stats_from_checkpoint,
     forecast_from_checkpoint,
 )
-from fox_numba.agent.learner import live_branches
-from fox_numba.agent.network import ParamLayout
+from fox_numba.agent.learner import run_layout
 from fox_numba.checkpoint import load_checkpoint, require_checkpoint
 from fox_numba.config import FoxConfig, load_run_config, parse_override, set_value
 from fox_numba.device.runtime import new_stream
 from fox_numba.device.staging import Stager
-from fox_numba.errors import InputError
+from fox_numba.errors import ConfigError, InputError
 from fox_numba.features.normalise import NormStats
 from fox_numba.market.select import MarketSelection, select_market
 from fox_numba.market.store import MarketStore
-from fox_numba.observation import obs_dim
+from fox_numba.observation import column_names
 from fox_numba.walkforward.driver import day_baselines, load_features
 from fox_numba.walkforward.folds import make_folds
 from fox_numba.walkforward.metrics import OracleReference, compute_metrics, day_series
@@ -67,13 +66,17 @@ def evaluate_checkpoint(checkpoint: Path, *, store: str | None, overrides: list[
     require_checkpoint(checkpoint)  # before its run's config.toml, which a missing checkpoint lacks too
     run_dir = checkpoint.resolve().parent.parent
     cfg = load_run_config(run_dir / "config.toml")
-    layout = ParamLayout.build(obs_dim(cfg.features), cfg.network, live_branches=live_branches(cfg))
+    layout = run_layout(cfg)
     ck = load_checkpoint(checkpoint, expected_fingerprints={"params": layout.fingerprint})
     settings = [parse_override(text) for text in overrides]
     if store is not None:
         set_value(cfg, "market.store", store)
+    trained = column_names(cfg.features)
     for key, value in settings:
         set_value(cfg, key, value)
+    if column_names(cfg.features) != trained:
+        raise ConfigError(f"{checkpoint}: its network reads the {len(trained)} observation columns it was trained on; "
+                          "a --set of features.tw_imbalance or features.forecast_horizons would change them")
     selection = select_market(cfg.market, defer=True)
     if store is None and not any(key.split(".")[0] in DAY_SECTIONS for key, _ in settings):
         fold = make_folds(cfg.folds, selection.days)[int(ck.meta["fold"])]

@@ -13,8 +13,9 @@ the observation (or the market). The probe works on plain numpy arrays, fold-loc
 - `val_days`: the validation day indices into `day_start`.
 
 Target and fit: features/forecast.py (`forward_change`, `fit_probe`), h = evaluation.probe_horizon_bars,
-lambda = evaluation.probe_ridge; the probe reads the feature blocks of the market part only (N_MARKET
-columns), never a run's forecast columns, which are its own fit. Trading: the forecast stands in for the
+lambda = evaluation.probe_ridge; the probe reads the feature blocks of the market part only
+(observation.feature_columns: the N_MARKET columns, and the time-weighted imbalance's with features.tw_imbalance),
+never a run's forecast columns, which are its own fit. Trading: the forecast stands in for the
 oracle's expected return in `market.synthetic_oracle.oracle_positions` (enter when |forecast| beats the
 round-trip cost c_rt, hold while it agrees, flat at the close), one contract, PnL by `position_pnl` (half
 the close spread + commission per side), so the probe and the oracle differ only in their forecast.

@@ -25,11 +25,13 @@ from fox_numba.errors import ConfigError
 from fox_numba.features.book import BOOK_FEATURES
 from fox_numba.features.feature_set import FeatureSet
 from fox_numba.features.forecast import cross_fitted_column
+from fox_numba.features.names import feature_names
 from fox_numba.features.normalise import apply_normaliser, fit_normaliser
 from fox_numba.observation import N_MARKET, market_part
 from fox_numba.walkforward.folds import make_folds
 
 FEATURES = FeatureConfig()
+TW = FeatureConfig(tw_imbalance=True)
 DAY_BARS = [9, 12, 4, 11, 10, 8, 7]
 # days 1-4 train (purge 3), days 5-6 validate; day 0 is before the fold
 WINDOWS = Windows(train_first=1, train_stop=5, val_first=5, val_stop=7, purge_bars=3)
@@ -232,6 +234,44 @@ def test_forecast_columns_follow_the_feature_blocks_and_survive_a_checkpoint(fs)
         FoldMarket.build(fs, WINDOWS, FeatureConfig(forecast_horizons=[12], forecast_blocks=1), ENV)  # no 13-bar day
     with pytest.raises(ConfigError, match="5 cross-fitting blocks need as many training days; there are 4"):
         FoldMarket.build(fs, WINDOWS, FeatureConfig(forecast_horizons=[2]), ENV)
+
+
+def test_the_time_weighted_imbalance_block_follows_the_features_and_feeds_the_forecast(fs, rng):
+    """With features.tw_imbalance the FeatureSet's 12 further columns (random here, seeded, never zero) become the 48
+    columns after N_MARKET: normalised with their own training-row statistics (float64 mean and population std,
+    clipped) and their per-day EMAs, every element against a float64 loop; the forecast columns follow and read all
+    176 feature columns; a feature set without the 12 columns is refused."""
+    extra = rng.normal(0.3, 2.0, (fs.n_bars, 12)) + 0.01
+    extra[50, 3] = 40.0  # a validation bar, clipped at +clip_sigma
+    wide = dataclasses.replace(fs, values=np.column_stack([fs.values, extra]), names=feature_names(TW))
+    fm = FoldMarket.build(wide, WINDOWS, TW, ENV)
+    plain = FoldMarket.build(fs, WINDOWS, FEATURES, ENV)
+    np.testing.assert_array_equal(fm.market_obs[:, :N_MARKET], plain.market_obs)
+    assert fm.market_obs.shape == (plain.n_rows, N_MARKET + 48)
+    g0, ts = fm.row0, fm.train_stop
+    train = extra[g0 : g0 + ts]
+    z = np.clip((extra[g0 : g0 + fm.n_rows] - train.mean(axis=0)) / train.std(axis=0), -5.0, 5.0)
+    assert (z == 5.0).any()
+    want = np.zeros((fm.n_rows, 48))
+    for d in range(len(fm.day_start) - 1):
+        e = np.zeros((3, 12))  # features.ema_start 'zero'
+        for t in range(fm.day_start[d], fm.day_start[d + 1]):
+            e += np.array([[1.0 - 0.5 ** (1.0 / h)] for h in (3, 10, 30)]) * (z[t] - e)
+            want[t] = np.concatenate([z[t], *e])
+    np.testing.assert_allclose(fm.market_obs[:, N_MARKET:], want, rtol=1e-6, atol=2e-6)
+    np.testing.assert_array_equal(fm.stats.mean[:32], plain.stats.mean)
+    assert fm.checkpoint_arrays()["market.norm_std"].shape == (44,)
+    both = dataclasses.replace(TW, forecast_horizons=[2], forecast_blocks=2)
+    fc = FoldMarket.build(wide, WINDOWS, both, ENV)
+    np.testing.assert_array_equal(fc.market_obs[:, :176], fm.market_obs)
+    _, col = cross_fitted_column(fm.market_obs, fm.mid, fm.day_start, ts, horizon=2, ridge=both.forecast_ridge,
+                                 blocks=2, clip=both.clip_sigma)
+    np.testing.assert_array_equal(fc.market_obs[:, 176], col)
+    assert fc.checkpoint_arrays()["market.forecast_weights"].shape == (1, 176)
+    with pytest.raises(ConfigError, match="the feature set holds 32 columns per bar, features .* needs 44"):
+        FoldMarket.build(fs, WINDOWS, TW, ENV)
+    with pytest.raises(ConfigError, match="the feature set holds 44 columns per bar"):
+        FoldMarket.build(wide, WINDOWS, FEATURES, ENV)
 
 
 def book_snapshot64(fs, rows, tick):

@@ -10,7 +10,7 @@ import reference
 from fox_numba.actions import N_HEADS
 from fox_numba.agent.network import Network, ParamLayout, init_params
 from fox_numba.agent.spectral import SpectralKey, init_vectors, vector_views
-from fox_numba.agent.vsn import observation_groups
+from fox_numba.agent.vsn import check_groups, observation_groups
 from fox_numba.config import FeatureConfig
 from fox_numba.device.memory import device_zeros
 from fox_numba.observation import OBS_DIM, column_names
@@ -24,21 +24,33 @@ SPECTRAL = plain_network(hidden=5, n_layers=2, n_atoms=3, vsn=True, spectral_nor
 
 
 def test_groups_follow_the_observation_layout():
-    groups = observation_groups(OBS_DIM)
+    groups = observation_groups(FeatureConfig())
     assert [(g.name, g.begin, g.end) for g in groups] == [
         ("ofi", 0, 12), ("trade", 12, 16), ("bar", 16, 32), ("history", 32, 128), ("portfolio", 128, 134)]
-    names = column_names(FeatureConfig(forecast_horizons=[5, 15]))
-    with_forecast = observation_groups(len(names))
     prefixes = {"ofi": ("z.ofi_",), "trade": ("z.trade_", "z.log_volume", "z.log_trade_count"),
-                "history": ("ema",), "forecast": ("forecast.",), "portfolio": ("port.",)}
-    assert [g.name for g in with_forecast] == ["ofi", "trade", "bar", "history", "forecast", "portfolio"]
-    for g in with_forecast:  # every column of a group is the group's kind, by its name in observation.py
-        for name in names[g.begin : g.end]:
-            if g.name == "bar":
-                assert name.startswith("z.") and not name.startswith(prefixes["ofi"] + prefixes["trade"]), name
-            else:
-                assert name.startswith(prefixes[g.name]), (g.name, name)
-    assert with_forecast[-1].end == len(names) and with_forecast[4].end - with_forecast[4].begin == 2
+                "history": ("ema",), "tw_imbalance": ("z.tw_imbalance_", "ema"), "forecast": ("forecast.",),
+                "portfolio": ("port.",)}
+    for features, kinds in (
+        (FeatureConfig(forecast_horizons=[5, 15]), ["ofi", "trade", "bar", "history", "forecast", "portfolio"]),
+        (FeatureConfig(tw_imbalance=True), ["ofi", "trade", "bar", "history", "tw_imbalance", "portfolio"]),
+        (FeatureConfig(tw_imbalance=True, forecast_horizons=[5]),
+         ["ofi", "trade", "bar", "history", "tw_imbalance", "forecast", "portfolio"]),
+    ):
+        names = column_names(features)
+        groups = observation_groups(features)
+        assert [g.name for g in groups] == kinds
+        for g in groups:  # every column of a group is the group's kind, by its name in observation.py
+            for name in names[g.begin : g.end]:
+                if g.name == "bar":
+                    assert name.startswith("z.") and not name.startswith(prefixes["ofi"] + prefixes["trade"]), name
+                else:
+                    assert name.startswith(prefixes[g.name]), (g.name, name)
+                assert ("tw_imbalance" in name) == (g.name == "tw_imbalance"), (g.name, name)
+        check_groups(tuple((g.begin, g.end) for g in groups), len(names))
+        layout = ParamLayout.build(len(names), plain_network(n_atoms=3, vsn=True), features=features)
+        assert layout.vsn_groups == tuple((g.begin, g.end) for g in groups)
+    tw = observation_groups(FeatureConfig(tw_imbalance=True))
+    assert (tw[4].begin, tw[4].end, tw[-1].end) == (128, 176, 182)
 
 
 def test_layout_checks_and_fingerprints():
@@ -55,7 +67,7 @@ def test_layout_checks_and_fingerprints():
     names = [e.name for e in iqn.entries]
     assert names[: len(vsn.entries)] == [e.name for e in vsn.entries] and names[-1] == "iqn.head.bias"  # IQN last
     real = ParamLayout.build(OBS_DIM, plain_network(vsn=True))
-    assert real.vsn_groups == tuple((g.begin, g.end) for g in observation_groups(OBS_DIM))
+    assert real.vsn_groups == tuple((g.begin, g.end) for g in observation_groups(FeatureConfig()))
     p = init_params(real, 5)
     assert not p[real.entry("vsn.weight").offset : real.entry("vsn.bias").stop].any()  # a uniform gate at start
     for cfg, groups, match in (

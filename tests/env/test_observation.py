@@ -1,5 +1,6 @@
-"""The observation layout: sizes and column names, the generated table is current, and the market part
-(normalised features + per-day EMAs) against a plain float64 loop, with no look-ahead."""
+"""The observation layout: sizes and column names (with and without the time-weighted imbalance block), the
+generated table is current, the mirror parity, and the market part (normalised features + per-day EMAs, of any
+column count) against a plain float64 loop, with no look-ahead."""
 
 from __future__ import annotations
 
@@ -7,7 +8,10 @@ import numpy as np
 import pytest
 
 from fox_numba import observation as ob
-from fox_numba.features.names import FEATURE_NAMES
+from fox_numba.config import FeatureConfig
+from fox_numba.features.names import FEATURE_INDEX, FEATURE_NAMES, TW_IMBALANCE_COLUMNS
+
+TW = FeatureConfig(tw_imbalance=True)
 
 
 def test_layout_sizes_and_names():
@@ -29,23 +33,24 @@ def test_generated_table_is_current():
         "OBSERVATION.md is stale: run python -m fox_numba.observation --write"
     )
     table = ob.observation_table_markdown()
-    assert all(f"`{name}`" in table for name in FEATURE_NAMES)
+    assert all(f"`{name}`" in table for name in FEATURE_NAMES + TW_IMBALANCE_COLUMNS)
     assert all(f"`port.{name}`" in table for name, _ in ob.PORTFOLIO)
 
 
 def ema_reference(z, day_start, ema_start="first"):
     """Plain loops: per day, per half-life, per column; each day's EMA from its first bar's z, or from 0."""
-    out = np.zeros((z.shape[0], ob.N_MARKET))
-    out[:, : ob.N_FEATURES] = z
+    c = z.shape[1]
+    out = np.zeros((z.shape[0], c * (1 + len(ob.EMA_HALF_LIVES))))
+    out[:, :c] = z
     for k, h in enumerate(ob.EMA_HALF_LIVES):
         a = 1.0 - 0.5 ** (1.0 / h)
         for d in range(len(day_start) - 1):
-            for col in range(ob.N_FEATURES):
+            for col in range(c):
                 e = 0.0
                 for t in range(day_start[d], day_start[d + 1]):
                     x = float(z[t, col])
                     e = x if t == day_start[d] and ema_start == "first" else e + a * (x - e)
-                    out[t, (k + 1) * ob.N_FEATURES + col] = e
+                    out[t, (k + 1) * c + col] = e
     return out
 
 
@@ -89,11 +94,62 @@ def test_market_part_has_no_look_ahead(rng):
 
 def test_market_part_rejects_bad_input():
     z = np.zeros((5, ob.N_FEATURES), np.float32)
-    with pytest.raises(ValueError, match="z must be"):
-        ob.market_part(z[:, :3], np.array([0, 5]), "first")
+    for bad in (z[:, :0], z[:, 0]):
+        with pytest.raises(ValueError, match="z must be"):
+            ob.market_part(bad, np.array([0, 5]), "first")
+    with pytest.raises(ValueError, match=r"z must be \[n, 32\] or \[n, 44\]"):
+        ob.feature_part(z[:, :3], np.array([0, 5]), "first")
     with pytest.raises(ValueError, match="day_start must run"):
         ob.market_part(z, np.array([0, 4]), "first")
     with pytest.raises(ValueError, match="strictly increasing"):
         ob.market_part(z, np.array([0, 2, 2, 5]), "first")
     with pytest.raises(ValueError, match="ema_start"):
         ob.market_part(z, np.array([0, 5]), "last")
+
+
+def test_the_time_weighted_imbalance_block_widens_the_market_part_and_leaves_the_default_alone():
+    """features.tw_imbalance: 48 columns (the 12 columns in the four blocks, z then ema3, ema10, ema30) after the 128
+    feature columns and before the forecast columns; the default layout is the one without them."""
+    assert ob.N_TW_IMBALANCE == 48 == 4 * len(TW_IMBALANCE_COLUMNS)
+    assert ob.column_names() == ob.column_names(FeatureConfig()) and len(ob.column_names()) == ob.OBS_DIM == 134
+    assert (ob.feature_columns(FeatureConfig()), ob.market_columns(FeatureConfig()), ob.obs_dim(FeatureConfig())) == (
+        128, 128, 134)
+    both = FeatureConfig(tw_imbalance=True, forecast_horizons=[5, 15])
+    assert (ob.feature_columns(TW), ob.market_columns(TW), ob.obs_dim(TW)) == (176, 176, 182)
+    assert (ob.feature_columns(both), ob.market_columns(both), ob.obs_dim(both)) == (176, 178, 184)
+    names = ob.column_names(both)
+    assert len(names) == ob.obs_dim(both) == len(set(names))
+    assert names[:128] == ob.column_names()[:128]
+    assert names[128:176] == tuple(f"{b}.{c}" for b in ("z", "ema3", "ema10", "ema30") for c in TW_IMBALANCE_COLUMNS)
+    assert (names[128], names[139], names[140], names[175]) == (
+        "z.tw_imbalance_l1", "z.tw_imbalance_l1_10", "ema3.tw_imbalance_l1", "ema30.tw_imbalance_l1_10")
+    assert names[176:178] == ("forecast.h5", "forecast.h15") and names[178:] == ob.column_names()[128:]
+
+
+def test_mirror_parity_negates_the_time_weighted_imbalance():
+    """Every time-weighted imbalance column is an imbalance of bid over ask: the mirror negates it (parity -1);
+    every other column keeps its default parity."""
+    plain, tw = ob.mirror_parity(FeatureConfig()), ob.mirror_parity(TW)
+    assert tw.shape == (182,) and tw.dtype == np.float32
+    np.testing.assert_array_equal(tw[:128], plain[:128])
+    np.testing.assert_array_equal(tw[128:176], -np.ones(48, np.float32))
+    np.testing.assert_array_equal(tw[176:], plain[128:])
+    assert plain[FEATURE_INDEX["depth_imbalance_l1"]] == -1 and plain[FEATURE_INDEX["log_depth"]] == 1
+
+
+def test_market_part_of_any_width_and_feature_part_match_the_reference(rng):
+    """market_part of 12 columns is the reference's four blocks of them; feature_part of z [n, 44] is market_part of
+    the 32 features, then of the 12 time-weighted columns (column_names' order); of z [n, 32] the features' alone."""
+    day_start = np.array([0, 7, 8, 19])
+    z = rng.normal(size=(19, ob.N_FEATURES + len(TW_IMBALANCE_COLUMNS))).astype(np.float32)
+    for start in ("first", "zero"):
+        tw = ob.market_part(z[:, 32:], day_start, start)
+        assert tw.shape == (19, 48) and tw.dtype == np.float32
+        np.testing.assert_allclose(tw, ema_reference(z[:, 32:], day_start, start), rtol=1e-6, atol=1e-6)
+        got = ob.feature_part(z, day_start, start)
+        assert got.shape == (19, 176) and got.dtype == np.float32
+        want = np.concatenate([ema_reference(z[:, :32], day_start, start), ema_reference(z[:, 32:], day_start, start)],
+                              axis=1)
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+        np.testing.assert_array_equal(got[:, :128], ob.market_part(z[:, :32], day_start, start))
+        np.testing.assert_array_equal(ob.feature_part(z[:, :32], day_start, start), got[:, :128])

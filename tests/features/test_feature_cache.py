@@ -13,8 +13,9 @@ import pytest
 from fox_numba.config import FoxConfig
 from fox_numba.errors import InputError
 from fox_numba.features.build import build_features
-from fox_numba.features.cache import SUFFIX
-from fox_numba.market.schema import SCHEMAS
+from fox_numba.features.cache import SUFFIX, feature_key
+from fox_numba.features.names import TW_IMBALANCE_COLUMNS
+from fox_numba.market.schema import SCHEMAS, Instrument
 from fox_numba.market.select import CACHE_SUFFIX, MarketSelection, select_market
 from fox_numba.market.store import DIGEST_ATTR, MarketStore, write_store
 from fox_numba.walkforward.driver import load_features
@@ -26,10 +27,10 @@ def store(four_day_market, tmp_path):
     return write_store(tmp_path / "es.h5", m.instrument, m.days[:2])
 
 
-def config(store, cache="auto", ofi_levels=10) -> FoxConfig:
+def config(store, cache="auto", ofi_levels=10, tw_imbalance=False) -> FoxConfig:
     cfg = FoxConfig()
     cfg.market = dataclasses.replace(cfg.market, store=str(store), cache=cache)
-    cfg.features = dataclasses.replace(cfg.features, ofi_levels=ofi_levels)
+    cfg.features = dataclasses.replace(cfg.features, ofi_levels=ofi_levels, tw_imbalance=tw_imbalance)
     return cfg
 
 
@@ -166,6 +167,32 @@ def test_a_changed_setting_or_day_misses_the_cache(four_day_market, store, tmp_p
     book_reads.clear()
     assert_identical(load(cfg), want)
     assert book_reads == [want.days[1], want.days[1]]  # a new version of day 2: validated and built
+
+
+DEFAULT_KEY = "899e8b6ab79bfbc74327645061c06c1a0131b4fe1de4acf1b7a566aa4e77d7a0"
+"""feature_key of the default features, regular session, default instrument, before features.tw_imbalance existed."""
+
+
+def test_the_time_weighted_imbalance_misses_a_cache_without_its_columns(store, tmp_path, book_reads):
+    """features.tw_imbalance enters the key (through the day's column names): a day cached without its columns is
+    never read for a run with them, nor the reverse; each has its own files, warm alike; the default key is the one
+    from before the field existed, so no default cache is rebuilt."""
+    assert feature_key(FoxConfig().features, "regular", Instrument()) == DEFAULT_KEY
+    folder = tmp_path / "cache"
+    off, on = config(store, cache=str(folder)), config(store, cache=str(folder), tw_imbalance=True)
+    assert feature_key(on.features, "regular", Instrument()) != DEFAULT_KEY
+    plain = load(off)
+    book_reads.clear()
+    wide = load(on)
+    assert book_reads == list(wide.days)  # the cached days without the columns missed: built afresh
+    assert_identical(wide, expected(store, on))
+    assert wide.names[32:] == TW_IMBALANCE_COLUMNS and wide.values.shape == (plain.values.shape[0], 44)
+    np.testing.assert_array_equal(wide.values[:, :32], plain.values)
+    assert len(list(folder.glob(f"*{SUFFIX}"))) == 4
+    book_reads.clear()
+    assert_identical(load(on), wide)
+    assert_identical(load(off), plain)
+    assert book_reads == []
 
 
 def test_a_store_without_digests_uses_and_fills_the_cache(store, tmp_path, book_reads):
