@@ -100,7 +100,7 @@ def test_a_live_branch_trainer_is_the_whole_heads_trainer_bit_for_bit(four_day_s
     runs = []
     for forced in (None, N_BRANCHES):
         if forced is not None:
-            monkeypatch.setattr("fox_numba.agent.trainer.live_branches", lambda cfg: forced)
+            monkeypatch.setattr("fox_numba.agent.learner.live_branches", lambda cfg: forced)  # run_layout reads it
         rt = real_trainer(four_day_store, overrides)
         trainer = rt.trainer
         assert trainer.layout.live_branches == (forced or 1)
