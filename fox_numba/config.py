@@ -87,15 +87,17 @@ class FeatureConfig:
         "held-out ones (section 40).",
     )
     tw_imbalance: bool = opt(
-        False,
+        True,
         "The time-weighted book imbalance block (fox_numba/OBSERVATION.md): 48 market columns after the 128 "
         "feature columns, the 12 columns of features/book_features.py time_weighted_imbalance (each bar's depth "
         "imbalance averaged over its book states, each weighted by the time it rests, at each level 1-10 and over "
         "levels 1-5 and 1-10), normalised on the fold's training rows and clipped as the features are, with their "
         "per-day EMAs; the probe, the forecast columns and a Mamba2 encoder read it too. Built from each day's "
-        "MBP-10 rows only when on. In tools/feature_read.py it raised the probe's correlation with the latent on "
-        "all 14 (market, fold) cells of the suite, +0.077 (SE 0.008), and its traded Sharpe +1.11 (0.43) "
-        "(tools/results/learner_ablation_h200.md section 67); not yet measured with the agent.",
+        "MBP-10 rows only when on. The default since section 68 of tools/results/learner_ablation_h200.md: on the "
+        "suite, paired by seed over ten seeds, the seen markets +2.99 (SE 0.11) and the held-out ones +0.00 (0.26) "
+        "(volatile +1.02, trade flow, whose signal is in the trades, -1.02); the probe reads it too and gains less. "
+        "In tools/feature_read.py it raised the probe's correlation with the latent on all 14 (market, fold) cells "
+        "(section 67).",
     )
     forecast_horizons: list[int] = opt(  # noqa: RUF009 (opt gives a list default its default_factory)
         [],

@@ -2,8 +2,8 @@
 
 An observation row is float32 [obs_dim(features)] = [market part | portfolio part (N_PORTFOLIO)]; the market
 part is the N_MARKET feature columns, with features.tw_imbalance the N_TW_IMBALANCE columns of the time-weighted
-book imbalance (`feature_columns` in all), then one forecast column per features.forecast_horizons entry (neither by
-default, when obs_dim is OBS_DIM):
+book imbalance (`feature_columns` in all; on by default), then one forecast column per features.forecast_horizons
+entry (none by default; without either block obs_dim is OBS_DIM):
 
 - Market part, precomputed on the host once per fold for every bar of the fold (`feature_part`): each block of
   `market_part`, of the bar's fold-normalised features z (features/normalise.py, statistics from the fold's training
@@ -83,7 +83,8 @@ PORTFOLIO: tuple[tuple[str, str], ...] = (
 """(name, meaning) of the portfolio columns, in order."""
 N_PORTFOLIO = len(PORTFOLIO)
 OBS_DIM = N_MARKET + N_PORTFOLIO
-"""The observation's width by default (`obs_dim`: no time-weighted imbalance block, no forecast columns)."""
+"""The observation's width without the time-weighted imbalance block and forecast columns (`obs_dim` with
+features.tw_imbalance = false and no forecast horizons; the default adds the block's N_TW_IMBALANCE)."""
 
 # Portfolio column indices within the portfolio part (kernels add N_MARKET for the observation row).
 PORT_POSITION, PORT_UPNL, PORT_BARS_IN_POS, PORT_ORDER_SIDE, PORT_ORDER_DIST, PORT_BARS_LEFT = range(N_PORTFOLIO)
@@ -206,8 +207,9 @@ def observation_table_markdown() -> str:
             "step). Market features are normalised with the fold's training-window statistics and clipped to "
             "+-features.clip_sigma; EMAs restart at each day's first bar (alpha = 1 - 0.5**(1/h)), from 0 "
             "(features.ema_start = 'zero', the default) or from that bar's z ('first'). The time-weighted book "
-            "imbalance (features.tw_imbalance) and the forecast columns (features.forecast_horizons), both off by "
-            "default, follow the feature blocks in that order, before the portfolio part."
+            "imbalance (features.tw_imbalance, on by default: the default observation has "
+            f"{OBS_DIM + N_TW_IMBALANCE} columns) and the forecast columns (features.forecast_horizons, off by "
+            "default) follow the feature blocks in that order, before the portfolio part."
         ),
         "",
         "## Market blocks",
@@ -239,7 +241,8 @@ def observation_table_markdown() -> str:
             f"from `z.{TW_IMBALANCE_COLUMNS[0]}` to `ema{EMA_HALF_LIVES[-1]}.{TW_IMBALANCE_COLUMNS[-1]}`. Each is "
             "computed from every MBP-10 row of the bar (features/book_features.py time_weighted_imbalance), "
             "normalised with the fold's training-window statistics and clipped to +-features.clip_sigma, with the "
-            "features' per-day EMAs. Under the market's mirror every one changes sign. Off by default."
+            "features' per-day EMAs. Under the market's mirror every one changes sign. On by default since section 68 "
+            "of tools/results/learner_ablation_h200.md."
         ),
         "",
         "| j | column | definition |",

@@ -24,7 +24,7 @@ from fox_numba.device.isv import Isv, IsvBus
 from fox_numba.device.rng import xoroshiro_states_host
 from fox_numba.features.book import BOOK_FEATURES
 from fox_numba.features.feature_set import FeatureSet, RawMarket
-from fox_numba.features.names import FEATURE_INDEX, FEATURE_NAMES
+from fox_numba.features.names import FEATURE_INDEX, FEATURE_NAMES, feature_names
 from fox_numba.features.normalise import NormStats
 from fox_numba.market.schema import N_LEVELS
 from fox_numba.observation import N_FEATURES, N_MARKET, N_PORTFOLIO, ORDER_DIST_TICKS, UPNL_CLIP, Z_REALISED_VOL
@@ -41,11 +41,13 @@ MASK64 = (1 << 64) - 1
 
 def random_feature_set(
     rng: np.random.Generator, day_bars: list[int], *, max_levels: int = N_LEVELS, size_hi: int = 4,
-    no_trade_p: float = 0.2,
+    no_trade_p: float = 0.2, features: FeatureConfig | None = None,
 ) -> FeatureSet:  # fmt: skip
     """Random days of `day_bars` bars: a mid walking in ticks, spreads of 1-2 ticks, books of 1..max_levels
     shown levels with sizes 1..size_hi (small, so market orders walk several levels and beyond the depth),
-    trade summaries near the touch (NaN without trades with probability no_trade_p), random features."""
+    trade summaries near the touch (NaN without trades with probability no_trade_p), random values of the
+    columns `features` builds (default: the default FeatureConfig's; the time-weighted imbalance's in [-1, 1])."""
+    names = feature_names(features or FeatureConfig())
     n = int(sum(day_bars))
     best_bid = 20_000 + np.cumsum(rng.integers(-2, 3, n))
     spread = np.where(rng.random(n) < 0.6, 1, 2)
@@ -92,7 +94,8 @@ def random_feature_set(
         point_value=POINT_VALUE,
     )
     days = tuple(f"2024-01-{d + 1:02d}" for d in range(len(day_bars)))
-    return FeatureSet(values=values, names=FEATURE_NAMES, days=days, raw=raw)
+    extra = rng.uniform(-1.0, 1.0, (n, len(names) - len(FEATURE_NAMES)))  # drawn last: the others keep their values
+    return FeatureSet(values=np.column_stack([values, extra]), names=names, days=days, raw=raw)
 
 
 @dataclass(frozen=True)

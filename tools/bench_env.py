@@ -43,7 +43,7 @@ from fox_numba.device.runtime import new_stream  # noqa: E402
 from fox_numba.device.staging import Stager  # noqa: E402
 from fox_numba.io import atomic_write_text  # noqa: E402
 from fox_numba.kernels.env import gather_obs, random_actions  # noqa: E402
-from fox_numba.observation import OBS_DIM  # noqa: E402
+from fox_numba.observation import obs_dim  # noqa: E402
 
 
 def time_graph(name: str, body: Any, stream: Any, args: argparse.Namespace) -> float:
@@ -67,13 +67,14 @@ def time_graph(name: str, body: Any, stream: Any, args: argparse.Namespace) -> f
 def bench_n(n: int, market: Any, env_cfg: EnvConfig, stager: Stager, args: argparse.Namespace) -> dict[str, Any]:
     stream = stager.stream
     bus = IsvBus(stager)
-    env = VecEnv(market, env_cfg, FeatureConfig(), bus.values, stager=stager, n_envs=n, seed=1)
+    features = FeatureConfig()
+    env = VecEnv(market, env_cfg, features, bus.values, stager=stager, n_envs=n, seed=1)
     replay = ReplayBuffer(args.capacity, stream=stream)
     states = xoroshiro_states(max(n, args.batch), 2, stager)
     actions = device_zeros((n, 4), np.int32, stream=stream)
-    obs = device_empty((n, OBS_DIM), np.float32)
+    obs = device_empty((n, obs_dim(features)), np.float32)
     batch = ReplayBatch(args.batch, stream=stream)
-    batch_obs = device_empty((2 * args.batch, OBS_DIM), np.float32)  # s rows, then s' rows
+    batch_obs = device_empty((2 * args.batch, obs_dim(features)), np.float32)  # s rows, then s' rows
 
     def collect(s: Any) -> None:
         env.observe(obs, stream=s)

@@ -1,6 +1,6 @@
 """Benchmark the learner's gradient step on the GPU: eager vs graph, queued vs fenced, per-kernel times.
 
-    python3 tools/bench_learner.py --out tools/results/bench_learner_h200 [--batch 8192 1024 256] [--obs-dim 134]
+    python3 tools/bench_learner.py --out tools/results/bench_learner_h200 [--batch 8192 1024 256] [--obs-dim 182]
     python3 tools/bench_learner.py --out /tmp/bench_learner_sim --tiny     # exercises the script anywhere
     python3 tools/bench_learner.py --out tools/results/bench_learner_per_h200 --priority-alpha 0.5  # prioritised
     python3 tools/bench_learner.py --out tools/results/bench_learner_noisy_h200 --noisy-sigma0 0.5  # NoisyNet heads
@@ -65,7 +65,7 @@ from fox_numba.actions import N_BRANCHES
 from fox_numba.agent.learner import Learner
 from fox_numba.agent.network import ParamLayout
 from fox_numba.agent.replay import ReplayBuffer
-from fox_numba.config import FoxConfig
+from fox_numba.config import FeatureConfig, FoxConfig
 from fox_numba.device.graphs import StepGraph
 from fox_numba.device.isv import Isv, bootstrap_values
 from fox_numba.device.launch import launch_rows
@@ -77,7 +77,7 @@ from fox_numba.features.book import BOOK_FEATURES
 from fox_numba.io import atomic_write_text
 from fox_numba.kernels.nn import PRECISIONS
 from fox_numba.kernels.priority import PRIORITY_START
-from fox_numba.observation import N_MARKET, OBS_DIM
+from fox_numba.observation import N_MARKET, obs_dim
 
 N_PORT = 6
 BENCH_DAY_BARS = 390  # the random market's days, where the Mamba2 windows stop (a regular ES session)
@@ -138,10 +138,11 @@ def make_learner(args: argparse.Namespace, stager: Stager, stream: Any, graphs: 
     replay.upload(host, stager)
     market = stager.upload_new(rng.standard_normal((bars, m)).astype(np.float32))
     isv = stager.upload_new(bootstrap_values())
-    # the gate's groups: the observation's; another width (--tiny, --obs-dim) gates market | portfolio
-    groups = None if args.obs_dim == OBS_DIM else ((0, m), (m, args.obs_dim))
-    layout = ParamLayout.build(args.obs_dim, cfg.network, vsn_groups=groups, market_features=min(m, N_MARKET),
-                               live_branches=args.live_branches)
+    if args.obs_dim == obs_dim(cfg.features):  # the default observation: its VSN groups and Mamba2 inputs
+        layout = ParamLayout.build(args.obs_dim, cfg.network, features=cfg.features, live_branches=args.live_branches)
+    else:  # another width (--tiny, --obs-dim): the gate's groups are market | portfolio
+        layout = ParamLayout.build(args.obs_dim, cfg.network, vsn_groups=((0, m), (m, args.obs_dim)),
+                                   market_features=min(m, N_MARKET), live_branches=args.live_branches)
     aux_target = stager.upload_new(rng.standard_normal(bars).astype(np.float32))
     day_first = stager.upload_new((np.arange(bars) // BENCH_DAY_BARS * BENCH_DAY_BARS).astype(np.int32))
     book_obs = stager.upload_new(rng.standard_normal((bars, BOOK_FEATURES)).astype(np.float32))  # normalised snapshots
@@ -378,7 +379,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="results path without suffix (.md, .json)")
     parser.add_argument("--batch", type=int, nargs="+", default=[8192], help="batch sizes, one section each")
-    parser.add_argument("--obs-dim", type=int, default=134, help="observation width (market + 6 portfolio columns)")
+    parser.add_argument("--obs-dim", type=int, default=obs_dim(FeatureConfig()),
+                        help="observation width (market + 6 portfolio columns; default: the default observation's)")
     parser.add_argument("--capacity", type=int, default=1 << 18, help="replay transitions")
     parser.add_argument("--bars", type=int, default=20000, help="rows of market_obs")
     parser.add_argument("--steps", type=int, default=200, help="steps per timed window")

@@ -19,10 +19,13 @@ from fox_numba.device.isv import Isv, IsvBus
 from fox_numba.device.memory import device_empty, device_zeros
 from fox_numba.device.rng import xoroshiro_states
 from fox_numba.kernels.env import random_actions
-from fox_numba.observation import N_MARKET, OBS_DIM
+from fox_numba.observation import market_columns, obs_dim
 
 pytestmark = pytest.mark.usefixtures("long_switch_interval")
 N_ENVS, CAPACITY, STEPS = 4, 64, 120
+
+MARKET_COLS = market_columns(FeatureConfig())  # the default observation's market part and width
+OBS_COLS = obs_dim(FeatureConfig())
 
 
 def collect(stager, seed: int, steps: int = STEPS):
@@ -36,7 +39,7 @@ def collect(stager, seed: int, steps: int = STEPS):
     replay = ReplayBuffer(CAPACITY, stream=stream)
     action_states = xoroshiro_states(N_ENVS, seed + 1000, stager)
     actions = device_zeros((N_ENVS, 4), np.int32, stream=stream)
-    obs = device_empty((N_ENVS, OBS_DIM), np.float32)
+    obs = device_empty((N_ENVS, OBS_COLS), np.float32)
 
     def body(s):
         env.observe(obs, stream=s)
@@ -83,8 +86,8 @@ def test_collect_loop_is_deterministic_and_chains_its_transitions(stager):
     # the last observation gathered is market_obs[row] | port of the last step's observed state
     for i in range(N_ENVS):
         slot = order[CAPACITY - N_ENVS + i]
-        np.testing.assert_array_equal(last_obs[i, :N_MARKET], market.market_obs[buf["row"][slot]])
-        np.testing.assert_array_equal(last_obs[i, N_MARKET:], buf["port"][slot])
+        np.testing.assert_array_equal(last_obs[i, :MARKET_COLS], market.market_obs[buf["row"][slot]])
+        np.testing.assert_array_equal(last_obs[i, MARKET_COLS:], buf["port"][slot])
 
 
 def test_another_seed_collects_other_transitions(stager):

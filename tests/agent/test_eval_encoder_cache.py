@@ -21,7 +21,7 @@ from fox_numba.agent.network import Network, ParamLayout, init_params
 from fox_numba.config import EvaluationConfig, NetworkConfig
 from fox_numba.device.isv import IsvBus
 from fox_numba.device.memory import device_zeros
-from fox_numba.observation import OBS_DIM
+from fox_numba.observation import OBS_DIM, obs_dim
 from plain_learner import plain_network
 from plain_learner import plain_config
 
@@ -55,11 +55,12 @@ def backtests(stager, net_cfg: NetworkConfig) -> tuple[Evaluator, Evaluator]:
     cfg = plain_config(env=env_config(episode_bars=8), network=net_cfg, evaluation=EvaluationConfig(chunk_bars=2))
     fs = random_feature_set(np.random.default_rng(20), DAY_BARS)
     market = FoldMarket.build(fs, WINDOWS, cfg.features, cfg.env).upload(stager)
-    layout = ParamLayout.build(OBS_DIM, cfg.network)
+    width = obs_dim(cfg.features)
+    layout = ParamLayout.build(width, cfg.network, features=cfg.features)
     flat = init_params(layout, 3)  # a draw whose policy trades on this fold (the test's last check)
     w = layout.unpack(flat)["trunk.0.weight"]  # [obs | enc] -> hidden: the policy reads the encoder's output alone
-    w[:OBS_DIM] = 0.0
-    w[OBS_DIM:] *= ENC_GAIN
+    w[:width] = 0.0
+    w[width:] *= ENC_GAIN
     head = layout.entry("head.weight")
     flat[head.offset : head.stop] *= 8.0  # logits spread enough that the argmax moves with the windows
     params = stager.upload_new(flat)

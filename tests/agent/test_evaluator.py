@@ -17,12 +17,12 @@ from reference_env import Params, ReferenceEnv, Windows, env_config, random_feat
 from fox_numba.agent.evaluator import Evaluator
 from fox_numba.agent.fold_market import FoldMarket
 from fox_numba.agent.network import ParamLayout
-from fox_numba.config import EvaluationConfig, FoxConfig
+from fox_numba.config import EvaluationConfig, FeatureConfig, FoxConfig
 from fox_numba.device.isv import IsvBus
 from fox_numba.device.rng import xoroshiro_states_host
 from fox_numba.errors import ConfigError
 from fox_numba.kernels.heads import advantage_stream_of
-from fox_numba.observation import N_MARKET, OBS_DIM, PORT_POSITION
+from fox_numba.observation import PORT_POSITION, market_columns, obs_dim
 from plain_learner import plain_network
 from plain_learner import plain_config
 
@@ -35,6 +35,9 @@ DAY_BARS = [12, 10, 4, 6, 3]
 WINDOWS = Windows(train_first=0, train_stop=2, val_first=2, val_stop=5, purge_bars=2)
 DAY_STEPS = [3, 5, 2]
 pytestmark = pytest.mark.usefixtures("long_switch_interval")
+
+MARKET_COLS = market_columns(FeatureConfig())  # the default observation's market part and width
+OBS_COLS = obs_dim(FeatureConfig())
 
 
 def atom1(head: int) -> int:
@@ -50,7 +53,7 @@ def flat_long_params(layout: ParamLayout) -> np.ndarray:
     for head, a in ((SHORT, -2.0), (HOLD, -1.0), (LONG, 2.0), (FLAT, 1.0), (MAGNITUDE_FULL_HEAD, 1.0),
                     (ORDER_MARKET_HEAD, 1.0), (URGENCY_PATIENT_HEAD, 1.0)):  # fmt: skip
         p["head.bias"][atom1(head)] = a
-    p["head.weight"][N_MARKET + PORT_POSITION, atom1(LONG)] = -3.0
+    p["head.weight"][MARKET_COLS + PORT_POSITION, atom1(LONG)] = -3.0
     return flat
 
 
@@ -82,7 +85,7 @@ def test_each_day_records_its_own_steps_exactly(stager):
                        evaluation=EvaluationConfig(chunk_bars=2))  # fmt: skip
     fs = random_feature_set(np.random.default_rng(20), DAY_BARS)
     market = FoldMarket.build(fs, WINDOWS, cfg.features, cfg.env)
-    layout = ParamLayout.build(OBS_DIM, cfg.network)
+    layout = ParamLayout.build(OBS_COLS, cfg.network)
     params = stager.upload_new(flat_long_params(layout))
     supports = stager.upload_new(np.tile(np.float32([-1.0, 1.0, 2.0]), (13, 1)))
     ev = Evaluator(market.upload(stager), cfg, layout, params, supports, isv=IsvBus(stager).values, stager=stager,
@@ -106,7 +109,7 @@ def test_a_hold_margin_wider_than_any_value_gap_never_trades(stager):
     margin is refused."""
     fs = random_feature_set(np.random.default_rng(20), DAY_BARS)
     net = plain_network(n_layers=0, n_atoms=2)
-    layout = ParamLayout.build(OBS_DIM, net)
+    layout = ParamLayout.build(OBS_COLS, net)
     params = stager.upload_new(flat_long_params(layout))
     supports = stager.upload_new(np.tile(np.float32([-1.0, 1.0, 2.0]), (13, 1)))
     for margin in (2.0, -0.5):
@@ -130,7 +133,7 @@ def test_fixed_bins_override_the_network_in_the_backtest(stager):
     refused naming the key."""
     fs = random_feature_set(np.random.default_rng(20), DAY_BARS)
     net = plain_network(n_layers=0, n_atoms=2)
-    layout = ParamLayout.build(OBS_DIM, net)
+    layout = ParamLayout.build(OBS_COLS, net)
     flat = flat_long_params(layout)
     layout.unpack(flat)["head.bias"][atom1(MAGNITUDE_FULL_HEAD - 1)] = 2.0  # Half over Full
     params = stager.upload_new(flat)

@@ -30,7 +30,7 @@ from fox_numba.features.normalise import apply_normaliser, fit_normaliser
 from fox_numba.observation import N_MARKET, market_part
 from fox_numba.walkforward.folds import make_folds
 
-FEATURES = FeatureConfig()
+FEATURES = FeatureConfig(tw_imbalance=False)  # the 32 features alone; TW adds the block
 TW = FeatureConfig(tw_imbalance=True)
 DAY_BARS = [9, 12, 4, 11, 10, 8, 7]
 # days 1-4 train (purge 3), days 5-6 validate; day 0 is before the fold
@@ -40,7 +40,7 @@ ENV = EnvConfig(episode_bars=6, max_position=4)
 
 @pytest.fixture
 def fs(rng):
-    return random_feature_set(rng, DAY_BARS)
+    return random_feature_set(rng, DAY_BARS, features=FEATURES)
 
 
 def test_tensors_are_the_fold_rows_normalised_on_the_training_rows(fs):
@@ -181,7 +181,7 @@ def test_real_folds_train_on_their_window_less_the_purge(rng, select_days):
     """Every fold of make_folds (rolling and anchored, days of unequal length): the training rows run from the
     window's first bar to purge_bars before its first held-out day (selection, else validation); the fold's rows
     end with the validation window's; the normaliser sees the training rows only."""
-    fs = random_feature_set(rng, [int(n) for n in rng.integers(9, 15, size=8)])
+    fs = random_feature_set(rng, [int(n) for n in rng.integers(9, 15, size=8)], features=FEATURES)
     g = fs.raw.day_start
     for anchored in (False, True):
         cfg = FoldConfig(n_folds=3, train_days=4, val_days=2, step_days=1, purge_bars=3, select_days=select_days,
@@ -205,7 +205,7 @@ def test_forecast_columns_follow_the_feature_blocks_and_survive_a_checkpoint(fs)
     cross_fitted_column on the fold's training rows (before the purge) of the feature columns; the feature
     columns unchanged; the full fits round-trip through checkpoint_arrays, and a market built from a
     checkpoint's statistics and fits (fox evaluate's path) has the same rows after the training rows."""
-    features = FeatureConfig(forecast_horizons=[2, 3], forecast_ridge=0.05, forecast_blocks=2)
+    features = FeatureConfig(tw_imbalance=False, forecast_horizons=[2, 3], forecast_ridge=0.05, forecast_blocks=2)
     plain = FoldMarket.build(fs, WINDOWS, FEATURES, ENV)
     fm = FoldMarket.build(fs, WINDOWS, features, ENV)
     assert fm.market_obs.shape == (plain.n_rows, N_MARKET + 2) and fm.market_obs.dtype == np.float32
@@ -225,15 +225,16 @@ def test_forecast_columns_follow_the_feature_blocks_and_survive_a_checkpoint(fs)
     np.testing.assert_array_equal(again.market_obs[ts:], fm.market_obs[ts:])
     np.testing.assert_array_equal(again.market_obs[:ts, :N_MARKET], fm.market_obs[:ts, :N_MARKET])
     with pytest.raises(ConfigError, match="2 forecast columns given"):
-        FoldMarket.build(fs, WINDOWS, FeatureConfig(forecast_horizons=[2]), ENV, stats=fm.stats,
+        FoldMarket.build(fs, WINDOWS, FeatureConfig(tw_imbalance=False, forecast_horizons=[2]), ENV, stats=fm.stats,
                          risk_unit=fm.risk_unit, forecast=given)
     for bad in ([0], [2, 2]):
         with pytest.raises(ConfigError, match="forecast_horizons must be distinct"):
-            FoldMarket.build(fs, WINDOWS, FeatureConfig(forecast_horizons=bad), ENV)
+            FoldMarket.build(fs, WINDOWS, FeatureConfig(tw_imbalance=False, forecast_horizons=bad), ENV)
+    no_13_bar_day = FeatureConfig(tw_imbalance=False, forecast_horizons=[12], forecast_blocks=1)
     with pytest.raises(ConfigError, match=r"fold 0: forecast columns \(.*\): .*fewer than two"):
-        FoldMarket.build(fs, WINDOWS, FeatureConfig(forecast_horizons=[12], forecast_blocks=1), ENV)  # no 13-bar day
+        FoldMarket.build(fs, WINDOWS, no_13_bar_day, ENV)
     with pytest.raises(ConfigError, match="5 cross-fitting blocks need as many training days; there are 4"):
-        FoldMarket.build(fs, WINDOWS, FeatureConfig(forecast_horizons=[2]), ENV)
+        FoldMarket.build(fs, WINDOWS, FeatureConfig(tw_imbalance=False, forecast_horizons=[2]), ENV)
 
 
 def test_the_time_weighted_imbalance_block_follows_the_features_and_feeds_the_forecast(fs, rng):

@@ -21,6 +21,7 @@ from fox_numba.actions import N_HEADS
 from fox_numba.agent.fold_market import day_first_rows
 from fox_numba.agent.mamba2 import HEADS, IN_W, OUT_W
 from fox_numba.agent.network import Network, ParamLayout, init_params
+from fox_numba.config import FeatureConfig
 from fox_numba.errors import ConfigError
 from fox_numba.observation import N_MARKET, OBS_DIM
 from plain_learner import plain_network
@@ -50,7 +51,7 @@ def test_layout_entries_width_and_fingerprint():
     longer = build(plain_network(**{**vars(TRUNK), "mamba2_window": 6}))
     assert longer.entries == lay.entries  # the window is in no shape, only in the fingerprint
     assert len({plain.fingerprint, lay.fingerprint, longer.fingerprint}) == 3
-    real = ParamLayout.build(OBS_DIM, plain_network(mamba2_window=8))
+    real = ParamLayout.build(OBS_DIM, plain_network(mamba2_window=8), features=FeatureConfig(tw_imbalance=False))
     assert real.mamba2.n_features == N_MARKET and real.in_dim == OBS_DIM + 32 and not plain_network().mamba2_window
     p, again = init_params(lay, 5), init_params(lay, 5)
     np.testing.assert_array_equal(p, again)

@@ -9,7 +9,8 @@ from windowed_network import collect_train_evaluate, encoder_trainer
 
 from fox_numba.agent.direction_signal import DirectionSignal
 from fox_numba.agent.mamba2 import MAMBA2_PREFIX
-from fox_numba.observation import N_MARKET
+from fox_numba.config import FeatureConfig
+from fox_numba.observation import feature_columns
 from fox_numba.walkforward.trainer_state import audit_trainer
 
 T = 3
@@ -19,9 +20,11 @@ SIZES = [f"network.mamba2_window={T}", "network.mamba2_heads=1", "network.mamba2
 
 
 def windows(market, rows):
-    """[S T, N_MARKET]: the bars rows - T + 1 .. rows of each row's day (kernels/windows.py), from the host market."""
+    """[S T, the default feature columns, the time-weighted imbalance's included]: the bars rows - T + 1 .. rows of
+    each row's day (kernels/windows.py), from the host market."""
     first = market.day_first
-    return np.concatenate([market.market_obs[np.maximum(np.arange(r - T + 1, r + 1), first[r]), :N_MARKET]
+    width = feature_columns(FeatureConfig())
+    return np.concatenate([market.market_obs[np.maximum(np.arange(r - T + 1, r + 1), first[r]), :width]
                            for r in rows])
 
 

@@ -31,6 +31,7 @@ from fox_numba.walkforward.folds import make_folds
 from fox_numba.walkforward.probe import probe_baseline
 
 TW = ["features.tw_imbalance=true"]
+PLAIN = ["features.tw_imbalance=false"]
 BLOCK = slice(N_MARKET, N_MARKET + 48)
 
 
@@ -79,7 +80,7 @@ def test_the_block_is_the_stores_book_normalised_on_the_training_rows(half_hour_
     np.testing.assert_allclose(fm.market_obs[:, BLOCK], want, rtol=1e-6, atol=2e-6)
     assert np.abs(want[:, :12]).max() > 1.0 and np.abs(want[:, 12:]).min() < np.abs(want[:, 12:]).max()
     np.testing.assert_allclose(fm.stats.mean[32:], raw[: fm.train_stop].mean(axis=0), rtol=1e-12)
-    _, plain_fs, plain = fold_market(half_hour_store)
+    _, plain_fs, plain = fold_market(half_hour_store, PLAIN)
     np.testing.assert_array_equal(fm.market_obs[:, :N_MARKET], plain.market_obs)
     np.testing.assert_array_equal(fm.stats.mean[:32], plain.stats.mean)
     arrays = fm.checkpoint_arrays()
@@ -135,11 +136,12 @@ def test_the_probe_reads_the_block(half_hour_store):
 def test_the_run_layout_takes_the_block_into_every_part(network):
     """run_layout: with the block the observation has 182 columns, the position x market columns, a Mamba2 encoder's
     inputs and a VSN group (`tw_imbalance`) take in its 48, and the fingerprint changes; without it the layout is the
-    one ParamLayout.build gives the default observation (the fingerprint of runs before the flag)."""
+    one ParamLayout.build gives the observation without it (the fingerprint of runs before the flag)."""
     off, on = (run_layout(load_config("default", overrides=[*network, f"features.tw_imbalance={flag}"]))
                for flag in ("false", "true"))
-    cfg = load_config("default", overrides=network)
-    assert off.fingerprint == ParamLayout.build(OBS_DIM, cfg.network, live_branches=live_branches(cfg)).fingerprint
+    cfg = load_config("default", overrides=[*network, *PLAIN])
+    assert off.fingerprint == ParamLayout.build(OBS_DIM, cfg.network, features=cfg.features,
+                                                live_branches=live_branches(cfg)).fingerprint
     assert (off.obs_dim, on.obs_dim) == (134, 182) and on.fingerprint != off.fingerprint
     if on.cross:
         assert (off.cross, on.cross) == (128, 176)

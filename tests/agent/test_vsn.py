@@ -13,7 +13,7 @@ from fox_numba.agent.spectral import SpectralKey, init_vectors, vector_views
 from fox_numba.agent.vsn import check_groups, observation_groups
 from fox_numba.config import FeatureConfig
 from fox_numba.device.memory import device_zeros
-from fox_numba.observation import OBS_DIM, column_names
+from fox_numba.observation import column_names, obs_dim
 from plain_learner import plain_network
 
 OBS, ROWS, GRAD_ROWS = 7, 6, 4
@@ -24,14 +24,15 @@ SPECTRAL = plain_network(hidden=5, n_layers=2, n_atoms=3, vsn=True, spectral_nor
 
 
 def test_groups_follow_the_observation_layout():
-    groups = observation_groups(FeatureConfig())
+    groups = observation_groups(FeatureConfig(tw_imbalance=False))  # the default adds a tw_imbalance group
     assert [(g.name, g.begin, g.end) for g in groups] == [
         ("ofi", 0, 12), ("trade", 12, 16), ("bar", 16, 32), ("history", 32, 128), ("portfolio", 128, 134)]
     prefixes = {"ofi": ("z.ofi_",), "trade": ("z.trade_", "z.log_volume", "z.log_trade_count"),
                 "history": ("ema",), "tw_imbalance": ("z.tw_imbalance_", "ema"), "forecast": ("forecast.",),
                 "portfolio": ("port.",)}
     for features, kinds in (
-        (FeatureConfig(forecast_horizons=[5, 15]), ["ofi", "trade", "bar", "history", "forecast", "portfolio"]),
+        (FeatureConfig(tw_imbalance=False, forecast_horizons=[5, 15]),
+         ["ofi", "trade", "bar", "history", "forecast", "portfolio"]),
         (FeatureConfig(tw_imbalance=True), ["ofi", "trade", "bar", "history", "tw_imbalance", "portfolio"]),
         (FeatureConfig(tw_imbalance=True, forecast_horizons=[5]),
          ["ofi", "trade", "bar", "history", "tw_imbalance", "forecast", "portfolio"]),
@@ -66,7 +67,7 @@ def test_layout_checks_and_fingerprints():
     iqn = ParamLayout.build(OBS, plain_network(**{**vars(TRUNK), "iqn_quantiles": 4}), vsn_groups=GROUPS)
     names = [e.name for e in iqn.entries]
     assert names[: len(vsn.entries)] == [e.name for e in vsn.entries] and names[-1] == "iqn.head.bias"  # IQN last
-    real = ParamLayout.build(OBS_DIM, plain_network(vsn=True))
+    real = ParamLayout.build(obs_dim(FeatureConfig()), plain_network(vsn=True))  # the default observation's groups
     assert real.vsn_groups == tuple((g.begin, g.end) for g in observation_groups(FeatureConfig()))
     p = init_params(real, 5)
     assert not p[real.entry("vsn.weight").offset : real.entry("vsn.bias").stop].any()  # a uniform gate at start

@@ -12,11 +12,12 @@ from fox_numba.config import FeatureConfig
 from fox_numba.features.names import FEATURE_INDEX, FEATURE_NAMES, TW_IMBALANCE_COLUMNS
 
 TW = FeatureConfig(tw_imbalance=True)
+PLAIN = FeatureConfig(tw_imbalance=False)  # the 128 feature columns alone (the default before the block)
 
 
 def test_layout_sizes_and_names():
     assert (ob.N_FEATURES, ob.N_MARKET, ob.N_PORTFOLIO, ob.OBS_DIM) == (32, 128, 6, 134)
-    names = ob.column_names()
+    names = ob.column_names(PLAIN)
     assert len(names) == ob.OBS_DIM == len(set(names))
     assert names[0] == "z.ofi_l1" and names[32] == "ema3.ofi_l1" and names[127] == "ema30.session_frac"
     assert names[ob.N_MARKET + ob.PORT_POSITION] == "port.position"
@@ -107,29 +108,29 @@ def test_market_part_rejects_bad_input():
         ob.market_part(z, np.array([0, 5]), "last")
 
 
-def test_the_time_weighted_imbalance_block_widens_the_market_part_and_leaves_the_default_alone():
+def test_the_time_weighted_imbalance_block_widens_the_market_part_and_is_the_default():
     """features.tw_imbalance: 48 columns (the 12 columns in the four blocks, z then ema3, ema10, ema30) after the 128
-    feature columns and before the forecast columns; the default layout is the one without them."""
+    feature columns and before the forecast columns; on by default, OBS_DIM columns without it."""
     assert ob.N_TW_IMBALANCE == 48 == 4 * len(TW_IMBALANCE_COLUMNS)
-    assert ob.column_names() == ob.column_names(FeatureConfig()) and len(ob.column_names()) == ob.OBS_DIM == 134
-    assert (ob.feature_columns(FeatureConfig()), ob.market_columns(FeatureConfig()), ob.obs_dim(FeatureConfig())) == (
-        128, 128, 134)
+    assert ob.column_names() == ob.column_names(FeatureConfig()) == ob.column_names(TW)
+    assert len(ob.column_names()) == ob.OBS_DIM + ob.N_TW_IMBALANCE == 182
+    assert (ob.feature_columns(PLAIN), ob.market_columns(PLAIN), ob.obs_dim(PLAIN)) == (128, 128, ob.OBS_DIM)
     both = FeatureConfig(tw_imbalance=True, forecast_horizons=[5, 15])
     assert (ob.feature_columns(TW), ob.market_columns(TW), ob.obs_dim(TW)) == (176, 176, 182)
     assert (ob.feature_columns(both), ob.market_columns(both), ob.obs_dim(both)) == (176, 178, 184)
     names = ob.column_names(both)
     assert len(names) == ob.obs_dim(both) == len(set(names))
-    assert names[:128] == ob.column_names()[:128]
+    assert names[:128] == ob.column_names(PLAIN)[:128]
     assert names[128:176] == tuple(f"{b}.{c}" for b in ("z", "ema3", "ema10", "ema30") for c in TW_IMBALANCE_COLUMNS)
     assert (names[128], names[139], names[140], names[175]) == (
         "z.tw_imbalance_l1", "z.tw_imbalance_l1_10", "ema3.tw_imbalance_l1", "ema30.tw_imbalance_l1_10")
-    assert names[176:178] == ("forecast.h5", "forecast.h15") and names[178:] == ob.column_names()[128:]
+    assert names[176:178] == ("forecast.h5", "forecast.h15") and names[178:] == ob.column_names(PLAIN)[128:]
 
 
 def test_mirror_parity_negates_the_time_weighted_imbalance():
     """Every time-weighted imbalance column is an imbalance of bid over ask: the mirror negates it (parity -1);
     every other column keeps its default parity."""
-    plain, tw = ob.mirror_parity(FeatureConfig()), ob.mirror_parity(TW)
+    plain, tw = ob.mirror_parity(PLAIN), ob.mirror_parity(TW)
     assert tw.shape == (182,) and tw.dtype == np.float32
     np.testing.assert_array_equal(tw[:128], plain[:128])
     np.testing.assert_array_equal(tw[128:176], -np.ones(48, np.float32))

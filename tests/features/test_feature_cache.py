@@ -169,18 +169,20 @@ def test_a_changed_setting_or_day_misses_the_cache(four_day_market, store, tmp_p
     assert book_reads == [want.days[1], want.days[1]]  # a new version of day 2: validated and built
 
 
-DEFAULT_KEY = "899e8b6ab79bfbc74327645061c06c1a0131b4fe1de4acf1b7a566aa4e77d7a0"
-"""feature_key of the default features, regular session, default instrument, before features.tw_imbalance existed."""
+PLAIN_KEY = "899e8b6ab79bfbc74327645061c06c1a0131b4fe1de4acf1b7a566aa4e77d7a0"
+"""feature_key of the default features without the time-weighted imbalance, regular session, default instrument:
+the default key from before features.tw_imbalance existed."""
 
 
 def test_the_time_weighted_imbalance_misses_a_cache_without_its_columns(store, tmp_path, book_reads):
     """features.tw_imbalance enters the key (through the day's column names): a day cached without its columns is
-    never read for a run with them, nor the reverse; each has its own files, warm alike; the default key is the one
-    from before the field existed, so no default cache is rebuilt."""
-    assert feature_key(FoxConfig().features, "regular", Instrument()) == DEFAULT_KEY
+    never read for a run with them, nor the reverse; each has its own files, warm alike; without them the key is the
+    one from before the field existed, so a cache made then still serves a run with the block off."""
+    assert feature_key(config(store).features, "regular", Instrument()) == PLAIN_KEY
+    assert feature_key(FoxConfig().features, "regular", Instrument()) != PLAIN_KEY  # the block is on by default
     folder = tmp_path / "cache"
     off, on = config(store, cache=str(folder)), config(store, cache=str(folder), tw_imbalance=True)
-    assert feature_key(on.features, "regular", Instrument()) != DEFAULT_KEY
+    assert feature_key(on.features, "regular", Instrument()) != PLAIN_KEY
     plain = load(off)
     book_reads.clear()
     wide = load(on)

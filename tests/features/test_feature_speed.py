@@ -19,5 +19,5 @@ def test_default_sized_market_builds_in_seconds(random_market):
     seconds = time.perf_counter() - start
     n_rows = sum(d.mbp10.ts_event.shape[0] for d in days)
     print(f"features: {fs.n_bars} bars, {n_rows} MBP-10 rows in {seconds:.3f} s")
-    assert fs.values.shape == (120 * 390, 32) and np.isfinite(fs.values).all()
+    assert fs.values.shape == (120 * 390, len(fs.names)) == (120 * 390, 44) and np.isfinite(fs.values).all()
     assert seconds < 5.0

@@ -72,6 +72,6 @@ def test_the_feature_build_appends_the_columns_only_when_on(random_market, monke
         raise AssertionError("time_weighted_imbalance computed with features.tw_imbalance off")
 
     monkeypatch.setattr(build_module, "time_weighted_imbalance", not_called)
-    off = build_features(days, Instrument(), FeatureConfig())
+    off = build_features(days, Instrument(), FeatureConfig(tw_imbalance=False))
     assert off.names == FEATURE_NAMES and off.values.shape == (24, 32)
     np.testing.assert_array_equal(on.values[:, :32], off.values)
