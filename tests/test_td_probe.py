@@ -101,7 +101,6 @@ def test_table_trades_each_signal_as_probe_baseline_does(td_probe, four_day_stor
     from fox_numba.agent.fold_market import FoldMarket
     from fox_numba.config import FeatureConfig
     from fox_numba.market.select import select_market
-    from fox_numba.observation import N_MARKET
     from fox_numba.walkforward.driver import half_spread, load_features, scored_days
     from fox_numba.walkforward.folds import make_folds
     from fox_numba.walkforward.probe import probe_baseline
@@ -129,12 +128,12 @@ def test_table_trades_each_signal_as_probe_baseline_does(td_probe, four_day_stor
                               point_value=m.point_value, commission=cfg.env.commission,
                               annualisation_days=ev.annualisation_days).metrics  # fmt: skip
 
-    probe = trade(m.market_obs[:, :N_MARKET], ev.probe_ridge)
+    probe = trade(m.market_obs, ev.probe_ridge)
     assert probe.n_days == 2 and probe.round_trips > 0 and np.isfinite(probe.sharpe_daily)  # the check is not vacuous
     assert probe_row["sharpe"] == f"{probe.sharpe_daily:+.2f}"
     assert probe_row["trips"] == f"{probe.round_trips / probe.n_days:.1f}"
 
-    x = np.asarray(m.market_obs[:, :N_MARKET], dtype=np.float64)
+    x = np.asarray(m.market_obs, dtype=np.float64)
     rows = td_probe.fold_rows(np.asarray(m.mid, dtype=np.float64), m.day_start, m.train_stop, cfg.learner.gamma)
     xb = np.hstack([x, np.ones((len(x), 1))])
     per_seed = [trade(td_probe.value(xb, td_probe.learn_value(x, rows, "td", cfg.learner, seed))[:, None], 0.0)

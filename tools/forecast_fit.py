@@ -29,7 +29,6 @@ from fox_numba.config import FeatureConfig, load_config  # noqa: E402
 from fox_numba.features.forecast import cross_fitted_column, forward_change  # noqa: E402
 from fox_numba.market.default import ensure_default_store  # noqa: E402
 from fox_numba.market.select import select_market  # noqa: E402
-from fox_numba.observation import N_MARKET  # noqa: E402
 from fox_numba.walkforward.driver import load_features  # noqa: E402
 from fox_numba.walkforward.folds import make_folds  # noqa: E402
 
@@ -60,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     ]
     for fold in make_folds(cfg.folds, selection.days):
         m = FoldMarket.build(features, fold, plain, cfg.env)
-        x, rows = m.market_obs[:, :N_MARKET], np.arange(m.n_rows)
+        x, rows = m.market_obs, np.arange(m.n_rows)  # the feature columns, the block included when on
         train, val = rows < m.train_stop, rows >= m.val_start
         tradeable = forward_change(m.mid, m.day_start, args.target)
         for h in args.horizons:

@@ -291,6 +291,7 @@ def mirror_parity(n_x: int, cols: tuple[int, ...]) -> np.ndarray:
 
     x = np.ones(n_x)
     x[signed_columns()] = -1.0
+    x[N_MARKET:] = -1.0  # the time-weighted imbalance and forecast columns are odd (observation.mirror_parity)
     return np.concatenate([x, [1.0, -1.0], -x, np.ones(len(cols))])
 
 
@@ -408,8 +409,7 @@ def main(argv: list[str] | None = None) -> int:
     carried: dict[str, list[Carry]] = {}
     for fold in make_folds(cfg.folds, selection.days):
         m = FoldMarket.build(feats, fold, cfg.features if args.forecast else plain, cfg.env)
-        width = N_MARKET + (len(cfg.features.forecast_horizons) if args.forecast else 0)
-        x = np.asarray(m.market_obs[:, :width], dtype=np.float64)
+        x = np.asarray(m.market_obs, dtype=np.float64)  # every market column: the block when on, --forecast's
         xb = np.hstack([x, np.ones((len(x), 1))])
         mid = np.asarray(m.mid, dtype=np.float64)
         book = Book.of(mid, m.day_start, m.train_stop, cfg.env.max_position, cfg.env.episode_bars)

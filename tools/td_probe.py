@@ -97,7 +97,6 @@ from fox_numba.features.feature_set import FeatureSet  # noqa: E402
 from fox_numba.features.forecast import fit_probe, forward_change  # noqa: E402
 from fox_numba.market.default import ensure_default_store  # noqa: E402
 from fox_numba.market.select import MarketSelection, select_market  # noqa: E402
-from fox_numba.observation import N_MARKET  # noqa: E402
 from fox_numba.walkforward.driver import half_spread, load_features, scored_days  # noqa: E402
 from fox_numba.walkforward.folds import make_folds  # noqa: E402
 from fox_numba.walkforward.metrics import compute_metrics, positions_to_days  # noqa: E402
@@ -514,13 +513,13 @@ def main(argv: list[str] | None = None) -> int:
              "| ---: | --- | ---: | ---: | ---: | ---: |"]
     for fold in make_folds(cfg.folds, selection.days):
         m = FoldMarket.build(features, fold, plain, cfg.env)
-        x = np.asarray(m.market_obs[:, :N_MARKET], dtype=np.float64)
+        x = np.asarray(m.market_obs, dtype=np.float64)  # the run's market part, the block included when on
         all_rows = np.arange(m.n_rows)
         train, val = all_rows < m.train_stop, all_rows >= m.val_start
         move = forward_change(m.mid, m.day_start, horizon)
         probe = fit_probe(x, move, slice(0, m.train_stop), ridge=cfg.features.forecast_ridge, horizon=horizon)
         signal = (x - probe.x_mean) @ probe.weights
-        sharpe, trips = traded(m.market_obs[:, :N_MARKET], m, cfg.evaluation.probe_ridge, cfg)
+        sharpe, trips = traded(m.market_obs, m, cfg.evaluation.probe_ridge, cfg)
         lines.append(f"| {fold.index} | probe (ridge, {horizon}-bar change) | {correlation(signal, move, val):+.3f} | "
                      f"{correlation(signal, move, train):+.3f} | {sharpe:+.2f} | {trips:.1f} |")
         rows = fold_rows(np.asarray(m.mid, dtype=np.float64), m.day_start, m.train_stop, lc.gamma)
