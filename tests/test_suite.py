@@ -46,6 +46,20 @@ def test_the_committed_suite(suite):
     assert cfg.folds.n_folds == 2 and cfg.folds.train_days + cfg.folds.val_days + cfg.folds.step_days == 120
 
 
+def test_the_fresh_draw_is_the_suite_from_other_generator_seeds(suite):
+    """data/suite/fresh.toml: every market of suite.toml, same definition file, role and plan, a seed of its own that
+    no definition uses, so another store (digest) per market."""
+    base, fresh = suite.load_suite(suite.SUITE), suite.load_suite(suite.SUITE.parent / "fresh.toml")
+    assert fresh.plan == base.plan and len(fresh.markets) == len(base.markets)
+    for b, f in zip(base.markets, fresh.markets, strict=True):
+        assert f.name == f"{b.name}_fresh" and f.role == b.role and f.overrides == b.overrides
+        assert f.definition_path.resolve() == b.definition_path.resolve() and f.derived() == b.derived()
+        assert f.definition == b.definition.with_overrides(seed=f.seed)
+        assert f.definition.digest() != b.definition.digest()
+    seeds = [m.seed for m in fresh.markets]
+    assert seeds == list(range(1001, 1008)) and not set(seeds) & {m.definition.market.seed for m in base.markets}
+
+
 def write_suite(path: Path, markets: str, plan: str = 'set = ["folds.n_folds=2"]') -> Path:
     path.write_text(f"[plan]\n{plan}\n{markets}")
     return path
@@ -64,6 +78,8 @@ GOOD = f'[markets.a]\ndefinition = "{DEFINITION_PATH}"\nrole = "seen"\n'
         (f'[markets.a]\ndefinition = "{DEFINITION_PATH}"\n', None, r"markets\.a lacks \['role'\]"),
         (GOOD + 'set = ["env.commission=3"]\n', None, r"markets\.a\.set: \['env\.commission=3'\] set keys the tool"),
         (GOOD + 'set = "learner.lr=1e-3"\n', None, r"markets\.a\.set: expected a list"),
+        (GOOD + "seed = -1\n", None, r"markets\.a\.seed: expected an integer >= 0, got -1"),
+        (GOOD + 'seed = "7"\n', None, r"markets\.a\.seed: expected an integer >= 0, got '7'"),
         (GOOD, 'set = ["run.seed=3"]', r"plan\.set: \['run\.seed=3'\] set keys the tool"),
         (GOOD, 'set = ["learner.lrr=1"]', r"markets\.a: config section 'learner' has no field 'lrr'"),
         (GOOD, 'sets = []', r"\[plan\] must hold exactly the key 'set'"),
@@ -229,7 +245,7 @@ def test_the_runner_end_to_end(suite, tmp_path, monkeypatch):
         (tmp_path / f"{name}.toml").write_text(text)
     (tmp_path / "suite.toml").write_text('[plan]\nset = ["folds.n_folds=1"]\n[markets.default]\ndefinition = '
                                          '"default.toml"\nrole = "seen"\n[markets.high_cost]\ndefinition = '
-                                         '"high_cost.toml"\nrole = "held_out"\n')
+                                         '"high_cost.toml"\nrole = "held_out"\nseed = 7\n')
     script = tmp_path / "fake_train.py"
     script.write_text(FAKE_TRAIN)
     monkeypatch.setattr(suite, "train_command",
@@ -241,7 +257,9 @@ def test_the_runner_end_to_end(suite, tmp_path, monkeypatch):
     result = json.loads(out.with_suffix(".json").read_text())
     for name in ("default", "high_cost"):
         store = stores / f"{name}.h5"
-        assert built_hash(store) == load_definition(tmp_path / f"{name}.toml").digest()
+        seed = 7 if name == "high_cost" else None  # the suite file's seed reaches `fox data synth`
+        assert built_hash(store) == load_definition(tmp_path / f"{name}.toml").with_overrides(seed=seed).digest()
+        assert result["markets"][name]["seed"] == (seed or load_definition(tmp_path / f"{name}.toml").market.seed)
         assert result["markets"][name]["build"]["returncode"] == 0
     assert result["table"]["default"]["honest"] == pytest.approx(0.5)
     assert result["table"]["high_cost"]["honest"] == pytest.approx(10.5)

@@ -3,9 +3,10 @@
     python3 tools/suite.py --seeds 0 1 2 3 4 --parallel 6 --out tools/results/suite_NAME [--markets a,b]
         [--runs runs/suite] [--stores DIR] [--suite data/suite/suite.toml] [--mps] [-- extra fox train arguments]
 
-Each market's store is built from its definition (`python -m fox_numba data synth --definition DEF --out
-STORES/MARKET.h5`; an existing store built from the same definition digest is reused; STORES defaults to
-the default market's cache folder + /suite). Then markets x seeds `python -m fox_numba train` runs, at most
+Each market's store is built from its definition (`python -m fox_numba data synth --definition DEF [--seed S]
+--out STORES/MARKET.h5`, S the suite file's seed for the market when it gives one: data/suite/fresh.toml draws every
+market again; an existing store built from the same definition digest is reused; STORES defaults to the default
+market's cache folder + /suite). Then markets x seeds `python -m fox_numba train` runs, at most
 --parallel at a time on one GPU (tools/train_seeds.py's runner), each with the arguments, in this order:
 the suite's [plan] set, the extra arguments, the market's own set, the settings the tool derives from the
 market's definition (`env.commission` and `evaluation.probe_horizon_bars` = its [oracle] commission and
@@ -87,18 +88,20 @@ DERIVED = ("env.commission", "evaluation.probe_horizon_bars")
 """--set keys the tool derives from each market's definition; a suite file or the extra arguments may not set them."""
 OWNED = (*DERIVED, "market.store", "run.seed", "run.name", "run.out_dir")
 """Keys a suite file may not set: the derived ones and those that place each run."""
-MARKET_KEYS = ("definition", "role", "set")
+MARKET_KEYS = ("definition", "role", "set", "seed")
 
 
 @dataclass(frozen=True)
 class Market:
-    """One market of the suite: its name, definition, role and own `fox train` --set overrides."""
+    """One market of the suite: its name, definition (with the suite's generator seed when it sets one), role and
+    own `fox train` --set overrides."""
 
     name: str
     definition_path: Path
     definition: SynthDefinition
     role: str
     overrides: tuple[str, ...]
+    seed: int | None = None
 
     def derived(self) -> tuple[str, ...]:
         """The DERIVED overrides: the environment's commission and the probe's horizon are the oracle's."""
@@ -127,7 +130,8 @@ def _overrides(value: Any, where: str, origin: Path) -> tuple[str, ...]:
 
 def load_suite(path: Path) -> Suite:
     """Read and check a suite file: [plan] set, then [markets.NAME] tables of definition (a path relative to the
-    file), role ('seen' or 'held_out') and an optional set. Every definition is loaded and every market's --set
+    file), role ('seen' or 'held_out'), an optional set and an optional seed (the generator's, in place of the
+    definition's: another draw of the same market). Every definition is loaded and every market's --set
     overrides are checked against the config before anything runs; errors name the file and the key."""
     data = read_toml(path, "market suite")
     unknown = sorted(set(data) - {"plan", "markets"})
@@ -155,8 +159,11 @@ def load_suite(path: Path) -> Suite:
         definition = path.parent / str(table["definition"])
         if not definition.is_file():
             raise ConfigError(f"{path}: {where}.definition: {definition} not found")
-        markets.append(Market(name, definition, load_definition(definition), table["role"],
-                              _overrides(table.get("set", []), f"{where}.set", path)))
+        seed = table.get("seed")
+        if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool) or seed < 0):
+            raise ConfigError(f"{path}: {where}.seed: expected an integer >= 0, got {seed!r}")
+        markets.append(Market(name, definition, load_definition(definition).with_overrides(seed=seed), table["role"],
+                              _overrides(table.get("set", []), f"{where}.set", path), seed))
     suite = Suite(path, _overrides(plan["set"], "plan.set", path), tuple(markets))
     for m in markets:
         try:
@@ -224,7 +231,7 @@ def build_stores(markets: Sequence[Market], stores: Path, parallel: int) -> dict
             built[m.name] = {"reused": True}
             continue
         cmd = [sys.executable, "-m", "fox_numba", "data", "synth", "--definition", str(m.definition_path),
-               "--out", str(store)]
+               *(["--seed", str(m.seed)] if m.seed is not None else []), "--out", str(store)]
         jobs.append(Job(m.name, cmd, stores / f"{m.name}.build.log"))
     for name, result in run_jobs(jobs, parallel).items():
         built[str(name)] = {"reused": False, **result}
@@ -631,7 +638,8 @@ def main(argv: list[str] | None = None) -> int:
         "parallel": args.parallel, "seeds": args.seeds, "suite": str(suite.path), "runs": str(runs),
         "stores": str(stores), "extra": extra,
         "markets": {m.name: {
-            "role": m.role, "definition": str(m.definition_path), "digest": m.definition.digest(),
+            "role": m.role, "definition": str(m.definition_path), "seed": m.definition.market.seed,
+            "digest": m.definition.digest(),
             "store": str(store_path(stores, m)), "set": [*suite.plan, *m.overrides, *m.derived()],
             "build": builds[m.name],
             "runs": {str(s): {**done.get((m.name, s), {"returncode": None, "wall_s": None}),
