@@ -1,6 +1,6 @@
 """Features of the book at a bar's close (spread, depth imbalance, microprice), the bar's mean spread, and its
-time-weighted depth imbalance per level (TW_IMBALANCE_COLUMNS: the observation's opt-in block, features.tw_imbalance;
-what it adds: section 67 of tools/results/learner_ablation_h200.md)."""
+time-weighted depth imbalance per level (TW_IMBALANCE_COLUMNS: the observation's block, features.tw_imbalance, on by
+default; what it adds: sections 67-68 of tools/results/learner_ablation_h200.md)."""
 
 from __future__ import annotations
 
