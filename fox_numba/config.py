@@ -836,6 +836,7 @@ RUN_FIELDS_ADDED: dict[str, Any] = {
     "learner.counterfactual": False,
     "learner.counterfactual_held": False,
     "env.position_history": True,
+    "features.tw_imbalance": False,
 }
 """Fields whose default changed after they were added, each with the value that a run's config.toml written before
 the field existed (every run folder's config.toml holds every field of its day) ran with."""
