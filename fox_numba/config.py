@@ -507,6 +507,12 @@ class LearnerConfig:
         "divides tau by up to 5).",
     )
     weight_decay: float = opt(0.0, "Decoupled (AdamW) weight decay on the weights; biases never decay.")
+    encoder_weight_decay: float = opt(
+        0.0,
+        "Decoupled weight decay added to weight_decay on the weights of a Mamba2 or TLOB encoder alone (>= 0): "
+        "capacity control on the encoder, whose outputs let the heads fit the training window's noise "
+        "(tools/results/learner_ablation_h200.md section 69), without shrinking the heads.",
+    )
     branch_weights: list[float] = opt(  # noqa: RUF009 (opt gives a list default its default_factory)
         [1.0, 1.0, 1.0, 1.0],
         "Loss weight of each action branch (direction, magnitude, order type, urgency).",

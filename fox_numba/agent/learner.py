@@ -286,6 +286,9 @@ class Learner:
             raise ValueError(f"learner.iqn_weight must be >= 0, got {lc.iqn_weight}")
         if not lc.mean_weight >= 0:
             raise ValueError(f"learner.mean_weight must be >= 0, got {lc.mean_weight}")
+        if not (lc.weight_decay >= 0 and lc.encoder_weight_decay >= 0):
+            raise ValueError(f"learner.weight_decay and encoder_weight_decay must be >= 0, got {lc.weight_decay}, "
+                             f"{lc.encoder_weight_decay}")
         if cfg.run.diag_every < 1:
             raise ValueError(f"run.diag_every must be >= 1, got {cfg.run.diag_every}")
         self.cfg, self.layout, self.replay, self.isv = cfg, layout, replay, isv
@@ -304,7 +307,9 @@ class Learner:
         self.grads = device_zeros(n, np.float32, stream=stream)
         self.adam_m = device_zeros(n, np.float32, stream=stream)
         self.adam_v = device_zeros(n, np.float32, stream=stream)
-        self.decay_mask = stager.upload_new(layout.decay_mask())
+        # each element's AdamW decay rate (adam_update's weight_decay is then 1: the same float32 product)
+        rates = layout.decay_mask(lc.weight_decay, lc.weight_decay + lc.encoder_weight_decay)
+        self.decay_mask = stager.upload_new(rates)
         self.fresh = device_empty(n, np.float32)  # shrink-and-perturb's fresh draw
         self.average = device_zeros(n, np.float32, stream=stream)  # the fold's running mean of epoch-end params
         self.mirror = stager.upload_new(mean_head_parity(cfg, layout)) if cfg.network.mirror else None
@@ -466,7 +471,7 @@ class Learner:
         update_adaptive_clip(self.isv, lc.clip_ema_mult, stream=s, warmup_rule=lc.warmup_rule)
         adam_update(self.params, self.grads, self.adam_m, self.adam_v, self.decay_mask, self.isv, self.optim_state,
                     self.adam_partials, beta1=lc.adam_beta1, beta2=lc.adam_beta2, eps=lc.adam_eps,
-                    weight_decay=lc.weight_decay, stream=s)
+                    weight_decay=1.0, stream=s)
         self.project_mirror(s)
         polyak(self.target, self.params, self.isv, self.optim_state, self.polyak_partials, stream=s)
         finish(self.isv, self.optim_state, self.adam_partials, self.polyak_partials, n, self.support_online,

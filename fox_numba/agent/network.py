@@ -415,12 +415,14 @@ class ParamLayout:
             return self.entry("head.weight"), self.entry("head.bias")
         return self.entry(f"trunk.{index}.weight"), self.entry(f"trunk.{index}.bias")
 
-    def decay_mask(self) -> np.ndarray:
-        """float32 [size]: 1 on the entries that decay (weights), 0 on biases and gaps."""
+    def decay_mask(self, rate: float = 1.0, encoder_rate: float | None = None) -> np.ndarray:
+        """float32 [size]: the weight-decay rate of each element, `rate` on the entries that decay (weights), 0 on
+        biases and gaps; the encoders' (Mamba2, TLOB) weights at `encoder_rate` (None: `rate`)."""
         mask = np.zeros(self.size, np.float32)
         for e in self.entries:
             if e.decay:
-                mask[e.offset : e.stop] = 1.0
+                encoder = encoder_rate is not None and e.name.startswith((MAMBA2_PREFIX, TLOB_PREFIX))
+                mask[e.offset : e.stop] = encoder_rate if encoder else rate
         return mask
 
     def unpack(self, flat: np.ndarray) -> dict[str, np.ndarray]:

@@ -215,7 +215,8 @@ def adam_step(params, grads, m, v, decay_mask, isv, state, partials, beta1, beta
     g = grad * min(1, CLIP_EFF / (norm + 1e-12)); m, v the usual moments; bias corrections
     1 - beta**t = -expm1(t * log(beta)) (accurate in float32 for small t), t = state adam_t + 1;
     lr = state lr * max(0.05, FOLD_WARMUP_FACTOR); update u = lr * (m_hat / (sqrt(v_hat) + eps) +
-    weight_decay * decay_mask * param) (decoupled weight decay, masked off biases); param -= u.
+    weight_decay * decay_mask * param) (decoupled weight decay; decay_mask 0 on biases, and the learner's holds each
+    element's rate, with weight_decay 1); param -= u.
     partials[block] = the float64 sum of u**2 over the block's parameters (UPDATE_RMS_EMA).
     """
     tid = cuda.threadIdx.x

@@ -93,6 +93,18 @@ def market(stager, rng):
     return host, stager.upload_new(host), market_obs, stager.upload_new(day_first_rows(DAY_START))
 
 
+def test_decay_rates_give_the_encoder_its_own():
+    """learner.encoder_weight_decay: the encoder's weights decay at their own rate, the other weights at weight_decay,
+    biases and norm parameters never; without an encoder rate every weight decays at the one rate."""
+    lay = build(TRUNK)
+    rates = lay.decay_mask(0.25, 0.75)
+    for e in lay.entries:
+        want = (0.75 if e.name.startswith(TLOB_PREFIX) else 0.25) if e.decay else 0.0
+        np.testing.assert_array_equal(rates[e.offset : e.stop], np.float32(want), e.name)
+    assert any(e.decay and e.name.startswith(TLOB_PREFIX) for e in lay.entries)
+    np.testing.assert_array_equal(lay.decay_mask(0.25), lay.decay_mask() * np.float32(0.25))
+
+
 def test_forward_needs_the_book_and_rows(stream, stager, rng):
     net = unbound_network(stream, stager, build(LINEAR), SAMPLE_ROWS)
     _, book_obs, market_obs, day_first = market(stager, rng)

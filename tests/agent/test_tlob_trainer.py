@@ -28,9 +28,12 @@ def windows(market, rows):
 @pytest.mark.parametrize("mean_cross", [False, True], ids=["linear", "mean_cross"])
 def test_a_tlob_trainer_reads_the_book_windows_of_the_rows_it_acts_on(half_hour_store, mean_cross):
     """Beside the crossed mean head too (network.mean_cross on a linear network: it acts on [obs | enc], mirror
-    off)."""
-    rt = encoder_trainer(half_hour_store, SIZES, mean_cross)
+    off), there with the encoder's own weight decay."""
+    decay = ["learner.weight_decay=0.01", "learner.encoder_weight_decay=0.5"] if mean_cross else []
+    rt = encoder_trainer(half_hour_store, SIZES + decay, mean_cross)
     trainer, cfg = rt.trainer, rt.cfg
+    rates = trainer.stager.download(trainer.learner.decay_mask)
+    np.testing.assert_array_equal(rates, trainer.layout.decay_mask(*((0.01, 0.51) if mean_cross else (0.0, 0.0))))
     assert audit_trainer(rt.registry, trainer, rt.kills, rt.best) == []
     host = trainer.market.host
     assert np.isfinite(host.book_obs).all() and np.ptp(host.book_obs) > 0
