@@ -429,7 +429,9 @@ class NetworkConfig:
         "T must be a multiple of tlob_heads. Refused with vsn, moe_experts, iqn_quantiles, noisy_sigma0, "
         "mamba2_window and network.mirror (set it false); with network.mean_cross the crossed mean head reads the "
         "encoder's columns too. Learner step 5.95 ms at T = 32 on an H200 (tools/results/tlob_attention_h200.md). "
-        "Off by default; not yet measured on the suite.",
+        "Off by default: at T = 32 beside the crossed mean head (mirror off) it lost 3.95 (SE 0.44) on four seen "
+        "markets of the suite, 5 seeds, letting the mean head fit the training days' noise "
+        "(tools/results/learner_ablation_h200.md section 69; learner.encoder_weight_decay is its lever).",
     )
     tlob_width: int = opt(
         16, "Model width D of the TLOB encoder: each snapshot's embedding, and the feature view's tokens (at most 64, "
