@@ -12,6 +12,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 
+from suite import pack_runs  # noqa: E402
 from suite_trading import FIELDS, main  # noqa: E402
 
 SEEDS = 3
@@ -58,3 +59,20 @@ def test_a_market_without_runs_is_refused(tmp_path, rng, capsys):
         main(["--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "t"), "--markets", "m,absent"])
     assert "no seed_*/summary.json for absent" in capsys.readouterr().err
     assert not (tmp_path / "t.md").exists()
+
+
+def test_a_packed_runs_archive_reads_as_its_folder(tmp_path, rng, capsys):
+    """tools/suite.py --pack's archive (tools/results/runs_suite_*.tgz) gives the folder's numbers without unpacking;
+    a file that is not an archive is refused by name."""
+    write_runs(tmp_path / "runs", rng)
+    archive = tmp_path / "runs_suite_x.tgz"
+    assert pack_runs(tmp_path / "runs", ["m"], range(SEEDS), archive) == SEEDS
+    assert main(["--runs", str(tmp_path / "runs"), "--out", str(tmp_path / "a")]) == 0
+    assert main(["--runs", str(archive), "--out", str(tmp_path / "b")]) == 0
+    folder, packed = (json.loads((tmp_path / f"{n}.json").read_text())["markets"] for n in ("a", "b"))
+    assert folder == packed and set(folder) == {"m"}
+    (tmp_path / "junk.tgz").write_bytes(b"not a tar")
+    with pytest.raises(SystemExit):
+        main(["--runs", str(tmp_path / "junk.tgz"), "--out", str(tmp_path / "c")])
+    assert f"--runs {tmp_path / 'junk.tgz'}: not a runs folder or a readable runs archive" in capsys.readouterr().err
+    assert not (tmp_path / "c.md").exists()
