@@ -6,8 +6,9 @@ RUNS is a folder of RUNS/MARKET/seed_S/summary.json (tools/suite.py's --runs) or
 --pack wrote (tools/results/runs_suite_*.tgz), read as it is. Per market and fold, the mean over the seeds (and its
 standard error) of each fold's chosen checkpoint's validation figures against the probe's on the same days
 (summary.json's `val` and `baselines.probe`): daily Sharpe, trades, bars in the market (active fraction), hit rate of
-the round trips, and the mean and standard deviation of the daily P&L. Why: a Sharpe below the probe's says only that the agent trails; these say whether it trades too often or too
-rarely, is in the market too much or too little, or picks its side worse. Writes OUT.md and OUT.json.
+the round trips, and the mean and standard deviation of the daily P&L. Why: a Sharpe below the probe's says only that
+the agent trails; these say whether it trades too often or too rarely, is in the market too much or too little, or
+picks its side worse. Writes OUT.md and OUT.json.
 """
 
 from __future__ import annotations
