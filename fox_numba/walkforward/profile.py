@@ -178,7 +178,7 @@ def profile(cfg: FoxConfig, selection: MarketSelection, *, epochs: int, steps: i
     if ev.chunk_rows is not None:  # an encoder over past bars: the cache a step reads, filled once per chunk
         ev.net.encode(ev.params, ev.chunk_rows[0], stream=s)
     bodies = {"collect": trainer.collector._step, "train": trainer.learner._step,
-              "evaluate": lambda st: ev._step(st, 0)}
+              "evaluate": lambda st, ev=ev: ev._step(st, 0)}  # ev bound now: the del below drops it
     kernels, launches = {}, {}
     for name, body in bodies.items():
         kernels[name], launches[name] = kernel_table(body, s, steps)
