@@ -92,3 +92,23 @@ def test_merging_refuses_a_seed_whose_figures_differ_and_other_markets(tmp_path,
         with pytest.raises(SystemExit) as exit_info:
             main([f"{first},{second}", f"x={first}"])
         assert exit_info.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_pooled_rows_pool_the_same_markets_in_every_column():
+    """A config that ran market a alone (tools/suite.py --markets a) against a baseline of a and c (both seen):
+    the seen row pools a alone in both columns, says so, and its paired difference is a's; the held-out group,
+    which the config did not run, has no row."""
+    def record(honest: dict[str, list[float]]) -> dict:
+        markets = {m: {"role": "held_out" if m == "b" else "seen",
+                       "runs": {str(s): {"honest": v} for s, v in enumerate(values)}}
+                   for m, values in honest.items()}  # fmt: skip
+        pooled = {"seen": {"markets": [m for m in ("a", "c") if m in honest]},
+                  "held_out": {"markets": [m for m in ("b",) if m in honest]}}
+        return {"markets": markets, "pooled": {k: v for k, v in pooled.items() if v["markets"]}}
+
+    base = record({"a": [1.0, 2.0, 3.0], "c": [7.0, 9.0, 8.0], "b": [0.0, 0.5, 1.0]})
+    other = record({"a": [1.5, 2.1, 3.9]})
+    rows = cells(compare(base, [("x", other)]))
+    assert "seen, pooled" not in rows and not any(r.startswith("held out, pooled") for r in rows)
+    assert rows["seen, pooled (1 of 2 markets)"][1:] == rows["a"][1:]
+    assert rows["c"][2:] == ["n/a", "n/a"]

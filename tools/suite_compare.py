@@ -5,7 +5,9 @@
     python3 tools/suite_compare.py BASE_0_4.json,BASE_5_9.json NAME=X_0_4.json,X_5_9.json   # ten seeds
 
 Per market (and pooled over the seen and over the held-out markets, a seed's pooled figure being its mean over
-the group's markets): the baseline's honest mean, then for each config its mean and its difference from the
+the group's markets; where a config ran only some of the baseline's markets (tools/suite.py --markets), every
+column pools the markets all of them ran, and the row says how many of the group's that is): the baseline's honest
+mean, then for each config its mean and its difference from the
 baseline paired by seed, with the standard error of that difference. Pairing by seed removes what the seed
 does to both runs alike (the same collect streams and initial weights), so the paired standard error is the
 one that says whether a config differs; a difference inside two of them is noise. --by-fold gives a row per market
@@ -24,18 +26,32 @@ from pathlib import Path
 from typing import Any
 
 
-def per_seed(suite: dict[str, Any]) -> dict[str, dict[int, float]]:
-    """{market: {seed: honest}} of the runs that finished with a figure, and the pooled rows of each role."""
+def per_seed(suite: dict[str, Any], pools: dict[str, list[str]]) -> dict[str, dict[int, float]]:
+    """{market: {seed: honest}} of the runs that finished with a figure, then a pooled row per `pools` entry
+    ({row name: its markets}, which the suite must all have)."""
     table: dict[str, dict[int, float]] = {}
     for market, entry in suite["markets"].items():
         table[market] = {int(s): r["honest"] for s, r in entry["runs"].items()
                          if r.get("honest") is not None and math.isfinite(r["honest"])}  # fmt: skip
-    for role, pooled in suite["pooled"].items():
-        markets = pooled["markets"]
+    for row, markets in pools.items():
         seeds = set.intersection(*(set(table[m]) for m in markets))
-        table[f"{role.replace('_', ' ')}, pooled"] = {s: statistics.mean(table[m][s] for m in markets)
-                                                      for s in sorted(seeds)}  # fmt: skip
+        table[row] = {s: statistics.mean(table[m][s] for m in markets) for s in sorted(seeds)}
     return table
+
+
+def common_pools(base: dict[str, Any], others: list[dict[str, Any]]) -> dict[str, list[str]]:
+    """{row name: markets} of the baseline's pooled groups, each cut to the markets every config ran too, so that
+    all columns of a pooled row average the same markets; a cut group's name says how many of its markets it
+    keeps, and a group none of whose markets every config ran has no row."""
+    pools: dict[str, list[str]] = {}
+    for role, pooled in base["pooled"].items():
+        markets = [m for m in pooled["markets"] if all(m in other["markets"] for other in others)]
+        name = f"{role.replace('_', ' ')}, pooled"
+        if markets and len(markets) < len(pooled["markets"]):
+            name += f" ({len(markets)} of {len(pooled['markets'])} markets)"
+        if markets:
+            pools[name] = markets
+    return pools
 
 
 def per_seed_fold(suite: dict[str, Any]) -> dict[str, dict[int, float]]:
@@ -90,9 +106,11 @@ def load(spec: str) -> dict[str, Any]:
 
 def compare(base: dict[str, Any], others: list[tuple[str, dict[str, Any]]], by_fold: bool = False) -> str:
     """The markdown table (module docstring)."""
-    rows_of = per_seed_fold if by_fold else per_seed
-    b = rows_of(base)
-    tables = [(name, rows_of(s)) for name, s in others]
+    if by_fold:
+        b, tables = per_seed_fold(base), [(name, per_seed_fold(s)) for name, s in others]
+    else:
+        pools = common_pools(base, [s for _, s in others])
+        b, tables = per_seed(base, pools), [(name, per_seed(s, pools)) for name, s in others]
     roles = {m: e.get("role", "") for m, e in base["markets"].items()}
     roles |= {row: roles[row.rsplit(" fold ", 1)[0]] for row in b if " fold " in row}
     head = "| market | role | baseline | " + " | ".join(f"{n} | paired" for n, _ in tables) + " |"
