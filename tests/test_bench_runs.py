@@ -12,12 +12,15 @@ import pytest
 from tool_loader import tool_module
 
 
-FAKE_TRAIN = """import json, pathlib, sys
+FAKE_TRAIN = """import json, os, pathlib, sys
 runs, seed = pathlib.Path(sys.argv[1]), int(sys.argv[2])
 (runs / f"seed_{seed}").mkdir(parents=True)
+(runs / f"threads_{seed}.txt").write_text(os.environ.get("OPENBLAS_NUM_THREADS", "unset"))
 first = 3.0 + seed
+print("fold 0: train ...; baselines: probe Sharpe +1.00 ..., oracle +2.00; set up in 1.5 s")
 print("fold 0 epoch 0: val Sharpe ... | seconds: collect %.1f train 5.0 evaluate 1.0 epoch 9.5" % first)
 print("fold 0 epoch 1: val Sharpe ... | seconds: collect 0.5 train 1.0 evaluate 0.5 epoch 2.0")
+print("fold 1: train ...; baselines: probe Sharpe +1.00 ..., oracle +2.00; set up in 0.5 s")
 print("fold 1 epoch 0: val Sharpe ... | seconds: collect 0.5 train 2.0 evaluate 0.5 epoch 3.0")
 figure = seed + (0.5 if "--differ" in sys.argv and "together" in str(runs) else 0.0)
 (runs / f"seed_{seed}" / "summary.json").write_text(json.dumps({"honest_sharpe_mean": figure}))
@@ -54,6 +57,24 @@ def test_warmup_alone_and_together(tool, fake, tmp_path):
     assert "| one alone | first | 3.00 | 5.00 | 1.00 | 9.50 |" in text  # seed 0's first epoch
     assert "| 3 at once | first | 4.00 | 5.00 | 1.00 | 9.50 |" in text  # seeds 0-2: collect 3, 4, 5
     assert "wrote the same summary.json" in text and "python3 tools/bench_runs.py --runs 3" in text
+    assert t1["setup_s"] == 2.0 and t1["epochs_s"] == 14.5
+    wall = record["runs"]["alone"]["wall_s"]  # seed 0: done in 7, set-up 2.0, epochs 9.5 + 2.0 + 3.0
+    assert f"| one alone | {wall:.1f} | {wall - 7:.1f} | 2.0 | 14.5 | -9.5 |" in text
+    assert "their own defaults" in text
+
+
+def test_threads_per_run_reaches_every_run(tool, fake, tmp_path, monkeypatch):
+    for name in tool.THREAD_VARIABLES:
+        monkeypatch.delenv(name, raising=False)  # restored after the test: main sets them for its children
+    folder = tmp_path / "runs"
+    assert tool.main(["--runs", "2", "--no-warmup", "--threads-per-run", "3", "--folder", str(folder),
+                      "--out", str(tmp_path / "t")]) == 0
+    assert [(folder / p / f"threads_{s}.txt").read_text() for p, s in
+            (("alone", 0), ("together_0", 0), ("together_1", 1))] == ["3", "3", "3"]
+    assert json.loads((tmp_path / "t.json").read_text())["threads_per_run"] == 3
+    assert "CPU threads of each run's numerical libraries: 3" in (tmp_path / "t.md").read_text()
+    with pytest.raises(SystemExit):
+        tool.main(["--threads-per-run", "0", "--out", str(tmp_path / "u")])
 
 
 def test_a_failed_run_or_another_figure_for_the_same_seed_fails(tool, fake, tmp_path):
@@ -70,5 +91,6 @@ def test_a_failed_run_or_another_figure_for_the_same_seed_fails(tool, fake, tmp_
 def test_log_figures_of_a_run_that_printed_nothing(tool, tmp_path):
     empty = tmp_path / "x.log"
     empty.write_text("Traceback ...\n")
-    assert tool.log_figures(empty) == {"done_s": None, "first_epoch": None, "later_epochs": None, "epochs": 0}
+    assert tool.log_figures(empty) == {"done_s": None, "first_epoch": None, "later_epochs": None, "epochs": 0,
+                                       "epochs_s": 0, "setup_s": 0}
     assert tool.log_figures(tmp_path / "missing.log")["epochs"] == 0

@@ -12,15 +12,22 @@ set by the tool (tools/train_seeds.py's command):
 The wall times are measured around each process (Python's start included). OUT.md and OUT.json hold the three
 walls, N at once over one alone, each run's own `done in` figure and exit status, the mean seconds of its epochs'
 phases (its console lines "seconds: collect C train T evaluate E epoch P"; the first epoch of a run apart, since it
-loads the kernels and captures the graphs), and whether seed 0 alone and seed 0 among the N wrote the same
-summary.json (they must: the same seed gives the same numbers however many runs share the GPU). Exit status 1
-if a run failed or the two summaries differ.
+loads the kernels and captures the graphs), where a run's time goes (the walls less `done in`: Python's start and
+imports; its folds' set-up, each fold line's "set up in": the fold's tensors, state resets and baselines; its epochs;
+the rest of `done in`: the store, the features, the report), and whether seed 0 alone and seed 0 among the N wrote
+the same summary.json (they must: the same seed gives the same numbers however many runs share the GPU). Exit
+status 1 if a run failed or the two summaries differ.
+
+--threads-per-run K caps the CPU threads of every run's numerical libraries (OpenBLAS, OpenMP, MKL and numba's
+CPU pool: THREAD_VARIABLES) at K, for every phase: N processes whose libraries each start a thread per core can
+oversubscribe the host while they share the GPU.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import statistics
 import sys
@@ -43,17 +50,21 @@ from fox_numba.io import atomic_write_text  # noqa: E402
 PHASES = ("collect", "train", "evaluate", "epoch")
 EPOCH_LINE = re.compile(r"seconds: collect ([\d.]+) train ([\d.]+) evaluate ([\d.]+) epoch ([\d.]+)")
 DONE_LINE = re.compile(r"done in (\d+) s")
+SETUP_LINE = re.compile(r"; set up in ([\d.]+) s")
+THREAD_VARIABLES = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS")
 
 
 def log_figures(log: Path) -> dict[str, Any]:
-    """{done_s, first_epoch, later_epochs} of one run's console output: its `done in` seconds (None when it printed
-    none) and its epochs' phase seconds, the first epoch's as it is and the mean of the later ones'."""
+    """{done_s, first_epoch, later_epochs, epochs, epochs_s, setup_s} of one run's console output: its `done in`
+    seconds (None when it printed none), its epochs' phase seconds (the first epoch's as it is, the mean of the later
+    ones'), their number and their total, and the total of its folds' set-up seconds."""
     text = log.read_text(encoding="utf-8", errors="replace") if log.is_file() else ""
     rows = [dict(zip(PHASES, map(float, m.groups()), strict=True)) for m in EPOCH_LINE.finditer(text)]
     done = DONE_LINE.findall(text)
     later = {p: statistics.fmean(r[p] for r in rows[1:]) for p in PHASES} if len(rows) > 1 else None
     return {"done_s": int(done[-1]) if done else None, "first_epoch": rows[0] if rows else None,
-            "later_epochs": later, "epochs": len(rows)}
+            "later_epochs": later, "epochs": len(rows), "epochs_s": sum(r["epoch"] for r in rows),
+            "setup_s": sum(map(float, SETUP_LINE.findall(text)))}
 
 
 def same_summary(a: Path, b: Path) -> bool | None:
@@ -95,11 +106,25 @@ def phase_means(runs: dict[str, dict[str, Any]], phase: str, part: str) -> dict[
     return {p: statistics.fmean(r[p] for r in rows) for p in PHASES} if rows else None
 
 
+def time_split(runs: dict[str, dict[str, Any]], phase: str) -> tuple[float | None, ...]:
+    """(wall, wall - done in, folds' set-up, epochs, done in - set-up - epochs): the phase's means over its runs
+    that printed `done in` (all None when none did)."""
+    rows = [r for r in runs.values() if r["phase"] == phase and r["done_s"] is not None]
+    if not rows:
+        return (None,) * 5
+    m = {k: statistics.fmean(r[k] for r in rows) for k in ("wall_s", "done_s", "setup_s", "epochs_s")}
+    return (m["wall_s"], m["wall_s"] - m["done_s"], m["setup_s"], m["epochs_s"],
+            m["done_s"] - m["setup_s"] - m["epochs_s"])
+
+
 def markdown(record: dict[str, Any], command: str, info: dict[str, Any]) -> str:
     n, runs = record["n"], record["runs"]
     lines = results_header(f"{n} fox train runs at once on one GPU against one alone", command, info)
+    threads = record.get("threads_per_run")
     lines += ["", f"fox train arguments: `{' '.join(record['extra']) or '(none: the default preset on a GPU)'}`; "
-              f"run folders in `{record['folder']}`. Walls measured around the processes (Python's start included).",
+              f"run folders in `{record['folder']}`. Walls measured around the processes (Python's start included). "
+              + (f"CPU threads of each run's numerical libraries: {threads} (--threads-per-run)." if threads
+                 else "CPU threads of each run's numerical libraries: their own defaults."),
               "", "| what | wall s | / one alone |", "| --- | ---: | ---: |"]
     alone = record["alone_wall_s"]
     if "warmup_wall_s" in record:
@@ -115,6 +140,12 @@ def markdown(record: dict[str, Any], command: str, info: dict[str, Any]) -> str:
             m = phase_means(runs, phase, part)
             cells = " | ".join(f"{m[p]:.2f}" for p in PHASES) if m else "n/a | n/a | n/a | n/a"
             lines.append(f"| {label} | {which} | {cells} |")
+    lines += ["", "Where a run's time goes (seconds, the mean over the phase's runs; module header):", "",
+              "| runs | wall | Python's start (wall - done in) | folds' set-up | epochs | the rest of done in |",
+              "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    for phase, label in (("alone", "one alone"), ("together", f"{n} at once")):
+        lines.append(f"| {label} | " + " | ".join(f"{v:.1f}" if v is not None else "n/a"
+                                                  for v in time_split(runs, phase)) + " |")
     lines += ["", "| run | exit | wall s | done in s |", "| --- | ---: | ---: | ---: |"]
     lines += [f"| {k} | {r['returncode']} | {r['wall_s']:.1f} | {r['done_s'] if r['done_s'] is not None else 'n/a'} |"
               for k, r in runs.items()]
@@ -138,15 +169,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--folder", type=Path, default=Path("runs/bench_runs"), help="folder of the run folders")
     parser.add_argument("--no-warmup", action="store_true", help="skip the warm-up run (the caches are warm)")
     parser.add_argument("--mps", action="store_true", help=MPS_HELP + " (every phase, the warm-up included)")
+    parser.add_argument("--threads-per-run", type=int, default=None, metavar="K",
+                        help="cap each run's numerical libraries at K CPU threads (module header)")
     args = parser.parse_args(own)
     if args.mps and (problem := mps_problem()) is not None:
         parser.error(problem)
     if args.runs < 1:
         parser.error("--runs must be at least 1")
+    if args.threads_per_run is not None:
+        if args.threads_per_run < 1:
+            parser.error("--threads-per-run must be at least 1")
+        os.environ.update({v: str(args.threads_per_run) for v in THREAD_VARIABLES})
     command = "python3 tools/bench_runs.py " + " ".join(argv)
     info = {"date_utc": datetime.now(UTC).strftime("%Y-%m-%d %H:%M"), **machine()}
     with mps_for_children(args.mps):
         record = bench(args.runs, extra, args.folder, not args.no_warmup)
+    record["threads_per_run"] = args.threads_per_run
     out_md, out_json = args.out.with_name(args.out.name + ".md"), args.out.with_name(args.out.name + ".json")
     atomic_write_text(out_md, markdown(record, command, info))
     atomic_write_text(out_json, json.dumps({"command": command, "machine": info, **record}, indent=1) + "\n")

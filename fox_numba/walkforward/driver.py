@@ -258,6 +258,7 @@ class Driver:
         if point is not None:
             self.progress("resuming", advance=(point.fold * cfg.learner.epochs + point.epoch) * len(EPOCH_PHASES))
         for k in range(first, len(self.folds)):
+            t0 = time.perf_counter()
             fold = self.folds[k]
             market = self.fold_market = self.market(fold)
             trainer.bind_fold(market, k)
@@ -283,7 +284,8 @@ class Driver:
             baselines.save(self.run.fold_dir(k))
             log(f"{fold_text}; baselines: probe Sharpe {sharpe_text(baselines.probe)} (val R^2 "
                 f"{baselines.probe_r2:+.3f}), buy-and-hold {sharpe_text(baselines.buy_and_hold)}"
-                + (f", oracle {signed(baselines.oracle_sharpe)}" if baselines.oracle_sharpe is not None else ""))
+                + (f", oracle {signed(baselines.oracle_sharpe)}" if baselines.oracle_sharpe is not None else "")
+                + f"; set up in {time.perf_counter() - t0:.1f} s")
             for epoch in range(start_epoch, cfg.learner.epochs):
                 killed = self.epoch(k, epoch, baselines, resets if epoch == start_epoch else None)
                 if killed:  # the fold's remaining epochs will not run: their steps of the bar are done
