@@ -36,6 +36,7 @@ from fox_numba.features.names import (
     TW_IMBALANCE_FEATURES,
 )
 from fox_numba.io import generated_doc_main
+from fox_numba.jitcache import cached_njit
 
 EMA_HALF_LIVES: tuple[int, ...] = (3, 10, 30)
 """Half-lives in bars of the per-day EMAs of the normalised features."""
@@ -179,13 +180,25 @@ def market_part(z: np.ndarray, day_start: np.ndarray, ema_start: str) -> np.ndar
     if ema_start not in ("first", "zero"):
         raise ValueError(f"ema_start must be 'first' or 'zero', got {ema_start!r}")
     for k, h in enumerate(EMA_HALF_LIVES):
-        alpha = ema_alpha(h)
-        ema = np.empty_like(z64)
-        for t in range(n):
-            before = (z64[t] if ema_start == "first" else 0.0) if first[t] else ema[t - 1]
-            ema[t] = before + alpha * (z64[t] - before)
-        out[:, (k + 1) * c : (k + 2) * c] = ema
+        out[:, (k + 1) * c : (k + 2) * c] = _day_emas(z64, first, ema_alpha(h), ema_start == "first")
     return out
+
+
+@cached_njit()
+def _day_emas(z: np.ndarray, first: np.ndarray, alpha: float, from_first: bool) -> np.ndarray:
+    """float64 [n, c]: ema[t] = before + alpha (z[t] - before), before = ema[t - 1], or at a day's first row
+    (first[t]) z[t] (from_first) or 0. Compiled: a fold's 27 k rows x 3 half-lives took ~0.3 s as a Python loop
+    over rows, every fold of every run."""
+    n, c = z.shape
+    ema = np.empty_like(z)
+    for t in range(n):
+        for j in range(c):
+            if first[t]:
+                before = z[t, j] if from_first else 0.0
+            else:
+                before = ema[t - 1, j]
+            ema[t, j] = before + alpha * (z[t, j] - before)
+    return ema
 
 
 def _cell(text: str) -> str:

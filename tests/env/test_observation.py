@@ -80,6 +80,17 @@ def test_market_part_zero_start_matches_the_reference(rng):
     assert not np.allclose(got[1:9, 32:], ob.market_part(z, day_start, "first")[1:9, 32:]), "the two starts must differ"
 
 
+@pytest.mark.parametrize("ema_start", ["first", "zero"])
+@pytest.mark.parametrize("width", [ob.N_FEATURES, len(TW_IMBALANCE_COLUMNS)])
+def test_market_part_is_the_reference_bit_for_bit(rng, ema_start, width):
+    """The compiled EMA loop does the reference's float64 operations in its order (no fused multiply-add), so the
+    float32 output is the reference's rounded, exactly: runs started before it compiled keep their numbers."""
+    z = rng.normal(size=(300, width)).astype(np.float32)
+    day_start = np.array([0, 1, 57, 58, 190, 300])
+    expected = ema_reference(z, day_start, ema_start).astype(np.float32)
+    np.testing.assert_array_equal(ob.market_part(z, day_start, ema_start), expected)
+
+
 def test_market_part_has_no_look_ahead(rng):
     """Changing every row after r changes no market row at or before r."""
     z = rng.normal(size=(15, ob.N_FEATURES)).astype(np.float32)
