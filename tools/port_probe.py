@@ -61,7 +61,7 @@ from td_probe import (  # noqa: E402
 
 from fox_numba.actions import N_DIRECTIONS  # noqa: E402
 from fox_numba.agent.fold_market import FoldMarket  # noqa: E402
-from fox_numba.config import LearnerConfig  # noqa: E402
+from fox_numba.config import FoxConfig, LearnerConfig  # noqa: E402
 from fox_numba.kernels.optim import ADAM_SHRINK_M, ADAM_SHRINK_V  # noqa: E402
 from fox_numba.observation import N_MARKET, UPNL_CLIP  # noqa: E402
 from fox_numba.walkforward.driver import half_spread  # noqa: E402
@@ -355,6 +355,18 @@ def learn(xb: np.ndarray, book: Book, rows: Rows, mode: str, lc: LearnerConfig, 
     return (total / count if count else w), Carry(w, moments)
 
 
+def fold_inputs(m: FoldMarket, cfg: FoxConfig, agent_units: bool) -> tuple[np.ndarray, Book, Rows]:
+    """A fold's [x, 1] rows (every market column of m), its book and its training transitions with the probe's cost
+    (half spread + commission), in the agent's risk units with `agent_units`: what `learn` fits on."""
+    x = np.asarray(m.market_obs, dtype=np.float64)
+    xb = np.hstack([x, np.ones((len(x), 1))])
+    mid = np.asarray(m.mid, dtype=np.float64)
+    book = Book.of(mid, m.day_start, m.train_stop, cfg.env.max_position, cfg.env.episode_bars)
+    rows = fold_rows(mid, m.day_start, m.train_stop, cfg.learner.gamma)
+    rows = dataclasses.replace(rows, cost=half_spread(m) + cfg.env.commission / m.point_value)
+    return xb, book, (in_risk_units(rows, m.risk_unit / m.point_value) if agent_units else rows)
+
+
 def ensembles(fits: list[np.ndarray], k: int) -> list[np.ndarray]:
     """The mean weights of each group of k consecutive fits (seeds in order): an ensemble of k values linear in the
     same columns is the linear values of their mean weights, so it trades as one."""
@@ -409,14 +421,7 @@ def main(argv: list[str] | None = None) -> int:
     carried: dict[str, list[Carry]] = {}
     for fold in make_folds(cfg.folds, selection.days):
         m = FoldMarket.build(feats, fold, cfg.features if args.forecast else plain, cfg.env)
-        x = np.asarray(m.market_obs, dtype=np.float64)  # every market column: the block when on, --forecast's
-        xb = np.hstack([x, np.ones((len(x), 1))])
-        mid = np.asarray(m.mid, dtype=np.float64)
-        book = Book.of(mid, m.day_start, m.train_stop, cfg.env.max_position, cfg.env.episode_bars)
-        rows = fold_rows(mid, m.day_start, m.train_stop, lc.gamma)
-        rows = dataclasses.replace(rows, cost=half_spread(m) + cfg.env.commission / m.point_value)
-        if args.agent_units:
-            rows = in_risk_units(rows, m.risk_unit / m.point_value)
+        xb, book, rows = fold_inputs(m, cfg, args.agent_units)
         for mode in args.modes:
             cols = PORT_COLUMNS[mode]
             prev = carried.get(mode) if args.carry is not None else None
