@@ -1,6 +1,6 @@
 """What the linear fit of the agent's learner reads, against the ridge probe fitted on the same rows (CPU).
 
-    python3 tools/td_read.py [--store STORE.h5] [--seeds 0 1 2] [--set SECTION.FIELD=VALUE ...] \
+    python3 tools/td_read.py [--store STORE.h5] [--seeds 0 1 2] [--n-step N] [--set SECTION.FIELD=VALUE ...] \
         [--out tools/results/NAME.md]
 
 Per fold and seed, tools/port_probe.py's fit in mode `left` with the agent's units and its mirror prior
@@ -73,9 +73,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--store", type=Path, help="market store (default: the embedded default market)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--n-step", type=int, default=1, help="the fit's targets hold the reached position this many "
+                        "bars (port_probe.py's --n-step)")
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE", help="config override")
     parser.add_argument("--out", type=Path, help="also write the tables to this markdown file")
     args = parser.parse_args(argv)
+    if args.n_step < 1:
+        parser.error("--n-step must be >= 1")
     cfg, selection, feats, plain = probe_setup(args.store, args.set)
     ev, lc = cfg.evaluation, cfg.learner
     names = column_names(plain)
@@ -91,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         y = forward_change(np.asarray(m.mid, np.float64), np.asarray(m.day_start, np.int64), ev.probe_horizon_bars)
         train, val = np.arange(m.train_stop), val_rows(m)  # the probe's rows (probe_baseline's), the scored days
         probe = fit_probe(x, y, train, ridge=ev.probe_ridge, horizon=ev.probe_horizon_bars).weights
-        fits = [long_minus_short(learn(xb, book, rows, "left", lc, seed, cfg.env.explore_spread, 60,
+        fits = [long_minus_short(learn(xb, book, rows, "left", lc, seed, cfg.env.explore_spread, 60, args.n_step,
                                        agent_units=True, mirror="project",
                                        mirror_strength=cfg.network.mirror_strength)[0], n_x)
                 for seed in args.seeds]  # fmt: skip
@@ -112,11 +116,11 @@ def main(argv: list[str] | None = None) -> int:
                  "What the linear fit of the agent's learner reads against the ridge probe",
                  f"Store: {selection.path}, {len(selection.days)} days; seeds {args.seeds}; the fit: mode left, the "
                  f"agent's units, mirror projection at {cfg.network.mirror_strength}, {lc.epochs} x "
-                 f"{lc.steps_per_epoch} steps at lr {lc.lr}, gamma {lc.gamma}; the probe: ridge "
-                 f"{ev.probe_ridge}, horizon {ev.probe_horizon_bars} bars. Correlations of each score with the "
-                 f"{ev.probe_horizon_bars}-bar forward mid change; the fit's as mean (SE) over the seeds. The second "
-                 f"table: the {TOP} columns whose loadings (correlations with the score, training rows) differ most "
-                 "between the fit (mean over the seeds) and the probe (module header).")
+                 f"{lc.steps_per_epoch} steps at lr {lc.lr}, gamma {lc.gamma}, targets of {args.n_step} bar(s) "
+                 f"held; the probe: ridge {ev.probe_ridge}, horizon {ev.probe_horizon_bars} bars. Correlations of "
+                 f"each score with the {ev.probe_horizon_bars}-bar forward mid change; the fit's as mean (SE) over "
+                 f"the seeds. The second table: the {TOP} columns whose loadings (correlations with the score, "
+                 "training rows) differ most between the fit (mean over the seeds) and the probe (module header).")
     return 0
 
 
