@@ -531,11 +531,11 @@ def sweep(
     from fox_numba.sweep.runner import import_ray
     from fox_numba.sweep.spec import SWEEP_OWNED, load_spec
 
-    import_ray()  # a missing extra stops here, before a store is built
-    if mps and (address is not None or SIMULATOR):
+    if mps and (address is not None or SIMULATOR):  # options that cannot work, refused before the extra is asked for
         raise ConfigError("--mps starts a daemon for this machine's GPU: "
                           + ("with --address, start one on each node instead" if address else "there is none here "
                              "(the CUDA simulator is on)"))
+    import_ray()  # a missing extra stops here, before a store is built
     if mps and (problem := mps_problem()) is not None:
         raise ConfigError(problem)
     plan = load_spec(spec)

@@ -80,7 +80,11 @@ cli = CliRunner()
     pytest.param(["--mps"], "there is none here (the CUDA simulator is on)",
                  marks=pytest.mark.skipif(not SIMULATOR, reason="on a GPU, --mps would run the sweep")),
 ])
-def test_the_sharing_options_refuse_what_cannot_work(tmp_path, extra, message):
+def test_the_sharing_options_refuse_what_cannot_work(tmp_path, monkeypatch, extra, message):
+    """Refused before Ray is asked for: the same message with or without the extra installed."""
+    def no_ray():
+        raise runner.RayMissing(runner.RAY_MISSING)
+    monkeypatch.setattr(runner, "import_ray", no_ray)
     spec = tmp_path / "s.toml"
     spec.write_text('[sweep]\nseeds = [0]\n[grid]\n"learner.lr" = [3e-4]\n')
     result = cli.invoke(app, ["sweep", str(spec), *extra])
