@@ -322,7 +322,9 @@ class NetworkConfig:
         "at strength 0.01: seen markets +0.46 (SE 0.11), held-out +1.68 (0.20), the default market +0.67 (0.26); "
         "on the seeds that chose nothing (5-9) seen +0.42 (0.19). The exact symmetry (strength 1) gained the "
         "held-out markets more, +2.51 (0.19), but lost high_cost 2.53 (0.30), where the fit leans to one side, and "
-        "was noise on the seen ones, +0.06 (0.09) (section 62). On by default since section 64. Needs mean_cross "
+        "was noise on the seen ones, +0.06 (0.09) (section 62). On by default since section 64; on today's observation "
+        "(the time-weighted block) turning it off costs the seen markets 1.33 (0.25), high_cost 3.32 (0.54) "
+        "(section 82, 5 seeds). Needs mean_cross "
         "(a linear network whose mean head reads the observation) and no encoder, whose columns' mirror image is "
         "not known: set network.mirror=false with a trunk, a Mamba2 or a TLOB encoder.",
     )
@@ -406,11 +408,12 @@ class NetworkConfig:
         "day's first reads that first bar: no look across days or ahead) pass a Mamba2 (SSD) block, and the block's "
         "output at the last bar, mamba2_out columns, is appended to the observation the trunk (or the heads) read. "
         "Refused with vsn, moe_experts, iqn_quantiles and noisy_sigma0, and beside network.mirror (set it false); "
-        "with network.mean_cross the crossed mean head reads the encoder's columns too. On the suite at T = 32 "
-        "(5 seeds), measured when it could not run beside mean_cross, it equalled its network without the encoder "
-        "on the seen markets, +0.16 (SE 0.53), and stayed 2.13 (0.39) below the defaults, as dropping mean_cross "
-        "alone costs 2.29 (tools/results/learner_ablation_h200.md section 63); so off by default. Learner step "
-        "2.46 ms on an H100 (tools/results/bench_learner_gather_mamba2w32_tf32_h100.md).",
+        "with network.mean_cross the crossed mean head reads the encoder's columns too. Off by default: on the "
+        "suite at T = 32 beside the crossed mean head (mirror off, 5 seeds) it lost on every market against the "
+        "same network without it, seen markets 2.12 (SE 0.38), held-out 1.88 (0.38), holding a position in 97-98% "
+        "of bars (tools/results/learner_ablation_h200.md section 82; beside the plain head, section 63, it equalled "
+        "its network, +0.16, SE 0.53). Learner step 2.54 ms on an H100 against 0.35 ms without it "
+        "(tools/results/bench_learner_part_mamba2_tf32_h100.md); about 4.3 GB of GPU memory a run.",
     )
     mamba2_heads: int = opt(4, "Heads H of the Mamba2 encoder (network.mamba2_window > 0).")
     mamba2_head_dim: int = opt(16, "Channels P per head of the Mamba2 encoder, 1 .. 64.")
@@ -428,12 +431,15 @@ class NetworkConfig:
         "features, and the encoder's tlob_out columns are appended to the observation the trunk (or the heads) read. "
         "T must be a multiple of tlob_heads. Refused with vsn, moe_experts, iqn_quantiles, noisy_sigma0, "
         "mamba2_window and network.mirror (set it false); with network.mean_cross the crossed mean head reads the "
-        "encoder's columns too. Learner step 5.95 ms at T = 32 on an H200 (tools/results/tlob_attention_h200.md). "
+        "encoder's columns too. Learner step 5.95 ms at T = 32 on an H200 (tools/results/tlob_attention_h200.md), "
+        "4.65 ms on an H100 (tools/results/bench_learner_part_tlob_tf32_h100.md). "
         "Off by default: at T = 32 beside the crossed mean head (mirror off), 5 seeds, it lost on every market of "
         "the suite, 4.56 (SE 0.40) pooled on four seen markets against the same network without it, and held a "
         "position in 95-99% of bars: the encoder lets the mean head fit the training days' noise "
         "(tools/results/learner_ablation_h200.md sections 69 and 76). With learner.encoder_weight_decay = 1 it "
-        "equals that network (+0.22, SE 0.33) but stays 3.81 (0.49) below the defaults there (section 77).",
+        "equals that network (+0.22, SE 0.33) but stays 3.81 (0.49) below the defaults there (section 77) and 2.40 "
+        "(0.41) below today's network with the mirror off (section 82); without the decay it loses 7.3-14.0 on "
+        "switching, volatile and trade_flow against the latter.",
     )
     tlob_width: int = opt(
         16, "Model width D of the TLOB encoder: each snapshot's embedding, and the feature view's tokens (at most 64, "
@@ -522,7 +528,7 @@ class LearnerConfig:
         "capacity control on the encoder, whose outputs let the heads fit the training window's noise "
         "(tools/results/learner_ablation_h200.md section 69), without shrinking the heads. At 1.0 TLOB "
         "equals the network without an encoder of section 69 on four seen markets (+0.22, SE 0.33) and stays 3.81 "
-        "(0.49) below the defaults (section 77).",
+        "(0.49) below the defaults (section 77), 2.40 (0.41) below the same network without TLOB (section 82).",
     )
     branch_weights: list[float] = opt(  # noqa: RUF009 (opt gives a list default its default_factory)
         [1.0, 1.0, 1.0, 1.0],
