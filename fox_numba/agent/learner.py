@@ -55,7 +55,8 @@ every direction head gets a target on every drawn transition, not only where the
 holds the fold's book and environment parameters for it (`book=`, set_market's `book`). With
 learner.counterfactual_held, three of every four drawn transitions are priced from a re-held position instead
 (short, flat, long), so every direction trains from every position (kernels/counterfactual.py); with
-learner.counterfactual_history those positions are given a drawn history of up to that many bars.
+learner.counterfactual_history those positions are given a drawn history of up to that many bars; with
+learner.counterfactual_hold_bars K > 1 each priced direction's position is held K bars before the target bootstraps.
 
 Nothing in a step is written from the host: the schedule constants go into a ControlBlock once per epoch
 (`train_epoch`), so the K replays queue back to back. The replay buffer and market_obs are bound at
@@ -195,6 +196,11 @@ def check_counterfactual(cfg: FoxConfig) -> None:
         raise ConfigError(f"learner.counterfactual_history must be >= 0 bars, got {lc.counterfactual_history}")
     if lc.counterfactual_history > 0 and not lc.counterfactual_held:
         raise ConfigError("learner.counterfactual_history needs learner.counterfactual_held = true")
+    if lc.counterfactual_hold_bars < 1:
+        raise ConfigError(f"learner.counterfactual_hold_bars must be >= 1 bar, got {lc.counterfactual_hold_bars}")
+    if lc.counterfactual_hold_bars > 1 and not lc.counterfactual:
+        raise ConfigError("learner.counterfactual_hold_bars above 1 needs learner.counterfactual = true (without it "
+                          "learner.n_step gives multi-bar returns)")
     if not lc.counterfactual:
         if lc.counterfactual_held:
             raise ConfigError("learner.counterfactual_held needs learner.counterfactual = true")
@@ -436,7 +442,8 @@ class Learner:
         self.replay.gather(draw, stride=self.cfg.env.n_envs, n_step=lc.n_step, gamma=lc.gamma, stream=s)
         if draw is not bt:
             counterfactual_batch(self.book, self.env_params, self.replay.entry, self.cfg.env.fixed_bins[0], draw, bt,
-                                 held=lc.counterfactual_held, history=lc.counterfactual_history, stream=s)
+                                 held=lc.counterfactual_held, history=lc.counterfactual_history,
+                                 hold_bars=lc.counterfactual_hold_bars, gamma=lc.gamma, stream=s)
         gather_obs(self.market_obs, bt.rows, bt.port, self.obs, stream=s)
         if lc.obs_noise > 0:
             add_obs_noise(self.obs, self.rng_states, lc.obs_noise, int(self.market_obs.shape[1]), stream=s)

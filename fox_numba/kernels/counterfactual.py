@@ -36,6 +36,13 @@ counter-based uniform of kernels/dropout.py `hash_uniform(idx[i], i, 0, b)` (the
 place in the batch, the bar): the unrealised PnL and bars-in-position columns then take the values held positions
 have, where one bar at this bar's mid sets them to 0 and 1 whatever the market did, so a head that reads them learns
 from re-held states unlike every state it acts in (tools/port_probe.py; learner_ablation_h200.md section 42).
+Held targets (learner.counterfactual_hold_bars K > 1): every priced row (all but a kept transition's taken
+direction, which stays the stored one-step transition) holds the position its direction reaches at bar b for k =
+min(K, bars left in the episode after b) bars: reward = sum over s < k of gamma^s (equity change over bar b + 1 + s)
+/ risk unit, the entry's commission in the first, the close at market on the episode's last bar (and its commission)
+in the last; s' is bar b + k with that position held k bars longer, discount gamma^k (0 at the episode's end). The
+return over the signal's horizon that n-step returns give the one-step learner, for the four directions alike; the
+value fitted is that of committing to a direction for K bars, then acting greedily.
 A stored transition this model cannot price (a resting order in its state, or a taken order type other than Market)
 gets NaN rewards on its untaken rows, so the learner's non-finite guard skips the step instead of training on a
 wrong target; the config checks (agent/learner.py) keep such transitions out of the replay.
@@ -80,12 +87,12 @@ _F64_1D, _F64_2D = float64[::1], float64[:, ::1]
 _I32_1D, _I32_2D = int32[::1], int32[:, ::1]
 
 
-@register((_F64_2D, _F64_2D, _F32_2D, _F32_2D, _F64_1D, _I32_1D, _F64_1D, _F64_1D, int32, int32, int32,
+@register((_F64_2D, _F64_2D, _F32_2D, _F32_2D, _F64_1D, _I32_1D, _F64_1D, _F64_1D, int32, int32, int32, int32, float64,
            _I32_1D, _I32_1D, _F32_2D, _I32_2D, _F32_1D, _F32_1D,
            _I32_1D, _F32_2D, _I32_2D, _F32_1D, _F32_1D))  # fmt: skip
 @cuda.jit
 def counterfactual_batch_kernel(bid_px, ask_px, bid_sz, ask_sz, mid, day_first, params, entry, magnitude, held,
-                                history, idx, rows_in, port_in, actions_in, rewards_in, discounts_in,
+                                history, hold_bars, gamma, idx, rows_in, port_in, actions_in, rewards_in, discounts_in,
                                 rows, port, actions, rewards, discounts):  # fmt: skip
     """Output row j = 4 i + d of the pseudo-batch (module header)."""
     j = cuda.grid(1)
@@ -137,6 +144,12 @@ def counterfactual_batch_kernel(bid_px, ask_px, bid_sz, ask_sz, mid, day_first, 
         _write_port(port, j, pos0, avg, bars0, 0, 0.0, mid[b], b, b, params)
         port[j, PORT_BARS_LEFT] = port_in[i, PORT_BARS_LEFT]
     end = port_in[n + i, PORT_BARS_LEFT] <= float32(0.0)
+    k = int32(1)  # bars the reached position is held: hold_bars, cut at the episode's last bar (module header)
+    left = int32(0)
+    if hold_bars > 1 and not end:
+        left = int32(round(float64(port_in[n + i, PORT_BARS_LEFT]) * episode_bars))  # bars after nb in the episode
+        k = min(hold_bars, left + 1)
+        end = k == left + 1
 
     target = pos0
     if d == FLAT:
@@ -154,28 +167,46 @@ def counterfactual_batch_kernel(bid_px, ask_px, bid_sz, ask_sz, mid, day_first, 
         pos, avg, cash, realised = _market_order(pos, avg, cash, realised, delta, bid_px, ask_px, bid_sz, ask_sz, b,
                                                  beyond, pv)  # fmt: skip
         traded += abs(delta)
-    mid1 = mid[nb]
-    if end and pos != 0:
-        traded += abs(pos)
-        pos, avg, cash, realised = _market_order(pos, avg, cash, realised, -pos, bid_px, ask_px, bid_sz, ask_sz, nb,
-                                                 beyond, pv)  # fmt: skip
-    cash -= params[PRM_COMMISSION] * traded
-    rewards[j] = float32((cash + pos * mid1 * pv - pos0 * mid[b] * pv) / params[PRM_RISK_UNIT])
+    held_pos = pos  # the position the direction reaches at bar b, held to bar b + k
+    eq_prev = pos0 * mid[b] * pv
+    total = 0.0
+    g = 1.0
+    for step in range(k):  # bar b + 1 + step: marked at its close mid, closed on its book at the episode's end
+        r1 = b + 1 + step
+        if end and step == k - 1 and pos != 0:
+            traded += abs(pos)
+            pos, avg, cash, realised = _market_order(pos, avg, cash, realised, -pos, bid_px, ask_px, bid_sz, ask_sz,
+                                                     r1, beyond, pv)  # fmt: skip
+        cash -= params[PRM_COMMISSION] * traded
+        traded = 0
+        eq = cash + pos * mid[r1] * pv
+        total += g * ((eq - eq_prev) / params[PRM_RISK_UNIT])
+        eq_prev = eq
+        g *= gamma
+    rewards[j] = float32(total)
+    nk = b + k
     bars = 0
     if pos != 0:
-        bars = bars0 + 1 if (pos0 != 0 and (pos > 0) == (pos0 > 0)) else 1
-    _write_port(port, n_out + j, pos, avg, bars, 0, 0.0, mid1, nb, nb, params)
-    port[n_out + j, PORT_BARS_LEFT] = port_in[n + i, PORT_BARS_LEFT]
+        bars = bars0 + k if (pos0 != 0 and (held_pos > 0) == (pos0 > 0)) else k
+    _write_port(port, n_out + j, pos, avg, bars, 0, 0.0, mid[nk], nk, nk, params)
+    if k == 1:
+        port[n_out + j, PORT_BARS_LEFT] = port_in[n + i, PORT_BARS_LEFT]
+    else:  # the held rows' s' is bar b + k: its row, the discount gamma^k (0 at the episode's end), its bars left
+        rows[n_out + j] = nk
+        discounts[j] = float32(0.0) if end else float32(g)
+        port[n_out + j, PORT_BARS_LEFT] = float32((left - (k - 1)) / episode_bars)
 
 
 def counterfactual_batch(market: Any, params: Any, entry: Any, magnitude: int, batch: Any, out: Any, *,
-                         held: bool = False, history: int = 0, stream: Any) -> None:  # fmt: skip
+                         held: bool = False, history: int = 0, hold_bars: int = 1, gamma: float = 0.0,
+                         stream: Any) -> None:  # fmt: skip
     """The pseudo-batch `out` (B = 4 n rows, agent/replay.py ReplayBatch) of the n transitions in `batch` (its idx,
     rows, port, actions, rewards, discounts; one-step: s' is the next bar), rules in the module header. market: the
     fold's device book (FoldMarketDevice: bid_px, ask_px, bid_sz, ask_sz, mid, day_first); params float64 [N_PARAMS]
     (the environment's, kernels/env.py); entry float64 [C] (the replay's average entry prices, by slot); magnitude:
     the fixed magnitude bin of Short and Long; `held`: re-hold three of every four transitions at -T, 0, +T;
-    `history`: the longest history a re-held position is drawn (0 or 1: one bar at this bar's mid)."""
+    `history`: the longest history a re-held position is drawn (0 or 1: one bar at this bar's mid); `hold_bars`:
+    the bars each priced direction's position is held (1: one step), discounted by `gamma` per bar."""
     n, n_out = batch.size, out.size
     if n_out != N_DIRECTIONS * n:
         raise ValueError(f"the counterfactual batch holds {N_DIRECTIONS} rows per transition: {n_out} for {n}")
@@ -183,6 +214,8 @@ def counterfactual_batch(market: Any, params: Any, entry: Any, magnitude: int, b
         raise ValueError(f"magnitude must be a bin 0..2, got {magnitude}")
     if history < 0:
         raise ValueError(f"history must be >= 0 bars, got {history}")
+    if hold_bars < 1 or (hold_bars > 1 and not 0.0 < gamma <= 1.0):
+        raise ValueError(f"hold_bars must be >= 1 and, above 1, gamma in (0, 1]: got {hold_bars}, {gamma}")
     n_bars = market.mid.shape[0]
     for name in ("bid_px", "ask_px"):
         check_array(name, getattr(market, name), f"[n_bars, {N_LEVELS}]", (n_bars, N_LEVELS), np.float64)
@@ -201,7 +234,8 @@ def counterfactual_batch(market: Any, params: Any, entry: Any, magnitude: int, b
         check_array(f"{name}.discounts", b.discounts, "[B]", (size,))
     check_array("batch.idx", batch.idx, "[B]", (n,), np.int32)
     launch(counterfactual_batch_kernel, n_out, market.bid_px, market.ask_px, market.bid_sz, market.ask_sz, market.mid,
-           market.day_first, params, entry, np.int32(magnitude), np.int32(held), np.int32(history), batch.idx,
+           market.day_first, params, entry, np.int32(magnitude), np.int32(held), np.int32(history),
+           np.int32(hold_bars), np.float64(gamma), batch.idx,
            batch.rows, batch.port, batch.actions,
            batch.rewards, batch.discounts, out.rows, out.port, out.actions, out.rewards, out.discounts,
            stream=stream, block=thread_block(n_out))  # fmt: skip

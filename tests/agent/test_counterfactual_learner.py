@@ -48,6 +48,43 @@ def test_held_histories_need_held_positions_and_a_length():
         check_counterfactual(load_config("smoke", overrides=[*held, "learner.counterfactual_history=-1"]))
 
 
+def test_held_targets_need_counterfactual_targets_and_a_length():
+    check_counterfactual(load_config("smoke", overrides=[*ON, "learner.counterfactual_hold_bars=15"]))
+    with pytest.raises(ConfigError, match="learner.counterfactual_hold_bars must be >= 1"):
+        check_counterfactual(load_config("smoke", overrides=[*ON, "learner.counterfactual_hold_bars=0"]))
+    with pytest.raises(ConfigError, match="learner.counterfactual_hold_bars above 1 needs learner.counterfactual"):
+        check_counterfactual(load_config("smoke", overrides=["learner.counterfactual=false",
+                                                             "learner.counterfactual_held=false",
+                                                             "learner.counterfactual_hold_bars=15"]))
+
+
+def test_a_trainer_with_held_targets_steps_its_priced_rows_k_bars_on(four_day_store):
+    """learner.counterfactual_hold_bars reaches the kernel: the priced rows' s' lies 1..k bars on with discount
+    gamma^steps (0 at the episode's end), the taken rows keep their stored one-step transition, and the trainer
+    trains on them."""
+    k = 4
+    rt = real_trainer(four_day_store, [*SMALL, "learner.batch_size=64", *ON, f"learner.counterfactual_hold_bars={k}"])
+    trainer, stager = rt.trainer, rt.trainer.stager
+    learner = trainer.learner
+    trainer.collect()
+    stats = trainer.train(lambda: None)
+    assert stats["applied_steps"] == rt.cfg.learner.steps_per_epoch and np.isfinite(stats["loss"])
+    draw = {k: stager.download(getattr(learner.draw, k)) for k in ("rows", "actions", "discounts")}
+    batch = {k: stager.download(getattr(learner.batch, k)) for k in ("rows", "actions", "discounts")}
+    n, b = 16, 64
+    i = np.repeat(np.arange(n), 4)
+    stored = (batch["actions"][:, 0] == draw["actions"][i, 0]) & (i % 4 == 0)  # held: rows 1-3 mod 4 re-held
+    steps = batch["rows"][b:] - batch["rows"][:b]
+    np.testing.assert_array_equal(steps[stored], draw["rows"][n:][i][stored] - draw["rows"][:n][i][stored])
+    np.testing.assert_array_equal(batch["discounts"][stored], draw["discounts"][i][stored])
+    priced = ~stored
+    assert (steps[priced] >= 1).all() and (steps[priced] <= k).all() and (steps[priced] == k).any()
+    gamma = np.float32(rt.cfg.learner.gamma)
+    live = batch["discounts"][priced] > 0
+    np.testing.assert_allclose(batch["discounts"][priced][live], gamma ** steps[priced][live].astype(np.float64),
+                               rtol=1e-6)  # fmt: skip
+
+
 def test_a_counterfactual_trainer_trains_every_direction_head_on_every_draw(four_day_store):
     rt = real_trainer(four_day_store, [*SMALL, "learner.batch_size=8", *ON, "learner.counterfactual_held=false",
                                        "network.mean_head=false", "env.position_history=true"])  # C51's targets alone

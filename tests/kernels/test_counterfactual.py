@@ -18,7 +18,7 @@ import copy
 import numpy as np
 import pytest
 from reference import hash_uniform64
-from reference_env import F32_TOL, Params, ReferenceEnv, Windows, env_config, random_feature_set
+from reference_env import F32_TOL, Params, ReferenceEnv, StepOut, Windows, env_config, random_feature_set
 
 from fox_numba.agent.environment import env_params
 from fox_numba.agent.fold_market import FoldMarket
@@ -38,10 +38,11 @@ def _action(d: int, magnitude: int, urgency: int) -> list[int]:
     return [d, magnitude if d in (SHORT, LONG) else 0, 0, urgency]
 
 
-def reference_transitions(seed: int, magnitude: int, history: int = 0,
-                          position_history: bool = True) -> tuple[FoldMarket, object, dict[str, np.ndarray]]:
+def reference_transitions(seed: int, magnitude: int, history: int = 0, position_history: bool = True,
+                          hold_bars: int = 1) -> tuple[FoldMarket, object, dict[str, np.ndarray]]:
     """The market, its env config and the stored transitions with every direction's expected outcome (re-held with
-    histories of up to `history` bars; env.position_history as given)."""
+    histories of up to `history` bars; env.position_history as given; each direction's position held `hold_bars`
+    bars: `held_for`)."""
     rng = np.random.default_rng(seed)
     fs = random_feature_set(rng, [12, 9, 3, 10, 8])
     env = env_config(episode_bars=5, position_history=position_history)
@@ -50,23 +51,27 @@ def reference_transitions(seed: int, magnitude: int, history: int = 0,
     ref.reset()
     rec: dict[str, list] = {k: [] for k in ("row", "port", "entry", "action", "reward", "done", "next_row",
                                             "next_port", "cf_reward", "cf_port", "held_port", "held_reward",
-                                            "held_next_port")}  # fmt: skip
+                                            "held_next_port", "cf_next_row", "cf_discount", "held_next_row",
+                                            "held_discount")}  # fmt: skip
     for _ in range(STEPS):
         for i, e in enumerate(ref.envs):
             urgency = int(rng.integers(0, 3))
-            outs = [ref.step_one(i, copy.deepcopy(e), _action(d, magnitude, urgency), 0.05) for d in range(4)]
+            outs = [held_for(ref, i, e, _action(d, magnitude, urgency), hold_bars) for d in range(4)]
             n = len(rec["row"])  # the transition's place in the batch, and its replay slot (run_kernel's idx)
             held = reheld(ref, e, (n % 4 - 2) * ref.p.targets[magnitude], held_bars(market, e.row, n, history))
-            held_outs = [ref.step_one(i, copy.deepcopy(held), _action(d, magnitude, urgency), 0.05) for d in range(4)]
+            held_outs = [held_for(ref, i, held, _action(d, magnitude, urgency), hold_bars) for d in range(4)]
             rec["held_port"].append(list(held.port))
             rec["held_reward"].append([o.reward for o in held_outs])
             rec["held_next_port"].append([o.next_port for o in held_outs])
+            rec["held_next_row"].append([o.next_row for o in held_outs])
+            rec["held_discount"].append([o.done for o in held_outs])
             rec["row"].append(e.row)
             rec["port"].append(list(e.port))
             rec["entry"].append(e.avg)
             taken = _action(int(rng.integers(0, 4)), magnitude, urgency)
             out = ref.step_one(i, e, taken, 0.05)
-            assert out.reward == outs[taken[0]].reward  # the copies step as the environment does
+            if hold_bars == 1:
+                assert out.reward == outs[taken[0]].reward  # the copies step as the environment does
             rec["action"].append(taken)
             rec["reward"].append(out.reward)
             rec["done"].append(out.done)
@@ -74,8 +79,27 @@ def reference_transitions(seed: int, magnitude: int, history: int = 0,
             rec["next_port"].append(out.next_port)
             rec["cf_reward"].append([o.reward for o in outs])
             rec["cf_port"].append([o.next_port for o in outs])
+            rec["cf_next_row"].append([o.next_row for o in outs])
+            rec["cf_discount"].append([o.done for o in outs])
     arrays = {k: np.asarray(v) for k, v in rec.items()}
     return market, env, arrays
+
+
+def held_for(ref: ReferenceEnv, i: int, e, action: list[int], bars: int) -> StepOut:
+    """A copy of state e stepped with `action`, then with Hold until `bars` bars or the episode's end: the reward
+    sum_s GAMMA^s r_s, the last step's next row and portfolio, and in `done` the discount (GAMMA^steps, 0 at the
+    episode's end; one bar: the plain step, done as stepped)."""
+    h = copy.deepcopy(e)
+    out = ref.step_one(i, h, action, 0.05)
+    if bars == 1:
+        return out
+    total, g, steps = float(out.reward), GAMMA, 1
+    while not out.done and steps < bars:
+        out = ref.step_one(i, h, _action(HOLD, 0, action[3]), 0.05)
+        total += g * float(out.reward)
+        g *= GAMMA
+        steps += 1
+    return StepOut(np.float32(total), 0.0 if out.done else g, out.next_row, out.next_port, out.comps, out.stats)
 
 
 def held_bars(market: FoldMarket, row: int, i: int, history: int) -> int:
@@ -100,8 +124,8 @@ def reheld(ref: ReferenceEnv, e, pos: int, bars: int = 1):
     return h
 
 
-def run_kernel(stager, market, env, t: dict[str, np.ndarray], magnitude: int,
-               held: bool = False, history: int = 0) -> dict[str, np.ndarray]:  # fmt: skip
+def run_kernel(stager, market, env, t: dict[str, np.ndarray], magnitude: int, held: bool = False, history: int = 0,
+               hold_bars: int = 1) -> dict[str, np.ndarray]:  # fmt: skip
     n = len(t["row"])
     batch, out = ReplayBatch(n, stream=stager.stream), ReplayBatch(4 * n, stream=stager.stream)
     stager.upload(np.arange(n, dtype=np.int32), batch.idx)
@@ -113,7 +137,7 @@ def run_kernel(stager, market, env, t: dict[str, np.ndarray], magnitude: int,
     params = stager.upload_new(env_params(market, env, FeatureConfig()))
     entry = stager.upload_new(t["entry"].astype(np.float64))
     counterfactual_batch(market.upload(stager), params, entry, magnitude, batch, out, held=held, history=history,
-                         stream=stager.stream)  # fmt: skip
+                         hold_bars=hold_bars, gamma=GAMMA, stream=stager.stream)  # fmt: skip
     return {k: stager.download(getattr(out, k)) for k in ("rows", "port", "actions", "rewards", "discounts")}
 
 
@@ -203,3 +227,33 @@ def test_the_wrapper_refuses_a_batch_of_another_size(stager):
     entry = stager.upload_new(np.zeros(n))
     with pytest.raises(ValueError, match="4 rows per transition"):
         counterfactual_batch(market.upload(stager), params, entry, 2, batch, out, stream=stager.stream)
+
+
+@pytest.mark.parametrize(("magnitude", "held"), [(1, False), (2, True)])
+def test_held_targets_match_the_reference_environment_held_for_k_bars(stager, magnitude, held):
+    """hold_bars=3: every priced row holds its direction's position three bars (cut at the episode's end, where it
+    closes): the discounted reward, the s' row and portfolio three bars on, the discount GAMMA^k or 0; a kept
+    transition's taken direction stays the stored one-step transition. Five-bar episodes cut many holds short."""
+    k = 3
+    market, env, t = reference_transitions(31 + magnitude, magnitude, hold_bars=k)
+    n = len(t["row"])
+    got = run_kernel(stager, market, env, t, magnitude, held=held, hold_bars=k)
+    i = np.repeat(np.arange(n), 4)
+    d = np.tile(np.arange(4), n)
+    rehold = held & (i % 4 != 0)
+    stored = (d == t["action"][i, 0]) & ~rehold
+    priced = ~stored
+    expect = {name: np.where(rehold, t[f"held_{name}"][i, d].T, t[f"cf_{name}"][i, d].T).T
+              for name in ("reward", "next_row", "discount")}  # fmt: skip
+    expect["port"] = np.where(rehold[:, None], t["held_next_port"][i, d], t["cf_port"][i, d])
+    np.testing.assert_array_equal(got["rows"][4 * n :][stored], t["next_row"][i][stored])
+    np.testing.assert_array_equal(got["rows"][4 * n :][priced], expect["next_row"][priced])
+    np.testing.assert_array_equal(got["rows"][: 4 * n], t["row"][i])
+    np.testing.assert_array_equal(got["rewards"][stored], t["reward"][i][stored].astype(np.float32))
+    np.testing.assert_allclose(got["rewards"][priced], expect["reward"][priced].astype(np.float32), **F32_TOL)
+    np.testing.assert_array_equal(got["discounts"][stored], (GAMMA * (1.0 - t["done"][i]))[stored].astype(np.float32))
+    np.testing.assert_allclose(got["discounts"][priced], expect["discount"][priced].astype(np.float32), **F32_TOL)
+    np.testing.assert_allclose(got["port"][4 * n :][priced], expect["port"][priced].astype(np.float32), **F32_TOL)
+    steps = got["rows"][4 * n :][priced] - got["rows"][: 4 * n][priced]
+    assert set(np.unique(steps)) == {1, 2, 3}  # holds of every length, the episode's end cutting some
+    assert (got["discounts"][priced] == 0).any() and np.isclose(got["discounts"][priced], GAMMA**k).any()
