@@ -641,8 +641,9 @@ class LearnerConfig:
         "seeds, tools/results/learner_ablation_h200.md section 84) the seen markets lose 1.33 (SE 0.13) and the "
         "fresh draw's held-out ones 4.34 (0.24); slow_signal's later fold gains +3.07 (0.45) on the suite's draw, "
         "as the linear fit said (section 80), and loses on the fresh one. The agent holds a position in 86-98% of "
-        "bars (53-92% at K = 1): the directions' values, sums of K bars' moves, spread wider while flat's stays "
-        "near 0, and the argmax leaves flat nearly always. So 1 by default.",
+        "bars (53-92% at K = 1): values of K-bar commitments make a policy that decides every bar enter and flip "
+        "more (section 44, and section 85 in the linear fit: round trips double; deciding every K bars brings them "
+        "back but stays below one-step targets). So 1 by default.",
     )
 
 

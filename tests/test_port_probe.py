@@ -149,6 +149,28 @@ def test_held_targets_match_a_loop_over_the_bars_held(rng):
                     np.testing.assert_allclose(got[k], one, rtol=1e-12, atol=1e-12)
 
 
+def test_flat_one_step_keeps_the_one_step_target_where_the_reached_position_is_flat(rng):
+    """With held targets and flat_one_step, Flat's column is the one-step gradient, Short's and Long's the held one,
+    and Hold's mixes them by row (a row held flat takes the one-step target)."""
+    b = book(rng)
+    xb = np.hstack([rng.normal(size=(20, 3)), np.ones((20, 1))])
+    rows = day_rows(b, rng)
+    cols = PORT_COLUMNS["left"]
+    w, w_tgt = rng.normal(size=(2 * 4 + 1, 4)), rng.normal(size=(2 * 4 + 1, 4))
+    t = np.array([1, 4, 7, 10, 15])
+    q = np.array([1.0, 0.0, -1.0, 0.0, 1.0])
+    entry, bars = np.where(q != 0, b.mid[t], 0.0), (q != 0).astype(np.int64)
+    one, held, mixed = (batch_grad(xb, b, rows, t, q, entry, bars, w, w_tgt, 0.9, cols, n, flat)
+                        for n, flat in ((1, False), (3, False), (3, True)))  # fmt: skip
+    np.testing.assert_array_equal(mixed[:, 3], one[:, 3])
+    np.testing.assert_array_equal(mixed[:, [0, 2]], held[:, [0, 2]])
+    flat_rows = q == 0
+    by_row = [batch_grad(xb, b, rows, t[k], q[k], entry[k], bars[k], w, w_tgt, 0.9, cols, 1 if flat_rows[k[0]] else 3)
+              for k in ([i] for i in range(len(t)))]  # each row alone, scaled back to the batch's mean below
+    np.testing.assert_allclose(mixed[:, 1], sum(g[:, 1] for g in by_row) / len(t), rtol=1e-12, atol=1e-12)
+    assert not np.allclose(mixed[:, 1], one[:, 1]) and not np.allclose(mixed[:, 1], held[:, 1])
+
+
 def test_a_day_traded_by_argmax_ends_flat_and_tracks_its_entries(rng):
     b = book(rng)
     xb = np.hstack([rng.normal(size=(20, 3)), np.ones((20, 1))])
@@ -160,6 +182,23 @@ def test_a_day_traded_by_argmax_ends_flat_and_tracks_its_entries(rng):
         e, h = step_portfolio(held[k - 1 : k], entry[k - 1 : k], bars[k - 1 : k], held[k : k + 1],
                               b.mid[8 + k : 9 + k])
         assert (entry[k], bars[k]) == (e[0], h[0]) or held[k] == 0
+
+
+def test_a_day_deciding_every_third_bar_holds_between_and_decides_as_every_bar_does(rng):
+    """every=3: the position changes only at rows 0, 3, 6, ... of the day (and the close at its last row), and at
+    each of them to the argmax the every-bar rule takes from the same held state."""
+    b = book(rng)
+    xb = np.hstack([rng.normal(size=(20, 3)), np.ones((20, 1))])
+    w = rng.normal(size=(2 * 4 + 1, 4))
+    w[:3] *= 4.0  # the market columns dominate: the choice moves from row to row
+    after, held, _, _ = trade_day(xb, b, 9, 20, w, PORT_COLUMNS["left"], None, 3)  # the second day, rows 9-19
+    changed = np.flatnonzero(after[:-1] != held[:-1])
+    assert len(changed) > 1 and (changed % 3 == 0).all() and after[-1] == 0
+    for k in range(0, 10, 3):  # the every-bar rule's choice from the same held state
+        v = xb[9 + k] @ w[:4] + held[k] * (w[4] + xb[9 + k, :-1] @ w[5:8])
+        left = min((b.last_row[9 + k] - (9 + k)) / 6, 1.0)
+        v = v + left * w[8]
+        assert after[k] == next_position(held[k])[int(np.argmax(v))]
 
 
 def test_the_average_takes_epoch_ends_or_every_step_from_its_start():

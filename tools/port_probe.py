@@ -64,7 +64,7 @@ from fox_numba.agent.fold_market import FoldMarket  # noqa: E402
 from fox_numba.config import FoxConfig, LearnerConfig  # noqa: E402
 from fox_numba.kernels.optim import ADAM_SHRINK_M, ADAM_SHRINK_V  # noqa: E402
 from fox_numba.observation import N_MARKET, UPNL_CLIP  # noqa: E402
-from fox_numba.walkforward.driver import half_spread  # noqa: E402
+from fox_numba.walkforward.driver import half_spread, scored_days  # noqa: E402
 from fox_numba.walkforward.folds import make_folds  # noqa: E402
 
 PORT_COLUMNS = {"plain": (), "agent": (0, 1, 2), "history": (0, 1, 2), "left": (2,)}
@@ -156,9 +156,10 @@ def held_target(xb: np.ndarray, book: Book, rows: Rows, t: np.ndarray, q: np.nda
 
 def batch_grad(xb: np.ndarray, book: Book, rows: Rows, t: np.ndarray, q: np.ndarray, entry: np.ndarray,
                bars: np.ndarray, w: np.ndarray, w_tgt: np.ndarray, gamma: float,
-               cols: tuple[int, ...], n_step: int = 1) -> np.ndarray:
+               cols: tuple[int, ...], n_step: int = 1, flat_one_step: bool = False) -> np.ndarray:
     """The squared TD error's gradient of the four direction values w [F, 4] on transitions t held at q (entry,
-    bars), every direction priced (one step, or held n_step bars: `held_target`): 2 phi^T (phi w - y) / n."""
+    bars), every direction priced (one step, or held n_step bars: `held_target`; with `flat_one_step` a direction
+    whose reached position is flat keeps the one-step target): 2 phi^T (phi w - y) / n."""
     assert rows.cost is not None
     phi = features(xb[t], q, book.columns(t, q, entry, bars)[:, cols])
     targets = next_position(q)  # [n, 4]
@@ -166,20 +167,24 @@ def batch_grad(xb: np.ndarray, book: Book, rows: Rows, t: np.ndarray, q: np.ndar
     last = rows.last[t]
     for d in range(N_DIRECTIONS):
         qn = targets[:, d]
-        if n_step > 1:
+        if n_step > 1 and not (flat_one_step and (qn == 0).any()):
             y[:, d] = held_target(xb, book, rows, t, q, qn, w_tgt, gamma, cols, n_step)
             continue
         e2, b2 = step_portfolio(q, entry, bars, qn, book.mid[t])
         phi2 = features(xb[t + 1], qn, book.columns(t + 1, qn, e2, b2)[:, cols])
         future = np.where(last, -rows.cost[t + 1] * np.abs(qn), gamma * (phi2 @ w_tgt).max(axis=1))
         y[:, d] = -rows.cost[t] * np.abs(qn - q) + qn * rows.reward[t] + future
+        if n_step > 1:  # flat_one_step: the rows whose reached position is not flat are held
+            held = held_target(xb, book, rows, t, q, qn, w_tgt, gamma, cols, n_step)
+            y[:, d] = np.where(qn == 0, y[:, d], held)
     return 2.0 * phi.T @ (phi @ w - y) / len(t)
 
 
 def trade_day(xb: np.ndarray, book: Book, a: int, b: int, w: np.ndarray, cols: tuple[int, ...],
-              noise: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+              noise: np.ndarray | None = None, every: int = 1) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Rows [a, b) of one day traded from flat by the argmax of the values (plus `noise` [b - a, 4] when given),
-    flat at the last row: (position after each row's decision, and the held q, entry and bars entering it)."""
+    deciding at every `every`-th row of the day and holding between, flat at the last row: (position after each
+    row's decision, and the held q, entry and bars entering it)."""
     n = b - a
     held, entry, bars, after = np.zeros(n), np.zeros(n), np.zeros(n, np.int64), np.zeros(n)
     q, e, h = 0.0, 0.0, 0
@@ -194,7 +199,7 @@ def trade_day(xb: np.ndarray, book: Book, a: int, b: int, w: np.ndarray, cols: t
             v = v + book.columns(rows[k : k + 1], np.array([q]), np.array([e]), np.array([h]))[0, cols] @ w[2 * m1 :]
         if noise is not None:
             v = v + noise[k]
-        q_next = float(next_position(q)[int(np.argmax(v))])
+        q_next = float(next_position(q)[int(np.argmax(v))]) if k % every == 0 else q
         e_new, h_new = step_portfolio(np.array([q]), np.array([e]), np.array([h]), np.array([q_next]),
                                       book.mid[rows[k : k + 1]])
         q, e, h = q_next, float(e_new[0]), int(h_new[0])
@@ -204,9 +209,10 @@ def trade_day(xb: np.ndarray, book: Book, a: int, b: int, w: np.ndarray, cols: t
 
 
 def behaviour(xb: np.ndarray, book: Book, rows: Rows, w: np.ndarray | None, cols: tuple[int, ...], noise: float,
-              rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+              rng: np.random.Generator, every: int = 1) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(q, entry, bars) entering every training row when the values w trade each training day from flat with the
-    draw rule (module header); a uniformly random direction every bar when w is None (the first epoch)."""
+    draw rule (module header), deciding every `every` bars; a uniformly random direction at each decision when w is
+    None (the first epoch)."""
     q, entry, bars = np.zeros(len(xb)), np.zeros(len(xb)), np.zeros(len(xb), np.int64)
     days = np.split(rows.idx, np.flatnonzero(np.diff(rows.idx) > 1) + 1)
     width = 2 * xb.shape[1] + len(cols)
@@ -215,10 +221,10 @@ def behaviour(xb: np.ndarray, book: Book, rows: Rows, w: np.ndarray | None, cols
         if w is None:
             draws = rng.standard_normal((b - a, N_DIRECTIONS))
             _, q[a:b], entry[a:b], bars[a:b] = trade_day(xb, book, a, b, np.zeros((width, N_DIRECTIONS)), cols,
-                                                         draws)
+                                                         draws, every)
         else:
             draws = noise * rng.standard_normal((b - a, N_DIRECTIONS))
-            _, q[a:b], entry[a:b], bars[a:b] = trade_day(xb, book, a, b, w, cols, draws)
+            _, q[a:b], entry[a:b], bars[a:b] = trade_day(xb, book, a, b, w, cols, draws, every)
     return q, entry, bars
 
 
@@ -307,8 +313,8 @@ def mirror_project(w: np.ndarray, parity: np.ndarray, strength: float = 1.0) -> 
 def learn(xb: np.ndarray, book: Book, rows: Rows, mode: str, lc: LearnerConfig, seed: int, spread: float,
           history: int, n_step: int = 1, average: str = "none", average_start: int = 1,
           start: tuple[np.ndarray, list[np.ndarray]] | None = None,
-          init_scale: float = 0.0, agent_units: bool = False, mirror: str = "none", mirror_strength: float = 1.0
-          ) -> tuple[np.ndarray, Carry]:
+          init_scale: float = 0.0, agent_units: bool = False, mirror: str = "none", mirror_strength: float = 1.0,
+          flat_one_step: bool = False, every: int = 1) -> tuple[np.ndarray, Carry]:
     """The four direction values' weights [F, 4] learned from the agent's counterfactual batches (module header),
     and the state a next fold would carry. `average`: 'none' trades the last step's weights; 'epoch' the mean of
     the epoch-end weights from epoch `average_start` on (the agent's evaluation.network = 'average'); 'step' the
@@ -320,7 +326,9 @@ def learn(xb: np.ndarray, book: Book, rows: Rows, mode: str, lc: LearnerConfig, 
     (`in_risk_units`). `mirror` (modes plain and left only, whose portfolio columns do not read the price):
     'batch' makes each step's gradient the mean of the batch's and of its mirror's (`mirrored`: the same transitions
     in the market reflected about its prices, held at -q); 'project' projects the weights onto the mirror-symmetric
-    ones after each step (`mirror_project`; `mirror_strength` of the way there); 'none' neither."""
+    ones after each step (`mirror_project`; `mirror_strength` of the way there); 'none' neither. `flat_one_step`:
+    with n_step > 1, the directions that reach flat keep one-step targets (`batch_grad`). `every`: the behaviour
+    policy decides every that many bars and holds between (`trade_day`)."""
     rng = np.random.default_rng(seed)
     xm, rows_m = mirrored(xb, rows) if mirror == "batch" else (xb, rows)
     parity = mirror_parity(xb.shape[1] - 1, PORT_COLUMNS[mode])
@@ -338,14 +346,15 @@ def learn(xb: np.ndarray, book: Book, rows: Rows, mode: str, lc: LearnerConfig, 
     for step in range(steps):
         if step % lc.steps_per_epoch == 0:
             drawn = step or start is not None or init_scale > 0
-            vq, ve, vb = behaviour(xb, book, rows, w if drawn else None, cols, noise, rng)
+            vq, ve, vb = behaviour(xb, book, rows, w if drawn else None, cols, noise, rng, every)
         t = rng.choice(rows.idx, size=n)
         q, entry, bars = held_states(book, t, mode, history, rng)
         stored = np.arange(n) % 4 == 0
         q, entry, bars = (np.where(stored, vq[t], q), np.where(stored, ve[t], entry), np.where(stored, vb[t], bars))
-        g = batch_grad(xb, book, rows, t, q, entry, bars, w, w_tgt, lc.gamma, cols, n_step)
+        g = batch_grad(xb, book, rows, t, q, entry, bars, w, w_tgt, lc.gamma, cols, n_step, flat_one_step)
         if mirror == "batch":
-            g = 0.5 * (g + batch_grad(xm, book, rows_m, t, -q, entry, bars, w, w_tgt, lc.gamma, cols, n_step))
+            g = 0.5 * (g + batch_grad(xm, book, rows_m, t, -q, entry, bars, w, w_tgt, lc.gamma, cols, n_step,
+                                      flat_one_step))
         w = update(step, w, grad_scale * g)
         if mirror == "project":
             w = mirror_project(w, parity, mirror_strength)
@@ -367,6 +376,14 @@ def fold_inputs(m: FoldMarket, cfg: FoxConfig, agent_units: bool) -> tuple[np.nd
     return xb, book, (in_risk_units(rows, m.risk_unit / m.point_value) if agent_units else rows)
 
 
+def in_market(xb: np.ndarray, book: Book, w: np.ndarray, cols: tuple[int, ...], m: FoldMarket,
+              every: int = 1) -> float:
+    """Fraction of the scored validation days' rows the values' argmax enters holding a position (`trade_day`)."""
+    held = [trade_day(xb, book, int(m.day_start[d]), int(m.day_start[d + 1]), w, cols, None, every)[1]
+            for d in scored_days(m)]  # fmt: skip
+    return float(np.mean(np.concatenate(held) != 0))
+
+
 def ensembles(fits: list[np.ndarray], k: int) -> list[np.ndarray]:
     """The mean weights of each group of k consecutive fits (seeds in order): an ensemble of k values linear in the
     same columns is the linear values of their mean weights, so it trades as one."""
@@ -381,6 +398,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--history-bars", type=int, default=60, help="`history`: the longest re-held history")
     parser.add_argument("--n-step", type=int, default=1, help="targets of holding the reached position this many "
                         "bars (`held_target`; plain and left only)")
+    parser.add_argument("--flat-one-step", action="store_true", help="with --n-step above 1, the directions that "
+                        "reach flat keep one-step targets (`batch_grad`): holding a position is valued over the "
+                        "bars held, staying out is not tied up for them")
+    parser.add_argument("--decide-every", type=int, default=1, metavar="N", help="the behaviour policy and the "
+                        "validation trading decide every N bars of a day and hold between (`trade_day`): the "
+                        "execution a held target of N bars values")
     parser.add_argument("--average", choices=("none", "epoch", "step"), default="none",
                         help="weights traded: the last step's, the mean of the epoch-end ones, or of every step's, "
                         "from epoch --average-start on (`learn`)")
@@ -410,14 +433,18 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--ensemble {args.ensemble}: K must be at least 2 and divide the {len(args.seeds)} seeds")
     if args.n_step < 1 or (args.n_step > 1 and {"agent", "history"} & set(args.modes)):
         parser.error("--n-step must be >= 1, and above 1 only with the modes plain and left")
+    if args.flat_one_step and args.n_step == 1:
+        parser.error("--flat-one-step needs --n-step above 1")
+    if args.decide_every < 1:
+        parser.error("--decide-every must be >= 1 bar")
     if not 0.0 < args.mirror_strength <= 1.0 or (args.mirror_strength != 1.0 and args.mirror != "project"):
         parser.error("--mirror-strength: in (0, 1], and below 1 only with --mirror project")
     if args.mirror != "none" and {"agent", "history"} & set(args.modes):
         parser.error("--mirror: only the modes plain and left (their portfolio columns do not read the price)")
     cfg, selection, feats, plain = probe_setup(args.store, args.set)
     lc = cfg.learner
-    lines = ["| fold | mode | traded by argmax: validation daily Sharpe | round trips/day | per seed |",
-             "| ---: | --- | ---: | ---: | --- |"]
+    lines = ["| fold | mode | traded by argmax: validation daily Sharpe | round trips/day | in market | per seed |",
+             "| ---: | --- | ---: | ---: | ---: | --- |"]
     carried: dict[str, list[Carry]] = {}
     for fold in make_folds(cfg.folds, selection.days):
         m = FoldMarket.build(feats, fold, cfg.features if args.forecast else plain, cfg.env)
@@ -427,18 +454,23 @@ def main(argv: list[str] | None = None) -> int:
             prev = carried.get(mode) if args.carry is not None else None
             out = [learn(xb, book, rows, mode, lc, seed, cfg.env.explore_spread, args.history_bars, args.n_step,
                          args.average, args.average_start, prev[i].start(args.carry) if prev else None,
-                         args.init_scale, args.agent_units, args.mirror, args.mirror_strength)
+                         args.init_scale, args.agent_units, args.mirror, args.mirror_strength, args.flat_one_step,
+                         args.decide_every)
                    for i, seed in enumerate(args.seeds)]
             fits, carried[mode] = [w for w, _ in out], [c for _, c in out]
-            acts = [traded_argmax(lambda a, b, w=w: trade_day(xb, book, a, b, w, cols)[0], m, cfg) for w in fits]
+            every = args.decide_every
+            acts = [traded_argmax(lambda a, b, w=w: trade_day(xb, book, a, b, w, cols, None, every)[0], m, cfg)
+                    for w in fits]  # fmt: skip
+            held = [in_market(xb, book, w, cols, m, every) for w in fits]
             lines.append(f"| {fold.index} | {mode} | {mean_se([s for s, _ in acts], 2)} | "
-                         f"{mean_se([r for _, r in acts], 1, '')} | {' '.join(f'{s:+.2f}' for s, _ in acts)} |")
+                         f"{mean_se([r for _, r in acts], 1, '')} | {mean_se(held, 2, '')} | "
+                         f"{' '.join(f'{s:+.2f}' for s, _ in acts)} |")
             print(lines[-1], flush=True)
             if args.ensemble is not None:
-                groups = [traded_argmax(lambda a, b, w=w: trade_day(xb, book, a, b, w, cols)[0], m, cfg)
-                          for w in ensembles(fits, args.ensemble)]
+                groups = [traded_argmax(lambda a, b, w=w: trade_day(xb, book, a, b, w, cols, None, every)[0], m,
+                                        cfg) for w in ensembles(fits, args.ensemble)]  # fmt: skip
                 lines.append(f"| {fold.index} | {mode}, mean of {args.ensemble} seeds' weights | "
-                             f"{mean_se([s for s, _ in groups], 2)} | {mean_se([r for _, r in groups], 1, '')} | "
+                             f"{mean_se([s for s, _ in groups], 2)} | {mean_se([r for _, r in groups], 1, '')} | | "
                              f"{' '.join(f'{s:+.2f}' for s, _ in groups)} |")
                 print(lines[-1], flush=True)
     finish_table(lines, args.out, "port_probe.py", argv,
@@ -447,7 +479,9 @@ def main(argv: list[str] | None = None) -> int:
                  f"(cosine to x{lc.lr_min_frac}), batch {lc.batch_size} ({lc.batch_size // 4} transitions x 4 "
                  f"directions), {lc.epochs * lc.steps_per_epoch} steps, gamma {lc.gamma}, tau {lc.tau}; behaviour "
                  f"spread {cfg.env.explore_spread}; history up to {args.history_bars} bars; targets of {args.n_step} "
-                 f"bar(s) held; forecast columns: {cfg.features.forecast_horizons if args.forecast else 'none'}; "
+                 f"bar(s) held{' (flat one bar)' if args.flat_one_step else ''}; decisions every "
+                 f"{args.decide_every} bar(s); forecast columns: "
+                 f"{cfg.features.forecast_horizons if args.forecast else 'none'}; "
                  f"weights traded: averaged '{args.average}' (from epoch {args.average_start}); folds after the "
                  f"first start from {'zero' if args.carry is None else f'the last x {args.carry}'}; initial weights: "
                  f"{'zero' if not args.init_scale else f'the mean head draw x {args.init_scale}'}; mirror: "
