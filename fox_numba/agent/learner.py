@@ -460,8 +460,8 @@ class Learner:
         produce_q_signals(self.q[: self.batch_size], self.entropy, self.util, self.q_partials, self.isv, self.epoch,
                           n_rows=self.batch_size, n_atoms=self.layout.n_atoms, stream=s)
         if lc.aux_weight > 0:  # off: the forecast column's dhead stays at its allocation zeros
-            aux_loss(self.online.head_out, bt.rows, self.aux_target, lc.aux_weight, self.online.dhead, self.epoch,
-                     stream=s)
+            aux_loss(self.online.head_out, bt.rows, self.aux_target, lc.aux_weight, self.online.dhead, self.isv,
+                     self.epoch, stream=s)
         head_dx = None
         if self.iqn is not None:
             b = self.batch_size

@@ -206,6 +206,10 @@ _NAMED: tuple[Slot, ...] = (
          "branch weight x effect / B x the row's loss (the loss the step optimises before learner.iqn_weight); "
          "0 while network.iqn_quantiles = 0 (the seed's first auxiliary-head loss slot).",
          "learner IQN loss reduce (every step, train graph; kernels/iqn.py)", _DIAG),
+    Slot("AUX_LOSS_EMA", 114, "EMA (alpha 0.01) of the auxiliary forecast regression's loss, the mean (f - y)^2 / 2 "
+         "over the batch rows with a target (learner.aux_weight > 0; the seed's second auxiliary-head loss slot); 0 "
+         "while learner.aux_weight = 0.", "learner aux forecast loss (every step, train graph; kernels/learner.py "
+         "aux_forecast_loss)", _DIAG),
     # 118-128: the seed's mixture-of-experts head signals (network.moe_experts = K > 0; agent/moe.py)
     *(Slot(f"MOE_UTIL_EMA_{k}", 118 + k, f"EMA (alpha 0.01) of expert {k}'s utilisation: its batch-mean gate weight, "
            "averaged over the 4 branch gates (1/K each when balanced); the first observation of a fold seeds it; 0 "

@@ -86,6 +86,8 @@ FIELDS: tuple[Field, ...] = (
     _mirror("loss_urg", "LOSS_URG_EMA", "EMA of the urgency branch's cross-entropy."),
     _mirror("loss_iqn", "IQN_LOSS_EMA",
             "EMA of the IQN head's quantile Huber loss (0 when network.iqn_quantiles = 0)."),
+    _mirror("loss_aux", "AUX_LOSS_EMA",
+            "EMA of the auxiliary forecast regression's loss (0 when learner.aux_weight = 0)."),
     _mirror("grad_norm_raw", "GRAD_NORM_RAW", "Global gradient norm before clipping, last step."),
     Field("grad_norm_clipped", "f32", "Gradient norm after clipping: min(grad_norm_raw, clip_eff).", _FIN),
     _mirror("grad_norm_ema", "GRAD_NORM_EMA", "EMA of the raw gradient norm (the clip base)."),

@@ -128,7 +128,7 @@ from fox_numba.kernels.heads import (
     stream_branch,
 )
 from fox_numba.kernels.optim import NORM_BLOCK, OPTIM_STATE_DTYPE, check_state, norm_partials_len, partials_used
-from fox_numba.kernels.signals import EpochStat, check_epoch, ema, finite, tree_sums
+from fox_numba.kernels.signals import LOSS_ALPHA, EpochStat, check_epoch, ema, finite, tree_sums
 
 SCHEDULE_DTYPE = np.dtype(
     [
@@ -161,6 +161,7 @@ _PARAM_NORM = int(Isv.PARAM_NORM)
 _TARGET_DRIFT = int(Isv.TARGET_DRIFT_EMA)
 _E_APPLIED, _E_SKIPPED, _E_GRAD = int(EpochStat.APPLIED), int(EpochStat.SKIPPED), int(EpochStat.GRAD_NORM)
 _E_AUX = int(EpochStat.LOSS_AUX)
+_AUX_LOSS = int(Isv.AUX_LOSS_EMA)
 
 _F1 = float32[::1]
 _F2 = float32[:, ::1]
@@ -529,13 +530,13 @@ any other live count runs the whole kernel, its dead rows weighing 0)."""
 project_loss_scatter = LOSS_KERNELS[N_BRANCHES]
 
 
-@register((_F2, _I1, _F1, float32, _F2, float64[::1], int32, int32))
+@register((_F2, _I1, _F1, float32, _F2, _F1, float64[::1], int32, int32))
 @cuda.jit
-def aux_forecast_loss(head, rows, aux_target, weight, dhead, epoch, col, n_samples):
+def aux_forecast_loss(head, rows, aux_target, weight, dhead, isv, epoch, col, n_samples):
     """The auxiliary regression of the first n_samples rows (one block): y = aux_target[rows[i]], f = head[i,
     col]; where y is finite dhead[i, col] = weight * (f - y) / n_samples, else 0; epoch LOSS_AUX += the mean
-    of (f - y)**2 / 2 over the rows with a target (nothing when none has, or the mean is not finite: a step the
-    non-finite guard skips)."""
+    of (f - y)**2 / 2 over the rows with a target and ISV[AUX_LOSS_EMA] += 0.01 (mean - ISV) (nothing when none
+    has, or the mean is not finite: a step the non-finite guard skips)."""
     tid = cuda.threadIdx.x
     acc = cuda.shared.array((2, NORM_BLOCK), float64)
     acc[0, tid] = float64(0.0)
@@ -555,7 +556,9 @@ def aux_forecast_loss(head, rows, aux_target, weight, dhead, epoch, col, n_sampl
         i += cuda.blockDim.x
     tree_sums(acc, 2, tid)
     if tid == 0 and acc[1, 0] > float64(0.0) and finite(acc[0, 0]):
-        epoch[_E_AUX] += acc[0, 0] / acc[1, 0]
+        mean = acc[0, 0] / acc[1, 0]
+        epoch[_E_AUX] += mean
+        ema(isv, _AUX_LOSS, float32(mean), LOSS_ALPHA)
 
 
 @register((_F2, xoroshiro128p_type[::1], float32, int32, int32))
@@ -758,10 +761,12 @@ def branch_loss(head: Any, head_tgt: Any, rows: BranchRows, actions: Any, suppor
                 rows.weights, rows.loss, dhead, stream=stream)
 
 
-def aux_loss(head: Any, rows: Any, aux_target: Any, weight: float, dhead: Any, epoch: Any, *, stream: Any) -> None:
-    """The auxiliary forecast's gradient into dhead's forecast column and its loss into the epoch sums (kernel
-    aux_forecast_loss): head [2B or B, head_width(Z)] (the online forward; its first B rows are the samples'
-    s), rows int32 [>= B] (their market rows), aux_target float32 [n_market], dhead [B, head_width(Z)]."""
+def aux_loss(head: Any, rows: Any, aux_target: Any, weight: float, dhead: Any, isv: Any, epoch: Any, *,
+             stream: Any) -> None:
+    """The auxiliary forecast's gradient into dhead's forecast column and its loss into ISV[AUX_LOSS_EMA] and the
+    epoch sums (kernel aux_forecast_loss): head [2B or B, head_width(Z)] (the online forward; its first B rows are
+    the samples' s), rows int32 [>= B] (their market rows), aux_target float32 [n_market], dhead [B,
+    head_width(Z)], isv float32 [ISV_TOTAL_DIM]."""
     b, width = _shape(dhead)
     z = (width - N_AUX) // N_STREAMS
     check_array("dhead", dhead, "[B, head_width(Z)]", (b, head_width(z)))
@@ -774,11 +779,12 @@ def aux_loss(head: Any, rows: Any, aux_target: Any, weight: float, dhead: Any, e
         )
     if len(aux_target.shape) != 1:
         raise ValueError(f"aux_loss: aux_target must be [n_market], got {_shape(aux_target)}")
+    _check_isv(isv)
     check_epoch(epoch)
     if not weight >= 0.0:
         raise ValueError(f"learner.aux_weight must be >= 0, got {weight}")
     launch_rows(aux_forecast_loss, 1, strided_threads(NORM_BLOCK), head, rows, aux_target, np.float32(weight),
-                dhead, epoch, i32(aux_column(z)), i32(b), stream=stream)
+                dhead, isv, epoch, i32(aux_column(z)), i32(b), stream=stream)
 
 
 def add_obs_noise(obs: Any, states: Any, sigma: float, n_market: int, *, stream: Any) -> None:

@@ -9,12 +9,12 @@ from fox_numba.diag.layout import FIELDS, N_WORDS, SNAPSHOT_DTYPE, ParseError, f
 
 
 def test_size_and_order_are_pinned():
-    """106 words, no padding; a field added, removed or moved changes these (update them on purpose)."""
-    assert N_WORDS == 106
+    """107 words, no padding; a field added, removed or moved changes these (update them on purpose)."""
+    assert N_WORDS == 107
     assert SNAPSHOT_DTYPE.itemsize == 4 * N_WORDS
     assert [f.name for f in FIELDS[:4]] == ["fold", "epoch", "step", "reward_pnl"]
     assert FIELDS[-1].name == "kill_collapse_epochs"
-    assert layout.layout_fingerprint() == "d7f9648766fe84e0"
+    assert layout.layout_fingerprint() == "4c34e6b4df92ee60"
     offsets = [SNAPSHOT_DTYPE.fields[f.name][1] for f in FIELDS]
     assert offsets == list(range(0, 4 * N_WORDS, 4))
 
@@ -59,7 +59,7 @@ def test_parser_refuses_other_layouts(rng):
     line = format_line(random_record(rng)[0])
     with pytest.raises(ParseError, match="not a HEALTH_DIAG line"):
         parse_line("METRICS " + line[len("HEALTH_DIAG ") :])
-    with pytest.raises(ParseError, match="has 105 fields"):
+    with pytest.raises(ParseError, match="has 106 fields"):
         parse_line(line.rsplit(" ", 1)[0])
     swapped = line.replace("fold=", "folds=", 1)
     with pytest.raises(ParseError, match="item 0 is 'folds'"):

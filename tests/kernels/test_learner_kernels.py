@@ -358,7 +358,7 @@ def test_aux_forecast_loss(stream, stager, rng):
     """B = 9 samples of a 2B-row head (only the first B are read) over 24 distinct market rows, two targets NaN
     and one row outside the market (so three of the nine have no label): the forecast column of dhead is
     weight * (f - y) / B where y is finite, else 0; the stream columns are untouched; the epoch's LOSS_AUX
-    gains the mean (f - y)**2 / 2 over the labelled rows."""
+    gains the mean (f - y)**2 / 2 over the labelled rows, and ISV[AUX_LOSS_EMA] moves 0.01 of the way to it."""
     b, z, weight = 9, 4, 0.7
     head = rng.standard_normal((2 * b, head_width(z))).astype(np.float32)
     rows = rng.permutation(24)[: 2 * b].astype(np.int32)
@@ -367,9 +367,11 @@ def test_aux_forecast_loss(stream, stager, rng):
     target[[rows[1], rows[6]]] = np.nan
     dhead0 = rng.standard_normal((b, head_width(z))).astype(np.float32)
     dhead, epoch = stager.upload_new(dhead0), stager.upload_new(np.full(N_EPOCH_STATS, 0.25))
-    aux_loss(stager.upload_new(head), stager.upload_new(rows), stager.upload_new(target), weight, dhead, epoch,
+    isv0 = rng.uniform(0.5, 1.5, len(bootstrap_values())).astype(np.float32)  # every slot nonzero
+    isv = stager.upload_new(isv0)
+    aux_loss(stager.upload_new(head), stager.upload_new(rows), stager.upload_new(target), weight, dhead, isv, epoch,
              stream=stream)
-    got, got_epoch = stager.download(dhead), stager.download(epoch)
+    got, got_epoch, got_isv = stager.download(dhead), stager.download(epoch), stager.download(isv)
     col = aux_column(z)
     y = np.array([target[r] if r < 24 else np.nan for r in rows[:b]], np.float64)
     labelled = np.isfinite(y)
@@ -381,13 +383,17 @@ def test_aux_forecast_loss(stream, stager, rng):
     want_epoch = np.full(N_EPOCH_STATS, 0.25)
     want_epoch[EpochStat.LOSS_AUX] += np.mean(d[labelled] ** 2) / 2
     np.testing.assert_allclose(got_epoch, want_epoch, rtol=2e-7)  # squares of float32 differences
+    want_isv = isv0.astype(np.float64)  # ISV[AUX_LOSS_EMA] moves 0.01 of the way to the mean; no other slot moves
+    want_isv[Isv.AUX_LOSS_EMA] += 0.01 * (np.mean(d[labelled] ** 2) / 2 - want_isv[Isv.AUX_LOSS_EMA])
+    np.testing.assert_allclose(got_isv, want_isv, rtol=1e-6, atol=0)
     head[np.flatnonzero(labelled)[0], col] = np.nan  # a non-finite forward: the step is skipped, the sum stays
-    aux_loss(stager.upload_new(head), stager.upload_new(rows), stager.upload_new(target), weight, dhead, epoch,
+    aux_loss(stager.upload_new(head), stager.upload_new(rows), stager.upload_new(target), weight, dhead, isv, epoch,
              stream=stream)
     np.testing.assert_array_equal(stager.download(epoch), got_epoch)
+    np.testing.assert_array_equal(stager.download(isv), got_isv)
     with pytest.raises(ValueError, match="aux_weight"):
-        aux_loss(stager.upload_new(head), stager.upload_new(rows), stager.upload_new(target), -1.0, dhead, epoch,
-                 stream=stream)
+        aux_loss(stager.upload_new(head), stager.upload_new(rows), stager.upload_new(target), -1.0, dhead, isv,
+                 epoch, stream=stream)
 
 
 @pytest.mark.parametrize("loss, norm, flagged", [(1.5, 2.0, False), (np.nan, 2.0, True), (np.inf, 2.0, True),
