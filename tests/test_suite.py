@@ -277,6 +277,38 @@ def test_the_runner_end_to_end(suite, tmp_path, monkeypatch):
     assert (stores / "default.h5").stat().st_mtime_ns == mtime
 
 
+def test_keep_finished_trains_only_the_runs_left_and_sets_the_failed_ones_aside(suite, tmp_path, monkeypatch):
+    """A suite whose run of seed 1 failed (its folder holds no summary.json, as after running out of GPU memory):
+    without --keep-finished the stand-in refuses the existing folder, as `fox train` does; with it seed 0 is kept
+    untouched, seed 1's folder and log move to seed_1.failed-1 and it trains again, and the table counts both."""
+    (tmp_path / "suite.toml").write_text(f'[plan]\nset = ["folds.n_folds=1"]\n[markets.a]\ndefinition = '
+                                         f'"{DEFINITION_PATH}"\nrole = "seen"\n')
+    script = tmp_path / "fake_train.py"
+    script.write_text(FAKE_TRAIN)
+    monkeypatch.setattr(suite, "train_command",
+                        lambda args, seed, runs: [sys.executable, str(script), str(runs), str(seed), *args])
+    monkeypatch.setattr(suite, "build_stores", lambda markets, stores, parallel: {m.name: {"reused": True}
+                                                                                  for m in markets})
+    runs, out = tmp_path / "runs", tmp_path / "out"
+    argv = ["--seeds", "0", "1", "--suite", str(tmp_path / "suite.toml"), "--stores", str(tmp_path / "stores"),
+            "--runs", str(runs), "--out", str(out)]
+    assert suite.main(argv) == 0
+    kept = (runs / "a" / "seed_0" / "summary.json").read_bytes()
+    (runs / "a" / "seed_1" / "summary.json").unlink()  # seed 1 failed: its folder stays, with what it wrote
+    (runs / "a" / "seed_1" / "train.log").write_text("out of memory")
+    assert suite.main(argv) == 1  # the stand-in, as fox train, refuses a folder that exists
+    assert suite.main([*argv, "--keep-finished"]) == 0
+    assert (runs / "a" / "seed_0" / "summary.json").read_bytes() == kept
+    assert (runs / "a" / "seed_1.failed-1" / "train.log").read_text() == "out of memory"
+    assert (runs / "a" / "seed_1.failed-1.log").is_file() and (runs / "a" / "seed_1" / "summary.json").is_file()
+    result = json.loads(out.with_suffix(".json").read_text())
+    assert result["markets"]["a"]["runs"]["0"]["kept"] and "kept" not in result["markets"]["a"]["runs"]["1"]
+    assert result["table"]["a"]["n"] == 2 and result["table"]["a"]["honest"] == pytest.approx(0.5)
+    assert "1 runs finished by earlier calls were kept" in out.with_suffix(".md").read_text()
+    with pytest.raises(SystemExit):
+        suite.main(["--from-runs", "--keep-finished", "--runs", str(runs), "--out", str(out)])
+
+
 def test_from_runs_tabulates_what_the_run_folders_hold(suite, tmp_path):
     """A suite finished by several cut-short calls: --from-runs trains nothing, counts a run with a summary.json as
     finished and one without as not run, and the table says it was tabulated, not timed."""

@@ -39,6 +39,10 @@ tabulates the run folders RUNS already holds and trains nothing: a suite whose c
 finished by later calls (each training some markets and seeds into its own folder, merged into RUNS). A run
 with a summary.json counts as finished, one without as not run; wall times are unknown.
 
+A training call with `--keep-finished` trains only what its run folders lack: a run with a summary.json is kept and
+tabulated, a failed or cut-short one (its folder and log moved aside to seed_S.failed-K) trains again from the start,
+so a suite some of whose runs failed (out of GPU memory at too many at once) is completed by the same command.
+
 With any of the three, `--pack tools/results/runs_NAME.tgz` also writes the runs' records (per market and seed its
 summary.json, metrics.jsonl and epochs.log, no checkpoints) into one gzip tar whose top folder is runs_NAME, the same
 bytes for the same files (names sorted, owners, modes and times fixed): how tools/results keeps run folders
@@ -418,6 +422,8 @@ def write_tables(out: Path, record: dict[str, Any]) -> int:
            f"all done in {record['wall_s']:.0f} s wall (store builds and compilation included)."
            if record["wall_s"] is not None else f"suite `{record['suite']}`, runs in `{record['runs']}`, tabulated "
            "from run folders trained by earlier calls (--from-runs: the date above is the tabulation's).")
+    if n_kept := sum(bool(x.get("kept")) for m in markets.values() for x in m["runs"].values()):
+        how += f" {n_kept} runs finished by earlier calls were kept (--keep-finished; no wall times)."
     lines += ["", f"Seeds {record['seeds']}, {how}", "",
               "| market | role | runs ok | honest ± SE | probe | buy-and-hold | oracle | agent / probe | "
               "agent / oracle | in sample ± SE | wall s per run |",
@@ -477,6 +483,28 @@ def finished_runs(markets: Sequence[Market], runs: Path, seeds: Sequence[int]
     done = {(m.name, s): {"returncode": 0 if (runs / m.name / f"seed_{s}" / "summary.json").is_file() else None,
                           "wall_s": None} for m in markets for s in seeds}
     return builds, done
+
+
+def set_aside_unfinished(markets: Sequence[Market], runs: Path, seeds: Sequence[int]) -> set[tuple[str, int]]:
+    """--keep-finished: the (market, seed) runs whose folder holds a summary.json, kept and not trained again; the
+    folder and log of every other run that left one (failed or cut short) moved aside to seed_S.failed-K (K the
+    first free number), so that run trains again from the start and nothing it wrote is lost."""
+    kept = set()
+    for m in markets:
+        for s in seeds:
+            folder, log = runs / m.name / f"seed_{s}", runs / m.name / f"seed_{s}.log"
+            if (folder / "summary.json").is_file():
+                kept.add((m.name, s))
+                continue
+            if not folder.exists() and not log.exists():
+                continue
+            k = 1
+            while any((runs / m.name / f"seed_{s}.failed-{k}{ext}").exists() for ext in ("", ".log")):
+                k += 1
+            for path, aside in ((folder, f"seed_{s}.failed-{k}"), (log, f"seed_{s}.failed-{k}.log")):
+                if path.exists():
+                    path.rename(runs / m.name / aside)
+    return kept
 
 
 def tabulate(earlier: Path, out: Path, runs: Path | None, rescore: Sequence[str] = (), parallel: int = 1,
@@ -593,6 +621,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rescore", nargs="+", default=[], metavar="SECTION.FIELD=VALUE",
                         help="with --tabulate: score the runs' fold checkpoints again with `fox evaluate --set` of "
                         "these (settings that change no training), --parallel at a time (module header)")
+    parser.add_argument("--keep-finished", action="store_true", help="train only the runs whose folder holds no "
+                        "summary.json: the finished ones are kept and tabulated, the folder and log of a failed or "
+                        "cut-short one are moved aside to seed_S.failed-K and it trains again from the start (the "
+                        "same numbers as an uninterrupted run)")
     parser.add_argument("--pack", type=Path, metavar="RUNS_NAME.tgz",
                         help="also pack the runs' summary.json, metrics.jsonl and epochs.log into this archive")
     parser.add_argument("--mps", action="store_true", help=MPS_HELP + " (the training runs and --rescore's)")
@@ -601,6 +633,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(problem)
     if args.rescore and args.tabulate is None:
         parser.error("--rescore needs --tabulate (the earlier suite whose run folders it scores again)")
+    if args.keep_finished and (args.tabulate is not None or args.from_runs):
+        parser.error("--keep-finished trains the runs left to train: not with --tabulate or --from-runs")
     if args.pack is not None and args.pack.suffix != ".tgz":
         parser.error(f"--pack {args.pack}: the archive's name must end in .tgz (runs_NAME.tgz)")
     try:
@@ -627,10 +661,13 @@ def main(argv: list[str] | None = None) -> int:
     else:
         builds = build_stores(markets, stores, args.parallel)
         ready = [m for m in markets if builds[m.name].get("returncode", 0) == 0]
+        kept = set_aside_unfinished(ready, runs, args.seeds) if args.keep_finished else set()
         jobs = [Job((m.name, seed), market_command(m, suite, extra, store_path(stores, m), seed, runs),
-                    runs / m.name / f"seed_{seed}.log") for seed in args.seeds for m in ready]
+                    runs / m.name / f"seed_{seed}.log") for seed in args.seeds for m in ready
+                if (m.name, seed) not in kept]
         with mps_for_children(args.mps):
             done = run_jobs(jobs, args.parallel)
+        done.update({key: {"returncode": 0, "wall_s": None, "kept": True} for key in kept})
     record = {
         "command": "python3 tools/suite.py " + " ".join(argv),
         "wall_s": None if args.from_runs else time.perf_counter() - start,
