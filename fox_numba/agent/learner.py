@@ -18,7 +18,9 @@ One step, in launch order (`_step`): the schedule (step counter, lr, tau on the 
 slots and gather s, a, r, done, s' (ReplayBuffer.sample / gather, agent/replay.py: s rows, then s' rows) ->
 the observations of those 2B rows (kernels/env.py gather_obs, the collector's gather; with learner.obs_noise
 > 0 Gaussian noise on their market columns, kernels/learner.py) -> online forward on
-s and s' as one batch of 2B rows (the s rows kept for backward) -> target forward on s' -> one fused pass
+s and s' as one batch of 2B rows (the s rows kept for backward), and beside it on a side stream the target forward
+on s' (device/fork.py; after it where spectral norm's online forward iterates the vectors the target reads) -> one
+fused pass
 (kernels/learner.py select_q_rows, from the two head GEMM outputs, the dueling combine formed as it reads them):
 online E[Q], entropy and atom utilisation on s (E[Q] on s'), and the double
 DQN rows: the greedy next bin (of the direction branch for every branch, by default: learner.bootstrap) from the
@@ -26,13 +28,16 @@ online E[Q](s'), evaluated with the target distribution -> (prioritised: the imp
 (project_loss_scatter): C51 projection of r + gamma (1 - done) z onto the online support, cross-entropy per branch
 row and its gradient, scattered into the heads and taken through the dueling combine's backward into the online
 network's dhead (the two passes are the chain expected_q, double DQN rows, c51_project, c51_loss, scatter,
-dueling_combine_bwd bit for bit: kernels/learner.py header) -> ISV producers of the loss and of Q -> the auxiliary
-regression (its gradient into the forecast column of dhead) -> backward from dhead -> global
+dueling_combine_bwd bit for bit: kernels/learner.py header) -> ISV producers of the loss and of Q (on a side stream,
+joined before the guard) -> the auxiliary
+regression (its gradient into the forecast column of dhead) -> backward from dhead (each layer's weight gradient
+on a side stream beside the input-gradient chain: agent/network.py) -> global
 gradient norm -> the non-finite guard (a non-finite loss or gradient skips the update, counts NONFINITE_STEPS
 once, and leaves parameters, Adam state and target bit-identical) -> adaptive clip
 (the landed producer) -> AdamW (lr = cosine schedule x max(0.05, FOLD_WARMUP_FACTOR)) -> Polyak with tau =
 tau_base x cosine / (1 + clip(ISV[Q_DRIFT_RATE], 0, 4)) -> commit (Adam's t, the target supports, update /
-drift / parameter-norm signals) -> hidden-activation signals (every diag_every steps).
+drift / parameter-norm signals); the hidden-activation signals (every diag_every steps) run on a side stream from
+the online forward to the step's end.
 n-step returns (learner.n_step): the replay stores one-step transitions; the gather sums up to n of one
 environment's consecutive rewards and hands the row its discount gamma**k * (1 - done) (kernels/replay.py).
 
@@ -114,7 +119,8 @@ Direction mean head (network.mean_head; agent/mean_head.py, kernels/mean_head.py
 step runs the head's dense layer on the online s and s' rows and the target's s' rows, its squared error towards
 r + discount m_target(s', argmax_d m(s', d)) on the direction rows (their rewards, discounts and weights) weighted by
 learner.mean_weight, the epoch's loss_mean and mean_gap, and its backward into the mean entries of the gradient and,
-with a trunk, into the trunk through input_grad. Off, the step launches none of its kernels. Acting on its values:
+with a trunk, into the trunk through input_grad; all of it on a side stream, joined before the C51 backward where that
+takes its input_grad, else before the gradient norm. Off, the step launches none of its kernels. Acting on its values:
 agent/mean_head.py MeanActor.
 """
 
@@ -139,6 +145,7 @@ from fox_numba.config import FoxConfig
 from fox_numba.device.control import ControlBlock
 from fox_numba.device.elementwise import axpy_f32, copy_u32, fill_u32, scale_f32
 from fox_numba.device.graphs import StepGraph
+from fox_numba.device.fork import SideStream
 from fox_numba.device.launch import i32, launch
 from fox_numba.device.memory import device_empty, device_zeros, words
 from fox_numba.device.rng import xoroshiro_states
@@ -253,7 +260,8 @@ class Learner:
         "online", "target_net", "graph", "batch", "obs", "obs_next", "rows", "q", "entropy",
         "util", "grads", "aux_target", "norm_partials", "adam_partials", "polyak_partials", "loss_partials",
         "q_partials", "hidden_partials", "decay_mask", "branch_weights", "schedule", "epoch",
-        "is_weights", "iqn", "mean", "draw", "book", "env_params", "lr_scale", "mirror",
+        "is_weights", "iqn", "mean", "draw", "book", "env_params", "lr_scale", "mirror", "side",
+        "head_side", "diag_side",
     )
 
     def __init__(
@@ -374,6 +382,10 @@ class Learner:
         self.online = Network(layout, 2 * b, stream=stream, grad_rows=b, dense=dense, dropout=drop, noise=noise_on,
                               spectral=spec_on, depth=depth, isv=isv)  # isv: the VSN and MoE gates' signals of s
         self.target_net = Network(layout, b, stream=stream, dense=dense, noise=noise_tgt, spectral=spec_tgt)
+        # side streams of the step (_step): the target forward beside the online forward, unless it reads the spectral
+        # vectors the online forward iterates, then the loss and Q signals beside the backward; the mean head's step;
+        # the hidden signals beside everything after the online forward
+        self.side, self.head_side, self.diag_side = SideStream(), SideStream(), SideStream()
         self._bind_encoders(market_obs, day_first, book_obs)
         self.q = device_empty((2 * b, N_HEADS), np.float32)
         self.entropy = device_empty((b, N_HEADS), np.float32)  # of s (the Q signals read s only)
@@ -447,18 +459,36 @@ class Learner:
         gather_obs(self.market_obs, bt.rows, bt.port, self.obs, stream=s)
         if lc.obs_noise > 0:
             add_obs_noise(self.obs, self.rng_states, lc.obs_noise, int(self.market_obs.shape[1]), stream=s)
+        # The target forward on a side stream beside the online one (device/fork.py): it reads s' and the target's
+        # parameters and writes only target_net's buffers (the target has no ISV, dropout or depth; its NoisyNet
+        # draw is its own), none of which the online forward or its statistics touch.
+        target_rows, beside = bt.rows[self.batch_size :], not self.layout.spectral_norm
+        if beside:
+            self.target_net.forward(self.target, self.obs_next, None, stream=self.side.fork(s), rows=target_rows)
         self.online.forward(self.params, self.obs, None, stream=s, rows=bt.rows)  # s, s' (s kept for backward)
+        if self.hidden_partials is not None:  # reads the activations of s, which nothing rewrites before the next step
+            produce_hidden_signals(self.online.activations, self.hidden_partials, self.isv, self.optim_state,
+                                   n_rows=self.batch_size, diag_every=self.cfg.run.diag_every,
+                                   stream=self.diag_side.fork(s))
         if self.online.spectral is not None:
             spectral_epoch_stat(self.online.spectral.sigma, self.epoch, stream=s)
         if self.online.moe is not None:
             self.online.moe.signals(self.epoch, stream=s)
-        self.target_net.forward(self.target, self.obs_next, None, stream=s, rows=bt.rows[self.batch_size :])
+        if beside:
+            self.side.join(s)
+        else:  # after the online forward's power iteration, whose vectors it reads
+            self.target_net.forward(self.target, self.obs_next, None, stream=s, rows=target_rows)
         self._c51_rows(s, prio)
         if prio is not None:
             prio.update(bt.idx, rows.loss, alpha=lc.priority_alpha, eps=lc.priority_eps, stream=s)
-        produce_loss_signals(rows.loss, rows.weights, rows.stats, self.loss_partials, self.isv, self.epoch, stream=s)
+        # The loss and Q signals beside the rest until the guard reads LOSS_RAW: they read the branch rows and the
+        # online E[Q], entropy and utilisation, which the heads' losses and the backward only read, and write ISV
+        # slots and epoch sums of their own.
+        signals = self.side.fork(s)
+        produce_loss_signals(rows.loss, rows.weights, rows.stats, self.loss_partials, self.isv, self.epoch,
+                             stream=signals)
         produce_q_signals(self.q[: self.batch_size], self.entropy, self.util, self.q_partials, self.isv, self.epoch,
-                          n_rows=self.batch_size, n_atoms=self.layout.n_atoms, stream=s)
+                          n_rows=self.batch_size, n_atoms=self.layout.n_atoms, stream=signals)
         if lc.aux_weight > 0:  # off: the forecast column's dhead stays at its allocation zeros
             aux_loss(self.online.head_out, bt.rows, self.aux_target, lc.aux_weight, self.online.dhead, self.isv,
                      self.epoch, stream=s)
@@ -469,11 +499,18 @@ class Learner:
                          self.rng_states, self.isv, self.epoch, bootstrap=lc.bootstrap, stream=s)
             head_dx = self.iqn.online.dx if self.layout.n_layers else None
         if self.mean is not None:
+            # On a side stream: it reads both forwards' inputs and the C51 rows, writes its own buffers, gradient
+            # entries and epoch sums; the C51 backward needs its dx (with a trunk or an encoder), the norm all of it.
             self.mean.run(self.online.mean_input(2 * self.batch_size), self.target_net.mean_input(self.batch_size),
-                          bt.actions, rows, self.epoch, stream=s)
+                          bt.actions, rows, self.epoch, stream=self.head_side.fork(s))
             head_dx = self.mean.dx
+            if head_dx is not None:
+                self.head_side.join(s)
         self.online.backward_from_head(self.params, self.grads, stream=s, input_grad=head_dx)
+        if self.mean is not None and self.mean.dx is None:
+            self.head_side.join(s)
         global_grad_norm(self.grads, self.norm_partials, self.isv, stream=s)
+        self.side.join(s)
         guard_loss(self.isv, stream=s)
         update_adaptive_clip(self.isv, lc.clip_ema_mult, stream=s, warmup_rule=lc.warmup_rule)
         adam_update(self.params, self.grads, self.adam_m, self.adam_v, self.decay_mask, self.isv, self.optim_state,
@@ -484,8 +521,7 @@ class Learner:
         finish(self.isv, self.optim_state, self.adam_partials, self.polyak_partials, n, self.support_online,
                self.support_target, self.epoch, stream=s)
         if self.hidden_partials is not None:
-            produce_hidden_signals(self.online.activations, self.hidden_partials, self.isv, self.optim_state,
-                                   n_rows=self.batch_size, diag_every=self.cfg.run.diag_every, stream=s)
+            self.diag_side.join(s)
 
     def _c51_rows(self, s: Any, prio: Any) -> None:
         """The C51 part of the step between the forwards and the loss consumers, two fused passes: the online E[Q]

@@ -166,6 +166,7 @@ from fox_numba.agent.tlob import tlob_shape as tlob_config_shape
 from fox_numba.agent.vsn import VSN_PREFIX, VsnGate, check_groups, observation_groups, vsn_entries
 from fox_numba.config import FeatureConfig, NetworkConfig
 from fox_numba.device.elementwise import axpy_f32, scale_f32
+from fox_numba.device.fork import SideStream
 from fox_numba.device.isv import MOE_MAX_EXPERTS
 from fox_numba.device.launch import check_array, i32, launch
 from fox_numba.device.memory import device_empty, device_zeros
@@ -575,7 +576,14 @@ class Network:
         self.head_out = device_zeros((batch, head_width(z)), np.float32, stream=stream)  # past live_cols: 0 for good
         self.dhead = device_zeros((grad_rows, head_width(z)), np.float32, stream=stream)  # aux column: 0 unless written
         self.aux_column = aux_column(z)
-        self._dh = [device_empty((grad_rows, hidden), np.float32) for _ in range(min(n_layers, 2))]
+        # Each layer's weight gradient runs on a side stream beside the input-gradient chain (device/fork.py) unless
+        # main-stream work reads a weight gradient before the end of the backward (NoisyNet's sigma, spectral norm)
+        # or rewrites a layer's output gradient (a residual block's, the MoE experts' buffers); beside it every
+        # layer's input gradient keeps its own buffer, which the side stream may still be reading.
+        self._side = (SideStream() if not (layout.noisy or layout.spectral_norm or layout.residual or layout.moe)
+                      else None)
+        n_dh = n_layers if self._side is not None else min(n_layers, 2)
+        self._dh = [device_empty((grad_rows, hidden), np.float32) for _ in range(n_dh)]
         widths = [layout.in_dim] + [hidden] * n_layers + [head_width(z) * max(layout.moe_experts, 1)]
         self._wgrads = [WeightGrad(dense, grad_rows, widths[k], widths[k + 1]) for k in range(n_layers)]
         self._head_cols = layout.live_cols if layout.live_branches < N_BRANCHES else None  # None: every column
@@ -745,7 +753,8 @@ class Network:
             moe = self.moe if layer == lay.n_layers else None
             if moe is not None:  # the gate's gradients; dy becomes the experts' output gradient
                 dy = moe.backward(x, self.dhead, g, stream=stream)
-            self._wgrads[layer](x, dy, g[w.name], g[b.name], stream=stream)
+            side = self._side.fork(stream) if self._side is not None else stream  # reads x and dy only
+            self._wgrads[layer](x, dy, g[w.name], g[b.name], stream=side)
             head_noise = self.noisy if layer == lay.n_layers else None
             head_cols = self._head_cols if layer == lay.n_layers else None  # dy is 0 past the live columns
             if head_noise is not None:
@@ -783,6 +792,8 @@ class Network:
                     flat = dx.reshape(dx.size)
                     launch(scale_f32, dx.size, flat, self._keep, i32(dx.size), stream=stream)
                 dy = dx
+        if self._side is not None:
+            self._side.join(stream)
 
 
 def _add(y: Any, x: Any, stream: Any) -> None:

@@ -7,6 +7,8 @@ stream it is given. `StepGraph.replay()` runs it:
   a CUDA graph (runtime stream capture through `cuda.bindings`), and every replay launches the graph;
 - under the simulator, or with `use_graph=False`, every replay runs the body eagerly again.
 Each replay executes the sequence exactly once, so eager and graph runs give identical results.
+A body may fork side streams from its stream (device/fork.py): their launches become branches of the graph that
+run beside the main chain, and each must be joined back before the body ends.
 
 A graph freezes each launch's grid, array addresses and scalar arguments. Eager replays and the capture
 record a `LaunchTrace` and compare it with the first replay's, so a body that would replay differently as
@@ -39,6 +41,8 @@ def _describe_difference(step: str, replay: int, pos: int, ref: LaunchRecord, go
     where = f"{step}: replay {replay}, launch {pos} ({ref.kernel})"
     if got.kernel != ref.kernel:
         return f"{where}: launched {got.kernel} where the first replay launched {ref.kernel}"
+    if got.lane != ref.lane:
+        return f"{where}: launched on lane {got.lane} where the first replay used lane {ref.lane} (device/fork.py)"
     if (got.grid, got.block) != (ref.grid, ref.block):
         return (
             f"{where}: grid/block {got.grid}/{got.block} differ from the first replay's "
@@ -134,6 +138,9 @@ class StepGraph:
             self.body(self.stream)
         if not trace.launches:
             raise GraphError(f"{self.name}: the step body launched no kernel")
+        if trace.forked:
+            raise GraphError(f"{self.name}: side stream(s) {sorted(trace.forked)} forked and not joined: the step "
+                             "would end before their work (device/fork.py)")
         controls, read_controls = _check_controls_uploaded(self.name, trace)
         ref = self._reference
         if ref is None:

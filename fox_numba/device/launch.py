@@ -13,6 +13,9 @@ kernels). They
   the GPU compute in float64);
 - append each launch to the active `LaunchTrace` (a `StepGraph` records one per replay), and time it
   under the active kernel timer of `fox_numba.device.timing`.
+A step body launches on its stream or on a side stream forked from it (`device/fork.py`), whose launches a
+captured graph runs beside the step stream's; the trace records each launch's lane and refuses a side stream
+that was not forked, or that is launched on after its join.
 """
 
 from __future__ import annotations
@@ -56,6 +59,7 @@ class LaunchRecord:
     grid: tuple[int, ...]
     block: tuple[int, ...]
     args: tuple[tuple[Any, ...], ...]
+    lane: int = 0  # 0: the step's stream; k: the k-th side stream forked in the step (device/fork.py)
 
     @property
     def addresses(self) -> tuple[int, ...]:
@@ -80,10 +84,38 @@ class LaunchTrace:
     launches: list[LaunchRecord] = field(default_factory=list)
     arrays: list[Any] = field(default_factory=list)  # kept alive while a graph holds their addresses
     notes: list[tuple[int, Any]] = field(default_factory=list)  # (launch position, object) e.g. uploads
+    sides: list[Any] = field(default_factory=list)  # side streams forked from `stream`, lane k at k - 1
+    forked: set[int] = field(default_factory=set)  # lanes forked and not yet joined
 
     def note(self, obj: Any) -> None:
         """Mark that `obj` (a control block upload, say) happened before the next launch."""
         self.notes.append((len(self.launches), obj))
+
+    def fork(self, side: Any) -> None:
+        """`side` now follows the step's stream: its launches belong to the step until `join`."""
+        if not any(side is s for s in self.sides):
+            self.sides.append(side)
+        self.forked.add(self._lane(side))
+
+    def join(self, side: Any) -> None:
+        """The step's stream waits for `side` from here on: no launch on it until the next fork."""
+        self.forked.discard(self._lane(side))
+
+    def _lane(self, stream: Any) -> int:
+        """0 for the step's stream, k for its k-th side stream, -1 for any other stream."""
+        if stream is self.stream:
+            return 0
+        return next((k + 1 for k, s in enumerate(self.sides) if s is stream), -1)
+
+    def lane(self, stream: Any, kernel: str) -> int:
+        """The lane of a launch of `kernel` on `stream`; LaunchError where a graph would not capture it."""
+        lane = self._lane(stream)
+        if lane == 0 or lane in self.forked:
+            return lane
+        if lane < 0:
+            raise LaunchError(f"{kernel}: launched on another stream than its step's (not captured)")
+        raise LaunchError(f"{kernel}: launched on side stream {lane} after its join (not ordered before the step's "
+                          "end): fork it again first")
 
 
 _ACTIVE_TRACE: ContextVar[LaunchTrace | None] = ContextVar("fox_launch_trace", default=None)
@@ -191,9 +223,8 @@ def _launch(
     _check_args(k, args)
     trace = _ACTIVE_TRACE.get()
     if trace is not None:
-        if stream is not trace.stream:
-            raise LaunchError(f"{k.name}: launched on another stream than its step's (not captured)")
-        trace.launches.append(LaunchRecord(k.name, grid, block, tuple(_arg_key(a) for a in args)))
+        lane = trace.lane(stream, k.name)
+        trace.launches.append(LaunchRecord(k.name, grid, block, tuple(_arg_key(a) for a in args), lane))
         trace.arrays.extend(a for a in args if is_device_array(a))
     timer = timing.active_kernel_timer()
     if timer is not None and not (trace is not None and trace.capturing):

@@ -317,24 +317,37 @@ def test_one_step_equals_a_float64_step(stream, stager, rng, dense, n_layers, n_
     assert stats["loss_aux"] == pytest.approx(ref["loss_aux"], rel=1e-4) and ref["loss_aux"] > 0
 
 
-def _step_kernels(stager, stream, rng, cfg) -> tuple[list[str], dict[str, float]]:
+def _step_kernels(stager, stream, rng, cfg, lanes: bool = False) -> tuple[list[str], dict[str, float]]:
+    """The step's kernels as module.kernel, in launch order (with `lanes`: (name, lane) pairs, device/fork.py)."""
     learner, _ = build(stager, stream, cfg, random_replay(rng), rng.standard_normal((12, M)).astype(np.float32),
                        bootstrap_values())
     learner.step()
     names = [r.kernel.rsplit(".", 2)[-2] + "." + r.kernel.rsplit(".", 1)[1] for r in learner.graph.launches]
+    if lanes:
+        names = list(zip(names, [r.lane for r in learner.graph.launches], strict=True))
     return names, learner.epoch_stats()
 
 
 def test_the_step_lists_its_kernels_in_order(stream, stager, rng):
-    names, stats = _step_kernels(stager, stream, rng, tiny_config(aux_weight=0.5))
-    assert names[:4] == ["learner.step_schedule", "replay.replay_sample_kernel", "replay.replay_gather_kernel",
-                         "env.gather_obs_kernel"]
-    order = ["learner.select_q_rows", "learner.project_loss_scatter", "signals.loss_partials", "signals.loss_finish",
-             "signals.q_partials", "signals.q_finish", "learner.aux_forecast_loss", "optim.grad_sq_partials",
-             "optim.grad_norm_finish", "learner.loss_guard", "optim.adaptive_clip_producer", "optim.adam_step",
-             "optim.polyak_update", "learner.finish_step", "signals.hidden_partials", "signals.hidden_finish"]
-    positions = [names.index(k) for k in order]
+    """Per lane: the step stream's chain, the target forward and the loss and Q signals on the learner's side
+    stream, the hidden signals on the diagnostics side stream, and every weight gradient on the network's."""
+    launched, stats = _step_kernels(stager, stream, rng, tiny_config(aux_weight=0.5), lanes=True)
+    lanes = {}
+    for name, lane in launched:
+        lanes.setdefault(lane, []).append(name)
+    main, side = lanes.pop(0), lanes.pop(1)
+    assert main[:4] == ["learner.step_schedule", "replay.replay_sample_kernel", "replay.replay_gather_kernel",
+                        "env.gather_obs_kernel"]
+    order = ["learner.select_q_rows", "learner.project_loss_scatter", "learner.aux_forecast_loss",
+             "optim.grad_sq_partials", "optim.grad_norm_finish", "learner.loss_guard", "optim.adaptive_clip_producer",
+             "optim.adam_step", "optim.polyak_update", "learner.finish_step"]
+    positions = [main.index(k) for k in order]
     assert positions == sorted(positions)
+    assert side[-4:] == ["signals.loss_partials", "signals.loss_finish", "signals.q_partials", "signals.q_finish"]
+    assert not any(k.startswith("signals.") for k in main)
+    assert sorted(lanes.values()) == sorted([["signals.hidden_partials", "signals.hidden_finish"],
+                                            ["dense_strided.dense_wgrad"] * 2])  # head and layer 0
+    names = [name for name, _ in launched]
     assert "elementwise.copy_u32" not in names  # nothing copied from the host inside a step
     assert "heads.dueling_combine_bwd" not in names  # project_loss_scatter takes the gradient through the combine
     assert "loss_aux" in stats
@@ -671,12 +684,15 @@ def test_the_evaluated_network_names_learner_state(stream, stager, rng):
 def test_dropout_runs_in_the_online_network_only(stream, stager, rng):
     """learner.dropout 0.3: one mask launch per hidden layer in the online forward (none in the target's), one
     gradient scale per hidden layer in the backward; without it, neither; the step stays finite."""
-    names, stats = _step_kernels(stager, stream, rng, tiny_config(n_layers=2, dropout=0.3))
+    launched, stats = _step_kernels(stager, stream, rng, tiny_config(n_layers=2, dropout=0.3), lanes=True)
+    names = [name for name, _ in launched]
     assert names.count("dropout.dropout_kernel") == 2 and names.count("elementwise.scale_f32") == 2
     forward = ("dense_strided.dense_fwd", "gemm.linear_fwd")  # the simulator's dense kernel, the GPU's GEMMs
-    dense = [i for i, n in enumerate(names) if n.startswith(forward)]  # online 3 layers, then the target's
-    drops = [i for i, n in enumerate(names) if n == "dropout.dropout_kernel"]
-    assert dense[0] < drops[0] < dense[1] < drops[1] < dense[2] < dense[3]
+    main = [n for n, lane in launched if lane == 0]  # the target's forward runs on a side stream (lane 1)
+    dense = [i for i, n in enumerate(main) if n.startswith(forward)]  # the online network's 3 layers
+    drops = [i for i, n in enumerate(main) if n == "dropout.dropout_kernel"]
+    assert len(dense) == 3 and dense[0] < drops[0] < dense[1] < drops[1] < dense[2]
+    assert sum(n.startswith(forward) for n, lane in launched if lane == 1) == 3  # the target's: no mask
     assert np.isfinite(stats["loss"]) and stats["applied_steps"] == 1
     plain, _ = _step_kernels(stager, stream, rng, tiny_config(n_layers=2))
     assert "dropout.dropout_kernel" not in plain and "elementwise.scale_f32" not in plain
