@@ -16,7 +16,7 @@ from fox_numba.device.runtime import SIMULATOR, new_stream
 from fox_numba.device.staging import Stager
 from fox_numba.device.timing import Timings
 
-N = 1 << 12
+N = 256  # one block a launch: the simulator runs each thread as a Python thread
 
 
 @pytest.fixture()
