@@ -17,10 +17,12 @@ runs, seed = pathlib.Path(sys.argv[1]), int(sys.argv[2])
 (runs / f"seed_{seed}").mkdir(parents=True)
 (runs / f"threads_{seed}.txt").write_text(os.environ.get("OPENBLAS_NUM_THREADS", "unset"))
 first = 3.0 + seed
-print("fold 0: train ...; baselines: probe Sharpe +1.00 ..., oracle +2.00; set up in 1.5 s")
+print("fold 0: train ...; baselines: probe Sharpe +1.00 ..., oracle +2.00; set up in 1.5 s: features 0.2, "
+      "device 0.6, resets 0.1, baselines %.1f" % (0.6 + 0.1 * seed))
 print("fold 0 epoch 0: val Sharpe ... | seconds: collect %.1f train 5.0 evaluate 1.0 epoch 9.5" % first)
 print("fold 0 epoch 1: val Sharpe ... | seconds: collect 0.5 train 1.0 evaluate 0.5 epoch 2.0")
-print("fold 1: train ...; baselines: probe Sharpe +1.00 ..., oracle +2.00; set up in 0.5 s")
+print("fold 1: train ...; baselines: probe Sharpe +1.00 ..., oracle +2.00; set up in 0.5 s: features 0.1, "
+      "device 0.2, resets 0.0, baselines 0.2")
 print("fold 1 epoch 0: val Sharpe ... | seconds: collect 0.5 train 2.0 evaluate 0.5 epoch 3.0")
 figure = seed + (0.5 if "--differ" in sys.argv and "together" in str(runs) else 0.0)
 (runs / f"seed_{seed}" / "summary.json").write_text(json.dumps({"honest_sharpe_mean": figure}))
@@ -58,6 +60,9 @@ def test_warmup_alone_and_together(tool, fake, tmp_path):
     assert "| 3 at once | first | 4.00 | 5.00 | 1.00 | 9.50 |" in text  # seeds 0-2: collect 3, 4, 5
     assert "wrote the same summary.json" in text and "python3 tools/bench_runs.py --runs 3" in text
     assert t1["setup_s"] == 2.0 and t1["epochs_s"] == 14.5
+    assert t1["setup_parts"] == pytest.approx({"features": 0.3, "device": 0.8, "resets": 0.1, "baselines": 0.9})
+    assert "| one alone | 0.30 | 0.80 | 0.10 | 0.80 |" in text  # seed 0: baselines 0.6 + 0.2
+    assert "| 3 at once | 0.30 | 0.80 | 0.10 | 0.90 |" in text  # seeds 0-2: 0.8, 0.9, 1.0
     wall = record["runs"]["alone"]["wall_s"]  # seed 0: done in 7, set-up 2.0, epochs 9.5 + 2.0 + 3.0
     assert f"| one alone | {wall:.1f} | {wall - 7:.1f} | 2.0 | 14.5 | -9.5 |" in text
     assert "their own defaults" in text
@@ -92,5 +97,8 @@ def test_log_figures_of_a_run_that_printed_nothing(tool, tmp_path):
     empty = tmp_path / "x.log"
     empty.write_text("Traceback ...\n")
     assert tool.log_figures(empty) == {"done_s": None, "first_epoch": None, "later_epochs": None, "epochs": 0,
-                                       "epochs_s": 0, "setup_s": 0}
+                                       "epochs_s": 0, "setup_s": 0, "setup_parts": None}
+    older = tmp_path / "y.log"  # a fold line from before the set-up parts were printed: the total alone
+    older.write_text("fold 0: train ...; set up in 1.5 s\n")
+    assert tool.log_figures(older)["setup_s"] == 1.5 and tool.log_figures(older)["setup_parts"] is None
     assert tool.log_figures(tmp_path / "missing.log")["epochs"] == 0

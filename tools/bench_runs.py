@@ -46,25 +46,30 @@ from train_seeds import MPS_HELP, Job, run_jobs, train_command  # noqa: E402
 
 from fox_numba.device.mps import mps_for_children, mps_problem  # noqa: E402
 from fox_numba.io import atomic_write_text  # noqa: E402
+from fox_numba.walkforward.driver import SETUP_PARTS  # noqa: E402
 
 PHASES = ("collect", "train", "evaluate", "epoch")
 EPOCH_LINE = re.compile(r"seconds: collect ([\d.]+) train ([\d.]+) evaluate ([\d.]+) epoch ([\d.]+)")
 DONE_LINE = re.compile(r"done in (\d+) s")
-SETUP_LINE = re.compile(r"; set up in ([\d.]+) s")
+SETUP_LINE = re.compile(r"; set up in ([\d.]+) s(?:: " + ", ".join(rf"{p} ([\d.]+)" for p in SETUP_PARTS) + ")?")
 THREAD_VARIABLES = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS")
 
 
 def log_figures(log: Path) -> dict[str, Any]:
-    """{done_s, first_epoch, later_epochs, epochs, epochs_s, setup_s} of one run's console output: its `done in`
-    seconds (None when it printed none), its epochs' phase seconds (the first epoch's as it is, the mean of the later
-    ones'), their number and their total, and the total of its folds' set-up seconds."""
+    """{done_s, first_epoch, later_epochs, epochs, epochs_s, setup_s, setup_parts} of one run's console output: its
+    `done in` seconds (None when it printed none), its epochs' phase seconds (the first epoch's as it is, the mean of
+    the later ones'), their number and their total, the total of its folds' set-up seconds and of each set-up part
+    (SETUP_PARTS; None where a fold line gave no parts)."""
     text = log.read_text(encoding="utf-8", errors="replace") if log.is_file() else ""
     rows = [dict(zip(PHASES, map(float, m.groups()), strict=True)) for m in EPOCH_LINE.finditer(text)]
     done = DONE_LINE.findall(text)
     later = {p: statistics.fmean(r[p] for r in rows[1:]) for p in PHASES} if len(rows) > 1 else None
+    setups = SETUP_LINE.findall(text)
+    parts = ({p: sum(float(s[1 + i]) for s in setups) for i, p in enumerate(SETUP_PARTS)}
+             if setups and all(s[1] for s in setups) else None)
     return {"done_s": int(done[-1]) if done else None, "first_epoch": rows[0] if rows else None,
             "later_epochs": later, "epochs": len(rows), "epochs_s": sum(r["epoch"] for r in rows),
-            "setup_s": sum(map(float, SETUP_LINE.findall(text)))}
+            "setup_s": sum(float(s[0]) for s in setups), "setup_parts": parts}
 
 
 def same_summary(a: Path, b: Path) -> bool | None:
@@ -117,6 +122,22 @@ def time_split(runs: dict[str, dict[str, Any]], phase: str) -> tuple[float | Non
             m["done_s"] - m["setup_s"] - m["epochs_s"])
 
 
+def setup_table(runs: dict[str, dict[str, Any]], n: int) -> list[str]:
+    """The folds' set-up by part (each run's parts summed over its folds, the mean over the phase's runs), for the
+    phases whose every run printed them: which part grows when N runs share the host and the GPU."""
+    lines = []
+    for phase, label in (("alone", "one alone"), ("together", f"{n} at once")):
+        rows = [r["setup_parts"] for r in runs.values() if r["phase"] == phase]
+        if rows and all(rows):
+            lines.append(f"| {label} | " + " | ".join(f"{statistics.fmean(r[p] for r in rows):.2f}"
+                                                      for p in SETUP_PARTS) + " |")
+    if not lines:
+        return []
+    return ["", "The folds' set-up by part (seconds over a run's folds, the mean over the phase's runs; "
+            "fox_numba/walkforward/driver.py SETUP_PARTS):", "",
+            "| runs | " + " | ".join(SETUP_PARTS) + " |", "| --- |" + " ---: |" * len(SETUP_PARTS), *lines]
+
+
 def markdown(record: dict[str, Any], command: str, info: dict[str, Any]) -> str:
     n, runs = record["n"], record["runs"]
     lines = results_header(f"{n} fox train runs at once on one GPU against one alone", command, info)
@@ -146,6 +167,7 @@ def markdown(record: dict[str, Any], command: str, info: dict[str, Any]) -> str:
     for phase, label in (("alone", "one alone"), ("together", f"{n} at once")):
         lines.append(f"| {label} | " + " | ".join(f"{v:.1f}" if v is not None else "n/a"
                                                   for v in time_split(runs, phase)) + " |")
+    lines += setup_table(runs, n)
     lines += ["", "| run | exit | wall s | done in s |", "| --- | ---: | ---: | ---: |"]
     lines += [f"| {k} | {r['returncode']} | {r['wall_s']:.1f} | {r['done_s'] if r['done_s'] is not None else 'n/a'} |"
               for k, r in runs.items()]

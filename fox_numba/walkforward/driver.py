@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -64,6 +64,10 @@ from fox_numba.walkforward.trainer_state import audit_trainer, register_trainer
 Log = Callable[[str], None]
 EPOCH_PHASES = ("collect", "train", "evaluate")
 """The steps of an epoch on the progress bar (`fox train` counts folds x epochs x these)."""
+SETUP_PARTS = ("features", "device", "resets", "baselines")
+"""A fold's set-up in order, each timed on its fold line: the fold's features and episode starts (FoldMarket), its
+tensors on the GPU (Trainer.bind_fold), the state resets or the resume, the probe, buy-and-hold and oracle. Wall
+time between host marks: a part's queued GPU work is counted where the host next waits for it."""
 
 
 class RunLog:
@@ -191,6 +195,13 @@ def fold_baselines(cfg: FoxConfig, market: FoldMarket, oracle: OracleReference |
                      oracle_sharpe=fixed.oracle_sharpe, series=series)
 
 
+def setup_text(marks: Sequence[float]) -> str:
+    """'set up in T s: features a, device b, resets c, baselines d' from the perf_counter marks at the start and
+    after each of SETUP_PARTS: where a slow fold's set-up went (under concurrent runs, which part contends)."""
+    parts = ", ".join(f"{name} {b - a:.1f}" for name, a, b in zip(SETUP_PARTS, marks[:-1], marks[1:], strict=True))
+    return f"set up in {marks[-1] - marks[0]:.1f} s: {parts}"
+
+
 def sharpe_text(m: Metrics) -> str:
     """A policy's daily Sharpe for the console; the per-bar one, labelled, where no daily one can be formed."""
     return signed(m.sharpe_daily) if math.isfinite(m.sharpe_daily) else f"{signed(m.sharpe_bar)} per bar"
@@ -261,6 +272,7 @@ class Driver:
             t0 = time.perf_counter()
             fold = self.folds[k]
             market = self.fold_market = self.market(fold)
+            marks = [t0, time.perf_counter()]
             trainer.bind_fold(market, k)
             fold_text = self.fold_line(fold, market)
             if not self.registry.entries:
@@ -268,6 +280,7 @@ class Driver:
                 problems = audit_trainer(self.registry, trainer, self.kills, self.best)
                 if problems:
                     raise RuntimeError("trainer state not in the reset registry: " + "; ".join(problems))
+            marks.append(time.perf_counter())
             start_epoch, resets = 0, None
             if point is not None and k == point.fold:
                 trainer.load_state(point.checkpoint.arrays, same_fold=not point.fold_boundary)
@@ -280,12 +293,14 @@ class Driver:
                 log.detail(format_resets(records, k))
                 resets = [r.name for r in records]
                 fold_text += f"; {len(records)} state entries reset (listed in {TRAIN_LOG})"
+            marks.append(time.perf_counter())
             baselines = fold_baselines(cfg, market, self.oracle, self.store_days)
             baselines.save(self.run.fold_dir(k))
+            marks.append(time.perf_counter())
             log(f"{fold_text}; baselines: probe Sharpe {sharpe_text(baselines.probe)} (val R^2 "
                 f"{baselines.probe_r2:+.3f}), buy-and-hold {sharpe_text(baselines.buy_and_hold)}"
                 + (f", oracle {signed(baselines.oracle_sharpe)}" if baselines.oracle_sharpe is not None else "")
-                + f"; set up in {time.perf_counter() - t0:.1f} s")
+                + f"; {setup_text(marks)}")
             for epoch in range(start_epoch, cfg.learner.epochs):
                 killed = self.epoch(k, epoch, baselines, resets if epoch == start_epoch else None)
                 if killed:  # the fold's remaining epochs will not run: their steps of the bar are done

@@ -103,7 +103,8 @@ def test_smoke_runs_every_fold_end_to_end(reference):
     for k in range(FOLDS):
         reset = next(ln for ln in train_log if ln.startswith(f"fold {k} reset ("))  # in full in the run folder
         assert sum(ln.startswith(f"fold {k}: ") and "state entries reset (listed in train.log)" in ln
-                   and re.search(r"; set up in \d+\.\d s$", ln) is not None
+                   and re.search(r"; set up in \d+\.\d s: features \d+\.\d, device \d+\.\d, resets \d+\.\d, "
+                                r"baselines \d+\.\d$", ln) is not None
                    for ln in proc.stdout.splitlines()) == 1  # counted in the fold's one console line, timed
         for entry in ("learner.adam_moments", "learner.params", "learner.target", "collector.replay",
                       "isv.FOLD_WARMUP_FACTOR", "kill.q_drift.window"):
