@@ -65,7 +65,7 @@ def test_warmup_alone_and_together(tool, fake, tmp_path):
     assert "| 3 at once | 0.30 | 0.80 | 0.10 | 0.90 |" in text  # seeds 0-2: 0.8, 0.9, 1.0
     wall = record["runs"]["alone"]["wall_s"]  # seed 0: done in 7, set-up 2.0, epochs 9.5 + 2.0 + 3.0
     assert f"| one alone | {wall:.1f} | {wall - 7:.1f} | 2.0 | 14.5 | -9.5 |" in text
-    assert "their own defaults" in text
+    assert "fox_numba's default (host_threads.py)" in text
 
 
 def test_threads_per_run_reaches_every_run(tool, fake, tmp_path, monkeypatch):

@@ -18,9 +18,9 @@ the rest of `done in`: the store, the features, the report), and whether seed 0 
 the same summary.json (they must: the same seed gives the same numbers however many runs share the GPU). Exit
 status 1 if a run failed or the two summaries differ.
 
---threads-per-run K caps the CPU threads of every run's numerical libraries (OpenBLAS, OpenMP, MKL and numba's
-CPU pool: THREAD_VARIABLES) at K, for every phase: N processes whose libraries each start a thread per core can
-oversubscribe the host while they share the GPU.
+--threads-per-run K sets the CPU threads of every run's numerical libraries (OpenBLAS, OpenMP, MKL and numba's
+CPU pool: THREAD_VARIABLES) to K, for every phase. Without it a run keeps fox_numba's own default (host_threads.py:
+one BLAS thread unless set), or what the caller's environment sets.
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ from bench_device import machine, results_header  # noqa: E402
 from train_seeds import MPS_HELP, Job, run_jobs, train_command  # noqa: E402
 
 from fox_numba.device.mps import mps_for_children, mps_problem  # noqa: E402
+from fox_numba.host_threads import THREAD_VARIABLES as HOST_THREAD_VARIABLES  # noqa: E402
 from fox_numba.io import atomic_write_text  # noqa: E402
 from fox_numba.walkforward.driver import SETUP_PARTS  # noqa: E402
 
@@ -52,7 +53,7 @@ PHASES = ("collect", "train", "evaluate", "epoch")
 EPOCH_LINE = re.compile(r"seconds: collect ([\d.]+) train ([\d.]+) evaluate ([\d.]+) epoch ([\d.]+)")
 DONE_LINE = re.compile(r"done in (\d+) s")
 SETUP_LINE = re.compile(r"; set up in ([\d.]+) s(?:: " + ", ".join(rf"{p} ([\d.]+)" for p in SETUP_PARTS) + ")?")
-THREAD_VARIABLES = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS")
+THREAD_VARIABLES = (*HOST_THREAD_VARIABLES, "NUMBA_NUM_THREADS")
 
 
 def log_figures(log: Path) -> dict[str, Any]:
@@ -145,7 +146,8 @@ def markdown(record: dict[str, Any], command: str, info: dict[str, Any]) -> str:
     lines += ["", f"fox train arguments: `{' '.join(record['extra']) or '(none: the default preset on a GPU)'}`; "
               f"run folders in `{record['folder']}`. Walls measured around the processes (Python's start included). "
               + (f"CPU threads of each run's numerical libraries: {threads} (--threads-per-run)." if threads
-                 else "CPU threads of each run's numerical libraries: their own defaults."),
+                 else "CPU threads of each run's numerical libraries: fox_numba's default (host_threads.py) or the "
+                      "environment's."),
               "", "| what | wall s | / one alone |", "| --- | ---: | ---: |"]
     alone = record["alone_wall_s"]
     if "warmup_wall_s" in record:
