@@ -1,0 +1,59 @@
+"""tools/speed_set.py: the speed set's commands in order, each step's exit status, wall and peak RSS recorded, and the
+cold and warm runs' checkpoints compared array by array (a NaN field equal to itself, any other difference not)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import h5py
+import numpy as np
+import pytest
+from tool_loader import tool_module
+
+
+@pytest.fixture(scope="module")
+def tool():
+    yield from tool_module("speed_set")
+
+
+def test_the_steps_name_the_card_and_the_scratch(tool, tmp_path):
+    plan = tool.steps(tmp_path / "out", "h200", tmp_path / "s", pytest=True)
+    assert [n for n, _ in plan] == ["train_cold", "train_warm", "bench_learner_mirror", "bench_learner_trunk",
+                                    "bench_collect", "bench_runs", "pytest"]
+    argv = dict(plan)
+    assert argv["train_cold"][-1] == f'run.out_dir="{tmp_path / "s" / "cold"}"'
+    assert str(tmp_path / "out" / "many_runs_tw_h200") in argv["bench_runs"]
+    assert "--mirror" in argv["bench_learner_mirror"] and "--layers" in argv["bench_learner_trunk"]
+    assert [n for n, _ in tool.steps(tmp_path, "x", tmp_path, pytest=False)][-1] == "bench_runs"
+
+
+def write_run(parent, loss: float, kill: float) -> None:
+    fold = parent / "20261207-000000" / "fold_00"
+    fold.mkdir(parents=True)
+    record = np.zeros(1, dtype=[("loss", "<f4"), ("kill_q_median", "<f4"), ("epoch", "<u4")])
+    record["loss"], record["kill_q_median"], record["epoch"] = loss, kill, 1
+    with h5py.File(fold / "last.h5", "w") as f:
+        f["arrays/params"] = np.arange(5, dtype=np.float32) * 0.5
+        f["arrays/health.record"] = record
+
+
+def test_checkpoints_compare_with_nan_fields_equal(tool, tmp_path):
+    for name, loss, kill in (("a", 2.5, np.nan), ("b", 2.5, np.nan), ("c", 2.25, np.nan), ("d", 2.5, 1.0)):
+        write_run(tmp_path / name, loss, kill)
+    runs = {n: tool.checkpoint_arrays(tmp_path / n) for n in "abcd"}
+    assert list(runs["a"]) == ["fold_00/last.h5"]
+    assert tool.same_arrays(runs["a"], runs["b"])
+    assert not tool.same_arrays(runs["a"], runs["c"]) and not tool.same_arrays(runs["a"], runs["d"])
+    assert not tool.same_arrays({}, {})  # no checkpoints: nothing shown equal
+
+
+def test_main_records_every_step_and_fails_on_one(tool, tmp_path, monkeypatch):
+    fake = [("ok", [sys.executable, "-c", "print('fine')"]), ("bad", [sys.executable, "-c", "raise SystemExit(3)"])]
+    monkeypatch.setattr(tool, "steps", lambda out, suffix, scratch, pytest: fake)
+    out = tmp_path / "out"
+    assert tool.main(["--out", str(out), "--suffix", "t", "--scratch", str(tmp_path / "s")]) == 1
+    record = json.loads((out / "speed_set_t.json").read_text())
+    assert record["steps"]["ok"]["returncode"] == 0 and record["steps"]["bad"]["returncode"] == 3
+    assert record["steps"]["ok"]["peak_rss_kib"] > 0 and record["checkpoints_equal"] is False
+    assert (out / "ok_t.txt").read_text() == "fine\n"

@@ -1,0 +1,124 @@
+"""Issue 26's speed set on one GPU machine, each file named by the card: what the `*_h100d` files record.
+
+    python3 tools/speed_set.py --out OUT --suffix h200 [--pytest] [--scratch /tmp/fox_speed_set] [--dry-run]
+
+In order, each a child process as a user runs it, with the kernel cache (FOX_KERNEL_CACHE) in SCRATCH, emptied first:
+1. `fox train` on the default preset with the cache empty (cold), then again (warm): OUT/train_{cold,warm}_SUFFIX.txt
+   hold the run's last lines, its wall and its peak RSS (os.wait4), and whether the two runs' checkpoints hold the
+   same arrays (`checkpoints_equal`);
+2. tools/bench_learner.py, the default step (the crossed mean head, mirror) and the 2 x 256 trunk, tf32;
+3. tools/bench_collect.py at 16,384 and 4,096 environments;
+4. tools/bench_runs.py, eight default runs at once under MPS against one alone (the cache warm from 1);
+5. with --pytest, the whole test suite on the GPU (15 workers): OUT/pytest_full_gpu_SUFFIX.txt.
+A step that fails is recorded (its exit status in OUT/speed_set_SUFFIX.json) and the next one runs; the exit status
+is 1 if any failed. --dry-run prints the commands and runs nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+PY = sys.executable
+
+from fox_numba.io import atomic_write_text  # noqa: E402
+
+
+def steps(out: Path, suffix: str, scratch: Path, pytest: bool) -> list[tuple[str, list[str]]]:
+    """(name, argv) of every step, in order."""
+    train = [PY, "-m", "fox_numba", "train", "--set"]
+    learner = [PY, "tools/bench_learner.py", "--precision", "tf32", "--live-branches", "1"]
+    found = [
+        ("train_cold", [*train, f'run.out_dir="{scratch / "cold"}"']),
+        ("train_warm", [*train, f'run.out_dir="{scratch / "warm"}"']),
+        ("bench_learner_mirror", [*learner, "--mean-cross", "--mirror", "--out",
+                                  str(out / f"bench_learner_tw_mirror_tf32_{suffix}")]),
+        ("bench_learner_trunk", [*learner, "--steps", "100", "--windows", "2", "--layers", "2", "--out",
+                                 str(out / f"bench_learner_tw_trunk_tf32_{suffix}")]),
+        ("bench_collect", [PY, "tools/bench_collect.py", "--out", str(out / f"bench_collect_tw_{suffix}"),
+                           "--envs", "16384", "4096"]),
+        ("bench_runs", [PY, "tools/bench_runs.py", "--runs", "8", "--mps", "--no-warmup", "--out",
+                        str(out / f"many_runs_tw_{suffix}"), "--folder", str(scratch / "bench_runs")]),
+    ]
+    if pytest:
+        found.append(("pytest", [PY, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "-o", "addopts=",
+                                 "-n", "15", "tests"]))
+    return found
+
+
+def run_step(argv: list[str], log: Path, env: dict[str, str]) -> dict[str, float | int]:
+    """Run argv with its output in `log`: exit status, wall seconds, peak RSS in KiB."""
+    t0 = time.perf_counter()
+    with open(log, "w", encoding="utf-8") as fh:
+        child = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
+        _, status, usage = os.wait4(child.pid, 0)
+    return {"returncode": os.waitstatus_to_exitcode(status), "wall_s": time.perf_counter() - t0,
+            "peak_rss_kib": usage.ru_maxrss}
+
+
+def checkpoint_arrays(run_parent: Path) -> dict[str, dict[str, np.ndarray]]:
+    """Every numeric dataset of every checkpoint under the one run folder in `run_parent`, by relative path."""
+    import h5py
+
+    found: dict[str, dict[str, np.ndarray]] = {}
+    for path in sorted(run_parent.glob("*/fold_*/*.h5")):
+        with h5py.File(path, "r") as f:
+            arrays: dict[str, np.ndarray] = {}
+            f.visititems(lambda name, obj: arrays.__setitem__(name, obj[()])
+                         if isinstance(obj, h5py.Dataset) else None)
+        found[str(path.relative_to(path.parents[1]))] = arrays
+    return found
+
+
+def same_arrays(a: dict[str, dict[str, np.ndarray]], b: dict[str, dict[str, np.ndarray]]) -> bool:
+    """Whether two runs' checkpoints hold the same arrays (NaN equal to NaN: fields not yet defined)."""
+    def equal(x: np.ndarray, y: np.ndarray) -> bool:
+        if x.dtype.names:
+            return x.dtype == y.dtype and all(equal(x[n], y[n]) for n in x.dtype.names)
+        return np.array_equal(x, y, equal_nan=x.dtype.kind in "fc")
+    return bool(a) and a.keys() == b.keys() and all(
+        a[k].keys() == b[k].keys() and all(equal(a[k][n], b[k][n]) for n in a[k]) for k in a)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True, help="folder of the results files")
+    parser.add_argument("--suffix", required=True, help="the card's name in the file names (h200, h100d, ...)")
+    parser.add_argument("--scratch", type=Path, default=Path("/tmp/fox_speed_set"),
+                        help="run folders and the kernel cache; emptied first")
+    parser.add_argument("--pytest", action="store_true", help="also the whole test suite on the GPU")
+    parser.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
+    args = parser.parse_args(argv)
+    plan = steps(args.out.resolve(), args.suffix, args.scratch.resolve(), args.pytest)
+    if args.dry_run:
+        print("\n".join(" ".join(a) for _, a in plan))
+        return 0
+    shutil.rmtree(args.scratch, ignore_errors=True)
+    args.scratch.mkdir(parents=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "FOX_KERNEL_CACHE": str(args.scratch.resolve() / "kernel_cache"), "NUMBA_ENABLE_CUDASIM": "0"}
+    done: dict[str, dict[str, object]] = {}
+    for name, step in plan:
+        log = args.out / (f"pytest_full_gpu_{args.suffix}.txt" if name == "pytest" else f"{name}_{args.suffix}.txt")
+        done[name] = {"argv": step, **run_step(step, log, env)}
+        print(name, {k: v for k, v in done[name].items() if k != "argv"}, flush=True)
+    equal = same_arrays(checkpoint_arrays(args.scratch / "cold"), checkpoint_arrays(args.scratch / "warm"))
+    command = "python3 tools/speed_set.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    record = {"command": command, "steps": done, "checkpoints_equal": equal}
+    atomic_write_text(args.out / f"speed_set_{args.suffix}.json", json.dumps(record, indent=1) + "\n")
+    print("cold and warm checkpoints hold the same arrays:", equal)
+    return int(any(s["returncode"] != 0 for s in done.values()))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
