@@ -80,6 +80,8 @@ data_app = typer.Typer(
     help="Build, import and inspect HDF5 market stores (1-minute bars, MBP-10 book, trades).",
 )
 app.add_typer(data_app, name="data")
+cache_app = typer.Typer(no_args_is_help=True, help="The on-disk cache of compiled kernels (device/kernel_cache.py).")
+app.add_typer(cache_app, name="cache")
 
 PresetOpt = Annotated[
     str,
@@ -563,6 +565,29 @@ def sweep(
     typer.echo(f"sweep {folder.path}: {len(summary['trials']) - len(failed)} of {len(summary['trials'])} trials "
                f"finished; summary {folder.path / 'summary.json'}")
     if failed:
+        raise typer.Exit(1)
+
+
+@command(cache_app, "warm")
+def cache_warm(
+    workers: Annotated[int | None, typer.Option(help="Processes compiling at once (default: the cores less one).",
+                                                min=1)] = None,
+) -> None:
+    """Compile every kernel of the package into the kernel cache, in parallel processes, so that the next
+    `fox train` (or any stage) loads them instead of compiling each at its first launch.
+
+    Each process compiles a share of the registered kernels for this machine's GPU. The cache folder is
+    $FOX_KERNEL_CACHE/kernels-<digest>, else ~/.cache/fox_numba/kernels-<digest>; the digest changes with the
+    package's code, so run it again after an upgrade. It compiles kernels that a given config never launches
+    too, so it pays where cores are many: a machine image, a new checkout."""
+    from fox_numba.kernels.warm_cache import warm
+
+    done = warm(workers)
+    typer.echo(f"compiled {done.kernels} kernels ({done.signatures} signatures) into {done.folder} in "
+               f"{done.seconds:.1f} s with {done.workers} processes")
+    for failure in done.failures:
+        typer.echo(f"fox cache warm: {failure}", err=True)
+    if done.failures:
         raise typer.Exit(1)
 
 

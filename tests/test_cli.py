@@ -9,7 +9,7 @@ import sys
 import pytest
 from typer.testing import CliRunner
 
-from fox_numba.cli import app, data_app, resolve_config
+from fox_numba.cli import app, cache_app, data_app, resolve_config
 from fox_numba.config import PRESETS
 from fox_numba.device.runtime import SIMULATOR
 from fox_numba.market.store import write_store
@@ -27,20 +27,22 @@ COMMANDS = [
     ["evaluate"],
     ["profile"],
     ["sweep"],
+    ["cache"],
+    ["cache", "warm"],
 ]
 
 
 def test_top_level_help_lists_every_command():
     result = runner.invoke(app, ["--help"])
     assert result.exit_code == 0
-    for name in ("data", "collect", "train", "evaluate", "profile", "sweep"):
+    for name in ("data", "collect", "train", "evaluate", "profile", "sweep", "cache"):
         assert name in result.output
 
 
 def test_top_level_help_gives_each_command_a_whole_sentence():
     """Each command's line in `fox --help` is its docstring's first paragraph, one sentence, whole: rich keeps a
     help text's line breaks, so a summary wrapped in the source broke mid-sentence in the listing."""
-    for group, prefix in ((app, []), (data_app, ["data"])):
+    for group, prefix in ((app, []), (data_app, ["data"]), (cache_app, ["cache"])):
         output = runner.invoke(app, [*prefix, "--help"], env={"COLUMNS": "80"}).output
         listing = " ".join(line.strip("│ ") for line in output.split("Commands")[1].splitlines())
         listing = " ".join(listing.split())
@@ -178,6 +180,13 @@ def test_gpu_presets_are_refused_without_a_gpu(stores):
     assert proc.stderr.strip() == (
         "fox: error: --preset default is sized for a GPU and this machine has none; use --preset smoke (or run on a GPU)"
     )
+
+
+@pytest.mark.skipif(not SIMULATOR, reason="tests the machine without a GPU: there nothing is compiled to cache")
+def test_cache_warm_says_the_simulator_compiles_nothing():
+    proc = run_fox("cache", "warm")
+    assert proc.returncode == 2
+    assert proc.stderr == "fox: error: the CUDA simulator compiles nothing: run `fox cache warm` on a machine with a GPU\n"
 
 
 def test_evaluate_refuses_a_missing_checkpoint(tmp_path):

@@ -50,7 +50,7 @@ def main() -> None:
 
     from fox_numba.device.registry import KERNELS
 
-    c._import_package_modules("fox_numba")
+    c.import_package()
     print("| kernel | launch bounds | registers | shared B | blocks per SM | PTX lines | 64-bit int ops "
           "| int divisions |")
     print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")

@@ -64,3 +64,4 @@ def register(*signatures: tuple[Any, ...]) -> Callable[[Any], Any]:
         return kernel
 
     return deco
+

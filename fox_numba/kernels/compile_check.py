@@ -137,13 +137,13 @@ def residency_shortfall(ptx: str, cc: tuple[int, int], bounds: Any) -> str | Non
             f"per thread, {shared} B of shared memory per block)")
 
 
-def _import_package_modules(package: str) -> list[ModuleType]:
+def import_package(package: str = "fox_numba") -> list[ModuleType]:
+    """Import every module of the package (its `__main__` apart), so that KERNELS holds every kernel; the modules."""
     root = importlib.import_module(package)
     modules = [root]
     for info in pkgutil.walk_packages(root.__path__, prefix=f"{package}."):
-        if info.name.endswith(".__main__"):
-            continue
-        modules.append(importlib.import_module(info.name))
+        if not info.name.endswith(".__main__"):
+            modules.append(importlib.import_module(info.name))
     return modules
 
 
@@ -185,7 +185,7 @@ def run(cc: tuple[int, int], extra: list[Path], out: Any = sys.stdout) -> int:
 
     from numba import cuda
 
-    modules = _import_package_modules("fox_numba") + [_import_file(p) for p in extra]
+    modules = import_package("fox_numba") + [_import_file(p) for p in extra]
     failures: list[str] = []
     for module in modules:
         for kernel in _kernels_defined_in(module):
