@@ -26,6 +26,11 @@ def test_the_steps_name_the_card_and_the_scratch(tool, tmp_path):
     assert str(tmp_path / "out" / "many_runs_tw_h200") in argv["bench_runs"]
     assert "--mirror" in argv["bench_learner_mirror"] and "--layers" in argv["bench_learner_trunk"]
     assert [n for n, _ in tool.steps(tmp_path, "x", tmp_path, pytest=False)][-1] == "bench_runs"
+    warm = dict(tool.steps(tmp_path, "x", tmp_path / "s", pytest=False, warm=True))
+    assert warm["cache_warm"][-3:] == ["fox_numba", "cache", "warm"]
+    assert warm["train_prewarmed"][-1] == f'run.out_dir="{tmp_path / "s" / "prewarmed"}"'
+    assert tool.cache_for("train_prewarmed", tmp_path) == tool.cache_for("cache_warm", tmp_path) != tool.cache_for(
+        "train_cold", tmp_path) == tool.cache_for("bench_runs", tmp_path)
 
 
 def write_run(parent, loss: float, kill: float) -> None:
@@ -50,7 +55,7 @@ def test_checkpoints_compare_with_nan_fields_equal(tool, tmp_path):
 
 def test_main_records_every_step_and_fails_on_one(tool, tmp_path, monkeypatch):
     fake = [("ok", [sys.executable, "-c", "print('fine')"]), ("bad", [sys.executable, "-c", "raise SystemExit(3)"])]
-    monkeypatch.setattr(tool, "steps", lambda out, suffix, scratch, pytest: fake)
+    monkeypatch.setattr(tool, "steps", lambda out, suffix, scratch, pytest, warm: fake)
     out = tmp_path / "out"
     assert tool.main(["--out", str(out), "--suffix", "t", "--scratch", str(tmp_path / "s")]) == 1
     record = json.loads((out / "speed_set_t.json").read_text())

@@ -1,6 +1,6 @@
 """Issue 26's speed set on one GPU machine, each file named by the card: what the `*_h100d` files record.
 
-    python3 tools/speed_set.py --out OUT --suffix h200 [--pytest] [--scratch /tmp/fox_speed_set] [--dry-run]
+    python3 tools/speed_set.py --out OUT --suffix h200 [--pytest] [--warm] [--scratch /tmp/fox_speed_set] [--dry-run]
 
 In order, each a child process as a user runs it, with the kernel cache (FOX_KERNEL_CACHE) in SCRATCH, emptied first:
 1. `fox train` on the default preset with the cache empty (cold), then again (warm): OUT/train_{cold,warm}_SUFFIX.txt
@@ -9,7 +9,9 @@ In order, each a child process as a user runs it, with the kernel cache (FOX_KER
 2. tools/bench_learner.py, the default step (the crossed mean head, mirror) and the 2 x 256 trunk, tf32;
 3. tools/bench_collect.py at 16,384 and 4,096 environments;
 4. tools/bench_runs.py, eight default runs at once under MPS against one alone (the cache warm from 1);
-5. with --pytest, the whole test suite on the GPU (15 workers): OUT/pytest_full_gpu_SUFFIX.txt.
+5. with --pytest, the whole test suite on the GPU (15 workers): OUT/pytest_full_gpu_SUFFIX.txt;
+6. with --warm, `fox cache warm` into a second empty cache, then `fox train` on it (`cache_warm`, `train_prewarmed`):
+   what a run costs after the kernels are compiled ahead in parallel (fox_numba/kernels/warm_cache.py).
 A step that fails is recorded (its exit status in OUT/speed_set_SUFFIX.json) and the next one runs; the exit status
 is 1 if any failed. --dry-run prints the commands and runs nothing.
 """
@@ -30,11 +32,12 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 PY = sys.executable
+PREWARMED = ("cache_warm", "train_prewarmed")
 
 from fox_numba.io import atomic_write_text  # noqa: E402
 
 
-def steps(out: Path, suffix: str, scratch: Path, pytest: bool) -> list[tuple[str, list[str]]]:
+def steps(out: Path, suffix: str, scratch: Path, pytest: bool, warm: bool = False) -> list[tuple[str, list[str]]]:
     """(name, argv) of every step, in order."""
     train = [PY, "-m", "fox_numba", "train", "--set"]
     learner = [PY, "tools/bench_learner.py", "--precision", "tf32", "--live-branches", "1"]
@@ -53,7 +56,15 @@ def steps(out: Path, suffix: str, scratch: Path, pytest: bool) -> list[tuple[str
     if pytest:
         found.append(("pytest", [PY, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "-o", "addopts=",
                                  "-n", "15", "tests"]))
+    if warm:
+        found += [("cache_warm", [PY, "-m", "fox_numba", "cache", "warm"]),
+                  ("train_prewarmed", [*train, f'run.out_dir="{scratch / "prewarmed"}"'])]
     return found
+
+
+def cache_for(name: str, scratch: Path) -> Path:
+    """The kernel cache a step uses: the prewarmed steps' own, else the one the cold run fills."""
+    return scratch / ("kernel_cache_prewarmed" if name in PREWARMED else "kernel_cache")
 
 
 def run_step(argv: list[str], log: Path, env: dict[str, str]) -> dict[str, float | int]:
@@ -97,19 +108,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scratch", type=Path, default=Path("/tmp/fox_speed_set"),
                         help="run folders and the kernel cache; emptied first")
     parser.add_argument("--pytest", action="store_true", help="also the whole test suite on the GPU")
+    parser.add_argument("--warm", action="store_true", help="also `fox cache warm` then `fox train` on a second cache")
     parser.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
     args = parser.parse_args(argv)
-    plan = steps(args.out.resolve(), args.suffix, args.scratch.resolve(), args.pytest)
+    plan = steps(args.out.resolve(), args.suffix, args.scratch.resolve(), args.pytest, args.warm)
     if args.dry_run:
         print("\n".join(" ".join(a) for _, a in plan))
         return 0
     shutil.rmtree(args.scratch, ignore_errors=True)
     args.scratch.mkdir(parents=True)
     args.out.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "FOX_KERNEL_CACHE": str(args.scratch.resolve() / "kernel_cache"), "NUMBA_ENABLE_CUDASIM": "0"}
     done: dict[str, dict[str, object]] = {}
     for name, step in plan:
         log = args.out / (f"pytest_full_gpu_{args.suffix}.txt" if name == "pytest" else f"{name}_{args.suffix}.txt")
+        env = {**os.environ, "FOX_KERNEL_CACHE": str(cache_for(name, args.scratch.resolve())),
+               "NUMBA_ENABLE_CUDASIM": "0"}
         done[name] = {"argv": step, **run_step(step, log, env)}
         print(name, {k: v for k, v in done[name].items() if k != "argv"}, flush=True)
     equal = same_arrays(checkpoint_arrays(args.scratch / "cold"), checkpoint_arrays(args.scratch / "warm"))
