@@ -186,7 +186,8 @@ def test_gpu_presets_are_refused_without_a_gpu(stores):
 def test_cache_warm_says_the_simulator_compiles_nothing():
     proc = run_fox("cache", "warm")
     assert proc.returncode == 2
-    assert proc.stderr == "fox: error: the CUDA simulator compiles nothing: run `fox cache warm` on a machine with a GPU\n"
+    assert proc.stderr == ("fox: error: the CUDA simulator compiles nothing: run `fox cache warm` on a machine with "
+                           "a GPU\n")
 
 
 def test_evaluate_refuses_a_missing_checkpoint(tmp_path):
