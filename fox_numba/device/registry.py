@@ -64,4 +64,3 @@ def register(*signatures: tuple[Any, ...]) -> Callable[[Any], Any]:
         return kernel
 
     return deco
-
