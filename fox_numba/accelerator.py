@@ -4,7 +4,8 @@ numba reads NUMBA_ENABLE_CUDASIM once, when it is first imported. When the varia
 looks for a CUDA GPU through the driver library itself (ctypes: `cuInit`, `cuDeviceGetCount`), without
 importing numba; with none, it sets NUMBA_ENABLE_CUDASIM=1, so `fox` runs its kernels on the CPU under
 numba's simulator instead of failing at the first launch. An explicit NUMBA_ENABLE_CUDASIM (tests, a
-user forcing either mode) is left as it is.
+user forcing either mode) is left as it is; where it asks for the GPU and the driver reports none, the stages
+refuse in one line (`gpu_missing`) instead of failing inside numba.
 """
 
 from __future__ import annotations
@@ -36,3 +37,12 @@ def choose_backend() -> bool:
     if SIM_VARIABLE not in os.environ and cuda_gpu_count() == 0:
         os.environ[SIM_VARIABLE] = "1"
     return os.environ.get(SIM_VARIABLE, "") not in ("", "0")
+
+
+def gpu_missing() -> str | None:
+    """Why kernels cannot run here, or None: NUMBA_ENABLE_CUDASIM=0 (set by the user) asks for a GPU and the driver
+    reports none, so the first launch would fail deep inside numba."""
+    if os.environ.get(SIM_VARIABLE, "") in ("", "0") and cuda_gpu_count() == 0:
+        return (f"{SIM_VARIABLE}=0 asks for a CUDA GPU and the driver reports none; unset it to run the kernels under "
+                "numba's CUDA simulator")
+    return None

@@ -277,9 +277,19 @@ def data_inspect(
         Console(width=None if sys.stdout.isatty() else 200).print(summary_table(summary))
 
 
+def require_backend() -> None:
+    """Refuse, in one line, a stage that would launch kernels on a GPU the machine lacks (accelerator.gpu_missing)."""
+    from fox_numba.accelerator import gpu_missing
+
+    if (problem := gpu_missing()) is not None:
+        raise FoxError(problem)
+
+
 def backend_line(preset: str | None = None) -> str:
-    """Where the kernels run (and the preset a stage chose), in one line for stderr."""
+    """Where the kernels run (and the preset a stage chose), in one line for stderr; refuses a missing GPU."""
     from fox_numba.device.runtime import SIMULATOR
+
+    require_backend()
 
     if SIMULATOR:
         where = "no CUDA GPU: kernels run on the CPU under numba's CUDA simulator (slow; timings mean nothing)"
@@ -426,6 +436,7 @@ def evaluate(
     `--set evaluation.hold_margin=0.02` scores another margin on the days the run scored."""
     from fox_numba.walkforward.evaluate import evaluate_checkpoint
 
+    require_backend()
     results = evaluate_checkpoint(checkpoint, store=store, overrides=set_ or [], log=lambda m: typer.echo(m, err=True))
     print_table(f"fox evaluate {checkpoint}", results, as_json)
 

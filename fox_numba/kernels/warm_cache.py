@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from fox_numba.accelerator import gpu_missing
 from fox_numba.device.kernel_cache import cache_folder
 from fox_numba.device.registry import KERNELS
 from fox_numba.errors import FoxError
@@ -30,7 +31,8 @@ WORKER = (sys.executable, "-m", "fox_numba.kernels.warm_cache")
 
 
 class CannotWarm(FoxError):
-    """The cache cannot be filled here: under the simulator (nothing is compiled) or with the cache off."""
+    """The cache cannot be filled here: under the simulator (nothing is compiled), without the GPU that
+    NUMBA_ENABLE_CUDASIM=0 asks for, or with the cache off."""
 
     exit_code = 2
 
@@ -84,6 +86,8 @@ def warm(workers: int | None = None) -> Warmed:
 
     if SIMULATOR:
         raise CannotWarm("the CUDA simulator compiles nothing: run `fox cache warm` on a machine with a GPU")
+    if (problem := gpu_missing()) is not None:
+        raise CannotWarm(problem)
     folder = cache_folder()
     if folder is None:
         raise CannotWarm("the kernel cache is off (FOX_KERNEL_CACHE=0) or its folder is not writable")
