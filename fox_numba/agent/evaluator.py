@@ -24,8 +24,11 @@ The network is the online one or, with evaluation.network = 'target', the target
 online weights): `eval_network` names the learner state arrays (and checkpoint arrays) it reads.
 
 The steps run in chunks of `evaluation.chunk_bars`: one StepGraph holds a whole chunk of steps (a second
-one the remainder), so a validation pass is a handful of graph launches and one download of the per-step records at
-the end; the step index the records are written at lives in a device counter. The records become one
+one the remainder), so a validation pass is a few dozen graph launches and one download of the per-step records at
+the end; the step index the records are written at lives in a device counter. A StepGraph's first replay runs eagerly
+and its second captures, both launching every kernel from Python: a fold's evaluator is built per fold and the
+default trains two epochs, so a chunk as long as the day would never be replayed as a graph. Short chunks make those
+two passes cheap: the first pass replays the chunk's graph from its third chunk on. The records become one
 `walkforward.metrics.DaySeries`-shaped (pnl, position) pair per day for the metrics.
 
 A network with an encoder over past bars (network.mamba2_window, network.tlob_window) encodes each chunk's rows

@@ -35,9 +35,7 @@ from typing import Any
 import numpy as np
 
 from fox_numba.actions import N_BRANCHES
-from fox_numba.device.elementwise import fill_u32
-from fox_numba.device.launch import i32, launch
-from fox_numba.device.memory import device_zeros, words
+from fox_numba.device.memory import device_zeros, zero_fill
 from fox_numba.device.staging import Stager
 from fox_numba.kernels.priority import (
     importance_weights,
@@ -165,10 +163,12 @@ class ReplayBuffer:
         return tuple(getattr(self, f) for f in FIELDS)
 
     def clear(self, *, stream: Any) -> None:
-        """Empty the ring (cursor = size = 0) and clear its priorities; the slots keep their bytes but are never
-        sampled."""
-        w = words(self.meta)
-        launch(fill_u32, w.size, w, np.uint32(0), i32(w.size), stream=stream)
+        """Empty the ring (cursor = size = 0, every slot zero bits) and clear its priorities. Emptied slots are
+        never sampled; zeroing them makes an emptied ring the same bytes whatever it held, so a run resumed at a
+        fold boundary from a checkpoint without the ring (trainer.RING_STATE) checkpoints as an uninterrupted
+        one does."""
+        for name in (*STORED, "meta"):
+            zero_fill(getattr(self, name), stream=stream)
         if self.priorities is not None:
             self.priorities.clear(stream=stream)
 

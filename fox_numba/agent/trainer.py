@@ -45,6 +45,11 @@ PER_FOLD_STATE = ("env.states", "collector.rng_states", "collector.noise_step")
 """`device_state` entries that bind_fold seeds afresh for each fold: a checkpoint that ended its fold does not
 carry them into the next one."""
 
+RING_STATE = tuple(f"replay.{k}" for k in (*REPLAY_FIELDS, "meta"))
+"""`device_state` entries of the replay ring. The fold reset empties the ring, so a checkpoint that ends its fold
+leaves them out, and so does best.h5, which only evaluation reads: at the default 2**20 transitions they are 88 MiB
+of each checkpoint's 89, downloaded and written every epoch."""
+
 
 def stream_seed(seed: int, stream: int, fold: int = 0) -> int:
     """A seed for one random stream of one fold, distinct for every (seed, stream, fold)."""
@@ -174,20 +179,22 @@ class Trainer:
             arrays["collector.noise_step"] = collector.noise_step
         return arrays
 
-    def download_state(self) -> dict[str, np.ndarray]:
-        """Host copies of `device_state` and of the HEALTH_DIAG record (its histograms span epochs);
-        synchronises."""
-        arrays = {name: self.stager.download(arr) for name, arr in self.device_state().items()}
+    def download_state(self, *, ring: bool = True) -> dict[str, np.ndarray]:
+        """Host copies of `device_state` (without RING_STATE unless `ring`) and of the HEALTH_DIAG record (its
+        histograms span epochs); synchronises."""
+        arrays = {name: self.stager.download(arr) for name, arr in self.device_state().items()
+                  if ring or name not in RING_STATE}
         arrays["health.record"] = self.health.record.host.copy()
         return arrays
 
     def load_state(self, arrays: dict[str, np.ndarray], *, same_fold: bool) -> None:
         """Upload a checkpoint's arrays into `device_state` (names and shapes must match). `same_fold`: the
         checkpoint is of the bound fold; otherwise it ended the previous fold, and the bound fold keeps the
-        PER_FOLD_STATE bind_fold seeded, as an uninterrupted run would."""
+        PER_FOLD_STATE bind_fold seeded, as an uninterrupted run would, and the ring the fold reset empties
+        (RING_STATE, which such a checkpoint leaves out)."""
         learner, *_ = self._bound()
         learner.load_state({k.removeprefix("learner."): v for k, v in arrays.items() if k.startswith("learner.")})
         for name, dev in self.device_state().items():
-            if not name.startswith("learner.") and (same_fold or name not in PER_FOLD_STATE):
+            if not name.startswith("learner.") and (same_fold or name not in (*PER_FOLD_STATE, *RING_STATE)):
                 self.stager.upload(np.ascontiguousarray(arrays[name]), dev)
         self.health.record.host[:] = arrays["health.record"]

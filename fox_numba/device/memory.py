@@ -95,16 +95,21 @@ def words(arr: Any) -> Any:
 
 
 def device_zeros(shape: Shape, dtype: Any, *, stream: Any) -> Any:
-    """A device array filled with zero bits by a kernel on `stream` (no host copy). Under the simulator,
-    outside a step body, it is a copy of host zeros instead: the simulator runs the fill kernel one Python
-    thread per word (about 1.5 s for a parameter-sized buffer), and a copy has no cost there to avoid."""
-    if SIMULATOR and active_trace() is None:
-        shape, dtype, _ = _layout(shape, dtype)
-        return cuda.to_device(np.zeros(shape, dtype), stream=stream)
+    """A device array filled with zero bits on `stream` (zero_fill)."""
     arr = device_empty(shape, dtype)
+    zero_fill(arr, stream=stream)
+    return arr
+
+
+def zero_fill(arr: Any, *, stream: Any) -> None:
+    """Zero bits into a C-contiguous device array by a kernel on `stream` (no host copy). Under the simulator,
+    outside a step body, a copy of host zeros instead: the simulator runs the fill kernel one Python thread per
+    word (about 1.5 s for a parameter-sized buffer), and a copy has no cost there to avoid."""
+    if SIMULATOR and active_trace() is None:
+        arr.copy_to_device(np.zeros(arr.shape, arr.dtype), stream=stream)
+        return
     w = words(arr)
     launch(fill_u32, w.size, w, np.uint32(0), i32(w.size), stream=stream)
-    return arr
 
 
 def _check_same_layout(dst: Any, src: Any) -> None:

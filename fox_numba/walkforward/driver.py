@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from fox_numba.agent.fold_market import FoldMarket
-from fox_numba.agent.trainer import Trainer
+from fox_numba.agent.trainer import RING_STATE, Trainer
 from fox_numba.config import FoxConfig
 from fox_numba.diag.layout import PREFIX, parse_line
 from fox_numba.errors import ConfigError
@@ -355,9 +355,11 @@ class Driver:
         line = epoch_line(k, epoch, val=val, report=report, kill=kill, resets=resets, select=select,
                           train={**train, **{f"collect_{n}": v for n, v in rollout.items()},
                                  **{f"eval_{n}": v for n, v in eval_env.items()}, "fold_step": fold_step})
-        arrays = trainer.download_state() | self.fold_market.checkpoint_arrays()
-        self.run.end_epoch(line, arrays=arrays, registry=self.registry, best=self.best,
-                           fold_done=kill is not None or last, validation=days, fingerprints=self.fingerprints())
+        fold_done = kill is not None or last
+        arrays = trainer.download_state(ring=not fold_done) | self.fold_market.checkpoint_arrays()
+        self.run.end_epoch(line, arrays=arrays, registry=self.registry, best=self.best, fold_done=fold_done,
+                           validation=days, fingerprints=self.fingerprints(),
+                           best_arrays={k: v for k, v in arrays.items() if k not in RING_STATE})
         if self.events is not None:
             self.events.epoch(line)
         seconds = {"collect": t1 - t0, "train": t2 - t1, "evaluate": t4 - t3, "epoch": time.perf_counter() - t0}

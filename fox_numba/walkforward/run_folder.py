@@ -4,10 +4,12 @@
       config.toml                  the resolved config (config.write_config; `--config` reads it back)
       folds.json                   the fold windows (Fold.as_dict) and the run's trading days
       metrics.jsonl                one line per epoch per fold (`epoch_line`), appended and fsynced
-      fold_00/last.h5              the trainer's state after the fold's latest epoch (a checkpoint)
-      fold_00/best.h5              the state of the fold's chosen epoch, the checkpoint to deploy (`BestEpoch`:
-                                   the best daily Sharpe on the selection days, or without them the last
-                                   epoch the kill criteria passed; never chosen on the validation days)
+      fold_00/last.h5              the trainer's state after the fold's latest epoch (a checkpoint; once the
+                                   fold has ended, without the replay ring, which the next fold empties)
+      fold_00/best.h5              the state of the fold's chosen epoch without the replay ring, the checkpoint
+                                   to deploy (`BestEpoch`: the best daily Sharpe on the selection days, or
+                                   without them the last epoch the kill criteria passed; never chosen on the
+                                   validation days)
       fold_00/best_validation.npz  that epoch's validation days (per-bar PnL and positions)
       train.log                    every line the run printed, in full (the fold resets' entries; `fox train
                                    --verbose` prints them, and HEALTH_DIAG lines, on the console too)
@@ -296,9 +298,11 @@ class RunFolder:
         self, line: Mapping[str, Any], *, arrays: Mapping[str, np.ndarray], registry: StateResetRegistry,
         best: BestEpoch, fold_done: bool, fingerprints: Mapping[str, str] | None = None,
         validation: Sequence[DaySeries] | None = None, meta: Mapping[str, Any] | None = None,
+        best_arrays: Mapping[str, np.ndarray] | None = None,
     ) -> bool:
         """Record an epoch (module docstring: the order); returns whether it is the fold's best so far.
-        `fold_done`: the fold ends with this epoch (its last, or a kill)."""
+        `fold_done`: the fold ends with this epoch (its last, or a kill). `best_arrays`: what best.h5 holds, if
+        not `arrays` (what evaluation reads, without the state only resuming needs)."""
         fold, epoch = int(line["fold"]), int(line["epoch"])
         chooser = line.get("select", {})
         improved = best.update(epoch, chooser.get(SELECT_BY), eligible=line.get("kill") is None)
@@ -309,7 +313,7 @@ class RunFolder:
         if improved:
             if validation is not None:
                 self._save_validation(folder / BEST_VALIDATION, validation, epoch)
-            save_checkpoint(folder / BEST, arrays, ck_meta, registry_state=state, config_toml=self.config_toml(),
+            save_checkpoint(folder / BEST, arrays if best_arrays is None else best_arrays, ck_meta, registry_state=state, config_toml=self.config_toml(),
                             fingerprints=fingerprints)
         save_checkpoint(folder / LAST, arrays, ck_meta, registry_state=state, config_toml=self.config_toml(),
                         fingerprints=fingerprints)

@@ -40,7 +40,7 @@ def write(replay, stager, stream, step):
 
 def test_ring_wraps_around_and_caps_its_size(stream, stager, rng):
     """Capacity 11, 4 transitions per step, 7 steps: slot (cursor + i) % 11 holds the latest write, the
-    cursor advances by 4 mod 11 and the size stops at 11; unwritten slots stay zero."""
+    cursor advances by 4 mod 11 and the size stops at 11; unwritten slots stay zero, and clearing zeroes every slot."""
     cap, n = 11, 4
     replay = ReplayBuffer(cap, stream=stream)
     ring = {k: np.zeros((cap, *v.shape[1:]), v.dtype) for k, v in random_step(rng, 1).items()}
@@ -56,8 +56,11 @@ def test_ring_wraps_around_and_caps_its_size(stream, stager, rng):
         for k in STORED:
             np.testing.assert_array_equal(got[k], ring[k], err_msg=f"step {step}: {k}")
         assert replay.read_meta(stager) == (cursor, size)
+    assert all(got[k].any() for k in STORED)  # every field holds nonzero data before the clear
     replay.clear(stream=stream)
     assert replay.read_meta(stager) == (0, 0)
+    for k, v in replay.download(stager).items():  # every slot zero bits: an emptied ring is the same whatever it held
+        assert not np.ascontiguousarray(v).view(np.uint8).any(), k
 
 
 def test_more_transitions_than_slots_are_refused(stream, stager, rng):

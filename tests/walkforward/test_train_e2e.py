@@ -31,6 +31,7 @@ import pytest
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from fox_numba.agent.trainer import RING_STATE
 from fox_numba.checkpoint import load_checkpoint
 from fox_numba.cli import backend_line
 from fox_numba.config import PRESETS
@@ -112,6 +113,9 @@ def test_smoke_runs_every_fold_end_to_end(reference):
         assert lines[k * EPOCHS]["resets"] and lines[k * EPOCHS]["kill"] is None
         for name in ("last.h5", "best.h5", "best_validation.npz", "baselines.npz"):
             assert (run / f"fold_{k:02d}" / name).is_file()
+        for name in ("last.h5", "best.h5"):  # the fold has ended: the ring its successor empties is left out
+            held = load_checkpoint(run / f"fold_{k:02d}" / name).arrays
+            assert "learner.params" in held and not set(RING_STATE) & set(held), name
     assert all(np.isfinite(ln["train"]["loss"]) and ln["train"]["steps"] == STEPS for ln in lines)
     summary = json.loads((run / "summary.json").read_text())
     assert len(summary["folds"]) == FOLDS and summary["across_folds"] is not None
@@ -139,6 +143,9 @@ def test_a_killed_run_resumes_to_the_same_numbers(reference, store, tmp_path):
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     assert len(metrics(run)) < FOLDS * EPOCHS
+    first = load_checkpoint(run / "fold_00" / "last.h5")  # the first epoch's, unless the second ended meanwhile
+    ring = set(RING_STATE) & set(first.arrays)
+    assert ring == (set() if first.meta["fold_done"] else set(RING_STATE))  # mid-fold, resuming needs the ring
     resumed = subprocess.run(fox_train("--resume", str(run), out_dir=tmp_path, name="cut"), capture_output=True,
                              text=True, timeout=900)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
