@@ -13,7 +13,10 @@ bytecode, its closure's values, the signature and the GPU's compute capability. 
 the KEEP most recently modified of the others (about 12 MB each for a default run's kernels). A folder that cannot
 be created or written turns the cache off for the process (it compiles as before). Not cached: a kernel that links
 external code (numba-cuda cannot serialise one; the package's tensor-core GEMMs use inline PTX and link nothing),
-and everything under the simulator.
+and everything under the simulator. numba-cuda's key takes in the pickled closure of a kernel built in a factory,
+so whatever that reaches must pickle the same in every process: `stable_identity` fixes the identities that numba
+draws per process (intrinsics, numba's jit functions), without which 14 kernels, the default run's GEMMs and action
+selection among them, compiled again in every run.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ from pathlib import Path
 from typing import Any
 
 import numba_cuda
+
+from fox_numba.device.runtime import SIMULATOR
 
 ENV = "FOX_KERNEL_CACHE"
 """Environment variable: the cache's parent folder, or 0 for no cache."""
@@ -99,3 +104,19 @@ def enable_disk_cache(kernel: Any) -> None:
         kernel.enable_caching()
     finally:
         config.CACHE_DIR = saved
+
+
+
+def stable_identity(obj: Any, name: str) -> Any:
+    """`obj` (a numba intrinsic or dispatcher) with a fixed identity, `name`; returns it. numba-cuda's cache keys a
+    kernel on its closure's pickled contents, which take in the functions a device function defined in a factory
+    calls; intrinsics and numba's own dispatchers pickle with an identity drawn per process (a uuid), so a kernel
+    that reached one that way missed the cache in every new process and compiled again (3-4 s each for the
+    tensor-core GEMMs and the action-select kernels: tests/device/test_kernel_cache.py checks every registered
+    kernel's key in two processes). A no-op under the simulator, or where the identity was drawn already."""
+    if not SIMULATOR:
+        try:
+            obj._set_uuid(f"fox_numba:{name}")
+        except AssertionError:  # drawn before this call: that object keeps missing the cache, as before
+            pass
+    return obj

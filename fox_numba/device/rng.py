@@ -26,6 +26,7 @@ from numba import njit
 from numba.cuda import random as cuda_random
 from numba.cuda.random import xoroshiro128p_dtype
 
+from fox_numba.device.kernel_cache import stable_identity
 from fox_numba.device.runtime import SIMULATOR
 from fox_numba.device.staging import Stager
 
@@ -93,6 +94,12 @@ def modular(fn: Callable[..., Any]) -> Callable[..., Any]:
 
     return wrapped
 
+
+if not SIMULATOR:  # numba's generator functions pickle by value, each jit function in them with a per-process
+    # identity: fixed ones keep the cache keys of kernels that reach them from a factory (kernel_cache.stable_identity)
+    for _name, _fn in sorted(vars(cuda_random).items()):
+        if hasattr(_fn, "_set_uuid"):
+            stable_identity(_fn, f"numba.cuda.random.{_name}")
 
 xoroshiro128p_next = modular(cuda_random.xoroshiro128p_next)
 xoroshiro128p_uniform_float32 = modular(cuda_random.xoroshiro128p_uniform_float32)

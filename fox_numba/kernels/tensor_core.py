@@ -38,12 +38,13 @@ from llvmlite import ir
 from numba import types
 from numba.cuda.extending import intrinsic
 
+from fox_numba.device.kernel_cache import stable_identity
+
 _F32 = ir.FloatType()
 _I32 = ir.IntType(32)
 
 
-@intrinsic
-def tf32_bits(typingctx, x):
+def _tf32_bits(typingctx, x):
     """The TF32 operand register of float32 x (cvt.rna.tf32.f32)."""
     sig = types.uint32(types.float32)
 
@@ -54,8 +55,7 @@ def tf32_bits(typingctx, x):
     return sig, codegen
 
 
-@intrinsic
-def bf16_bits(typingctx, x):
+def _bf16_bits(typingctx, x):
     """The bf16 of float32 x in the low 16 bits of a 32-bit register, the high 16 zero (cvt.rn.bf16x2.f32 of
     (0, x): the first source goes to the high half)."""
     sig = types.uint32(types.float32)
@@ -65,6 +65,10 @@ def bf16_bits(typingctx, x):
         return builder.call(cvt, [ir.Constant(_F32, 0.0), args[0]])
 
     return sig, codegen
+
+
+tf32_bits = stable_identity(intrinsic(_tf32_bits), "tf32_bits")
+bf16_bits = stable_identity(intrinsic(_bf16_bits), "bf16_bits")
 
 
 def _mma(instruction: str) -> Any:
@@ -87,7 +91,7 @@ def _mma(instruction: str) -> Any:
 
         return sig, codegen
 
-    return intrinsic(mma)
+    return stable_identity(intrinsic(mma), instruction)
 
 
 mma_tf32 = _mma("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32")

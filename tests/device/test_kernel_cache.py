@@ -1,6 +1,9 @@
 """The on-disk kernel cache's folder, key and switch (device/kernel_cache.py). Loading from it needs a GPU: the
 device calls time a cold and a warm `fox train` and compare their figures (tools/results/train_cache_h100.md)."""
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -119,3 +122,36 @@ def test_the_backend_line_names_the_cache_on_a_gpu(monkeypatch, tmp_path):
     assert line.startswith("CUDA GPU found") and str(tmp_path / "kernels-x") in line and line.endswith("preset default")
     monkeypatch.setattr(kernel_cache, "cache_folder", lambda: None)
     assert "no kernel cache" in cli.backend_line()
+
+
+KEYS = """
+import hashlib
+from fox_numba.kernels.compile_check import import_package
+from fox_numba.device.registry import KERNELS, kernel_py_func
+from numba.cuda.dispatcher import CUDACache
+
+class Codegen:  # the GPU's part of the key (its compute capability), fixed: no GPU needed
+    def magic_tuple(self):
+        return ("sm_90",)
+
+import_package()
+for name, spec in sorted(KERNELS.items()):
+    cache = CUDACache(kernel_py_func(spec.kernel))
+    keys = [cache._index_key(sig, Codegen()) for sig in spec.signatures]
+    print(name, hashlib.sha256(repr(keys).encode()).hexdigest())
+"""
+
+
+def test_every_kernels_cache_key_is_the_same_in_another_process(tmp_path):
+    """numba-cuda keys a cached kernel on its closure's pickled contents; anything in it that pickles with a
+    per-process identity (an intrinsic, numba's own jit functions) makes every new process miss the cache and
+    compile again (kernel_cache.stable_identity). Two fresh processes (different hash seeds) must agree on
+    numba-cuda's own key of every registered kernel; before the fix 14 of them differed."""
+    env = {**os.environ, "NUMBA_ENABLE_CUDASIM": "0", "FOX_KERNEL_CACHE": "0", "NUMBA_CACHE_DIR": str(tmp_path)}
+    runs = [subprocess.run([sys.executable, "-c", KEYS], capture_output=True, text=True, env=env, timeout=600)
+            for _ in range(2)]
+    for run in runs:
+        assert run.returncode == 0, run.stderr[-3000:]
+    first, second = (dict(line.split() for line in run.stdout.splitlines()) for run in runs)
+    assert len(first) >= 150 and first.keys() == second.keys()
+    assert [name for name in first if first[name] != second[name]] == []
