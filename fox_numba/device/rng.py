@@ -95,11 +95,18 @@ def modular(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapped
 
 
-if not SIMULATOR:  # numba's generator functions pickle by value, each jit function in them with a per-process
-    # identity: fixed ones keep the cache keys of kernels that reach them from a factory (kernel_cache.stable_identity)
-    for _name, _fn in sorted(vars(cuda_random).items()):
-        if hasattr(_fn, "_set_uuid"):
-            stable_identity(_fn, f"numba.cuda.random.{_name}")
+def fix_generator_identities() -> None:
+    """Fixed identities for numba.cuda.random's jit functions (on the GPU; kernel_cache.stable_identity): they pickle
+    by value, each with an identity drawn per process, into the cache key of every kernel that reaches one from a
+    factory."""
+    if SIMULATOR:
+        return
+    for name, fn in sorted(vars(cuda_random).items()):
+        if hasattr(fn, "_set_uuid") and not isinstance(fn, type):  # its jit functions, not a class
+            stable_identity(fn, f"numba.cuda.random.{name}")
+
+
+fix_generator_identities()
 
 xoroshiro128p_next = modular(cuda_random.xoroshiro128p_next)
 xoroshiro128p_uniform_float32 = modular(cuda_random.xoroshiro128p_uniform_float32)
