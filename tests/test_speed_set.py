@@ -3,6 +3,7 @@ cold and warm runs' checkpoints compared array by array (a NaN field equal to it
 
 from __future__ import annotations
 
+import cProfile
 import json
 import sys
 
@@ -20,7 +21,7 @@ def tool():
 def test_the_steps_name_the_card_and_the_scratch(tool, tmp_path):
     plan = tool.steps(tmp_path / "out", "h200", tmp_path / "s", pytest=True)
     assert [n for n, _ in plan] == ["train_cold", "train_warm", "bench_learner_mirror", "bench_learner_trunk",
-                                    "bench_collect", "bench_runs", "pytest"]
+                                    "bench_collect", "profile", "bench_runs", "pytest"]
     argv = dict(plan)
     assert argv["train_cold"][-1] == f'run.out_dir="{tmp_path / "s" / "cold"}"'
     assert str(tmp_path / "out" / "many_runs_tw_h200") in argv["bench_runs"]
@@ -29,6 +30,10 @@ def test_the_steps_name_the_card_and_the_scratch(tool, tmp_path):
     warm = dict(tool.steps(tmp_path, "x", tmp_path / "s", pytest=False, warm=True))
     assert warm["cache_warm"][-3:] == ["fox_numba", "cache", "warm"]
     assert warm["train_prewarmed"][-1] == f'run.out_dir="{tmp_path / "s" / "prewarmed"}"'
+    assert argv["profile"][-3:] == ["profile", "--set", f'run.out_dir="{tmp_path / "s" / "profile"}"']
+    profiled = dict(tool.steps(tmp_path / "out", "x", tmp_path / "s", pytest=False, cprofile=True))["train_cprofile"]
+    assert profiled[1:5] == ["-m", "cProfile", "-o", str(tmp_path / "out" / "train_cprofile_x.prof")]
+    assert profiled[5:9] == ["-m", "fox_numba", "train", "--set"]
     assert tool.cache_for("train_prewarmed", tmp_path) == tool.cache_for("cache_warm", tmp_path) != tool.cache_for(
         "train_cold", tmp_path) == tool.cache_for("bench_runs", tmp_path)
 
@@ -55,10 +60,25 @@ def test_checkpoints_compare_with_nan_fields_equal(tool, tmp_path):
 
 def test_main_records_every_step_and_fails_on_one(tool, tmp_path, monkeypatch):
     fake = [("ok", [sys.executable, "-c", "print('fine')"]), ("bad", [sys.executable, "-c", "raise SystemExit(3)"])]
-    monkeypatch.setattr(tool, "steps", lambda out, suffix, scratch, pytest, warm: fake)
+    monkeypatch.setattr(tool, "steps", lambda out, suffix, scratch, pytest, warm, cprofile: fake)
     out = tmp_path / "out"
     assert tool.main(["--out", str(out), "--suffix", "t", "--scratch", str(tmp_path / "s")]) == 1
     record = json.loads((out / "speed_set_t.json").read_text())
     assert record["steps"]["ok"]["returncode"] == 0 and record["steps"]["bad"]["returncode"] == 3
     assert record["steps"]["ok"]["peak_rss_kib"] > 0 and record["checkpoints_equal"] is False
+    assert record["run_folder_bytes"] == {"cold": 0, "warm": 0}  # the fake steps wrote no run folder
     assert (out / "ok_t.txt").read_text() == "fine\n"
+
+
+def test_folder_sizes_and_the_profile_table(tool, tmp_path):
+    (tmp_path / "run" / "fold_00").mkdir(parents=True)
+    (tmp_path / "run" / "a.txt").write_bytes(b"x" * 7)
+    (tmp_path / "run" / "fold_00" / "last.h5").write_bytes(b"y" * 1000)
+    assert tool.folder_bytes(tmp_path / "run") == 1007 and tool.folder_bytes(tmp_path / "none") == 0
+    def busy():
+        return sum(i * i for i in range(20000))
+
+    cProfile.runctx("busy()", {"busy": busy}, {}, str(tmp_path / "p.prof"))
+    text = tool.profile_top(tmp_path / "p.prof")
+    assert text.count("Ordered by: cumulative time") == 1 and text.count("Ordered by: internal time") == 1
+    assert "busy" in text

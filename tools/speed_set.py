@@ -1,16 +1,21 @@
-"""Issue 26's speed set on one GPU machine, each file named by the card: what the `*_h100d` files record.
+"""Issue 26's speed set on one GPU machine, each file named by the card: what the `*_h100f` files record (`speed_set_h100f.json`).
 
-    python3 tools/speed_set.py --out OUT --suffix h200 [--pytest] [--warm] [--scratch /tmp/fox_speed_set] [--dry-run]
+    python3 tools/speed_set.py --out OUT --suffix h200 [--pytest] [--warm] [--cprofile] [--scratch /tmp/fox_speed_set]
+        [--dry-run]
 
 In order, each a child process as a user runs it, with the kernel cache (FOX_KERNEL_CACHE) in SCRATCH, emptied first:
 1. `fox train` on the default preset with the cache empty (cold), then again (warm): OUT/train_{cold,warm}_SUFFIX.txt
    hold the run's last lines, its wall and its peak RSS (os.wait4), and whether the two runs' checkpoints hold the
-   same arrays (`checkpoints_equal`);
+   same arrays (`checkpoints_equal`), and the size of each run folder (`run_folder_bytes`);
 2. tools/bench_learner.py, the default step (the crossed mean head, mirror) and the 2 x 256 trunk, tf32;
 3. tools/bench_collect.py at 16,384 and 4,096 environments;
-4. tools/bench_runs.py, eight default runs at once under MPS against one alone (the cache warm from 1);
-5. with --pytest, the whole test suite on the GPU (15 workers): OUT/pytest_full_gpu_SUFFIX.txt;
-6. with --warm, `fox cache warm` into a second empty cache, then `fox train` on it (`cache_warm`, `train_prewarmed`):
+4. `fox profile` (OUT/profile_SUFFIX.txt): one epoch's stages and kernels on the GPU, against which the console's
+   seconds show the host's share;
+5. tools/bench_runs.py, eight default runs at once under MPS against one alone (the cache warm from 1);
+6. with --pytest, the whole test suite on the GPU (15 workers): OUT/pytest_full_gpu_SUFFIX.txt;
+7. with --cprofile, a warm `fox train` under cProfile: OUT/train_cprofile_SUFFIX.prof and its top functions by
+   cumulative and own time in OUT/train_cprofile_top_SUFFIX.txt (what found the kernels that missed the cache);
+8. with --warm, `fox cache warm` into a second empty cache, then `fox train` on it (`cache_warm`, `train_prewarmed`):
    what a run costs after the kernels are compiled ahead in parallel (fox_numba/kernels/warm_cache.py).
 A step that fails is recorded (its exit status in OUT/speed_set_SUFFIX.json) and the next one runs; the exit status
 is 1 if any failed. --dry-run prints the commands and runs nothing.
@@ -20,7 +25,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import io
 import os
+import pstats
 import shutil
 import subprocess
 import sys
@@ -37,7 +44,8 @@ PREWARMED = ("cache_warm", "train_prewarmed")
 from fox_numba.io import atomic_write_text  # noqa: E402
 
 
-def steps(out: Path, suffix: str, scratch: Path, pytest: bool, warm: bool = False) -> list[tuple[str, list[str]]]:
+def steps(out: Path, suffix: str, scratch: Path, pytest: bool, warm: bool = False,
+          cprofile: bool = False) -> list[tuple[str, list[str]]]:
     """(name, argv) of every step, in order."""
     train = [PY, "-m", "fox_numba", "train", "--set"]
     learner = [PY, "tools/bench_learner.py", "--precision", "tf32", "--live-branches", "1"]
@@ -50,12 +58,16 @@ def steps(out: Path, suffix: str, scratch: Path, pytest: bool, warm: bool = Fals
                                  str(out / f"bench_learner_tw_trunk_tf32_{suffix}")]),
         ("bench_collect", [PY, "tools/bench_collect.py", "--out", str(out / f"bench_collect_tw_{suffix}"),
                            "--envs", "16384", "4096"]),
+        ("profile", [PY, "-m", "fox_numba", "profile", "--set", f'run.out_dir="{scratch / "profile"}"']),
         ("bench_runs", [PY, "tools/bench_runs.py", "--runs", "8", "--mps", "--no-warmup", "--out",
                         str(out / f"many_runs_tw_{suffix}"), "--folder", str(scratch / "bench_runs")]),
     ]
     if pytest:
         found.append(("pytest", [PY, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "-o", "addopts=",
                                  "-n", "15", "tests"]))
+    if cprofile:
+        found.append(("train_cprofile", [PY, "-m", "cProfile", "-o", str(out / f"train_cprofile_{suffix}.prof"), "-m",
+                                         *train[2:], f'run.out_dir="{scratch / "cprofile"}"']))
     if warm:
         found += [("cache_warm", [PY, "-m", "fox_numba", "cache", "warm"]),
                   ("train_prewarmed", [*train, f'run.out_dir="{scratch / "prewarmed"}"'])]
@@ -101,6 +113,20 @@ def same_arrays(a: dict[str, dict[str, np.ndarray]], b: dict[str, dict[str, np.n
         a[k].keys() == b[k].keys() and all(equal(a[k][n], b[k][n]) for n in a[k]) for k in a)
 
 
+def folder_bytes(path: Path) -> int:
+    """Bytes of the files under `path` (0 if it does not exist)."""
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def profile_top(prof: Path, lines: int = 80) -> str:
+    """The functions of a cProfile file by cumulative time, then by own time, as pstats prints them."""
+    buffer = io.StringIO()
+    stats = pstats.Stats(str(prof), stream=buffer)
+    stats.sort_stats("cumulative").print_stats(lines)
+    stats.sort_stats("tottime").print_stats(lines // 2)
+    return buffer.getvalue()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="folder of the results files")
@@ -109,9 +135,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="run folders and the kernel cache; emptied first")
     parser.add_argument("--pytest", action="store_true", help="also the whole test suite on the GPU")
     parser.add_argument("--warm", action="store_true", help="also `fox cache warm` then `fox train` on a second cache")
+    parser.add_argument("--cprofile", action="store_true", help="also a warm `fox train` under cProfile")
     parser.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
     args = parser.parse_args(argv)
-    plan = steps(args.out.resolve(), args.suffix, args.scratch.resolve(), args.pytest, args.warm)
+    plan = steps(args.out.resolve(), args.suffix, args.scratch.resolve(), args.pytest, args.warm, args.cprofile)
     if args.dry_run:
         print("\n".join(" ".join(a) for _, a in plan))
         return 0
@@ -127,7 +154,11 @@ def main(argv: list[str] | None = None) -> int:
         print(name, {k: v for k, v in done[name].items() if k != "argv"}, flush=True)
     equal = same_arrays(checkpoint_arrays(args.scratch / "cold"), checkpoint_arrays(args.scratch / "warm"))
     command = "python3 tools/speed_set.py " + " ".join(sys.argv[1:] if argv is None else argv)
-    record = {"command": command, "steps": done, "checkpoints_equal": equal}
+    prof = args.out / f"train_cprofile_{args.suffix}.prof"
+    if prof.is_file():
+        atomic_write_text(args.out / f"train_cprofile_top_{args.suffix}.txt", profile_top(prof))
+    sizes = {run: folder_bytes(args.scratch / run) for run in ("cold", "warm")}
+    record = {"command": command, "steps": done, "checkpoints_equal": equal, "run_folder_bytes": sizes}
     atomic_write_text(args.out / f"speed_set_{args.suffix}.json", json.dumps(record, indent=1) + "\n")
     print("cold and warm checkpoints hold the same arrays:", equal)
     return int(any(s["returncode"] != 0 for s in done.values()))
