@@ -1,4 +1,4 @@
-"""Issue 26's speed set on one GPU machine, each file named by the card: what the `*_h100f` files record (`speed_set_h100f.json`).
+"""Issue 26's speed set on one GPU machine, each file named by the card (`speed_set_h100f.json` and the files it names).
 
     python3 tools/speed_set.py --out OUT --suffix h200 [--pytest] [--warm] [--cprofile] [--scratch /tmp/fox_speed_set]
         [--dry-run]

@@ -313,8 +313,8 @@ class RunFolder:
         if improved:
             if validation is not None:
                 self._save_validation(folder / BEST_VALIDATION, validation, epoch)
-            save_checkpoint(folder / BEST, arrays if best_arrays is None else best_arrays, ck_meta, registry_state=state, config_toml=self.config_toml(),
-                            fingerprints=fingerprints)
+            save_checkpoint(folder / BEST, arrays if best_arrays is None else best_arrays, ck_meta, registry_state=state,
+                            config_toml=self.config_toml(), fingerprints=fingerprints)
         save_checkpoint(folder / LAST, arrays, ck_meta, registry_state=state, config_toml=self.config_toml(),
                         fingerprints=fingerprints)
         return improved
