@@ -79,8 +79,14 @@ print(sum(spec.kernel._cache_hits.values()), sum(spec.kernel._cache_misses.value
 
 
 @pytest.mark.skipif(SIMULATOR, reason="needs a real GPU: the simulator compiles and caches nothing")
-def test_a_share_compiled_is_loaded_by_the_next_process(tmp_path):
-    name = "fox_numba.device.elementwise.fill_f32"
+@pytest.mark.parametrize("name", [
+    "fox_numba.device.elementwise.fill_f32",
+    # built in factories, reaching an intrinsic or numba's generator: they missed in every process before
+    # kernel_cache.stable_identity (tools/results/learner_ablation_h200.md section 90)
+    "fox_numba.kernels.gemm_tensor.linear_fwd_tf32",
+    "fox_numba.kernels.action_select.action_select_heads_kernel_direction",
+])
+def test_a_share_compiled_is_loaded_by_the_next_process(tmp_path, name):
     env = {**os.environ, kernel_cache.ENV: str(tmp_path)}
     subprocess.run([*warm_cache.WORKER, name], env=env, check=True)
     out = subprocess.run([sys.executable, "-c", LOAD, name], env=env, check=True, capture_output=True, text=True)
