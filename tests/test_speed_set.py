@@ -82,3 +82,14 @@ def test_folder_sizes_and_the_profile_table(tool, tmp_path):
     text = tool.profile_top(tmp_path / "p.prof")
     assert text.count("Ordered by: cumulative time") == 1 and text.count("Ordered by: internal time") == 1
     assert "busy" in text
+
+
+def test_skipped_steps_leave_the_plan_and_an_unknown_one_is_refused(tool, tmp_path, capsys):
+    base = ["--out", str(tmp_path / "o"), "--suffix", "x", "--scratch", str(tmp_path / "s"), "--warm", "--dry-run"]
+    assert tool.main([*base, "--skip", "bench_runs", "profile"]) == 0
+    names = [line.split(":", 1)[0] for line in capsys.readouterr().out.splitlines()]
+    assert names == ["train_cold", "train_warm", "bench_learner_mirror", "bench_learner_trunk", "bench_collect",
+                     "cache_warm", "train_prewarmed"]
+    with pytest.raises(SystemExit) as refused:
+        tool.main([*base, "--skip", "bench_run"])
+    assert refused.value.code == 2 and "no step named bench_run" in capsys.readouterr().err

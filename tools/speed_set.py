@@ -136,11 +136,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pytest", action="store_true", help="also the whole test suite on the GPU")
     parser.add_argument("--warm", action="store_true", help="also `fox cache warm` then `fox train` on a second cache")
     parser.add_argument("--cprofile", action="store_true", help="also a warm `fox train` under cProfile")
+    parser.add_argument("--skip", nargs="+", default=[], metavar="STEP",
+                        help="steps to leave out (train_cold, bench_runs, ...: --dry-run lists them), for a "
+                             "machine lent for less time than the whole set takes")
     parser.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
     args = parser.parse_args(argv)
     plan = steps(args.out.resolve(), args.suffix, args.scratch.resolve(), args.pytest, args.warm, args.cprofile)
+    unknown = sorted(set(args.skip) - {name for name, _ in plan})
+    if unknown:
+        parser.error(f"--skip: no step named {', '.join(unknown)} (steps: {', '.join(n for n, _ in plan)})")
+    plan = [(name, step) for name, step in plan if name not in args.skip]
     if args.dry_run:
-        print("\n".join(" ".join(a) for _, a in plan))
+        print("\n".join(f"{name}: {' '.join(a)}" for name, a in plan))
         return 0
     shutil.rmtree(args.scratch, ignore_errors=True)
     args.scratch.mkdir(parents=True)
