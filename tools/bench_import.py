@@ -7,7 +7,8 @@
 Per folder:
 - import: `fox data import FOLDER --out STORE [--compression C]` (C given unless it is the default) in a child
   process, as a user runs it: wall time and records/s (MBP-10 + trades records in the files); its CPU time (user +
-  system, `os.wait4`: what one core spent, which other work on a shared machine inflates less than the wall time)
+  system, `os.wait4`: what one core spent, which other work on a shared machine inflates less than the wall time;
+  the system share beside it, the page cache and file system's part)
   and records per CPU second, the process's start excluded (Python and the CLI's imports: the CPU time of
   `fox data import --help`); peak RSS of that process (`MEASURE`); store size; the 1-minute load average before
   and after.
@@ -50,9 +51,8 @@ from fox_numba.market.validate import BOOK_FIELDS
 CHUNK = 1 << 22
 
 
-def run_import(folder: Path, store: Path, *options: str) -> tuple[float, float, float]:
-    """Wall seconds, CPU seconds and peak RSS (MiB) of `fox data import folder --out store [options]` in a child
-    process."""
+def run_import(folder: Path, store: Path, *options: str) -> tuple[float, float, float, float]:
+    """`run` of `fox data import folder --out store [options]`."""
     command = [sys.executable, "-m", "fox_numba", "data", "import", str(folder), "--out", str(store), *options]
     return run(command)
 
@@ -61,23 +61,23 @@ MEASURE = """
 import os, subprocess, sys
 child = subprocess.Popen(sys.argv[1:], stdout=subprocess.DEVNULL)
 _, status, usage = os.wait4(child.pid, 0)
-print(os.waitstatus_to_exitcode(status), usage.ru_utime + usage.ru_stime, usage.ru_maxrss)
+print(os.waitstatus_to_exitcode(status), usage.ru_utime + usage.ru_stime, usage.ru_maxrss, usage.ru_stime)
 """
-"""Runs a command and prints its exit status, CPU seconds and peak RSS (KiB). Started from this small process: a
+"""Runs a command and prints its exit status, CPU seconds, peak RSS (KiB) and the system share of its CPU seconds. Started from this small process: a
 process started straight from the benchmark's (which has read whole files) would report the benchmark's own peak
 RSS, as Linux carries the high-water mark of the process that execs into the one it becomes."""
 
 
-def run(command: list[str]) -> tuple[float, float, float]:
-    """Wall seconds, CPU seconds (user + system) and peak RSS (MiB) of `command` in a child process (its exit status
-    must be 0)."""
+def run(command: list[str]) -> tuple[float, float, float, float]:
+    """Wall seconds, CPU seconds (user + system), peak RSS (MiB) and system CPU seconds (the kernel's share: page
+    cache and file system) of `command` in a child process (its exit status must be 0)."""
     start = time.perf_counter()
     done = subprocess.run([sys.executable, "-c", MEASURE, *command], capture_output=True, text=True, check=False)
     wall = time.perf_counter() - start
-    status, cpu, rss = done.stdout.split()
+    status, cpu, rss, system = done.stdout.split()
     if int(status) != 0:
         raise SystemExit(f"{' '.join(command[1:])} failed: {done.stderr}")
-    return wall, float(cpu), int(rss) / 1024
+    return wall, float(cpu), int(rss) / 1024, float(system)
 
 
 def decoder_rate(paths: list[Path]) -> tuple[dict[Path, int], float]:
@@ -166,7 +166,7 @@ def main() -> None:
         load = os.getloadavg()[0]
         chosen = ("--compression", args.compression) if args.compression != DEFAULT_COMPRESSION else ()
         with tempfile.TemporaryDirectory(dir=folder.parent) as tmp:
-            wall, cpu, rss = run_import(folder, Path(tmp) / "store.h5", *chosen)
+            wall, cpu, rss, system = run_import(folder, Path(tmp) / "store.h5", *chosen)
             size = store_bytes(Path(tmp) / "store.h5") / 1e6
             load = f"{load:.1f} / {os.getloadavg()[0]:.1f}"
             ray = run_import(folder, Path(tmp) / "ray.h5", "--ray", *chosen) if args.ray else None
@@ -174,21 +174,21 @@ def main() -> None:
         n_all, mbp = sum(per_file.values()), [n for p, n in per_file.items() if ".mbp-10." in p.name]
         t_zstd = zstd_seconds(paths)
         t_floor = t_zstd + store_floor_seconds(paths, args.compression)
-        rows.append((sum(mbp) // len(mbp), n_all, wall, cpu, rss, size, load, n_all / t_all, n_all / t_zstd,
+        rows.append((sum(mbp) // len(mbp), n_all, wall, cpu, system, rss, size, load, n_all / t_all, n_all / t_zstd,
                      n_all / t_floor, ray))  # fmt: skip
         print(f"{folder}: {n_all:,} records, import {wall:.1f} s ({cpu:.1f} s CPU), {n_all / wall / 1e3:,.0f} k rec/s, "
               f"{rss:,.0f} MiB" + (f"; --ray {ray[0]:.1f} s, {ray[2]:,.0f} MiB" if ray else "") + f"; load {load}")
     lines = [
-        "| MBP-10 rows a day | records | import | import rec/s | CPU | rec / CPU s, start excluded | peak RSS | store "
+        "| MBP-10 rows a day | records | import | import rec/s | CPU (of it system) | rec / CPU s, start excluded | peak RSS | store "
         "| load before / after | decoder rec / CPU s | import / decoder | import, start excluded / decoder "
         "| zstd alone rec / CPU s | zstd + store writes alone rec / CPU s | import, start excluded / that |"
         + (" import --ray | --ray rec/s | --ray driver RSS |" if args.ray else ""),
         "|" + " ---: |" * (18 if args.ray else 15),
     ]
-    for per_day, n_all, wall, cpu, rss, size, load, r_all, r_zstd, r_floor, ray in rows:
+    for per_day, n_all, wall, cpu, system, rss, size, load, r_all, r_zstd, r_floor, ray in rows:
         rate = n_all / (cpu - start)
         line = (
-            f"| {per_day:,} | {n_all:,} | {wall:.1f} s | {n_all / wall / 1e3:,.0f} k | {cpu:.1f} s "
+            f"| {per_day:,} | {n_all:,} | {wall:.1f} s | {n_all / wall / 1e3:,.0f} k | {cpu:.1f} s ({system:.1f} s) "
             f"| {rate / 1e3:,.0f} k | {rss:,.0f} MiB | {size:,.0f} MB | {load} | {r_all / 1e3:,.0f} k "
             f"| {n_all / cpu / r_all:.2f} | {rate / r_all:.2f} | {r_zstd / 1e3:,.0f} k | {r_floor / 1e3:,.0f} k "
             f"| {rate / r_floor:.2f} |"
