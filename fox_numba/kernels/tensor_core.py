@@ -40,8 +40,18 @@ from numba.cuda.extending import intrinsic
 
 from fox_numba.device.kernel_cache import stable_identity
 
-_F32 = ir.FloatType()
-_I32 = ir.IntType(32)
+
+def _f32() -> ir.FloatType:
+    """llvmlite's float type, built where it is used: a kernel's cache key pickles what its closure reaches,
+    these functions' globals included, and an llvmlite type shared at module level caches its string once printed,
+    so a kernel would be keyed one way before the first code generation and another after it (a prewarmed cache
+    missed; tests/device/test_kernel_cache.py)."""
+    return ir.FloatType()
+
+
+def _i32() -> ir.IntType:
+    """llvmlite's 32-bit integer type, built where it is used (`_f32`)."""
+    return ir.IntType(32)
 
 
 def _tf32_bits(typingctx, x):
@@ -49,7 +59,7 @@ def _tf32_bits(typingctx, x):
     sig = types.uint32(types.float32)
 
     def codegen(context, builder, sig, args):
-        cvt = ir.InlineAsm(ir.FunctionType(_I32, [_F32]), "cvt.rna.tf32.f32 $0, $1;", "=r,f")
+        cvt = ir.InlineAsm(ir.FunctionType(_i32(), [_f32()]), "cvt.rna.tf32.f32 $0, $1;", "=r,f")
         return builder.call(cvt, args)
 
     return sig, codegen
@@ -61,8 +71,8 @@ def _bf16_bits(typingctx, x):
     sig = types.uint32(types.float32)
 
     def codegen(context, builder, sig, args):
-        cvt = ir.InlineAsm(ir.FunctionType(_I32, [_F32, _F32]), "cvt.rn.bf16x2.f32 $0, $1, $2;", "=r,f,f")
-        return builder.call(cvt, [ir.Constant(_F32, 0.0), args[0]])
+        cvt = ir.InlineAsm(ir.FunctionType(_i32(), [_f32(), _f32()]), "cvt.rn.bf16x2.f32 $0, $1, $2;", "=r,f,f")
+        return builder.call(cvt, [ir.Constant(_f32(), 0.0), args[0]])
 
     return sig, codegen
 
@@ -80,9 +90,9 @@ def _mma(instruction: str) -> Any:
         sig = types.UniTuple(f, 4)(u, u, u, u, u, u, f, f, f, f)
 
         def codegen(context, builder, sig, args):
-            fragment = ir.LiteralStructType([_F32] * 4)
+            fragment = ir.LiteralStructType([_f32()] * 4)
             asm = ir.InlineAsm(
-                ir.FunctionType(fragment, [_I32] * 6 + [_F32] * 4),
+                ir.FunctionType(fragment, [_i32()] * 6 + [_f32()] * 4),
                 f"{instruction} {{$0,$1,$2,$3}}, {{$4,$5,$6,$7}}, {{$8,$9}}, {{$10,$11,$12,$13}};",
                 "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f",
             )
