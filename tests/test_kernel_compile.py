@@ -39,21 +39,22 @@ def run_compile_check(*extra: Path) -> subprocess.CompletedProcess[str]:
     return proc
 
 
-FIXTURE_KERNELS = ("scale_and_return", "double_in_place", "misassembled_mma", "crowded_copy")
+FIXTURE_KERNELS = ("scale_and_return", "double_in_place", "misassembled_mma", "crowded_copy", "drifting_key")
 
 
 @pytest.fixture(scope="module")
 def checked() -> subprocess.CompletedProcess[str]:
-    """One compile check of the package and the four fixtures (each run compiles and assembles every package
+    """One compile check of the package and the five fixtures (each run compiles and assembles every package
     kernel, ~70 s here): exactly the fixture kernels fail, so every package kernel compiled and assembled, and every
     package kernel whose launch bounds ask for a residency gets it."""
-    return run_compile_check(*(FIXTURES / f for f in ("bad_return.py", "unregistered.py", "bad_ptx.py", "crowded.py")))
+    return run_compile_check(*(FIXTURES / f for f in ("bad_return.py", "unregistered.py", "bad_ptx.py", "crowded.py",
+                                                      "key_drift.py")))
 
 
 def test_every_package_kernel_compiles_for_sm90(checked):
     assert checked.returncode == 1, checked.stdout + checked.stderr
     failed = [ln for ln in checked.stdout.splitlines() if ln.startswith("FAILED")]
-    assert len(failed) == 4 and "sm_90: 4 failed" in checked.stdout, checked.stdout
+    assert len(failed) == 5 and "sm_90: 5 failed" in checked.stdout, checked.stdout
     assert all(any(k in ln for k in FIXTURE_KERNELS) for ln in failed)
 
 
@@ -89,6 +90,12 @@ def test_shared_memory_that_crowds_out_the_asked_residency_fails(checked):
     line = next(ln for ln in checked.stdout.splitlines() if "crowded_copy" in ln)
     assert line.startswith("FAILED") and "ask for 8 blocks of 128 threads per SM, 6 fit" in line, line
     assert "33792 B of shared memory" in line, line
+
+
+def test_a_kernel_whose_cache_key_changes_when_compiled_fails(checked):
+    """Saved under one key and looked up under another, it would be compiled again by every process."""
+    line = next(ln for ln in checked.stdout.splitlines() if "drifting_key" in ln)
+    assert line.startswith("FAILED") and "kernel-cache key changed when kernels were compiled" in line, line
 
 
 @pytest.mark.parametrize(

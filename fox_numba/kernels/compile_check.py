@@ -10,7 +10,10 @@ which NVVM passes through unread, is checked there, operand types and instructio
 compiled with their own launch bounds; where the bounds ask for a residency (threads, blocks per SM), the check
 also reads ptxas' registers and shared memory and fails a kernel of which fewer blocks fit one SM (sm_90's limits,
 `resident_blocks`): the bounds cap registers but not shared memory, and a kernel sized to fill one wave loses
-half its speed to a second one when a shared array grows.
+half its speed to a second one when a shared array grows. Last, it fails a kernel whose on-disk cache key
+(numba-cuda's, from its closure's pickled contents) is not the same after every kernel was compiled as before:
+numba-cuda looks a kernel up under the key before compiling and saves it under the key after, so such a kernel is
+saved where no fresh process looks (device/kernel_cache.py).
 
     NUMBA_ENABLE_CUDASIM=0 python -m fox_numba.kernels.compile_check [--cc 9.0] [extra_module.py ...]
 
@@ -170,6 +173,25 @@ def _kernels_defined_in(module: ModuleType) -> list[Any]:
     return found
 
 
+def cache_keys(cc: tuple[int, int]) -> dict[str, str]:
+    """{name: digest of numba-cuda's cache keys of its signatures} of every registered kernel the disk cache keeps."""
+    import hashlib
+
+    from numba.cuda.dispatcher import CUDACache
+
+    class Codegen:  # the GPU's part of the key, fixed: no GPU needed
+        def magic_tuple(self) -> tuple[str]:
+            return (f"sm_{cc[0]}{cc[1]}",)
+
+    keys = {}
+    for name, spec in sorted(KERNELS.items()):
+        if not spec.kernel.targetoptions.get("link"):
+            cache = CUDACache(spec.py_func)
+            found = [cache._index_key(sig, Codegen()) for sig in spec.signatures]
+            keys[name] = hashlib.sha256(repr(found).encode()).hexdigest()
+    return keys
+
+
 def run(cc: tuple[int, int], extra: list[Path], out: Any = sys.stdout) -> int:
     if os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0"):
         print("compile_check: NUMBA_ENABLE_CUDASIM is set; the simulator compiles nothing", file=out)
@@ -191,6 +213,7 @@ def run(cc: tuple[int, int], extra: list[Path], out: Any = sys.stdout) -> int:
         for kernel in _kernels_defined_in(module):
             if kernel_name(kernel) not in KERNELS:
                 failures.append(f"{kernel_name(kernel)}: not in the kernel registry (add @register(...))")
+    keys = cache_keys(cc)
     n_sigs = 0
     for name, spec in sorted(KERNELS.items()):
         bounds = spec.kernel.targetoptions.get("launch_bounds")
@@ -209,6 +232,9 @@ def run(cc: tuple[int, int], extra: list[Path], out: Any = sys.stdout) -> int:
             shortfall = residency_shortfall(ptx, cc, bounds)
             if shortfall is not None:
                 failures.append(f"{name}{tuple(str(t) for t in sig)}: {shortfall}")
+    failures += [f"{name}: its kernel-cache key changed when kernels were compiled (saved where no fresh process "
+                 "looks it up: an object its closure reaches is changed by code generation)"
+                 for name, key in cache_keys(cc).items() if keys.get(name, key) != key]
     for line in failures:
         print(f"FAILED {line}", file=out)
     print(

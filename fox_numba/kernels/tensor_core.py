@@ -45,7 +45,7 @@ def _f32() -> ir.FloatType:
     """llvmlite's float type, built where it is used: a kernel's cache key pickles what its closure reaches,
     these functions' globals included, and an llvmlite type shared at module level caches its string once printed,
     so a kernel would be keyed one way before the first code generation and another after it (a prewarmed cache
-    missed; tests/device/test_kernel_cache.py)."""
+    missed; the compile check now refuses such a kernel)."""
     return ir.FloatType()
 
 
