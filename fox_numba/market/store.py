@@ -92,8 +92,9 @@ COMPRESSIONS: dict[str, dict[str, object]] = {
     "none": {},
 }
 """How a chunked column may be compressed (HDF5's built-in filters, so any HDF5 reader reads every store). A day of
-`tools/gen_dbn.py` with 1 M MBP-10 rows and 250 k trades (tools/results/import_scale_cpu.md): lzf 54 MB, gzip (level
-1) 41 MB, ~10% slower to write and faster to read, none 339 MB, 10-25% faster to import."""
+`tools/gen_dbn.py --book fresh` with 1 M MBP-10 rows and 250 k trades (tools/results/import_scale_cpu.md): lzf 54 MB,
+gzip (level 1) 41 MB, ~10% slower to write and faster to read, none 339 MB, 10-25% faster to import; the same day as
+one book change per record (`--book events`, tools/results/import_speed_cpu.md): lzf 24 MB."""
 DEFAULT_COMPRESSION = "lzf"
 """The store's compression unless an import chooses another (`fox data import --compression`)."""
 DIGEST_ATTR = "digest"
