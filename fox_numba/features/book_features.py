@@ -116,14 +116,15 @@ def _time_weighted_imbalance(book_ts: np.ndarray, bid_q: np.ndarray, ask_q: np.n
             out[b, c] /= weight
 
 
-def time_weighted_imbalance(book_ts: np.ndarray, bid_q: np.ndarray, ask_q: np.ndarray, bar_ts: np.ndarray
-                            ) -> np.ndarray:
+def time_weighted_imbalance(book_ts: np.ndarray, bid_q: np.ndarray, ask_q: np.ndarray, bar_ts: np.ndarray,
+                            windows: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
     """float64 [n_bars, len(TW_IMBALANCE_COLUMNS)]: each bar's depth imbalance (bid size - ask size) / (bid size +
     ask size) averaged over its book states, each weighted by the time it rests inside [t, t + 60 s) (mean_spread's
     weights), at each level and over levels 1-5 and 1-10 (0 where both sides are empty). Sizes float64
-    [n_rows, N_LEVELS] with empty levels 0 (resting_sizes); int64 ns timestamps; every bar has a book state."""
-    enter, stop = book_windows(book_ts, bar_ts)
+    [n_rows, N_LEVELS] with empty levels 0 (resting_sizes); int64 ns timestamps; every bar has a book state.
+    `windows`: the bars' (enter, stop) rows (`book_windows`, computed here when None)."""
+    enter, stop = book_windows(book_ts, bar_ts) if windows is None else windows
     out = np.empty((bar_ts.shape[0], len(TW_IMBALANCE_COLUMNS)), dtype=np.float64)
-    _time_weighted_imbalance(book_ts, np.ascontiguousarray(bid_q), np.ascontiguousarray(ask_q), bar_ts, enter, stop,
-                             out)
+    _time_weighted_imbalance(book_ts, np.ascontiguousarray(bid_q), np.ascontiguousarray(ask_q), bar_ts,
+                             np.asarray(enter, np.int64), np.asarray(stop, np.int64), out)  # fmt: skip
     return out

@@ -145,25 +145,31 @@ def _check_day_order(days: Sequence[str], bar_ts: list[np.ndarray], source: str)
             )
 
 
-def _check_close_books(close: np.ndarray, book: Mbp10, bars: Bars, source: str, day: str) -> None:
-    """Each bar needs a two-sided close book with a positive mid, and defined OHLC."""
+def _check_close_books(close: np.ndarray, close_bid: np.ndarray, close_ask: np.ndarray, first_bar: int, source: str,
+                       day: str) -> None:  # fmt: skip
+    """Each bar needs a two-sided close book with a positive mid. `close`: the day rows of the bars' close books,
+    `close_bid` / `close_ask` their best prices, the first being the day's bar `first_bar`."""
     group = f"day {day} mbp10"
-    if close[0] < 0:
+    if close.size and close[0] < 0:
         raise InputError(
             source, "the first bar closes before the day's first MBP-10 row; the book must start by then", group=group
         )
-    bid, ask = book.bid_px[close, 0], book.ask_px[close, 0]
-    one_sided = (bid == UNDEF_PRICE) | (ask == UNDEF_PRICE)
-    bad = np.flatnonzero(one_sided | (~one_sided & (bid + ask <= 0)))
+    one_sided = (close_bid == UNDEF_PRICE) | (close_ask == UNDEF_PRICE)
+    bad = np.flatnonzero(one_sided | (~one_sided & (close_bid + close_ask <= 0)))
     if bad.size:
         b = int(bad[0])
         raise InputError(
             source,
-            f"the close book of bar {b} is one-sided or has no positive mid (bid {bid[b]}, ask {ask[b]})",
+            f"the close book of bar {first_bar + b} is one-sided or has no positive mid (bid {close_bid[b]}, ask "
+            f"{close_ask[b]})",
             group=group,
             field="bid_px/ask_px",
             row=int(close[b]),
         )
+
+
+def _check_bar_prices(bars: Bars, source: str, day: str) -> None:
+    """Defined open, high, low and close on every bar."""
     for field in ("open", "high", "low", "close"):
         undefined = np.flatnonzero(getattr(bars, field) == UNDEF_PRICE)
         if undefined.size:
@@ -171,47 +177,91 @@ def _check_close_books(close: np.ndarray, book: Mbp10, bars: Bars, source: str, 
             raise InputError(source, "undefined bar price", group=f"day {day} bars", field=field, row=row)
 
 
+def session_bars(bars: Bars, day: str, instrument: Instrument, session: str, source: str) -> Bars | None:
+    """The day's bars inside `session` (None without one), after checking that their times strictly increase."""
+    _check_sorted(bars.ts_event.astype(np.int64), source, f"day {day} bars", strict=True)
+    rows = bars_in_session(bars.ts_event, day, instrument, session)
+    if rows.size == 0:
+        return None
+    return Bars(**{name: getattr(bars, name)[rows] for name in DTYPES["bars"]})
+
+
+BOOK_COLUMNS = ("ts_event", "bid_px", "ask_px", "bid_sz", "ask_sz")
+"""The MBP-10 columns the features read (the order counts are not read)."""
+BarBook = dict[str, np.ndarray]
+"""Per bar, what its book rows give (`bar_book`): the OFI sums, depth and event count, the close book's levels, the
+time-weighted spread and (features.tw_imbalance) depth imbalances."""
+
+
+def bar_book(
+    book: dict[str, np.ndarray], bar_ts: np.ndarray, enter: np.ndarray, stop: np.ndarray, *, first_row: int,
+    first_bar: int, tw_imbalance: bool, source: str, day: str,
+) -> BarBook:  # fmt: skip
+    """`BarBook` of consecutive bars whose book rows are rows enter[b] .. stop[b] - 1 of `book` (`BOOK_COLUMNS`;
+    `book_windows`, counted from `book`'s first row, which is the day's row `first_row`; the first bar is the day's
+    bar `first_bar`). Each bar reads only its own rows, so the bars of a day give the same values whether `book`
+    holds the whole day or only their rows (`features/stored.py`)."""
+    ts, bid_px, ask_px, bid_sz, ask_sz = (book[k] for k in BOOK_COLUMNS)
+    ts = ts.astype(np.int64)
+    close = stop - 1
+    _check_close_books(close + first_row, bid_px[close, 0], ask_px[close, 0], first_bar, source, day)
+    ofi, depth = bar_order_flow(bid_px, bid_sz, ask_px, ask_sz, enter, stop)
+    out = {
+        "ofi": ofi, "depth": depth, "n_events": stop - enter - 1,
+        "bid_px": bid_px[close], "ask_px": ask_px[close], "bid_sz": bid_sz[close], "ask_sz": ask_sz[close],
+        "spread_mean": mean_spread(ts, bid_px[:, 0], ask_px[:, 0], bar_ts, enter, stop),
+    }  # fmt: skip
+    if tw_imbalance:
+        bid_q, ask_q = resting_sizes(bid_px, bid_sz), resting_sizes(ask_px, ask_sz)
+        out["tw_imbalance"] = time_weighted_imbalance(ts, bid_q, ask_q, bar_ts, (enter, stop))
+    return out
+
+
 def day_features(
     day: MarketDay, instrument: Instrument, config: FeatureConfig, source: str, session: str
 ) -> DayFeatures | None:
     """One day's feature matrix [n_bars, len(feature_names(config))] and its raw-market columns, over the session's
-    bars (None without one); the time-weighted imbalance is computed only with features.tw_imbalance."""
+    bars (None without one); the time-weighted imbalance is computed only with features.tw_imbalance. The day is
+    held whole; `features/stored.py` builds the same from a store a chunk of the book at a time."""
     bars, book, trades = _require(day, source)
-    _check_sorted(bars.ts_event.astype(np.int64), source, f"day {day.day} bars", strict=True)
-    rows = bars_in_session(bars.ts_event, day.day, instrument, session)
-    if rows.size == 0:
+    bars = session_bars(bars, day.day, instrument, session, source)
+    if bars is None:
         return None
-    bars = Bars(**{name: getattr(bars, name)[rows] for name in DTYPES["bars"]})
-    bar_ts = bars.ts_event.astype(np.int64)
     book_ts = book.ts_event.astype(np.int64)
-    trade_ts = trades.ts_event.astype(np.int64)
     _check_sorted(book_ts, source, f"day {day.day} mbp10", strict=False)
-    _check_sorted(trade_ts, source, f"day {day.day} trades", strict=False)
-
+    _check_sorted(trades.ts_event.astype(np.int64), source, f"day {day.day} trades", strict=False)
+    bar_ts = bars.ts_event.astype(np.int64)
     enter, stop = book_windows(book_ts, bar_ts)
-    close = stop - 1
-    _check_close_books(close, book, bars, source, day.day)
-    bid_px, ask_px = book.bid_px[close], book.ask_px[close]
-    bid_sz, ask_sz = book.bid_sz[close], book.ask_sz[close]
+    rows = {k: getattr(book, k) for k in BOOK_COLUMNS}
+    per_bar = bar_book(rows, bar_ts, enter, stop, first_row=0, first_bar=0, tw_imbalance=config.tw_imbalance,
+                       source=source, day=day.day)  # fmt: skip
+    return assemble_day(day.day, bars, trades, per_bar, instrument, config, source, session)
+
+
+def assemble_day(
+    day: str, bars: Bars, trades: Trades, per_bar: BarBook, instrument: Instrument, config: FeatureConfig,
+    source: str, session: str,
+) -> DayFeatures:  # fmt: skip
+    """`DayFeatures` from the session's bars, the day's trades (in time order) and the bars' `BarBook`."""
+    _check_bar_prices(bars, source, day)
+    bar_ts = bars.ts_event.astype(np.int64)
+    trade_ts = trades.ts_event.astype(np.int64)
+    bid_px, ask_px, bid_sz, ask_sz = (per_bar[k] for k in ("bid_px", "ask_px", "bid_sz", "ask_sz"))
     mid = 0.5 * (bid_px[:, 0] + ask_px[:, 0])  # fixed-point units
 
-    ofi, depth = bar_order_flow(book.bid_px, book.bid_sz, book.ask_px, book.ask_sz, enter, stop)
-    columns = ofi_features(ofi, depth, stop - enter - 1, config.ofi_levels)
+    columns = ofi_features(per_bar["ofi"], per_bar["depth"], per_bar["n_events"], config.ofi_levels)
     columns |= trade_features(*trade_flow(trades.size, trades.side, *trade_windows(trade_ts, bar_ts)))
     columns |= return_features(mid)
     columns |= range_feature(bars.high, bars.low, mid)
     columns |= close_book_features(bid_px, bid_sz, ask_px, ask_sz, instrument.tick_fixed)
-    spread = mean_spread(book_ts, book.bid_px[:, 0], book.ask_px[:, 0], bar_ts, enter, stop)
-    columns["spread_mean_ticks"] = spread / instrument.tick_fixed
+    columns["spread_mean_ticks"] = per_bar["spread_mean"] / instrument.tick_fixed
     try:
-        columns |= session_features(bar_ts, day.day, instrument, session)
+        columns |= session_features(bar_ts, day, instrument, session)
     except (ValueError, KeyError) as e:
-        message = f"cannot place day {day.day} in the session hours of {instrument.symbol}: {e}"
+        message = f"cannot place day {day} in the session hours of {instrument.symbol}: {e}"
         raise InputError(source, message) from None
     if config.tw_imbalance:
-        tw = time_weighted_imbalance(book_ts, resting_sizes(book.bid_px, book.bid_sz),
-                                     resting_sizes(book.ask_px, book.ask_sz), bar_ts)
-        columns |= dict(zip(TW_IMBALANCE_COLUMNS, tw.T, strict=True))
+        columns |= dict(zip(TW_IMBALANCE_COLUMNS, per_bar["tw_imbalance"].T, strict=True))
     values = np.column_stack([columns[name] for name in feature_names(config)])
 
     raw = {

@@ -25,12 +25,14 @@ import numpy as np
 
 from fox_numba.config import FeatureConfig
 from fox_numba.errors import OutputError
-from fox_numba.features.build import DAY_CONFIG_FIELDS, FEATURE_LAYOUT_VERSION, DayFeatures, day_features
+from fox_numba.features.build import DAY_CONFIG_FIELDS, FEATURE_LAYOUT_VERSION, DayFeatures
 from fox_numba.features.feature_set import RawMarket
 from fox_numba.features.names import feature_names
+from fox_numba.features.stored import stored_day_features
 from fox_numba.io import atomic_path
 from fox_numba.market.schema import Instrument
 from fox_numba.market.select import instrument_key, mark_validated
+from fox_numba.market.staging import check_stored_day
 from fox_numba.market.store import MarketStore
 
 log = logging.getLogger(__name__)
@@ -112,8 +114,8 @@ class FeatureCache:
     def parts(
         self, store: MarketStore, days: Sequence[str], digests: Sequence[str] = (), unchecked: Sequence[str] = ()
     ) -> Iterator[tuple[str, DayFeatures | None]]:
-        """(day, features) of each of `days`: cached, else read from `store`, built and cached; one day's book in
-        memory at a time. `digests`: the days' `MarketStore.day_digest` (empty: asked of the store, and only with a
+        """(day, features) of each of `days`: cached, else read from `store`, built and cached; a chunk of one day's
+        book in memory at a time (`features/stored.py`). `digests`: the days' `MarketStore.day_digest` (empty: asked of the store, and only with a
         cache folder: a store without digests pays a read of the day for each). `unchecked`: days not yet validated
         (`MarketSelection.unchecked`): each is read in full once, cached features or not, which validates it
         (InputError as `fox data inspect` words it), and its validated-day record is written."""
@@ -129,14 +131,14 @@ class FeatureCache:
                 if part is not None:
                     self.save(day, digest, part)
             elif day in pending:
-                store.read_day(day)  # validation: the day's one full read in this run
+                check_stored_day(store, day)  # validation: the day's one full read in this run
             if day in pending:
                 mark_validated(self.folder, day, digest, self.instrument)
             yield day, part
 
     def _build(self, store: MarketStore, day: str) -> DayFeatures | None:
-        """`day_features` of `day` read from `store` (the day's book let go on return)."""
-        return day_features(store.read_day(day), self.instrument, self.config, str(store.path), self.session)
+        """`day_features` of `day` read from `store`, a chunk of its book at a time (`features/stored.py`)."""
+        return stored_day_features(store, day, self.instrument, self.config, self.session)
 
 
 def _check(arrays: dict[str, np.ndarray], meta: object, digest: str, key: str, width: int) -> str:

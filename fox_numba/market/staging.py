@@ -22,6 +22,7 @@ removes them at the end (`staging_folder`).
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import hashlib
 import shutil
@@ -335,10 +336,17 @@ def commit_day(writer: StoreWriter, day: StagedDay, instrument: Instrument, stag
 
 
 def check_stored_day(store: MarketStore, day: str) -> None:
-    """Validate a day the store holds a chunk at a time, as `MarketStore.read_day` validates it whole: each
-    schema's chunks with the row before each (`validate.validate_day`), then trades inside the book's time range
-    and the bars against the trades. Errors name the store, the day's group and row. (Asked by the import of a day
-    without a digest, in a single-file store written before digests: `store.StoreWriter.open`.)"""
+    """Validate a day the store holds a chunk at a time, as `MarketStore.read_day` validates it whole
+    (`validated_chunks`). Asked by the import of a day without a digest, in a single-file store written before
+    digests (`store.StoreWriter.open`), and by the stages that validate a day they do not read in full."""
+    collections.deque(validated_chunks(store, day), maxlen=0)  # each chunk let go before the next is read
+
+
+def validated_chunks(store: MarketStore, day: str) -> Iterator[tuple[str, Sourced]]:
+    """The rows of each schema of a stored `day`, in `CHECK_ORDER`, `CHUNK_ROWS` at a time, each chunk yielded once
+    it is validated with the row before it (`validate.validate_day`); after the last, trades inside the book's time
+    range and the bars against the trades. Errors name the store, the day's group and row, as `read_day`'s do.
+    Memory holds a chunk (and the day's bars for the last check), whatever the day's size."""
     contract = store.contract(day)
     rows = {}
     for schema in CHECK_ORDER:
@@ -359,7 +367,9 @@ def check_stored_day(store: MarketStore, day: str) -> None:
                     row = block.locate(e.row)[1]
                     raise InputError(e.path, e.reason, group=e.group, field=e.field, row=row) from None
             before = chunk.take(np.arange(len(chunk.record) - 1, len(chunk.record)))
-            del chunk, block, market_day  # before the next chunk is read
+            del block, market_day
+            yield schema, chunk
+            del chunk  # before the next chunk is read
     if "trades" in rows and "mbp10" in rows and rows["trades"].n:
         _check_inside_book(rows["trades"], rows["mbp10"], store.instrument, day, {})
     if "bars" in rows and "trades" in rows:

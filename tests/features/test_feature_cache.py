@@ -13,8 +13,10 @@ import pytest
 from fox_numba.config import FoxConfig
 from fox_numba.errors import InputError
 from fox_numba.features.build import build_features
+from fox_numba.features import stored
 from fox_numba.features.cache import SUFFIX, feature_key
 from fox_numba.features.names import TW_IMBALANCE_COLUMNS
+from fox_numba.market import staging
 from fox_numba.market.schema import SCHEMAS, Instrument
 from fox_numba.market.select import CACHE_SUFFIX, MarketSelection, select_market
 from fox_numba.market.store import DIGEST_ATTR, MarketStore, write_store
@@ -55,16 +57,23 @@ def assert_identical(a, b):
 
 @pytest.fixture
 def book_reads(monkeypatch):
-    """The days `MarketStore.read_day` reads the book of."""
+    """The days whose book is read in full: by `MarketStore.read_day` whole, or a chunk at a time by
+    `staging.validated_chunks` (the feature build's read, `features/stored.py`, and `check_stored_day`'s)."""
     reads = []
-    original = MarketStore.read_day
+    original, chunks = MarketStore.read_day, staging.validated_chunks
 
     def read_day(self, day, schemas=SCHEMAS):
         if "mbp10" in schemas:
             reads.append(day)
         return original(self, day, schemas)
 
+    def validated_chunks(store, day):
+        reads.append(day)
+        return chunks(store, day)
+
     monkeypatch.setattr(MarketStore, "read_day", read_day)
+    monkeypatch.setattr(staging, "validated_chunks", validated_chunks)
+    monkeypatch.setattr(stored, "validated_chunks", validated_chunks)
     return reads
 
 

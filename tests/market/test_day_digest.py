@@ -11,6 +11,7 @@ import numpy as np
 
 from fox_numba.config import MarketConfig
 from fox_numba.market.importer import import_market
+from fox_numba.market import staging
 from fox_numba.market.schema import SCHEMAS, columns
 from fox_numba.market.select import select_market, validated_record
 from fox_numba.market.store import CHUNK_ROWS, DIGEST_ATTR, MarketStore, group_digest, write_store
@@ -88,15 +89,18 @@ def test_an_imported_day_records_the_digest_of_the_same_rows_written_whole(tmp_p
 
 
 def test_a_day_is_validated_once_per_digest(four_day_market, tmp_path, monkeypatch):
+    """A day is read in full (a chunk at a time, `staging.validated_chunks`) until its validation is recorded; after
+    that, only its bars."""
     m = four_day_market
     path = write_store(tmp_path / "a.h5", m.instrument, m.days[:2])
     cfg = MarketConfig(store=str(path), cache=str(tmp_path / "cache"))
     reads = []
-    original = MarketStore.read_day
+    original, chunks = MarketStore.read_day, staging.validated_chunks
     monkeypatch.setattr(MarketStore, "read_day", lambda self, day, schemas=SCHEMAS: reads.append(tuple(schemas))
                         or original(self, day, schemas))  # fmt: skip
+    monkeypatch.setattr(staging, "validated_chunks", lambda store, day: reads.append("full") or chunks(store, day))
     first = select_market(cfg)
-    assert reads == [SCHEMAS, SCHEMAS]
+    assert reads == ["full", ("bars",), "full", ("bars",)]
     with MarketStore(path) as store:
         assert first.digests == tuple(store.day_digest(d) for d in first.days)
         assert all(validated_record(tmp_path / "cache", d, g, store.instrument).is_file()
@@ -106,11 +110,11 @@ def test_a_day_is_validated_once_per_digest(four_day_market, tmp_path, monkeypat
     assert reads == [("bars",), ("bars",)]  # no book, no trades
     reads.clear()
     assert select_market(dataclasses.replace(cfg, cache="off")).digests == ()
-    assert reads == [SCHEMAS, SCHEMAS]
+    assert reads == ["full", ("bars",), "full", ("bars",)]
     reads.clear()
     sizes = m.days[1].mbp10.bid_sz.copy()
     sizes[0, 0] += 1
     changed = dataclasses.replace(m.days[1], mbp10=dataclasses.replace(m.days[1].mbp10, bid_sz=sizes))
     write_store(path, m.instrument, [m.days[0], changed])  # a new store version: day 2 is checked again
     select_market(cfg)
-    assert reads == [("bars",), SCHEMAS]
+    assert reads == [("bars",), "full", ("bars",)]
