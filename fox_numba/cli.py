@@ -269,8 +269,11 @@ def data_inspect(
     store: Annotated[Path, typer.Argument(help="Market store (HDF5) to summarise.")],
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON instead of a table.")] = False,
 ) -> None:
-    """Summarise a store per trading day: rows, time range, spread, depth, trades, gaps."""
-    summary = summarize(store)
+    """Summarise a store per trading day: rows, time range, spread, depth, trades, gaps.
+
+    Every day is read and validated, a chunk at a time."""
+    with progress_bar(f"inspecting {store}") as progress:
+        summary = summarize(store, progress)
     if as_json:
         typer.echo(json.dumps(summary, indent=2))
     else:

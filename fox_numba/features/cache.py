@@ -32,7 +32,7 @@ from fox_numba.features.stored import stored_day_features
 from fox_numba.io import atomic_path
 from fox_numba.market.schema import Instrument
 from fox_numba.market.select import instrument_key, mark_validated
-from fox_numba.market.staging import check_stored_day
+from fox_numba.market.staging import READ_ROWS, check_stored_day
 from fox_numba.market.store import MarketStore
 
 log = logging.getLogger(__name__)
@@ -115,10 +115,11 @@ class FeatureCache:
         self, store: MarketStore, days: Sequence[str], digests: Sequence[str] = (), unchecked: Sequence[str] = ()
     ) -> Iterator[tuple[str, DayFeatures | None]]:
         """(day, features) of each of `days`: cached, else read from `store`, built and cached; a chunk of one day's
-        book in memory at a time (`features/stored.py`). `digests`: the days' `MarketStore.day_digest` (empty: asked of the store, and only with a
-        cache folder: a store without digests pays a read of the day for each). `unchecked`: days not yet validated
-        (`MarketSelection.unchecked`): each is read in full once, cached features or not, which validates it
-        (InputError as `fox data inspect` words it), and its validated-day record is written."""
+        book in memory at a time (`features/stored.py`). `digests`: the days' `MarketStore.day_digest` (empty: asked
+        of the store, and only with a cache folder: a store without digests pays a read of the day for each).
+        `unchecked`: days not yet validated (`MarketSelection.unchecked`): each is read in full once, cached features
+        or not, which validates it (InputError as `fox data inspect` words it), and its validated-day record is
+        written."""
         pending = set(unchecked)
         for k, day in enumerate(days):
             if self.folder is None:
@@ -131,7 +132,7 @@ class FeatureCache:
                 if part is not None:
                     self.save(day, digest, part)
             elif day in pending:
-                check_stored_day(store, day)  # validation: the day's one full read in this run
+                check_stored_day(store, day, READ_ROWS)  # validation: the day's one full read in this run
             if day in pending:
                 mark_validated(self.folder, day, digest, self.instrument)
             yield day, part

@@ -17,8 +17,8 @@ from fox_numba.errors import InputError, MissingDataError
 from fox_numba.features.build import BOOK_COLUMNS, BarBook, DayFeatures, assemble_day, bar_book, session_bars
 from fox_numba.market.schema import DTYPES, NS_PER_MINUTE, Instrument, Mbp10
 from fox_numba.market.sources import concat
-from fox_numba.market.staging import check_stored_day, validated_chunks
-from fox_numba.market.store import CHUNK_ROWS, MarketStore
+from fox_numba.market.staging import READ_ROWS, check_stored_day, validated_chunks
+from fox_numba.market.store import MarketStore
 
 
 def stored_day_features(
@@ -31,12 +31,12 @@ def stored_day_features(
         raise MissingDataError(f"{source}: {missing}")
     bars = session_bars(store.read_day(day, ("bars",)).bars, day, instrument, session, source)
     if bars is None:
-        check_stored_day(store, day)  # no feature, but the full read still validates the day
+        check_stored_day(store, day, READ_ROWS)  # no feature, but the full read still validates the day
         return None
     bar_ts = bars.ts_event.astype(np.int64)
     stream = _BookStream(bar_ts, *_windows(store, day, bar_ts), config.tw_imbalance, source, day)
     trades = []
-    for schema, chunk in validated_chunks(store, day):
+    for schema, chunk in validated_chunks(store, day, READ_ROWS):
         if schema == "mbp10":
             stream.feed(chunk.data)
         elif schema == "trades":
@@ -64,10 +64,10 @@ def _windows(store: MarketStore, day: str, bar_ts: np.ndarray) -> tuple[np.ndarr
     first = np.zeros(bar_ts.shape[0], np.int64)
     stop = np.zeros(bar_ts.shape[0], np.int64)
     last = None
-    for at in range(0, column.shape[0], CHUNK_ROWS):
-        ts = column[at : at + CHUNK_ROWS].astype(np.int64)
+    for at in range(0, column.shape[0], READ_ROWS):
+        ts = column[at : at + READ_ROWS].astype(np.int64)
         if np.any(np.diff(ts) < 0) or (last is not None and ts[0] < last):
-            check_stored_day(store, day)
+            check_stored_day(store, day, READ_ROWS)
             raise InputError(store.path, "MBP-10 timestamps are not in time order", group=f"/mbp10/{day}")
         first += np.searchsorted(ts, bar_ts, side="left")
         stop += np.searchsorted(ts, bar_ts + NS_PER_MINUTE, side="left")

@@ -1,7 +1,8 @@
 """`fox data inspect`: a per-day summary of a market store (contract, rows, time range, spread, depth, trades,
 gaps).
 
-Book statistics are taken over the book rows of the whole trading day: the median spread (in ticks) of
+Each day is read and validated a chunk at a time, so memory does not grow with its size. Book statistics are
+taken over the book rows of the whole trading day: the median spread (in ticks) of
 rows with both sides present, the mean size at the best bid and ask, and the count of one-sided rows in
 the regular session. Gaps: regular-session minutes without a bar, and the longest time between two
 consecutive book rows.
@@ -9,6 +10,7 @@ consecutive book rows.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -16,7 +18,8 @@ import numpy as np
 from rich.table import Table
 
 from fox_numba.market.calendar import format_ns, session_bounds, session_minutes
-from fox_numba.market.schema import SCHEMAS, UNDEF_PRICE, Instrument, MarketDay, n_rows
+from fox_numba.market.schema import SCHEMAS, UNDEF_PRICE, Instrument, Mbp10
+from fox_numba.market.staging import READ_ROWS, validated_chunks
 from fox_numba.market.store import MarketStore
 
 
@@ -42,49 +45,94 @@ class DaySummary:
     """Longest time between consecutive book rows, seconds (None with fewer than two rows)."""
 
 
-def summarize_day(day: MarketDay, instrument: Instrument) -> DaySummary:
-    """The summary of one validated trading day."""
-    stamps = [getattr(day, s).ts_event for s in day.present() if n_rows(getattr(day, s))]
-    first = min(int(t[0]) for t in stamps) if stamps else None
-    last = max(int(t[-1]) for t in stamps) if stamps else None
-    spread = depth = gap = None
-    one_sided = 0
-    if day.mbp10 is not None and n_rows(day.mbp10):
-        book = day.mbp10
+class _BookStats:
+    """The book's statistics, fed its rows a chunk at a time: the spreads of two-sided rows as value counts (their
+    median is then exact), the top sizes' integer sum, the one-sided rows in the session and the longest gap."""
+
+    def __init__(self, day: str, instrument: Instrument) -> None:
+        self.tick = instrument.tick_fixed
+        self.open_ns, self.close_ns = (np.uint64(t) for t in session_bounds(day, instrument))
+        self.spreads: dict[int, int] = {}
+        self.top_size = self.both = self.one_sided = 0
+        self.gap: int | None = None
+        self.last: np.uint64 | None = None
+
+    def feed(self, book: Mbp10) -> None:
+        ts = book.ts_event
         bid, ask = book.bid_px[:, 0], book.ask_px[:, 0]
         both = (bid != UNDEF_PRICE) & (ask != UNDEF_PRICE)
-        if both.any():
-            spread = float(np.median((ask[both] - bid[both]) / instrument.tick_fixed))
-            depth = float(np.mean((book.bid_sz[both, 0].astype(np.float64) + book.ask_sz[both, 0]) / 2))
-        open_ns, close_ns = session_bounds(day.day, instrument)
-        in_session = (book.ts_event >= np.uint64(open_ns)) & (book.ts_event < np.uint64(close_ns))
-        one_sided = int(np.count_nonzero(in_session & ~both))
-        if n_rows(book) > 1:
-            gap = float(np.diff(book.ts_event).max()) / 1e9
+        values, counts = np.unique(ask[both] - bid[both], return_counts=True)
+        for v, c in zip(values.tolist(), counts.tolist(), strict=True):
+            self.spreads[v] = self.spreads.get(v, 0) + c
+        self.top_size += int(book.bid_sz[both, 0].sum(dtype=np.uint64)) + int(book.ask_sz[both, 0].sum(dtype=np.uint64))
+        self.both += int(np.count_nonzero(both))
+        self.one_sided += int(np.count_nonzero((ts >= self.open_ns) & (ts < self.close_ns) & ~both))
+        steps = np.diff(ts if self.last is None else np.r_[self.last, ts])
+        if steps.size:
+            self.gap = max(self.gap or 0, int(steps.max()))
+        self.last = ts[-1]
+
+    def median_spread_ticks(self) -> float | None:
+        """The median of the two-sided rows' spreads in ticks, as `np.median` of them all gives it."""
+        if not self.both:
+            return None
+        values = sorted(self.spreads)
+        at = np.cumsum([self.spreads[v] for v in values])
+        middle = [values[int(np.searchsorted(at, k, side="right"))] for k in {(self.both - 1) // 2, self.both // 2}]
+        return float(np.median(np.array(sorted(middle), dtype=np.int64) / self.tick))
+
+
+def summarize_day(store: MarketStore, day: str) -> DaySummary:
+    """The summary of one stored trading day, read and validated a chunk at a time (`staging.validated_chunks`), so
+    memory does not grow with the day's size."""
+    instrument = store.instrument
+    rows: dict[str, int] = {}
+    first: int | None = None
+    last: int | None = None
+    book = _BookStats(day, instrument)
+    volume = 0
+    bars: list[np.ndarray] = []
+    for schema, chunk in validated_chunks(store, day, READ_ROWS):
+        ts = chunk.data.ts_event
+        rows[schema] = rows.get(schema, 0) + ts.shape[0]
+        if ts.shape[0]:
+            first = int(ts[0]) if first is None else min(first, int(ts[0]))
+            last = int(ts[-1]) if last is None else max(last, int(ts[-1]))
+            if schema == "mbp10":
+                book.feed(chunk.data)
+            elif schema == "trades":
+                volume += int(chunk.data.size.sum(dtype=np.uint64))
+        if schema == "bars":
+            bars.append(ts)
+        del chunk  # before the next is read
     missing = None
-    if day.bars is not None:
-        missing = int(np.count_nonzero(~np.isin(session_minutes(day.day, instrument), day.bars.ts_event)))
-    trades = day.trades
+    if "bars" in rows:
+        missing = int(np.count_nonzero(~np.isin(session_minutes(day, instrument), np.concatenate(bars))))
     return DaySummary(
-        day=day.day,
-        contract=day.contract,
-        rows={s: n_rows(getattr(day, s)) for s in day.present()},
+        day=day,
+        contract=store.contract(day),
+        rows={s: rows[s] for s in SCHEMAS if s in rows},
         first=None if first is None else format_ns(first, instrument.timezone),
         last=None if last is None else format_ns(last, instrument.timezone),
-        median_spread_ticks=spread,
-        mean_top_depth=depth,
-        one_sided_rows=one_sided,
-        trades=0 if trades is None else n_rows(trades),
-        volume=0 if trades is None else int(trades.size.sum(dtype=np.uint64)),
+        median_spread_ticks=book.median_spread_ticks(),
+        mean_top_depth=book.top_size / (2 * book.both) if book.both else None,
+        one_sided_rows=book.one_sided,
+        trades=rows.get("trades", 0),
+        volume=volume,
         missing_minutes=missing,
-        longest_book_gap_s=gap,
+        longest_book_gap_s=None if book.gap is None else book.gap / 1e9,
     )
 
 
-def summarize(path: str | Path) -> dict:
-    """Instrument, root attributes and per-day summaries of a store, as plain data (for --json)."""
+def summarize(path: str | Path, progress: Callable[[str], None] | None = None) -> dict:
+    """Instrument, root attributes and per-day summaries of a store, as plain data (for --json). `progress` is told
+    each day as it is read."""
     with MarketStore(path) as store:
-        days = [asdict(summarize_day(store.read_day(d), store.instrument)) for d in store.days()]
+        days = []
+        for k, day in enumerate(store.days()):
+            if progress is not None:
+                progress(f"reading {day} ({k + 1} of {len(store.days())})")
+            days.append(asdict(summarize_day(store, day)))
         return {
             "path": str(store.path),
             "instrument": asdict(store.instrument),

@@ -29,7 +29,7 @@ from fox_numba.errors import ConfigError, InputError, OutputError
 from fox_numba.io import atomic_write_text
 from fox_numba.market.calendar import SESSIONS, bars_in_session
 from fox_numba.market.default import ensure_default_store
-from fox_numba.market.staging import check_stored_day
+from fox_numba.market.staging import READ_ROWS, check_stored_day
 from fox_numba.market.schema import Bars, Instrument
 from fox_numba.market.store import MarketStore, require_schemas
 
@@ -138,7 +138,7 @@ def _checked_bars(store: MarketStore, day: str, folder: Path | None, defer: bool
         return store.read_day(day, ("bars",)).bars, digest, True
     if defer:
         return store.read_day(day, ("bars",)).bars, digest, False
-    check_stored_day(store, day)
+    check_stored_day(store, day, READ_ROWS)
     bars = store.read_day(day, ("bars",)).bars
     if folder is not None:
         mark_validated(folder, day, digest, store.instrument)

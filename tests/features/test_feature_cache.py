@@ -67,9 +67,9 @@ def book_reads(monkeypatch):
             reads.append(day)
         return original(self, day, schemas)
 
-    def validated_chunks(store, day):
+    def validated_chunks(store, day, rows=None):
         reads.append(day)
-        return chunks(store, day)
+        return chunks(store, day, rows)
 
     monkeypatch.setattr(MarketStore, "read_day", read_day)
     monkeypatch.setattr(staging, "validated_chunks", validated_chunks)

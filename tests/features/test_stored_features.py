@@ -14,7 +14,6 @@ from fox_numba.features import stored
 from fox_numba.features.build import day_features
 from fox_numba.features.stored import stored_day_features
 from fox_numba.features.windows import book_windows
-from fox_numba.market import staging
 from fox_numba.market.schema import UNDEF_PRICE, MarketDay
 from fox_numba.market.store import MarketStore, write_store
 
@@ -26,9 +25,8 @@ def two_days(four_day_market, tmp_path):
 
 
 def chunked(monkeypatch, rows: int) -> None:
-    """Read the store `rows` rows at a time (the validation's chunks and the timestamps' pass)."""
-    monkeypatch.setattr(staging, "CHUNK_ROWS", rows)
-    monkeypatch.setattr(stored, "CHUNK_ROWS", rows)
+    """Read the store `rows` rows at a time (the validated chunks and the timestamps' pass)."""
+    monkeypatch.setattr(stored, "READ_ROWS", rows)
 
 
 def both(path, day, config, session):

@@ -98,7 +98,8 @@ def test_a_day_is_validated_once_per_digest(four_day_market, tmp_path, monkeypat
     original, chunks = MarketStore.read_day, staging.validated_chunks
     monkeypatch.setattr(MarketStore, "read_day", lambda self, day, schemas=SCHEMAS: reads.append(tuple(schemas))
                         or original(self, day, schemas))  # fmt: skip
-    monkeypatch.setattr(staging, "validated_chunks", lambda store, day: reads.append("full") or chunks(store, day))
+    monkeypatch.setattr(staging, "validated_chunks", lambda store, day, rows=None: reads.append("full")
+                        or chunks(store, day, rows))  # fmt: skip
     first = select_market(cfg)
     assert reads == ["full", ("bars",), "full", ("bars",)]
     with MarketStore(path) as store:

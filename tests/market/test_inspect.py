@@ -6,6 +6,7 @@ import numpy as np
 from typer.testing import CliRunner
 
 from fox_numba.cli import app
+from fox_numba.market import inspect as inspect_module
 from fox_numba.market.bars import bars_from_trades
 from fox_numba.market.calendar import session_bounds
 from fox_numba.market.inspect import summarize
@@ -59,3 +60,34 @@ def test_cli_table_and_json(tmp_path):
     result = runner.invoke(app, ["data", "inspect", str(path), "--json"])
     assert result.exit_code == 0
     assert json.loads(result.output) == json.loads(json.dumps(summarize(path)))
+
+
+def test_a_day_read_a_chunk_at_a_time_gives_the_whole_days_numbers(four_day_market, tmp_path, monkeypatch):
+    """At 37 rows a chunk (180 chunks a day), every number is the one the whole day's arrays give: the median
+    spread exactly (from the spreads' counts), the mean top depth to rounding (an integer sum against np.mean's)."""
+    m = four_day_market
+    path = write_store(tmp_path / "four.h5", m.instrument, m.days[:2])
+    monkeypatch.setattr(inspect_module, "READ_ROWS", 37)
+    seen = []
+    summary = summarize(path, seen.append)
+    assert seen == [f"reading {d.day} ({k + 1} of 2)" for k, d in enumerate(m.days[:2])]
+    for got, day in zip(summary["days"], m.days[:2], strict=True):
+        book, trades = day.mbp10, day.trades
+        bid, ask = book.bid_px[:, 0], book.ask_px[:, 0]
+        both = (bid != UNDEF_PRICE) & (ask != UNDEF_PRICE)
+        assert got["rows"] == {"bars": day.bars.ts_event.size, "mbp10": bid.size, "trades": trades.ts_event.size}
+        assert got["median_spread_ticks"] == float(np.median((ask[both] - bid[both]) / INST.tick_fixed))
+        depth = np.mean((book.bid_sz[both, 0].astype(np.float64) + book.ask_sz[both, 0]) / 2)
+        assert abs(got["mean_top_depth"] - depth) <= 1e-12 * depth
+        assert got["longest_book_gap_s"] == float(np.diff(book.ts_event).max()) / 1e9
+        assert (got["trades"], got["volume"]) == (trades.ts_event.size, int(trades.size.sum()))
+        open_ns, close_ns = session_bounds(day.day, INST)
+        in_session = (book.ts_event >= np.uint64(open_ns)) & (book.ts_event < np.uint64(close_ns))
+        assert got["one_sided_rows"] == int(np.count_nonzero(in_session & ~both))
+
+
+def test_the_median_of_an_even_count_is_the_mean_of_the_middle_two(tmp_path, monkeypatch):
+    """The store above, two rows a chunk: two-sided spreads 1, 1, 2, 3 ticks over three chunks."""
+    monkeypatch.setattr(inspect_module, "READ_ROWS", 2)
+    (day,) = summarize(make_store(tmp_path / "s.h5"))["days"]
+    assert day["median_spread_ticks"] == 1.5 and day["mean_top_depth"] == 2.0 and day["longest_book_gap_s"] == 63.0
