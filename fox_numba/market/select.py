@@ -146,7 +146,7 @@ def _checked_bars(store: MarketStore, day: str, folder: Path | None, defer: bool
 
 
 def mark_validated(folder: Path, day: str, digest: str, instrument: Instrument) -> None:
-    """Record that `day` with content `digest` passed validation for `instrument` (a read of the whole day did);
+    """Record that `day` with content `digest` passed validation for `instrument` (a full read of the day did);
     a cache folder that cannot be written costs only the next check (logged)."""
     try:
         atomic_write_text(validated_record(folder, day, digest, instrument), f"{day} {digest}\n")

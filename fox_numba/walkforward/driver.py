@@ -99,8 +99,8 @@ class RunLog:
 def load_features(cfg: FoxConfig, selection: MarketSelection) -> FeatureSet:
     """Features and raw market of the selected days of the store: each day's from the feature cache
     (`market.cache`, features/cache.py) when it holds them for the day's content digest, else read from the
-    store (one day's book in memory at a time), built and cached; the selection's unchecked days are validated
-    on that read (market/select.py)."""
+    store (a block of one day's book in memory at a time), built and cached; the selection's unchecked days are
+    validated on that read (market/select.py)."""
     with MarketStore(selection.path) as store:
         cache = FeatureCache(cache_folder(cfg.market, selection.path), store.instrument, cfg.features,
                              selection.session)
