@@ -10,9 +10,9 @@ learner of a network with live branches, agent/network.py).
 
 Shared-memory budget (both users size their arrays from the constants here): a block stages at most STAGE_SAMPLES
 (8) samples, 13 advantage rows each in STAGE_WORDS floats and 4 value rows in VALUE_WORDS, at the odd stride Z | 1,
-sized exactly for Z = 51 (27,744 B together). The learner's select_q_rows adds 128 B of its own and the driver
-reserves 1,024 B per block: 28,896 B, so eight of its blocks fit an sm_90 SM's 228 KiB (233,472 B; with the former
-stride-52 padding, 29,440 B, seven did). At batch 8,192 its 1,024 blocks are then one wave on 132 SMs x 8 instead of
+sized exactly for Z = 51 (27,744 B together). The learner's select_q_rows adds 416 B of its own (its a* array,
+learner.SELECT_ROWS) and the driver reserves 1,024 B per block: 29,184 B, so eight of its blocks fit an sm_90 SM's
+228 KiB (233,472 B, exactly; with the former stride-52 padding, 29,440 B, seven did). At batch 8,192 its 1,024 blocks are then one wave on 132 SMs x 8 instead of
 1.1 waves, whose second wave ran 100 blocks for a whole block's time.
 """
 
@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 from numba import cuda, float32
 
-from fox_numba.actions import N_BRANCHES, N_HEADS
+from fox_numba.actions import BRANCHES, N_BRANCHES, N_HEADS
 from fox_numba.device.runtime import u32
 from fox_numba.kernels.heads import MAX_BRANCH_SIZE, branch_span, live_streams, stream_branch
 
@@ -34,7 +34,6 @@ MAX_ATOMS = max(z for z in range(2, STAGE_WORDS) if N_HEADS * (z | 1) <= STAGE_W
 # of index arithmetic. Unsigned 32-bit values, re-wrapped after each operation (u32(a + b), device/runtime.py: numba's
 # uint32 cast on the GPU, where LLVM narrows the 64-bit operation back), need no wrap and no 64-bit multiply; every
 # index here is far below 2**32.
-_NB = np.uint32(N_BRANCHES)
 _NH = np.uint32(N_HEADS)
 
 
@@ -74,13 +73,22 @@ def staged_row(src, first, row, j):
     return src[u32(first + sample), u32(row - sample * _NH), j]
 
 
-def combined_heads_stager(live: int) -> Any:
+def live_heads(live: int) -> int:
+    """Heads of the first `live` branches (they lead the 13: actions.BRANCHES' offsets)."""
+    return N_HEADS if live >= N_BRANCHES else BRANCHES[live].offset
+
+
+def combined_heads_stager(live: int, *, compact: bool = False) -> Any:
     """`stage_combined_heads` for the first `live` branches (compile-time constants: heads.live_streams(live)
     streams per sample, `live` branch rows per sample): the other heads' staged rows are neither loaded nor
     formed (agent/network.py's live branches: their logits are 0, and the learner's select_q_rows takes their
-    statistics from a table instead)."""
+    statistics from a table instead). `compact`: a sample's staged rows are its live heads alone, sample s's head h
+    at row s * live_heads(live) + h and its branch b's value at row s * live + b, so that a block's shared memory
+    holds 13 / live_heads(live) times as many samples (the same values, staged by the same arithmetic)."""
     n_streams = np.uint32(live_streams(live))
     n_live = np.uint32(live)
+    row_heads = np.uint32(live_heads(live) if compact else N_HEADS)  # staged head rows a sample
+    row_values = np.uint32(live if compact else N_BRANCHES)  # staged value rows a sample
 
     @cuda.jit(device=True)
     def stream_atom(head, first, row, j, n_atoms):
@@ -93,15 +101,16 @@ def combined_heads_stager(live: int) -> Any:
     @cuda.jit(device=True)
     def put_stream(stage, values, row, j, stride, x):
         """Stream row `row` (as `stream_atom`) staged: branch b's value stream into `values` [(s * 4 + b) * stride +
-        j], head h's advantage stream into its row of `stage` [(s * 13 + h) * stride + j] (h = stream - b - 1)."""
+        j], head h's advantage stream into its row of `stage` [(s * 13 + h) * stride + j] (h = stream - b - 1; 4 and
+        13 are live and live_heads(live) when compact)."""
         sample = u32(row // n_streams)
         s = u32(row - sample * n_streams)
         b = u32(stream_branch(s))
         off, _ = branch_span(b)
         if s == u32(off + b):
-            values[u32(u32(sample * _NB + b) * stride + j)] = x
+            values[u32(u32(sample * row_values + b) * stride + j)] = x
         else:
-            stage[u32(u32(sample * _NH + u32(s - b - u32(1))) * stride + j)] = x
+            stage[u32(u32(sample * row_heads + u32(s - b - u32(1))) * stride + j)] = x
 
     @cuda.jit(device=True)
     def stage_combined_heads(head, first, count, stage, values, stride, tid, threads, n_atoms):
@@ -143,13 +152,13 @@ def combined_heads_stager(live: int) -> Any:
             sample = u32(row // n_live)
             b = u32(row - sample * n_live)
             off, size = branch_span(b)
-            at = u32(u32(sample * _NH + u32(off)) * stride + j)
+            at = u32(u32(sample * row_heads + u32(off)) * stride + j)
             mean = float32(0.0)
             for k in range(MAX_BRANCH_SIZE):
                 if k < size:
                     mean += stage[u32(at + u32(k) * stride)]
             mean = mean / float32(size)
-            v = values[u32(u32(sample * _NB + b) * stride + j)]
+            v = values[u32(u32(sample * row_values + b) * stride + j)]
             for k in range(MAX_BRANCH_SIZE):
                 if k < size:
                     at_k = u32(at + u32(k) * stride)

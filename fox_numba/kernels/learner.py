@@ -80,6 +80,11 @@ made every warp load touch 32 rows:
   written before the barriers), and only those target rows are staged for the branch rows' target softmax: 4 per
   sample, or one with the default bootstrap, where every branch row bootstraps from the same a* (a quarter of the
   loads, each of which, (size + 2) logits of the GEMM output for heads.combined_logit, waits a memory latency).
+  With the direction branch alone (live 1, the default network) the block is compact: 4 threads a sample (a live
+  head in the first two rounds, a branch row in the third), only the live heads' rows staged, so the same shared
+  memory holds 26 samples (select_samples; SELECT_ROWS bounds the a* array to keep eight blocks an SM) and a step
+  launches 316 blocks instead of 1,024, of which 3 threads in 4 computed no row. The same bits; on an H100 eight
+  learners sharing the card step 8 % faster, one alone 3 % slower (learner_ablation_h200.md section 93).
 - project_loss_scatter: one block per up to LOSS_SAMPLES (16) samples' live branch rows (64 rows), LOSS_THREADS_PER_ROW
   (4) threads per row: all of them stage the rows' p_next (formed from the target logits) and taken online
   logits, one per row projects into a staged scratch and writes the gradient over it, then all write the
@@ -98,7 +103,7 @@ import numpy as np
 from numba import cuda, float32, float64, from_dtype, int32
 from numba.cuda.random import xoroshiro128p_type
 
-from fox_numba.actions import BRANCHES, FLAT, HOLD, N_BRANCHES, N_HEADS, OrderType
+from fox_numba.actions import FLAT, HOLD, N_BRANCHES, N_HEADS, OrderType
 from fox_numba.config import CHOICES
 from fox_numba.device.isv import ISV_TOTAL_DIM, Isv
 from fox_numba.device.launch import check_array, i32, launch, launch_rows, launch_strided, strided_threads
@@ -114,6 +119,7 @@ from fox_numba.kernels.head_rows import (
     VALUE_WORDS,
     carry,
     combined_heads_stager,
+    live_heads,
     stage_samples,
     walk_start,
 )
@@ -173,18 +179,42 @@ _NS_U = np.uint32(N_STREAMS)
 N_ROW_STATS = 3  # per branch row: TD, target E[Q(s', a*)], target minus online E[Q(s', a*)]
 BOOTSTRAP_RULES = CHOICES["learner.bootstrap"]  # (header)
 # Shared-memory staging of the fused C51 kernels (header). Shared-array sizes must be single constants.
-SELECT_ROWS = STAGE_SAMPLES * N_BRANCHES  # select_q_rows stages head_rows.STAGE_SAMPLES samples (13 threads each)
+SELECT_THREADS = 128  # select_q_rows' threads a block at most: 8 samples x 13 heads, or 26 x 4 compact (live 1)
+# a* of a block's branch rows (4 a sample): 104 int32, the 416 B head_rows' staging (27,744 B) leaves of an eighth of
+# an SM's shared memory less the driver's 1,024 B (28,160 B), so eight blocks still fit; 26 samples in a compact block
+SELECT_ROWS = 104
 SELECT_BLOCKS_PER_SM = 8  # its shared memory fits eight blocks (head_rows' budget); launch_bounds keeps registers too
 
 
-def select_threads(samples: int) -> int:
-    """Threads of a select_q_rows block of `samples` samples: 13 a sample, rounded up to whole warps (the GPU
-    allocates the last warp whole; its spare threads share the staging loads and compute no row)."""
-    return -(-samples * N_HEADS // 32) * 32
+def select_lanes(live: int) -> int:
+    """Threads a sample in select_q_rows: one a head (13) with every branch live; with fewer, one a live head or
+    branch row, whichever is more (the compact layout: 4 with the direction branch alone)."""
+    return N_HEADS if live >= N_BRANCHES else max(live_heads(live), N_BRANCHES)
+
+
+def select_samples(n_atoms: int, live: int) -> int:
+    """Samples a select_q_rows block takes: what its staging holds (head_rows.stage_samples with every branch live;
+    compact, a sample's live head rows, its live value rows and up to 4 target rows) and its threads allow."""
+    if live >= N_BRANCHES:
+        return stage_samples(n_atoms)
+    stride = n_atoms | 1
+    rows = max(live_heads(live), N_BRANCHES)
+    return min(SELECT_THREADS // select_lanes(live), SELECT_ROWS // N_BRANCHES, STAGE_WORDS // (rows * stride),
+               VALUE_WORDS // (live * stride))
+
+
+def select_threads(samples: int, live: int = N_BRANCHES) -> int:
+    """Threads of a select_q_rows block of `samples` samples: select_lanes(live) a sample, rounded up to whole warps
+    (the GPU allocates the last warp whole; its spare threads share the staging loads and compute no row)."""
+    return -(-samples * select_lanes(live) // 32) * 32
+
+
+assert select_threads(STAGE_SAMPLES) == SELECT_THREADS and select_threads(select_samples(2, 1), 1) <= SELECT_THREADS
+assert STAGE_SAMPLES * N_BRANCHES <= SELECT_ROWS
 
 
 _SELECT_OPTIONS = {} if SIMULATOR else {
-    "launch_bounds": (select_threads(STAGE_SAMPLES), SELECT_BLOCKS_PER_SM),
+    "launch_bounds": (SELECT_THREADS, SELECT_BLOCKS_PER_SM),
     "shared_memory_carveout": "MaxShared",
 }
 LOSS_SAMPLES = 16  # project_loss_scatter: samples per block at most (their live branch rows: 64 of all four)
@@ -265,8 +295,12 @@ def _taken_head(actions, i, b):
 
 def _select_kernel(live: int) -> Any:
     """select_q_rows with the first `live` branches' heads formed from the head rows (compile-time constants)."""
-    stage_heads = combined_heads_stager(live)
-    first_dead = BRANCHES[live].offset if live < N_BRANCHES else N_HEADS
+    compact = live < N_BRANCHES
+    stage_heads = combined_heads_stager(live, compact=compact)
+    first_dead = live_heads(live)
+    n_dead = N_HEADS - first_dead
+    lanes = select_lanes(live)
+    row_heads = first_dead if compact else N_HEADS  # staged head rows a sample
 
     def select_q_rows(head, head_tgt, support_online, support_target, actions, rewards, discounts, branch_w, shared,
                       spb, q, entropy, util, next_head, next_stats, rew_r, disc_r, weights, stats, dead):
@@ -288,7 +322,10 @@ def _select_kernel(live: int) -> Any:
            E[Q(s, a_t)].
         With live < 4 (agent/network.py's live branches) only the live branches' streams are staged and combined,
         and the other heads' q (s and s'), entropy and util are dead[h] = (E[Q], entropy, util) of a zero logit row
-        on their support (`zero_row_stats`, the same code on the same zeros: the same bits).
+        on their support (`zero_row_stats`, the same code on the same zeros: the same bits). The block is then
+        compact (select_samples): thread (slot, h) owns live head h and branch row h (select_lanes a sample), the
+        staged rows are the live heads' alone, and the block's threads copy the dead heads' statistics in turn; each
+        row's arithmetic is the one above, so the outputs are the same bits with 26 samples a block instead of 8.
         """
         stage = cuda.shared.array(STAGE_WORDS, float32)
         values = cuda.shared.array(VALUE_WORDS, float32)
@@ -300,19 +337,29 @@ def _select_kernel(live: int) -> Any:
         tid = cuda.threadIdx.x
         first = cuda.blockIdx.x * spb
         count = min(spb, n_samples - first)
-        slot = tid // N_HEADS
-        h = tid - slot * N_HEADS
+        slot = tid // lanes
+        h = tid - slot * lanes
         i = first + slot
         active = slot < count
-        base = tid * stride  # = (slot * 13 + h) * stride: this thread's staged row
+        base = (slot * row_heads + h) * stride  # this thread's staged row (head h < first_dead)
 
         stage_heads(head, first, count, stage, values, stride, tid, threads, n_atoms)
         cuda.syncthreads()
-        if active and h >= first_dead:
+        if compact:  # the dead heads' statistics, (sample, dead head) pairs in turn
+            k = tid
+            while k < count * n_dead:
+                sk = k // n_dead
+                hk = first_dead + k - sk * n_dead
+                q[first + sk, hk] = dead[hk, 0]
+                entropy[first + sk, hk] = dead[hk, 1]
+                util[first + sk, hk] = dead[hk, 2]
+                q[n_samples + first + sk, hk] = dead[hk, 0]
+                k += threads
+        elif active and h >= first_dead:
             q[i, h] = dead[h, 0]
             entropy[i, h] = dead[h, 1]
             util[i, h] = dead[h, 2]
-        elif active:
+        if active and h < first_dead:
             v_min = support_online[h, 0]
             delta_z = support_online[h, 2]
             m, s, tz, tlm = row_stats(stage, base, n_atoms, v_min, delta_z)
@@ -325,9 +372,9 @@ def _select_kernel(live: int) -> Any:
 
         stage_heads(head, n_samples + first, count, stage, values, stride, tid, threads, n_atoms)
         cuda.syncthreads()
-        if active and h >= first_dead:
+        if not compact and active and h >= first_dead:
             q[n_samples + i, h] = dead[h, 0]
-        elif active:
+        elif active and h < first_dead:
             _m, s, tz, _tlm = row_stats(stage, base, n_atoms, support_online[h, 0], support_online[h, 2])
             q[n_samples + i, h] = tz / s
         cuda.syncthreads()
@@ -725,11 +772,11 @@ def select_rows(head: Any, head_tgt: Any, support_online: Any, support_target: A
         raise ValueError(f"select_rows: live branches must be in 1..{N_BRANCHES}, got {live}")
     live = live if live in SELECT_KERNELS else N_BRANCHES
     if live < N_BRANCHES:
-        first_dead = BRANCHES[live].offset
+        first_dead = live_heads(live)
         launch_rows(zero_row_stats, 1, N_HEADS - first_dead, support_online, rows.dead, i32(z), i32(first_dead),
                     stream=stream)
-    spb = min(stage_samples(z), b)
-    launch_rows(SELECT_KERNELS[live], -(-b // spb), select_threads(spb), head, head_tgt, support_online,
+    spb = min(select_samples(z, live), b)
+    launch_rows(SELECT_KERNELS[live], -(-b // spb), select_threads(spb, live), head, head_tgt, support_online,
                 support_target, actions, rewards, discounts, branch_w, i32(bootstrap == "direction"), i32(spb), q,
                 entropy, util, rows.next_head, rows.next_stats, rows.rewards, rows.discounts, rows.weights, rows.stats,
                 rows.dead, stream=stream)

@@ -34,6 +34,7 @@ from fox_numba.kernels.learner import (
     reset_counters,
     schedule_step,
     select_rows,
+    select_samples,
     shrink_perturb,
 )
 from fox_numba.kernels.optim import OPTIM_STATE_DTYPE, norm_partials_len, partials_used
@@ -168,14 +169,18 @@ def test_select_q_rows(stream, stager, rng, bootstrap):
     assert w[2, 3] == 0 and w[3, 3] > 0  # urgency of a market order
 
 
+@pytest.mark.parametrize("b", [10, 40])
 @pytest.mark.parametrize("bootstrap", ["direction", "branch"])
-def test_select_q_rows_direction_alone(stream, stager, rng, bootstrap):
+def test_select_q_rows_direction_alone(stream, stager, rng, bootstrap, b):
     """live = 1 (the default network: the head columns past the direction branch's five streams 0, the other
-    branches' rows of weight 0): B = 10 samples (2 blocks), Z = 6. Every output of the direction-only kernel (q of
-    s and s', entropy, util, and every row: a*, the target softmax's max and sum, rewards, discounts, weights, row
-    statistics) is the whole kernel's, bit for bit: the other heads' statistics come from zero_row_stats, the
-    same code on the same zero logits."""
-    b, z = 10, 6
+    branches' rows of weight 0): B = 10 or 40 samples, Z = 6 (the whole kernel's blocks of 8; the compact
+    direction-only kernel's of 26: one part-filled block, then a whole one and a part-filled one). Every output of
+    the direction-only kernel (q of s and s', entropy, util, and every row: a*, the target softmax's max and sum,
+    rewards, discounts, weights, row statistics) is the whole kernel's, bit for bit: the other heads' statistics
+    come from zero_row_stats, the same code on the same zero logits, and each live row's from the same code on the
+    same staged values, whatever block and thread take it."""
+    z = 6
+    assert select_samples(z, 1) == 26 and select_samples(z, 4) == 8
     head, head_tgt, _, _, sup_on, sup_tg, actions, rewards, discounts = select_inputs(rng, b, z)
     for arr in (head, head_tgt):
         arr[:, 5 * z :] = 0.0  # past the direction branch's value and four advantage streams
