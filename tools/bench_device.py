@@ -43,7 +43,7 @@ from numba import cuda  # noqa: E402
 from fox_numba.device.control import CONTROL_DTYPE, ControlBlock  # noqa: E402
 from fox_numba.device.elementwise import axpy_f32, scale_f32  # noqa: E402
 from fox_numba.device.graphs import StepGraph  # noqa: E402
-from fox_numba.device.launch import grid_1d, i32, launch  # noqa: E402
+from fox_numba.device.launch import grid_1d, i32, launch, launch_strided  # noqa: E402
 from fox_numba.device.memory import Mapped, copy_device, device_empty  # noqa: E402
 from fox_numba.device.registry import register  # noqa: E402
 from fox_numba.device.runtime import SIMULATOR, new_stream  # noqa: E402
@@ -157,7 +157,7 @@ def bench_launches(n_kernels: int, n_elems: int, warmup: int, iters: int) -> dic
 
         def body(s: Any) -> None:
             for _ in range(n_kernels):
-                launch(axpy_f32, n_elems, y, np.float32(1e-3), x, i32(n_elems), stream=s)
+                launch_strided(axpy_f32, n_elems, y, np.float32(1e-3), x, i32(n_elems), stream=s)
 
         return StepGraph("bench", body, stream, use_graph=use_graph), y
 
@@ -172,7 +172,7 @@ def bench_launches(n_kernels: int, n_elems: int, warmup: int, iters: int) -> dic
 
     def helper() -> None:
         for _ in range(n_kernels):
-            launch(axpy_f32, n_elems, y, alpha, x, count, stream=stream)
+            launch_strided(axpy_f32, n_elems, y, alpha, x, count, stream=stream)
 
     def raw() -> None:
         for _ in range(n_kernels):
@@ -222,7 +222,7 @@ def bench_control_step(n_kernels: int, n_elems: int, steps: int) -> dict[str, An
         ctl.upload(s)
         for _ in range(n_kernels):
             launch(lerp_by_control, n_elems, target, online, ctl.device, i32(n_elems), stream=s)
-            launch(scale_f32, n_elems, target, np.float32(1.0), i32(n_elems), stream=s)
+            launch_strided(scale_f32, n_elems, target, np.float32(1.0), i32(n_elems), stream=s)
 
     graph = StepGraph("control", body, stream, use_graph=True)
     for k in range(3):

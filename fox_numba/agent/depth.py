@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from fox_numba.device.elementwise import fill_f32
-from fox_numba.device.launch import i32, launch
+from fox_numba.device.launch import i32, launch_strided
 from fox_numba.device.memory import device_empty
 from fox_numba.kernels.depth import depth_factors, drop_rate, residual_add, residual_branch_grad, residual_skip_grad
 
@@ -56,7 +56,7 @@ class ResidualTrunk:
         self.branch = device_empty((blocks, batch, layout.hidden), np.float32)  # relu(x W + b) of each block
         self.factors = device_empty((blocks, batch), np.float32)
         flat = self.factors.reshape(self.factors.size)
-        launch(fill_f32, flat.size, flat, np.float32(1.0), i32(flat.size), stream=stream)  # kept: d = 1
+        launch_strided(fill_f32, flat.size, flat, np.float32(1.0), i32(flat.size), stream=stream)  # kept: d = 1
         self.dz = device_empty((grad_rows, layout.hidden), np.float32)
 
     def output(self, layer: int) -> Any:

@@ -37,7 +37,7 @@ from fox_numba.actions import MAGNITUDE_FRACTIONS
 from fox_numba.agent.fold_market import FoldMarket, FoldMarketDevice
 from fox_numba.config import EnvConfig, FeatureConfig
 from fox_numba.device.elementwise import fill_u32
-from fox_numba.device.launch import i32, launch
+from fox_numba.device.launch import i32, launch_strided
 from fox_numba.device.memory import Mapped, device_zeros, words
 from fox_numba.device.rng import xoroshiro_states
 from fox_numba.device.staging import Stager
@@ -228,7 +228,7 @@ class VecEnv:
     def clear_metrics(self, *, stream: Any) -> None:
         """Zero the per-environment accumulators."""
         w = words(self.acc)
-        launch(fill_u32, w.size, w, np.uint32(0), i32(w.size), stream=stream)
+        launch_strided(fill_u32, w.size, w, np.uint32(0), i32(w.size), stream=stream)
 
     def reduce_metrics(self, *, stream: Any) -> None:
         """Reduce the accumulators into the mapped metrics record (graph-safe; read it with `metrics_record`

@@ -61,7 +61,7 @@ from fox_numba.config import EnvConfig, FoxConfig
 from fox_numba.device.elementwise import fill_u32
 from fox_numba.errors import ConfigError
 from fox_numba.device.graphs import StepGraph
-from fox_numba.device.launch import i32, launch
+from fox_numba.device.launch import i32, launch_strided
 from fox_numba.device.memory import device_empty, device_zeros, words
 from fox_numba.device.rng import xoroshiro_states
 from fox_numba.device.staging import Stager
@@ -190,7 +190,7 @@ class Evaluator:
         self.env.reset(stream=s)
         self.env.clear_metrics(stream=s)
         w = words(self.counter)
-        launch(fill_u32, w.size, w, np.uint32(0), i32(w.size), stream=s)
+        launch_strided(fill_u32, w.size, w, np.uint32(0), i32(w.size), stream=s)
         broadcast_supports(self.supports, self.support_rows, stream=s)
         for graph, replays in self.chunks:
             for _ in range(replays):

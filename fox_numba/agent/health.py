@@ -26,7 +26,7 @@ from fox_numba.agent.network import ParamLayout
 from fox_numba.agent.noisy import BIAS_SIGMA, WEIGHT_SIGMA
 from fox_numba.device.elementwise import fill_u32
 from fox_numba.device.graphs import StepGraph
-from fox_numba.device.launch import i32, launch
+from fox_numba.device.launch import i32, launch_strided
 from fox_numba.device.memory import Mapped, device_zeros, words
 from fox_numba.device.staging import Stager
 from fox_numba.diag.layout import SNAPSHOT_DTYPE, format_line, mirror_table
@@ -72,7 +72,7 @@ class HealthDiag:
         """The eval histogram from a validation pass's counts, which start over at zero."""
         histogram_counts(counts, self.snap_u, stream=stream)
         w = words(counts)
-        launch(fill_u32, w.size, w, np.uint32(0), i32(w.size), stream=stream)
+        launch_strided(fill_u32, w.size, w, np.uint32(0), i32(w.size), stream=stream)
 
     def snapshot(
         self, isv: Any, optim_state: Any, env_metrics: Any, *, use_graph: bool,

@@ -146,7 +146,7 @@ from fox_numba.device.control import ControlBlock
 from fox_numba.device.elementwise import axpy_f32, copy_u32, fill_u32, scale_f32
 from fox_numba.device.graphs import StepGraph
 from fox_numba.device.fork import SideStream
-from fox_numba.device.launch import i32, launch
+from fox_numba.device.launch import i32, launch_strided
 from fox_numba.device.memory import device_empty, device_zeros, words
 from fox_numba.device.rng import xoroshiro_states
 from fox_numba.device.staging import Stager
@@ -603,7 +603,7 @@ class Learner:
 
     def _zero_epoch(self) -> None:
         w = words(self.epoch)
-        launch(fill_u32, w.size, w, np.uint32(0), i32(w.size), stream=self.stream)
+        launch_strided(fill_u32, w.size, w, np.uint32(0), i32(w.size), stream=self.stream)
 
     # ---- fold boundary (each a kernel launch or two; the walk-forward driver calls them) -----------------
 
@@ -644,14 +644,14 @@ class Learner:
                 self._copy_words(avg, x)
                 continue
             flat_avg, flat_x = avg.reshape(avg.size), x.reshape(x.size)
-            launch(scale_f32, flat_avg.size, flat_avg, np.float32(1.0 - 1.0 / k), i32(flat_avg.size),
+            launch_strided(scale_f32, flat_avg.size, flat_avg, np.float32(1.0 - 1.0 / k), i32(flat_avg.size),
                    stream=self.stream)
-            launch(axpy_f32, flat_avg.size, flat_avg, np.float32(1.0 / k), flat_x, i32(flat_avg.size),
+            launch_strided(axpy_f32, flat_avg.size, flat_avg, np.float32(1.0 / k), flat_x, i32(flat_avg.size),
                    stream=self.stream)
 
     def _copy_words(self, dst: Any, src: Any) -> None:
         dw, sw = words(dst), words(src)
-        launch(copy_u32, dw.size, dw, sw, i32(dw.size), stream=self.stream)
+        launch_strided(copy_u32, dw.size, dw, sw, i32(dw.size), stream=self.stream)
 
     def reset_spectral(self, seed: int) -> None:
         """The spectral norm's vectors re-drawn from `seed`, then WARMUP_ITERS power iterations on the current

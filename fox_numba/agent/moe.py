@@ -48,7 +48,7 @@ import numpy as np
 from fox_numba.actions import N_BRANCHES
 from fox_numba.agent.dense import WeightGrad, dense_backward_input, dense_forward
 from fox_numba.device.elementwise import axpy_f32
-from fox_numba.device.launch import i32, launch
+from fox_numba.device.launch import i32, launch_strided
 from fox_numba.device.memory import device_empty, device_zeros
 from fox_numba.kernels.heads import head_width
 from fox_numba.kernels.moe import moe_expert_grad, moe_gate_grad, moe_gate_softmax, moe_mix, moe_signals, moe_usage
@@ -120,5 +120,5 @@ class MoeHeads:
     def add_input_grad(self, p: dict[str, Any], dx: Any, *, act: Any, stream: Any) -> None:
         """dx [grad_rows, width] += the gate's share of the heads' input gradient (`input_grad`)."""
         own = self.input_grad(p, act=act, stream=stream)
-        launch(axpy_f32, dx.size, dx.reshape(dx.size), np.float32(1.0), own.reshape(own.size), i32(dx.size),
+        launch_strided(axpy_f32, dx.size, dx.reshape(dx.size), np.float32(1.0), own.reshape(own.size), i32(dx.size),
                stream=stream)

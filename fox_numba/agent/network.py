@@ -168,7 +168,7 @@ from fox_numba.config import FeatureConfig, NetworkConfig
 from fox_numba.device.elementwise import axpy_f32, scale_f32
 from fox_numba.device.fork import SideStream
 from fox_numba.device.isv import MOE_MAX_EXPERTS
-from fox_numba.device.launch import check_array, i32, launch
+from fox_numba.device.launch import check_array, i32, launch_strided
 from fox_numba.device.memory import device_empty, device_zeros
 from fox_numba.device.runtime import device_address
 from fox_numba.errors import ConfigError
@@ -790,7 +790,7 @@ class Network:
                     _add(dx, input_grad, stream)
                 if self.dropout is not None:  # the kept units' 1 / (1 - rate)
                     flat = dx.reshape(dx.size)
-                    launch(scale_f32, dx.size, flat, self._keep, i32(dx.size), stream=stream)
+                    launch_strided(scale_f32, dx.size, flat, self._keep, i32(dx.size), stream=stream)
                 dy = dx
         if self._side is not None:
             self._side.join(stream)
@@ -798,4 +798,4 @@ class Network:
 
 def _add(y: Any, x: Any, stream: Any) -> None:
     """y += x, two float32 device arrays of one shape."""
-    launch(axpy_f32, y.size, y.reshape(y.size), np.float32(1.0), x.reshape(y.size), i32(y.size), stream=stream)
+    launch_strided(axpy_f32, y.size, y.reshape(y.size), np.float32(1.0), x.reshape(y.size), i32(y.size), stream=stream)

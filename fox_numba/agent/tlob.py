@@ -52,7 +52,7 @@ from fox_numba.agent.dense import WeightGrad, dense_backward_input, dense_forwar
 from fox_numba.agent.param_entry import ParamEntry
 from fox_numba.config import NetworkConfig
 from fox_numba.device.elementwise import axpy_f32
-from fox_numba.device.launch import check_array, i32, launch
+from fox_numba.device.launch import check_array, i32, launch_strided
 from fox_numba.device.memory import device_empty
 from fox_numba.errors import ConfigError
 from fox_numba.features.book import BOOK_FEATURES
@@ -236,7 +236,7 @@ class _View:
         self._wg_qkv(x, self.dqkv, g[n["qkv.weight"]], g[n["qkv.bias"]], stream=stream)
         dense_backward_input(self.kind, self.dqkv, p[n["qkv.weight"]], self.dx, act=None, stream=stream)
         size = self.grad_rows * self.width  # the residual: dL/dx += dL/dz
-        launch(axpy_f32, size, self.dx.reshape(size), np.float32(1.0), self.dz.reshape(size), i32(size),
+        launch_strided(axpy_f32, size, self.dx.reshape(size), np.float32(1.0), self.dz.reshape(size), i32(size),
                stream=stream)
         return self.dx
 

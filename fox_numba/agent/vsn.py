@@ -36,7 +36,7 @@ import numpy as np
 from fox_numba.agent.dense import WeightGrad, dense_backward_input, dense_forward
 from fox_numba.config import FeatureConfig
 from fox_numba.device.elementwise import axpy_f32
-from fox_numba.device.launch import check_array, i32, launch
+from fox_numba.device.launch import check_array, i32, launch_strided
 from fox_numba.device.memory import Mapped, copy_device, device_empty
 from fox_numba.features.names import FEATURE_NAMES
 from fox_numba.kernels.vsn import MAX_GROUPS, vsn_apply, vsn_focus, vsn_gate_grad, vsn_softmax
@@ -140,7 +140,8 @@ class VsnGate:
         if extra is not None:
             check_array("extra", extra, "[grad_rows, obs_dim]", tuple(self.dgated.shape))
             flat = self.dgated.reshape(self.dgated.size)
-            launch(axpy_f32, flat.size, flat, np.float32(1.0), extra.reshape(flat.size), i32(flat.size), stream=stream)
+            launch_strided(axpy_f32, flat.size, flat, np.float32(1.0), extra.reshape(flat.size), i32(flat.size),
+                           stream=stream)
         x = obs if int(obs.shape[0]) == rows else obs[:rows]
         w = self.weights if int(self.weights.shape[0]) == rows else self.weights[:rows]
         vsn_gate_grad(self.dgated, x, w, self.begins, self.ends, self.dlogits, stream=stream)

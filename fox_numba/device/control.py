@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from fox_numba.device.elementwise import copy_u32
-from fox_numba.device.launch import LaunchError, active_trace, i32, launch
+from fox_numba.device.launch import LaunchError, active_trace, i32, launch_strided
 from fox_numba.device.memory import Mapped, device_empty, words
 from fox_numba.device.runtime import device_address, sync_event
 
@@ -116,7 +116,7 @@ class ControlBlock:
         if trace is not None:
             trace.note(self)
         dst, src = words(self.device), words(self._mapped.device)
-        launch(copy_u32, dst.size, dst, src, i32(dst.size), stream=stream)
+        launch_strided(copy_u32, dst.size, dst, src, i32(dst.size), stream=stream)
         if trace is None:
             self.fence(stream)
 

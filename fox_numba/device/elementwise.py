@@ -1,6 +1,9 @@
 """Elementwise kernels the runtime and every stage use: fill, scale, axpy, word copy, scatter.
 
-Launch shape: 1-D, one thread per element, through `fox_numba.device.launch.launch(kernel, n, ...)`.
+Launch shape: 1-D grid-stride (`for i in range(cuda.grid(1), n, cuda.gridsize(1))`), through
+`fox_numba.device.launch.launch_strided(kernel, n, ...)`: one thread per element on the GPU, one small block that
+walks the array under the simulator, where a Python thread per element made a fold reset of a network's parameters
+take seconds.
 Constraints: arrays are C-contiguous and 1-D; `n` (int32) is the number of elements processed, a prefix
 of the arrays; scalars arrive as float32 / uint32 / int32 (a Python float would make the GPU compute in
 float64, and the launch helper refuses it). Record and 8-byte dtypes are copied or filled as uint32
@@ -16,8 +19,7 @@ from fox_numba.device.registry import register
 @cuda.jit
 def fill_f32(x, value, n):
     """x[i] = value."""
-    i = cuda.grid(1)
-    if i < n:
+    for i in range(cuda.grid(1), n, cuda.gridsize(1)):
         x[i] = value
 
 
@@ -25,8 +27,7 @@ def fill_f32(x, value, n):
 @cuda.jit
 def fill_u32(x, value, n):
     """x[i] = value, on the 32-bit words of any array (zeroing records, int64, uint64 arrays)."""
-    i = cuda.grid(1)
-    if i < n:
+    for i in range(cuda.grid(1), n, cuda.gridsize(1)):
         x[i] = value
 
 
@@ -34,8 +35,7 @@ def fill_u32(x, value, n):
 @cuda.jit
 def scale_f32(x, alpha, n):
     """x[i] *= alpha (the seed's Adam shrink at a fold boundary: m *= 0.1, v *= 0.01)."""
-    i = cuda.grid(1)
-    if i < n:
+    for i in range(cuda.grid(1), n, cuda.gridsize(1)):
         x[i] = x[i] * alpha
 
 
@@ -43,8 +43,7 @@ def scale_f32(x, alpha, n):
 @cuda.jit
 def axpy_f32(y, alpha, x, n):
     """y[i] += alpha * x[i]."""
-    i = cuda.grid(1)
-    if i < n:
+    for i in range(cuda.grid(1), n, cuda.gridsize(1)):
         y[i] = y[i] + alpha * x[i]
 
 
@@ -52,8 +51,7 @@ def axpy_f32(y, alpha, x, n):
 @cuda.jit
 def copy_u32(dst, src, n):
     """dst[i] = src[i] on 32-bit words; a kernel rather than a memcpy so it is captured like any step."""
-    i = cuda.grid(1)
-    if i < n:
+    for i in range(cuda.grid(1), n, cuda.gridsize(1)):
         dst[i] = src[i]
 
 
@@ -61,6 +59,5 @@ def copy_u32(dst, src, n):
 @cuda.jit
 def scatter_f32(dst, index, values, n):
     """dst[index[i]] = values[i] (the indices must be distinct: fold resets of named ISV slots)."""
-    i = cuda.grid(1)
-    if i < n:
+    for i in range(cuda.grid(1), n, cuda.gridsize(1)):
         dst[index[i]] = values[i]

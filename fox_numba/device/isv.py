@@ -31,7 +31,7 @@ import numpy as np
 
 from fox_numba.config import INT_CHOICES
 from fox_numba.device.elementwise import scatter_f32
-from fox_numba.device.launch import i32, launch
+from fox_numba.device.launch import i32, launch_strided
 from fox_numba.device.memory import Mapped, device_empty
 from fox_numba.device.staging import Stager
 from fox_numba.io import generated_doc_main
@@ -303,7 +303,7 @@ class IsvBus:
     def fold_reset(self, stream: Any) -> None:
         """Write every slot's fold-reset value on `stream`; slots with fold_reset None are untouched."""
         n = self._reset_index.shape[0]
-        launch(scatter_f32, n, self.values, self._reset_index.device, self._reset_values.device, i32(n),
+        launch_strided(scatter_f32, n, self.values, self._reset_index.device, self._reset_values.device, i32(n),
                stream=stream)
 
 

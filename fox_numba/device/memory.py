@@ -24,7 +24,7 @@ import numpy as np
 from numba import cuda
 
 from fox_numba.device.elementwise import copy_u32, fill_u32
-from fox_numba.device.launch import active_trace, i32, launch
+from fox_numba.device.launch import active_trace, i32, launch_strided
 from fox_numba.device.runtime import SIMULATOR, is_device_array, mapped_device_view
 
 Shape = int | tuple[int, ...]
@@ -109,7 +109,7 @@ def zero_fill(arr: Any, *, stream: Any) -> None:
         arr.copy_to_device(np.zeros(arr.shape, arr.dtype), stream=stream)
         return
     w = words(arr)
-    launch(fill_u32, w.size, w, np.uint32(0), i32(w.size), stream=stream)
+    launch_strided(fill_u32, w.size, w, np.uint32(0), i32(w.size), stream=stream)
 
 
 def _check_same_layout(dst: Any, src: Any) -> None:
@@ -134,6 +134,6 @@ def copy_device(dst: Any, src: Any, *, stream: Any) -> None:
     _check_same_layout(dst, src)
     if active_trace() is not None:
         dw, sw = words(dst), words(src)
-        launch(copy_u32, dw.size, dw, sw, i32(dw.size), stream=stream)
+        launch_strided(copy_u32, dw.size, dw, sw, i32(dw.size), stream=stream)
     else:
         dst.copy_to_device(src, stream=stream)

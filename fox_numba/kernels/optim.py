@@ -49,7 +49,6 @@ from fox_numba.device.launch import (
     check_array,
     grid_1d,
     i32,
-    launch,
     launch_rows,
     launch_strided,
     strided_blocks,
@@ -378,5 +377,5 @@ def shrink_adam_moments(m: Any, v: Any, *, stream: Any) -> None:
     n = m.shape[0]
     check_array("m", m, "[n]", (n,))
     check_array("v", v, "[n]", (n,))
-    launch(scale_f32, n, m, ADAM_SHRINK_M, i32(n), stream=stream)
-    launch(scale_f32, n, v, ADAM_SHRINK_V, i32(n), stream=stream)
+    launch_strided(scale_f32, n, m, ADAM_SHRINK_M, i32(n), stream=stream)
+    launch_strided(scale_f32, n, v, ADAM_SHRINK_V, i32(n), stream=stream)

@@ -5,7 +5,7 @@ import pytest
 
 from fox_numba.device import memory
 from fox_numba.device.elementwise import copy_u32
-from fox_numba.device.launch import i32, launch
+from fox_numba.device.launch import i32, launch_strided
 from fox_numba.device.memory import (
     Mapped,
     copy_device,
@@ -48,14 +48,14 @@ def host_to_device_words(m, stream):
     """A kernel copies the mapped buffer's words into a device array (a kernel reading mapped memory)."""
     dev = device_empty(m.shape, m.dtype)
     dst, src = words(dev), words(m.device)
-    launch(copy_u32, dst.size, dst, src, i32(dst.size), stream=stream)
+    launch_strided(copy_u32, dst.size, dst, src, i32(dst.size), stream=stream)
     return dev
 
 
 def device_words_to_mapped(dev, m, stream):
     """A kernel writes a device array's words into a mapped buffer (a kernel writing mapped memory)."""
     dst, src = words(m.device), words(dev)
-    launch(copy_u32, dst.size, dst, src, i32(dst.size), stream=stream)
+    launch_strided(copy_u32, dst.size, dst, src, i32(dst.size), stream=stream)
     stream.synchronize()
 
 

@@ -50,10 +50,15 @@ def test_launch_processes_exactly_n_elements(stream, stager):
 
 
 def test_launch_rows_is_one_block_per_row(stream, stager):
-    x = stager.upload_new(np.arange(1, 41, dtype=np.float32))
-    launch_rows(fill_f32, 3, 8, x, np.float32(0.0), i32(40), stream=stream)  # 3 blocks of 8 threads
-    expected = np.arange(1, 41, dtype=np.float32)
-    expected[:24] = 0.0
+    """3 blocks of 8 threads, as launched; fill_f32 strides over the grid, so its 24 threads write all 40 values and
+    the 24 values past them stay."""
+    x = stager.upload_new(np.arange(1, 65, dtype=np.float32))
+    trace = LaunchTrace(stream)
+    with tracing(trace):
+        launch_rows(fill_f32, 3, 8, x, np.float32(0.0), i32(40), stream=stream)
+    assert [(r.grid, r.block) for r in trace.launches] == [((3,), (8,))]
+    expected = np.arange(1, 65, dtype=np.float32)
+    expected[:40] = 0.0
     np.testing.assert_array_equal(stager.download(x), expected)
     with pytest.raises(ValueError):
         launch_rows(fill_f32, 0, 8, x, np.float32(0.0), i32(40), stream=stream)

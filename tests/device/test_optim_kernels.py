@@ -9,7 +9,7 @@ from reference import adaptive_clip64
 from fox_numba.device.elementwise import scatter_f32
 from fox_numba.device.graphs import StepGraph
 from fox_numba.device.isv import Isv, IsvBus, bootstrap_values, fold_reset_entries
-from fox_numba.device.launch import i32, launch
+from fox_numba.device.launch import i32, launch_strided
 from fox_numba.device.memory import Mapped
 from fox_numba.device.runtime import SIMULATOR
 from fox_numba.kernels.optim import (
@@ -194,7 +194,7 @@ def test_adaptive_clip_producer_bootstrap_then_fold_damping(stream, stager, rng,
             ref_producer(ref, rule=rule)
             continue
         raw.host[0] = value
-        launch(scatter_f32, 1, bus.values, raw_index, raw.device, i32(1), stream=stream)
+        launch_strided(scatter_f32, 1, bus.values, raw_index, raw.device, i32(1), stream=stream)
         update_adaptive_clip(bus.values, CLIP_MULT, stream=stream, warmup_rule=rule)
         ref_producer(ref, rule=rule)
         got = bus.read()

@@ -11,7 +11,7 @@ import pytest
 from fox_numba.device.elementwise import axpy_f32, scale_f32
 from fox_numba.device.fork import SideStream
 from fox_numba.device.graphs import GraphError, StepGraph
-from fox_numba.device.launch import LaunchError, i32, launch
+from fox_numba.device.launch import LaunchError, i32, launch_strided
 from fox_numba.device.runtime import SIMULATOR, new_stream
 from fox_numba.device.staging import Stager
 from fox_numba.device.timing import Timings
@@ -40,13 +40,13 @@ def forked_step(stager, stream, use_graph):
     side = SideStream()
 
     def body(s):
-        launch(axpy_f32, N, y0, np.float32(1.0), y, i32(N), stream=s)  # y0 += y, before the fork
+        launch_strided(axpy_f32, N, y0, np.float32(1.0), y, i32(N), stream=s)  # y0 += y, before the fork
         b = side.fork(s)
-        launch(scale_f32, N, y, np.float32(0.5), i32(N), stream=b)
-        launch(scale_f32, N, x, np.float32(3.0), i32(N), stream=s)
-        launch(axpy_f32, N, x, np.float32(0.25), y0, i32(N), stream=s)
+        launch_strided(scale_f32, N, y, np.float32(0.5), i32(N), stream=b)
+        launch_strided(scale_f32, N, x, np.float32(3.0), i32(N), stream=s)
+        launch_strided(axpy_f32, N, x, np.float32(0.25), y0, i32(N), stream=s)
         side.join(s)
-        launch(axpy_f32, N, x, np.float32(1.0), y, i32(N), stream=s)
+        launch_strided(axpy_f32, N, x, np.float32(1.0), y, i32(N), stream=s)
 
     return StepGraph("forked", body, stream, use_graph=use_graph), x, y, y0
 
@@ -93,7 +93,7 @@ def test_a_side_stream_that_was_not_forked_is_refused(stager, stream):
     side = SideStream()
 
     def body(s):
-        launch(scale_f32, N, x, np.float32(0.5), i32(N), stream=side.stream)
+        launch_strided(scale_f32, N, x, np.float32(0.5), i32(N), stream=side.stream)
 
     with pytest.raises(LaunchError, match="another stream than its step's"):
         StepGraph("unforked", body, stream, use_graph=True).replay()
@@ -105,9 +105,9 @@ def test_a_launch_after_the_join_is_refused(stager, stream):
 
     def body(s):
         b = side.fork(s)
-        launch(scale_f32, N, x, np.float32(0.5), i32(N), stream=b)
+        launch_strided(scale_f32, N, x, np.float32(0.5), i32(N), stream=b)
         side.join(s)
-        launch(scale_f32, N, x, np.float32(0.5), i32(N), stream=b)
+        launch_strided(scale_f32, N, x, np.float32(0.5), i32(N), stream=b)
 
     with pytest.raises(LaunchError, match="side stream 1 after its join"):
         StepGraph("late", body, stream, use_graph=True).replay()
@@ -118,7 +118,7 @@ def test_a_side_stream_left_unjoined_is_refused(stager, stream):
     side = SideStream()
 
     def body(s):
-        launch(scale_f32, N, x, np.float32(0.5), i32(N), stream=side.fork(s))
+        launch_strided(scale_f32, N, x, np.float32(0.5), i32(N), stream=side.fork(s))
 
     with pytest.raises(GraphError, match=r"side stream\(s\) \[1\] forked and not joined"):
         StepGraph("unjoined", body, stream, use_graph=True).replay()
@@ -131,7 +131,7 @@ def test_a_launch_that_changes_lane_between_replays_is_refused(stager, stream):
 
     def body(s):
         b = side.fork(s)
-        launch(scale_f32, N, x, np.float32(0.5), i32(N), stream=b if on_side[0] else s)
+        launch_strided(scale_f32, N, x, np.float32(0.5), i32(N), stream=b if on_side[0] else s)
         side.join(s)
 
     step = StepGraph("lanes", body, stream, use_graph=True)

@@ -6,7 +6,7 @@ import pytest
 from fox_numba.device import staging
 from fox_numba.device.elementwise import fill_f32
 from fox_numba.device.graphs import StepGraph
-from fox_numba.device.launch import LaunchError, i32, launch
+from fox_numba.device.launch import LaunchError, i32, launch_strided
 from fox_numba.device.memory import copy_device, device_empty
 from fox_numba.device.runtime import new_stream
 from fox_numba.device.staging import Stager
@@ -59,7 +59,7 @@ def test_upload_overwrites_a_device_array_and_sees_kernel_writes(stream):
     stager = Stager(stream, chunk_bytes=64)
     dev = device_empty(300, np.float32)
     stager.upload(seeded(np.float32, (300,), seed=1), dev)
-    launch(fill_f32, 100, dev, np.float32(2.5), i32(100), stream=stream)
+    launch_strided(fill_f32, 100, dev, np.float32(2.5), i32(100), stream=stream)
     expected = seeded(np.float32, (300,), seed=1)
     expected[:100] = 2.5
     np.testing.assert_array_equal(stager.download(dev), expected)
@@ -83,7 +83,7 @@ def test_staging_inside_a_step_body_is_refused(stream):
     dev = device_empty(8, np.float32)
 
     def body(s):
-        launch(fill_f32, 8, dev, np.float32(1.0), i32(8), stream=s)
+        launch_strided(fill_f32, 8, dev, np.float32(1.0), i32(8), stream=s)
         stager.upload(np.ones(8, np.float32), dev)
 
     with pytest.raises(LaunchError, match="staging inside a step body"):
@@ -147,7 +147,7 @@ BUSY = 1 << 26  # floats (256 MiB): 20 fills keep a stream busy for a few millis
 
 def keep_busy(stream, busy, value):
     for _ in range(20):
-        launch(fill_f32, BUSY, busy, np.float32(value), i32(BUSY), stream=stream)
+        launch_strided(fill_f32, BUSY, busy, np.float32(value), i32(BUSY), stream=stream)
 
 
 @pytest.mark.gpu_only("the simulator runs every launch synchronously, so no copy can overtake a kernel")
@@ -160,7 +160,7 @@ def test_download_after_the_producing_stream_sees_its_kernels(stream):
     result = stager.upload_new(np.zeros(1 << 16, np.float32))
     for trial in range(1, 4):
         keep_busy(producer, busy, trial)
-        launch(fill_f32, result.size, result, np.float32(trial), i32(result.size), stream=producer)
+        launch_strided(fill_f32, result.size, result, np.float32(trial), i32(result.size), stream=producer)
         got = stager.download(result, after=producer)
         assert np.all(got == trial), f"trial {trial}: {np.unique(got)}"
 

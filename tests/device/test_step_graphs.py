@@ -11,7 +11,7 @@ from numba import cuda, float32, from_dtype, int32
 from fox_numba.device.control import CONTROL_DTYPE, ControlBlock
 from fox_numba.device.elementwise import axpy_f32, scale_f32
 from fox_numba.device.graphs import GraphError, StepGraph
-from fox_numba.device.launch import i32, launch
+from fox_numba.device.launch import i32, launch, launch_strided
 from fox_numba.device.memory import copy_device, device_empty, device_zeros
 from fox_numba.device.registry import register
 from fox_numba.device.runtime import SIMULATOR, new_stream
@@ -53,8 +53,8 @@ def make_step(stager, stream, use_graph):
         ctl.upload(s)
         launch(lerp_by_control, N, target, online, ctl.device, i32(N), stream=s)
         copy_device(scratch, target, stream=s)
-        launch(scale_f32, N, scratch, np.float32(0.5), i32(N), stream=s)
-        launch(axpy_f32, N, online, np.float32(-0.25), scratch, i32(N), stream=s)
+        launch_strided(scale_f32, N, scratch, np.float32(0.5), i32(N), stream=s)
+        launch_strided(axpy_f32, N, online, np.float32(-0.25), scratch, i32(N), stream=s)
 
     return StepGraph("train", body, stream, use_graph=use_graph), ctl, target, online
 
@@ -113,7 +113,7 @@ def test_a_scalar_argument_that_changes_is_refused(stager, stream):
     tau = [np.float32(0.5)]
 
     def body(s):
-        launch(scale_f32, N, x, tau[0], i32(N), stream=s)
+        launch_strided(scale_f32, N, x, tau[0], i32(N), stream=s)
 
     step = StepGraph("frozen", body, stream, use_graph=True)
     step.replay()
@@ -125,7 +125,7 @@ def test_a_scalar_argument_that_changes_is_refused(stager, stream):
 def test_an_array_allocated_per_replay_is_refused(stream):
     def body(s):
         x = device_zeros(N, np.float32, stream=s)  # a new array every replay (zeros: no NaN from stale memory)
-        launch(scale_f32, N, x, np.float32(0.5), i32(N), stream=s)
+        launch_strided(scale_f32, N, x, np.float32(0.5), i32(N), stream=s)
 
     step = StepGraph("realloc", body, stream, use_graph=True)
     step.replay()
@@ -139,7 +139,7 @@ def test_a_changing_launch_sequence_is_refused(stager, stream):
 
     def body(s):
         for _ in range(count[0]):
-            launch(scale_f32, N, x, np.float32(0.5), i32(N), stream=s)
+            launch_strided(scale_f32, N, x, np.float32(0.5), i32(N), stream=s)
 
     step = StepGraph("grows", body, stream, use_graph=True)
     step.replay()

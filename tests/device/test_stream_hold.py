@@ -5,7 +5,7 @@ import pytest
 
 from fox_numba.device.elementwise import fill_f32
 from fox_numba.device.hold import StreamHold, busy_lcg
-from fox_numba.device.launch import i32, launch
+from fox_numba.device.launch import i32, launch, launch_strided
 from fox_numba.device.memory import device_empty
 from fox_numba.device.runtime import new_stream
 from fox_numba.device.timing import Stat, Timings
@@ -41,7 +41,7 @@ def test_timed_times_every_launch_of_the_body():
 
     def body(s):
         for _ in range(3):
-            launch(fill_f32, 64, x, np.float32(1.0), i32(64), stream=s)
+            launch_strided(fill_f32, 64, x, np.float32(1.0), i32(64), stream=s)
 
     hold = StreamHold(stream, iters=1 << 10)
     for _ in range(2):
@@ -58,7 +58,7 @@ def test_a_held_stream_times_the_kernel_not_its_launch():
 
     def body(s):
         for _ in range(20):
-            launch(fill_f32, 64, x, np.float32(1.0), i32(64), stream=s)
+            launch_strided(fill_f32, 64, x, np.float32(1.0), i32(64), stream=s)
 
     idle, held = Timings(), Timings()
     body(stream)  # compiled and loaded

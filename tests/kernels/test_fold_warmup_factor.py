@@ -13,7 +13,7 @@ from reference import adaptive_clip64
 
 from fox_numba.device.elementwise import scatter_f32
 from fox_numba.device.isv import Isv, IsvBus, bootstrap_values, fold_reset_entries
-from fox_numba.device.launch import i32, launch
+from fox_numba.device.launch import i32, launch_strided
 from fox_numba.device.memory import Mapped
 from fox_numba.errors import ConfigError
 from fox_numba.kernels.optim import LR_FLOOR, update_adaptive_clip, warmup_rule_code
@@ -105,7 +105,7 @@ def test_the_kernel_follows_the_reference_through_reset_and_spike(stream, stager
         if step == PRE:
             bus.fold_reset(stream)
         raw.host[0] = norms[step]
-        launch(scatter_f32, 1, bus.values, raw_index, raw.device, i32(1), stream=stream)
+        launch_strided(scatter_f32, 1, bus.values, raw_index, raw.device, i32(1), stream=stream)
         update_adaptive_clip(bus.values, CLIP_MULT, stream=stream, warmup_rule=rule)
         expected = run_reference(rule, norms, start=start, first=step, stop=step + 1)[0]
         np.testing.assert_allclose(bus.read()[TRACKED], expected[TRACKED], rtol=1e-5, atol=1e-9, err_msg=f"step {step}")

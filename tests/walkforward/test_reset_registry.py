@@ -13,7 +13,7 @@ import pytest
 
 from fox_numba.device.elementwise import axpy_f32, scale_f32
 from fox_numba.device.isv import SLOTS, Isv, IsvBus, bootstrap_values
-from fox_numba.device.launch import i32, launch
+from fox_numba.device.launch import i32, launch_strided
 from fox_numba.device.memory import copy_device
 from fox_numba.errors import LayoutMismatchError
 from fox_numba.kernels.optim import ADAM_SHRINK_M, ADAM_SHRINK_V, shrink_adam_moments
@@ -56,8 +56,8 @@ class FakeLearner:
     def shrink_perturb(self, ctx):
         """theta = 0.8 theta + 0.2 theta_fresh, theta_fresh drawn with the entry's seed."""
         fresh = self.stager.upload_new(fresh_params(ctx.seed_for("learner.params")))
-        launch(scale_f32, N, self.params, SHRINK, i32(N), stream=ctx.stream)
-        launch(axpy_f32, N, self.params, np.float32(1.0) - SHRINK, fresh, i32(N), stream=ctx.stream)
+        launch_strided(scale_f32, N, self.params, SHRINK, i32(N), stream=ctx.stream)
+        launch_strided(axpy_f32, N, self.params, np.float32(1.0) - SHRINK, fresh, i32(N), stream=ctx.stream)
 
     def register_state(self, registry):
         r = registry.owner(self, "learner")
