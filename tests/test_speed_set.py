@@ -21,11 +21,13 @@ def tool():
 def test_the_steps_name_the_card_and_the_scratch(tool, tmp_path):
     plan = tool.steps(tmp_path / "out", "h200", tmp_path / "s", pytest=True)
     assert [n for n, _ in plan] == ["train_cold", "train_warm", "bench_learner_mirror", "bench_learner_trunk",
-                                    "bench_collect", "profile", "bench_runs", "pytest"]
+                                    "bench_learner_shared", "bench_collect", "profile", "bench_runs", "pytest"]
     argv = dict(plan)
     assert argv["train_cold"][-1] == f'run.out_dir="{tmp_path / "s" / "cold"}"'
     assert str(tmp_path / "out" / "many_runs_tw_h200") in argv["bench_runs"]
     assert "--mirror" in argv["bench_learner_mirror"] and "--layers" in argv["bench_learner_trunk"]
+    shared = argv["bench_learner_shared"]
+    assert shared[shared.index("--concurrent") + 1] == "8" and "--mirror" in shared
     assert [n for n, _ in tool.steps(tmp_path, "x", tmp_path, pytest=False)][-1] == "bench_runs"
     warm = dict(tool.steps(tmp_path, "x", tmp_path / "s", pytest=False, warm=True))
     assert warm["cache_warm"][-3:] == ["fox_numba", "cache", "warm"]
@@ -88,8 +90,8 @@ def test_skipped_steps_leave_the_plan_and_an_unknown_one_is_refused(tool, tmp_pa
     base = ["--out", str(tmp_path / "o"), "--suffix", "x", "--scratch", str(tmp_path / "s"), "--warm", "--dry-run"]
     assert tool.main([*base, "--skip", "bench_runs", "profile"]) == 0
     names = [line.split(":", 1)[0] for line in capsys.readouterr().out.splitlines()]
-    assert names == ["train_cold", "train_warm", "bench_learner_mirror", "bench_learner_trunk", "bench_collect",
-                     "cache_warm", "train_prewarmed"]
+    assert names == ["train_cold", "train_warm", "bench_learner_mirror", "bench_learner_trunk", "bench_learner_shared",
+                     "bench_collect", "cache_warm", "train_prewarmed"]
     with pytest.raises(SystemExit) as refused:
         tool.main([*base, "--skip", "bench_run"])
     assert refused.value.code == 2 and "no step named bench_run" in capsys.readouterr().err

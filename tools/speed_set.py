@@ -7,7 +7,9 @@ In order, each a child process as a user runs it, with the kernel cache (FOX_KER
 1. `fox train` on the default preset with the cache empty (cold), then again (warm): OUT/train_{cold,warm}_SUFFIX.txt
    hold the run's last lines, its wall and its peak RSS (os.wait4), and whether the two runs' checkpoints hold the
    same arrays (`checkpoints_equal`), and the size of each run folder (`run_folder_bytes`);
-2. tools/bench_learner.py, the default step (the crossed mean head, mirror) and the 2 x 256 trunk, tf32;
+2. tools/bench_learner.py, the default step (the crossed mean head, mirror) and the 2 x 256 trunk, tf32; then eight
+   default learners sharing the card (`--concurrent 8`: ms per round of eight steps, the card's learner throughput
+   that eight runs at once wait on; learner_ablation_h200.md section 93), steadier than step 5's walls;
 3. tools/bench_collect.py at 16,384 and 4,096 environments;
 4. `fox profile` (OUT/profile_SUFFIX.txt): one epoch's stages and kernels on the GPU, against which the console's
    seconds show the host's share;
@@ -56,6 +58,9 @@ def steps(out: Path, suffix: str, scratch: Path, pytest: bool, warm: bool = Fals
                                   str(out / f"bench_learner_tw_mirror_tf32_{suffix}")]),
         ("bench_learner_trunk", [*learner, "--steps", "100", "--windows", "2", "--layers", "2", "--out",
                                  str(out / f"bench_learner_tw_trunk_tf32_{suffix}")]),
+        ("bench_learner_shared", [*learner, "--mean-cross", "--mirror", "--steps", "200", "--windows", "3",
+                                  "--kernel-steps", "2", "--concurrent", "8", "--out",
+                                  str(out / f"bench_learner_shared8_tf32_{suffix}")]),
         ("bench_collect", [PY, "tools/bench_collect.py", "--out", str(out / f"bench_collect_tw_{suffix}"),
                            "--envs", "16384", "4096"]),
         ("profile", [PY, "-m", "fox_numba", "profile", "--set", f'run.out_dir="{scratch / "profile"}"']),
