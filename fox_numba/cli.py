@@ -402,6 +402,7 @@ def train(
     held-out selection days with --set folds.select_days=N. Writes runs/<name>/ (config, folds,
     metrics.jsonl, checkpoints, summary.json, train.log, health_diag.log) and prints one line per fold and
     one per epoch."""
+    from fox_numba.kernels.warm_cache import Prewarm
     from fox_numba.walkforward.driver import EPOCH_PHASES, load_features, train_run
     from fox_numba.walkforward.report import headline
     from fox_numba.walkforward.run_folder import RunFolder
@@ -412,10 +413,12 @@ def train(
         cfg, chosen = load_run_config(RunFolder.config_path(resume)), f"of {resume}"
     else:
         cfg, chosen = stage_config(preset, config, set_, store)
-    selection = prepare_market(cfg, defer=True)
-    make_folds(cfg.folds, selection.days)  # too few days for the folds stops here, before any work
-    with progress_bar("market features") as progress:  # validates the days prepare_market left unchecked
-        features = load_features(cfg, selection)
+    with Prewarm(log=lambda m: typer.echo(m, err=True)) as prewarm:  # a cold kernel cache fills meanwhile
+        selection = prepare_market(cfg, defer=True)
+        make_folds(cfg.folds, selection.days)  # too few days for the folds stops here, before any work
+        with progress_bar("market features") as progress:  # validates the days prepare_market left unchecked
+            features = load_features(cfg, selection)
+        prewarm.ready()
     typer.echo(backend_line(chosen), err=True)
     start = time.perf_counter()
     phases = len(make_folds(cfg.folds, selection.days)) * cfg.learner.epochs * len(EPOCH_PHASES)
@@ -474,10 +477,13 @@ def profile(
     gradient steps per second, TFLOP/s of the GEMMs and estimated bandwidth of the other kernels against the
     device's copy bandwidth. Prints the tables and writes profile.json / profile.md into a run folder
     (run.out_dir/profile-<time>)."""
+    from fox_numba.kernels.warm_cache import Prewarm
     from fox_numba.walkforward.profile import profile as run_profile
 
     cfg, chosen = stage_config(preset, config, set_, store)
-    selection = prepare_market(cfg, defer=True)
+    with Prewarm(log=lambda m: typer.echo(m, err=True)) as prewarm:
+        selection = prepare_market(cfg, defer=True)
+        prewarm.ready()
     typer.echo(backend_line(chosen), err=True)
     out_dir = Path(cfg.run.out_dir) / (cfg.run.name or time.strftime("profile-%Y%m%d-%H%M%S"))
     result = run_profile(cfg, selection, epochs=epochs, steps=steps, out_dir=out_dir,
@@ -592,8 +598,9 @@ def cache_warm(
 
     Each process compiles a share of the registered kernels for this machine's GPU. The cache folder is
     $FOX_KERNEL_CACHE/kernels-<digest>, else ~/.cache/fox_numba/kernels-<digest>; the digest changes with the
-    package's code, so run it again after an upgrade. It compiles kernels that a given config never launches
-    too, so it pays where cores are many: a machine image, a new checkout."""
+    package's code. It compiles kernels that a given config never launches too, so it pays where cores are many:
+    `fox train` and `fox profile` do the same by themselves, while they load their market, when they find the
+    folder cold on a machine of 8 cores or more (FOX_COMPILE_WORKERS=N sets the processes, 0 turns that off)."""
     from fox_numba.kernels.warm_cache import warm
 
     done = warm(workers)

@@ -13,6 +13,9 @@ import zlib
 from pathlib import Path
 
 os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
+# On a GPU, a stage that finds the kernel cache cold fills it in a process per core (kernels/warm_cache.py): tests
+# running stages side by side (pytest -n) would each start them. Tests of that fill set the variable themselves.
+os.environ.setdefault("FOX_COMPILE_WORKERS", "0")
 # The simulator runs each CUDA thread as a Python thread; a shorter switch interval makes barrier-heavy
 # kernels about 5x faster (1e-6 races, see ../shared/TOOLCHAIN.md).
 sys.setswitchinterval(1e-4)
