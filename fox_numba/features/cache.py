@@ -16,15 +16,18 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import zipfile
 from collections.abc import Iterator, Sequence
+from concurrent.futures import Future, ProcessPoolExecutor
+from multiprocessing import get_context
 from dataclasses import fields
 from pathlib import Path
 
 import numpy as np
 
 from fox_numba.config import FeatureConfig
-from fox_numba.errors import OutputError
+from fox_numba.errors import ConfigError, OutputError
 from fox_numba.features.build import DAY_CONFIG_FIELDS, FEATURE_LAYOUT_VERSION, DayFeatures
 from fox_numba.features.feature_set import RawMarket
 from fox_numba.features.names import feature_names
@@ -112,34 +115,116 @@ class FeatureCache:
             log.warning("feature cache file not written (market.cache): %s", e)
 
     def parts(
-        self, store: MarketStore, days: Sequence[str], digests: Sequence[str] = (), unchecked: Sequence[str] = ()
+        self, store: MarketStore, days: Sequence[str], digests: Sequence[str] = (), unchecked: Sequence[str] = (),
+        workers: int = 1,
     ) -> Iterator[tuple[str, DayFeatures | None]]:
         """(day, features) of each of `days`: cached, else read from `store`, built and cached; a chunk of one day's
         book in memory at a time (`features/stored.py`). `digests`: the days' `MarketStore.day_digest` (empty: asked
         of the store, and only with a cache folder: a store without digests pays a read of the day for each).
         `unchecked`: days not yet validated (`MarketSelection.unchecked`): each is read in full once, cached features
         or not, which validates it (InputError as `fox data inspect` words it), and its validated-day record is
-        written."""
-        pending = set(unchecked)
-        for k, day in enumerate(days):
-            if self.folder is None:
+        written. `workers`: `market.read_workers` (`read_workers`); where it comes to 2 or more, processes build the
+        missing days after the first into the cache (`build_into_cache`) while this one builds the first (compiling
+        the feature functions into numba's cache once, before any worker calls them), then hands the days out in
+        order; the features are the same bit for bit."""
+        if self.folder is None:
+            for day in days:
                 yield day, self._build(store, day)
-                continue
-            digest = digests[k] if digests else store.day_digest(day)
-            part = self.load(day, digest)
-            if part is None:
-                part = self._build(store, day)
-                if part is not None:
-                    self.save(day, digest, part)
-            elif day in pending:
-                check_stored_day(store, day, READ_ROWS)  # validation: the day's one full read in this run
-            if day in pending:
-                mark_validated(self.folder, day, digest, self.instrument)
-            yield day, part
+            return
+        pending = set(unchecked)
+        digests = list(digests) or [store.day_digest(day) for day in days]
+        missing = [k for k, day in enumerate(days) if not self.path(day, digests[k]).is_file()]
+        pool = _start_pool(min(read_workers(workers, len(missing)), len(missing) - 1))  # starts them now
+        ahead: dict[str, Future[str]] = {}
+        try:
+            for k, day in enumerate(days):
+                digest = digests[k]
+                status = outcome(ahead.pop(day)) if day in ahead else None
+                part = self.load(day, digest) if status != EMPTY else None
+                if part is None and status != EMPTY:
+                    part = self._build(store, day)  # a worker's failure is raised here, by this process's own read
+                    if part is not None:
+                        self.save(day, digest, part)
+                    if pool is not None and not ahead:
+                        ahead = {days[j]: pool.submit(build_into_cache, store.path, days[j], digests[j], self.folder,
+                                                      self.instrument, self.config, self.session)
+                                 for j in missing if j > k}
+                elif day in pending and status is None:
+                    check_stored_day(store, day, READ_ROWS)  # validation: the day's one full read in this run
+                if day in pending:
+                    mark_validated(self.folder, day, digest, self.instrument)
+                yield day, part
+        finally:
+            if pool is not None:
+                pool.shutdown(wait=True, cancel_futures=True)
 
     def _build(self, store: MarketStore, day: str) -> DayFeatures | None:
         """`day_features` of `day` read from `store`, a chunk of its book at a time (`features/stored.py`)."""
         return stored_day_features(store, day, self.instrument, self.config, self.session)
+
+
+SAVED, EMPTY, FAILED = "saved", "empty", "failed"
+"""What `build_into_cache` did with its day: features cached; no bar in the session (validated, nothing to cache);
+or it failed (the day is built again by the process handing the days out, whose error names file, field and row)."""
+
+MAX_READ_WORKERS = 8
+"""Most processes `market.read_workers` = 0 starts: each holds a block of one day's book (READ_ROWS rows) and the
+feature functions, about 0.3 GiB for a 3 M-row day (tools/results/scale_cpu.md)."""
+
+
+MIN_AUTO_DAYS = 8
+"""Fewest missing days for which `market.read_workers` = 0 starts processes: each costs about 1.2 CPU-seconds to
+start, and four missing 1 M-row days took as long with two as without (tools/results/scale_cpu.md)."""
+
+
+def read_workers(setting: int, missing: int) -> int:
+    """Processes that build `missing` days into the cache: `market.read_workers`, where 0 is one per core, at most
+    MAX_READ_WORKERS, where at least MIN_AUTO_DAYS are missing (else 1); 1 builds every day in the calling process,
+    which otherwise mostly waits for them."""
+    if setting < 0:
+        raise ConfigError(f"market.read_workers is {setting}; it must be 0 (one per core) or more")
+    if setting:
+        return setting
+    return max(1, min(MAX_READ_WORKERS, len(os.sched_getaffinity(0)))) if missing >= MIN_AUTO_DAYS else 1
+
+
+def _start_pool(workers: int) -> ProcessPoolExecutor | None:
+    """`workers` spawned processes (none for fewer than 2), each importing this module at once."""
+    if workers < 2:
+        return None
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"))
+    for _ in range(workers):
+        pool.submit(_started)
+    return pool
+
+
+def _started() -> None:
+    """A worker's first task: nothing, so that it starts and imports this module while the caller builds a day."""
+
+
+def outcome(future: Future[str]) -> str:
+    """What a worker did with its day; FAILED where the pool broke (a worker killed, or a main module that a spawned
+    process cannot import, such as a script read from stdin): the caller builds the day itself."""
+    try:
+        return future.result()
+    except Exception:  # noqa: BLE001
+        return FAILED
+
+
+def build_into_cache(path: Path, day: str, digest: str, folder: Path, instrument: Instrument, config: FeatureConfig,
+                     session: str) -> str:
+    """Build `day` of the store at `path` and cache its features (a worker of `FeatureCache.parts`); SAVED, EMPTY
+    or FAILED."""
+    cache = FeatureCache(folder, instrument, config, session)
+    try:
+        with MarketStore(path) as store:
+            part = cache._build(store, day)
+    except Exception:  # noqa: BLE001 - the day is read again by the caller, whose error is the one the user sees
+        return FAILED
+    if part is None:
+        return EMPTY
+    cache.save(day, digest, part)
+    return SAVED
 
 
 def _check(arrays: dict[str, np.ndarray], meta: object, digest: str, key: str, width: int) -> str:

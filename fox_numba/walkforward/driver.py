@@ -104,7 +104,8 @@ def load_features(cfg: FoxConfig, selection: MarketSelection) -> FeatureSet:
     with MarketStore(selection.path) as store:
         cache = FeatureCache(cache_folder(cfg.market, selection.path), store.instrument, cfg.features,
                              selection.session)
-        parts = cache.parts(store, selection.days, selection.digests, selection.unchecked)
+        parts = cache.parts(store, selection.days, selection.digests, selection.unchecked,
+                            workers=cfg.market.read_workers)
         return assemble_features(parts, store.instrument, cfg.features, source=str(selection.path),
                                  session=selection.session)
 

@@ -1,19 +1,25 @@
 """The per-day feature cache (features/cache.py): features from a cold cache, a warm one and none are the same bit
 for bit as `build_features` on the days read from the store; a warm cache reads no book row; a damaged,
-mismatched or altered file, a changed day and a changed setting are rebuilt; a store without digests works."""
+mismatched or altered file, a changed day and a changed setting are rebuilt; a store without digests works; worker
+processes (market.read_workers) build the missing days into the cache with the same bits, and a day they cannot build
+is refused with this process's own error."""
 
 import dataclasses
 import logging
+import os
 import shutil
+from concurrent.futures import Future
+from concurrent.futures.process import BrokenProcessPool
 
 import h5py
 import numpy as np
 import pytest
 
 from fox_numba.config import FoxConfig
-from fox_numba.errors import InputError
+from fox_numba.errors import ConfigError, InputError
 from fox_numba.features.build import build_features
 from fox_numba.features import stored
+from fox_numba.features import cache as feature_cache
 from fox_numba.features.cache import SUFFIX, feature_key
 from fox_numba.features.names import TW_IMBALANCE_COLUMNS
 from fox_numba.market import staging
@@ -29,9 +35,9 @@ def store(four_day_market, tmp_path):
     return write_store(tmp_path / "es.h5", m.instrument, m.days[:2])
 
 
-def config(store, cache="auto", ofi_levels=10, tw_imbalance=False) -> FoxConfig:
+def config(store, cache="auto", ofi_levels=10, tw_imbalance=False, read_workers=1) -> FoxConfig:
     cfg = FoxConfig()
-    cfg.market = dataclasses.replace(cfg.market, store=str(store), cache=cache)
+    cfg.market = dataclasses.replace(cfg.market, store=str(store), cache=cache, read_workers=read_workers)
     cfg.features = dataclasses.replace(cfg.features, ofi_levels=ofi_levels, tw_imbalance=tw_imbalance)
     return cfg
 
@@ -230,3 +236,59 @@ def test_a_cache_folder_that_cannot_be_written_is_logged_and_costs_only_the_read
     logged = [r.getMessage() for r in caplog.records]
     assert sum("validated-day record not written" in m for m in logged) == 2
     assert sum("feature cache file not written" in m for m in logged) == 2
+
+
+@pytest.fixture
+def four_days(four_day_market, tmp_path):
+    m = four_day_market
+    return write_store(tmp_path / "four.h5", m.instrument, m.days)
+
+
+def test_worker_processes_build_the_missing_days_with_the_same_bits(four_days, book_reads):
+    """Two workers: this process reads only the first day (the workers' reads happen in theirs), every day is cached
+    and recorded as validated, and the features are `build_features`' bit for bit."""
+    cfg = config(four_days, read_workers=2)
+    want = expected(four_days, cfg)
+    book_reads.clear()
+    cold = select_market(cfg.market, defer=True)
+    assert_identical(load_features(cfg, cold), want)
+    assert book_reads == [want.days[0]]
+    folder = four_days.with_name(four_days.name + CACHE_SUFFIX)
+    assert len(list(folder.glob(f"*{SUFFIX}"))) == 4 and len(list(folder.glob("*.valid"))) == 4
+    book_reads.clear()
+    warm = select_market(cfg.market, defer=True)
+    assert warm.unchecked == () and book_reads == []
+    assert_identical(load_features(cfg, warm), want) and book_reads == []
+
+
+def test_a_day_no_worker_can_build_is_refused_with_this_process_s_error(four_days, book_reads):
+    cfg = config(four_days, read_workers=3)
+    days = MarketStore(four_days).days()
+    with h5py.File(four_days, "r+") as f:
+        ts = f["mbp10"][days[2]]["ts_event"]
+        ts[100], ts[101] = ts[101], ts[100]
+    book_reads.clear()
+    with pytest.raises(InputError, match=f"group /mbp10/{days[2]}, field ts_event, row 101"):
+        load_features(cfg, select_market(cfg.market, defer=True))
+    assert book_reads == [days[0], days[2]]  # the first day here, then the failed one read again here
+    folder = four_days.with_name(four_days.name + CACHE_SUFFIX)
+    assert sorted(p.name.split(".")[0] for p in folder.glob(f"*{SUFFIX}")) == [days[0], days[1], days[3]]
+
+
+def test_read_workers_setting(monkeypatch):
+    assert feature_cache.read_workers(3, 2) == 3 and feature_cache.read_workers(1, 100) == 1
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
+    assert feature_cache.read_workers(0, feature_cache.MIN_AUTO_DAYS) == feature_cache.MAX_READ_WORKERS == 8
+    assert feature_cache.read_workers(0, feature_cache.MIN_AUTO_DAYS - 1) == 1  # too few days to pay the start
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    assert feature_cache.read_workers(0, 100) == 2
+    with pytest.raises(ConfigError, match="market.read_workers is -1"):
+        feature_cache.read_workers(-1, 100)
+
+
+def test_a_broken_pool_leaves_the_day_to_the_caller():
+    broken = Future()
+    broken.set_exception(BrokenProcessPool("a worker died"))
+    done = Future()
+    done.set_result(feature_cache.EMPTY)
+    assert feature_cache.outcome(broken) == feature_cache.FAILED and feature_cache.outcome(done) == feature_cache.EMPTY
