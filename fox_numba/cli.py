@@ -268,12 +268,15 @@ def data_import(
 def data_inspect(
     store: Annotated[Path, typer.Argument(help="Market store (HDF5) to summarise.")],
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON instead of a table.")] = False,
+    workers: Annotated[int, typer.Option(
+        help="Processes reading days side by side (0: one per core, at most 8, for stores of 8 days or more; 1: this "
+             "process alone). The summary is the same whatever the count.", min=0)] = 0,
 ) -> None:
     """Summarise a store per trading day: rows, time range, spread, depth, trades, gaps.
 
     Every day is read and validated, a chunk at a time."""
     with progress_bar(f"inspecting {store}") as progress:
-        summary = summarize(store, progress)
+        summary = summarize(store, progress, workers=workers)
     if as_json:
         typer.echo(json.dumps(summary, indent=2))
     else:

@@ -16,23 +16,22 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import zipfile
 from collections.abc import Iterator, Sequence
-from concurrent.futures import Future, ProcessPoolExecutor
-from multiprocessing import get_context
+from concurrent.futures import Future
 from dataclasses import fields
 from pathlib import Path
 
 import numpy as np
 
 from fox_numba.config import FeatureConfig
-from fox_numba.errors import ConfigError, OutputError
+from fox_numba.errors import OutputError
 from fox_numba.features.build import DAY_CONFIG_FIELDS, FEATURE_LAYOUT_VERSION, DayFeatures
 from fox_numba.features.feature_set import RawMarket
 from fox_numba.features.names import feature_names
 from fox_numba.features.stored import stored_day_features
 from fox_numba.io import atomic_path
+from fox_numba.market.day_workers import outcome, read_workers, start_pool
 from fox_numba.market.schema import Instrument
 from fox_numba.market.select import instrument_key, mark_validated
 from fox_numba.market.staging import READ_ROWS, check_stored_day
@@ -123,10 +122,10 @@ class FeatureCache:
         of the store, and only with a cache folder: a store without digests pays a read of the day for each).
         `unchecked`: days not yet validated (`MarketSelection.unchecked`): each is read in full once, cached features
         or not, which validates it (InputError as `fox data inspect` words it), and its validated-day record is
-        written. `workers`: `market.read_workers` (`read_workers`); where it comes to 2 or more, processes build the
-        missing days after the first into the cache (`build_into_cache`) while this one builds the first (compiling
-        the feature functions into numba's cache once, before any worker calls them), then hands the days out in
-        order; the features are the same bit for bit."""
+        written. `workers`: `market.read_workers` (market/day_workers.py); where it comes to 2 or more, processes
+        build the missing days after the first into the cache (`build_into_cache`) while this one builds the first
+        (compiling the feature functions into numba's cache once, before any worker calls them), then hands the days
+        out in order; the features are the same bit for bit."""
         if self.folder is None:
             for day in days:
                 yield day, self._build(store, day)
@@ -134,12 +133,12 @@ class FeatureCache:
         pending = set(unchecked)
         digests = list(digests) or [store.day_digest(day) for day in days]
         missing = [k for k, day in enumerate(days) if not self.path(day, digests[k]).is_file()]
-        pool = _start_pool(min(read_workers(workers, len(missing)), len(missing) - 1))  # starts them now
+        pool = start_pool(min(read_workers(workers, len(missing), "market.read_workers"), len(missing) - 1))
         ahead: dict[str, Future[str]] = {}
         try:
             for k, day in enumerate(days):
                 digest = digests[k]
-                status = outcome(ahead.pop(day)) if day in ahead else None
+                status = outcome(ahead.pop(day), FAILED) if day in ahead else None
                 part = self.load(day, digest) if status != EMPTY else None
                 if part is None and status != EMPTY:
                     part = self._build(store, day)  # a worker's failure is raised here, by this process's own read
@@ -166,50 +165,6 @@ class FeatureCache:
 SAVED, EMPTY, FAILED = "saved", "empty", "failed"
 """What `build_into_cache` did with its day: features cached; no bar in the session (validated, nothing to cache);
 or it failed (the day is built again by the process handing the days out, whose error names file, field and row)."""
-
-MAX_READ_WORKERS = 8
-"""Most processes `market.read_workers` = 0 starts: each holds a block of one day's book (READ_ROWS rows) and the
-feature functions, about 0.3 GiB for a 3 M-row day (tools/results/scale_cpu.md)."""
-
-
-MIN_AUTO_DAYS = 8
-"""Fewest missing days for which `market.read_workers` = 0 starts processes: each costs about 1.2 CPU-seconds to
-start, and four missing 1 M-row days took as long with two as without (tools/results/scale_cpu.md)."""
-
-
-def read_workers(setting: int, missing: int) -> int:
-    """Processes that build `missing` days into the cache: `market.read_workers`, where 0 is one per core, at most
-    MAX_READ_WORKERS, where at least MIN_AUTO_DAYS are missing (else 1); 1 builds every day in the calling process,
-    which otherwise mostly waits for them."""
-    if setting < 0:
-        raise ConfigError(f"market.read_workers is {setting}; it must be 0 (one per core) or more")
-    if setting:
-        return setting
-    return max(1, min(MAX_READ_WORKERS, len(os.sched_getaffinity(0)))) if missing >= MIN_AUTO_DAYS else 1
-
-
-def _start_pool(workers: int) -> ProcessPoolExecutor | None:
-    """`workers` spawned processes (none for fewer than 2), each importing this module at once."""
-    if workers < 2:
-        return None
-    pool = ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"))
-    for _ in range(workers):
-        pool.submit(_started)
-    return pool
-
-
-def _started() -> None:
-    """A worker's first task: nothing, so that it starts and imports this module while the caller builds a day."""
-
-
-def outcome(future: Future[str]) -> str:
-    """What a worker did with its day; FAILED where the pool broke (a worker killed, or a main module that a spawned
-    process cannot import, such as a script read from stdin): the caller builds the day itself."""
-    try:
-        return future.result()
-    except Exception:  # noqa: BLE001
-        return FAILED
-
 
 def build_into_cache(path: Path, day: str, digest: str, folder: Path, instrument: Instrument, config: FeatureConfig,
                      session: str) -> str:

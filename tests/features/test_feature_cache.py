@@ -6,20 +6,16 @@ is refused with this process's own error."""
 
 import dataclasses
 import logging
-import os
 import shutil
-from concurrent.futures import Future
-from concurrent.futures.process import BrokenProcessPool
 
 import h5py
 import numpy as np
 import pytest
 
 from fox_numba.config import FoxConfig
-from fox_numba.errors import ConfigError, InputError
+from fox_numba.errors import InputError
 from fox_numba.features.build import build_features
 from fox_numba.features import stored
-from fox_numba.features import cache as feature_cache
 from fox_numba.features.cache import SUFFIX, feature_key
 from fox_numba.features.names import TW_IMBALANCE_COLUMNS
 from fox_numba.market import staging
@@ -273,22 +269,3 @@ def test_a_day_no_worker_can_build_is_refused_with_this_process_s_error(four_day
     assert book_reads == [days[0], days[2]]  # the first day here, then the failed one read again here
     folder = four_days.with_name(four_days.name + CACHE_SUFFIX)
     assert sorted(p.name.split(".")[0] for p in folder.glob(f"*{SUFFIX}")) == [days[0], days[1], days[3]]
-
-
-def test_read_workers_setting(monkeypatch):
-    assert feature_cache.read_workers(3, 2) == 3 and feature_cache.read_workers(1, 100) == 1
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
-    assert feature_cache.read_workers(0, feature_cache.MIN_AUTO_DAYS) == feature_cache.MAX_READ_WORKERS == 8
-    assert feature_cache.read_workers(0, feature_cache.MIN_AUTO_DAYS - 1) == 1  # too few days to pay the start
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
-    assert feature_cache.read_workers(0, 100) == 2
-    with pytest.raises(ConfigError, match="market.read_workers is -1"):
-        feature_cache.read_workers(-1, 100)
-
-
-def test_a_broken_pool_leaves_the_day_to_the_caller():
-    broken = Future()
-    broken.set_exception(BrokenProcessPool("a worker died"))
-    done = Future()
-    done.set_result(feature_cache.EMPTY)
-    assert feature_cache.outcome(broken) == feature_cache.FAILED and feature_cache.outcome(done) == feature_cache.EMPTY
