@@ -237,6 +237,12 @@ def data_import(
                      "1 M MBP-10 rows and 250 k trades (generated data): lzf 54 MB, gzip 41 MB, none 339 MB; none "
                      "imports 10-25% faster, gzip ~10% slower. Every store reads the same whatever each day's choice."),
     ] = DEFAULT_COMPRESSION,
+    workers: Annotated[
+        int,
+        typer.Option(help="Processes of this machine staging Databento files side by side, a file each (0: one per "
+                     "core, at most 8, for 8 files or more; 1: this process alone; not with --ray). The store is the "
+                     "same bit for bit whatever the count.", min=0),
+    ] = 0,
 ) -> None:
     """Import Databento DBN (mbp-10, trades, ohlcv-1m) or LOBSTER files into a market store."""
     if fmt not in FORMATS:
@@ -258,7 +264,7 @@ def data_import(
     with progress_bar(f"importing into {out}") as progress:
         result = import_market(
             paths, out, fmt=fmt, instrument=instrument, overrides=overrides, progress=progress, ray=use_ray,
-            address=address, compression=compression,
+            address=address, compression=compression, workers=workers,
         )  # fmt: skip
     for line in result.lines():
         typer.echo(line)

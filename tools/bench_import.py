@@ -54,6 +54,8 @@ CHUNK = 1 << 22
 def run_import(folder: Path, store: Path, *options: str) -> tuple[float, float, float, float]:
     """`run` of `fox data import folder --out store [options]`."""
     command = [sys.executable, "-m", "fox_numba", "data", "import", str(folder), "--out", str(store), *options]
+    if "--ray" not in options:
+        command += ["--workers", "1"]  # the rate of one process on one core, which the decoder's is read against
     return run(command)
 
 

@@ -161,8 +161,9 @@ def fold_plan(preset: str, overrides: list[str], days: int) -> list[str]:
 def bench_folder(folder: Path, work: Path, args: argparse.Namespace) -> dict:
     store, cache, runs = work / "store.h5", work / "cache", work / "runs"
     dbn_bytes = folder_bytes(folder)
-    imp = run_child([*fox(), "data", "import", str(folder), "--out", str(store)], log=work / "import.log")
-    imp["command"] = f"fox data import {folder} --out {store}"
+    workers = ["--workers", str(args.workers)]
+    imp = run_child([*fox(), "data", "import", str(folder), "--out", str(store), *workers], log=work / "import.log")
+    imp["command"] = f"fox data import {folder} --out {store} {' '.join(workers)}"
     content = store_rows(store)
     n_records = sum(content["rows"].get(s, 0) for s in ("mbp10", "trades"))
     imp.update(records=n_records, records_per_s=n_records / imp["wall_s"], records_per_cpu_s=n_records / imp["cpu_s"],
@@ -176,8 +177,8 @@ def bench_folder(folder: Path, work: Path, args: argparse.Namespace) -> dict:
     for case in ("cold", "warm"):
         if case == "cold" and cache.exists():
             shutil.rmtree(cache)
-        sets = [*chosen, f"market.cache={json.dumps(str(cache))}", f"run.out_dir={json.dumps(str(runs))}",
-                f"run.name={json.dumps(case)}"]
+        sets = [*chosen, f"market.cache={json.dumps(str(cache))}", f"market.read_workers={args.workers}",
+                f"run.out_dir={json.dumps(str(runs))}", f"run.name={json.dumps(case)}"]
         command = ["train", "--preset", args.preset, "--store", str(store), *[a for s in sets for a in ("--set", s)]]
         r = run_child([*fox(), *command], markers=MARKERS, log=work / f"train_{case}.log", stop_at=args.stop_at)
         r["command"] = " ".join(["fox", *command])
@@ -262,6 +263,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--preset", default="smoke", help="fox train --preset (default smoke)")
     parser.add_argument("--days", type=int, help="train on the store's last DAYS days (default: all)")
     parser.add_argument("--set", action="append", default=[], help="more fox train --set overrides (applied last)")
+    parser.add_argument("--workers", type=int, default=1,
+                        help="processes that stage the files and build the cold run's features (fox data import "
+                             "--workers, market.read_workers; default 1: one process, the one-core figures)")
     parser.add_argument("--work", type=Path, help="folder for the stores, caches and runs (default: a temporary "
                         "folder beside each input folder, removed at the end unless --keep)")  # fmt: skip
     parser.add_argument("--keep", action="store_true", help="keep the work folders")

@@ -23,6 +23,7 @@ import itertools
 import os
 import signal
 from collections import Counter
+from concurrent.futures import Future
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -30,7 +31,7 @@ from typing import Any
 
 import h5py
 
-from fox_numba.errors import INTERRUPTS, FoxError, InputError, Interrupted, OutputError
+from fox_numba.errors import INTERRUPTS, ConfigError, FoxError, InputError, Interrupted, OutputError
 from fox_numba.market.databento import (
     SUFFIXES,
     DatabentoImport,
@@ -40,6 +41,7 @@ from fox_numba.market.databento import (
     find_files,
     stage_file,
 )
+from fox_numba.market.day_workers import outcome, read_workers, start_pool
 from fox_numba.market.lobster import NAME, LobsterPair, equity_instrument, find_pairs, read_pair
 from fox_numba.market.schema import Instrument, MarketDay, n_rows
 from fox_numba.market.staging import StagedDay, check_stored_day, commit_day, staging_folder
@@ -80,10 +82,13 @@ def import_market(
     ray: bool = False,
     address: str | None = None,
     compression: str = DEFAULT_COMPRESSION,
+    workers: int = 1,
 ) -> ImportResult:
     """Import `paths` into the store `out` (created or extended); `overrides` set Instrument fields. With `ray`
-    Databento files are staged as Ray tasks, on the cluster at `address` or on a local one. `compression` (a key of
-    `store.COMPRESSIONS`) applies to the days written."""
+    Databento files are staged as Ray tasks, on the cluster at `address` or on a local one; else by `workers`
+    processes of this machine (market/day_workers.py: 0 one per core, at most 8, for 8 files or more; 1 this one).
+    The store is the same bit for bit either way. `compression` (a key of `store.COMPRESSIONS`) applies to the days
+    written."""
     if out.is_dir():
         raise OutputError(f"{out}: is a folder; --out names the store file to write or extend, e.g. {out / 'es.h5'}")
     fmt = detect_format(paths) if fmt == "auto" else fmt
@@ -92,6 +97,9 @@ def import_market(
     ray = ray or address is not None
     if ray and fmt != "databento":
         raise InputError(paths[0], "--ray stages Databento files; LOBSTER files are imported in this process")
+    if ray and workers > 1:
+        raise ConfigError("--workers sets the processes of an import on this machine; with --ray the cluster places "
+                          "its tasks: drop one of them")
     existing = _existing_instrument(out)
     if fmt == "lobster":
         if instrument is not None:
@@ -104,7 +112,8 @@ def import_market(
     else:
         found = _expand(paths, find_files, "DBN files (.dbn, .dbn.zst)")
         found = [p.resolve() for p in found] if ray else found
-        run = dict(base=existing or Instrument(), overrides=overrides, ray=ray, address=address, progress=progress)
+        run = dict(base=existing or Instrument(), overrides=overrides, ray=ray, address=address, progress=progress,
+                   workers=workers)
         try:
             result = _databento(DatabentoImport.open(found, instrument), out, compression, **run)
         except Rechoose as again:  # the earliest file's records choose another instrument than its first block did
@@ -124,13 +133,15 @@ def _databento(
     ray: bool,
     address: str | None,
     progress: Callable[[str], None] | None,
+    workers: int,
 ) -> ImportResult:
-    """Stage the files of `source` (here or as Ray tasks) and commit their days into the store `out`."""
+    """Stage the files of `source` (here, in worker processes or as Ray tasks) and commit their days into the store
+    `out`."""
     inst = _instrument(base, source.symbol, overrides)
     result = ImportResult(out, inst)
     with staging_folder(out) as folder:
         tasks = source.tasks(inst, folder.resolve(), compression=compression)
-        with _staged(tasks, source, ray, address, progress) as staged:
+        with _staged(tasks, source, ray, address, progress, workers) as staged:
             _commit(out, inst, source.days(staged, inst), result, progress, compression)
     result.notes = source.summary()
     result.warnings = source.warnings
@@ -225,12 +236,21 @@ def _staged(
     ray: bool,
     address: str | None,
     progress: Callable[[str], None] | None,
+    workers: int,
 ) -> Iterator[Iterator[FileResult]]:
     """The tasks' results in their order: staged here one by one as they are asked for (each told the rows of its
-    days that `source` took from the files before it: `FileTask.offsets`), or by Ray tasks submitted at once (a
-    local cluster sized to this machine, or the one at `address`)."""
+    days that `source` took from the files before it: `FileTask.offsets`), or submitted at once to `workers`
+    processes (`read_workers`) or as Ray tasks (a local cluster sized to this machine, or the one at `address`)."""
     if not ray:
-        yield (_local(replace(task, offsets=source.staged_rows(task.file.schema)), progress) for task in tasks)
+        pool = start_pool(min(read_workers(workers, len(tasks), "--workers"), len(tasks)))
+        if pool is None:
+            yield (_local(replace(task, offsets=source.staged_rows(task.file.schema)), progress) for task in tasks)
+            return
+        try:
+            futures = [pool.submit(stage_file, task) for task in tasks]
+            yield (_pooled(task, future, progress) for task, future in zip(tasks, futures, strict=True))
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
         return
     from fox_numba.sweep.runner import OBJECT_STORE_BYTES  # here: the sweep package imports the training stack
 
@@ -257,6 +277,16 @@ def _local(task: FileTask, progress: Callable[[str], None] | None) -> FileResult
     if progress is not None:
         progress(f"reading {task.file.path.name}")
     return stage_file(task)
+
+
+def _pooled(task: FileTask, future: Future[FileResult], progress: Callable[[str], None] | None) -> FileResult:
+    """A worker's staging of `task`; staged here again where the pool broke (a worker killed)."""
+    result = outcome(future, None)
+    if result is None:
+        return _local(task, progress)
+    if progress is not None:
+        progress(f"staged {task.file.path.name}")
+    return result
 
 
 def _gathered(

@@ -1,6 +1,6 @@
 """Import in blocks: a day staged part by part (blocks and store chunks cut inside it, two files, records cut
 across zstd frames), memory that does not grow with the day, errors that survive a Ray task, and the same store
-from a local Ray cluster."""
+from a local Ray cluster and from worker processes."""
 
 import hashlib
 import importlib.util
@@ -20,7 +20,7 @@ import zstandard
 from typer.testing import CliRunner
 
 from fox_numba.cli import app
-from fox_numba.errors import InputError
+from fox_numba.errors import ConfigError, InputError
 from fox_numba.market import databento
 from fox_numba.market.bars import bars_from_trades
 from fox_numba.market.databento import RECORD_FIELDS, RTYPES, DatabentoImport, read_header, record_blocks, stage_file
@@ -252,7 +252,25 @@ def test_ray_stages_the_files_and_the_store_is_the_same_bit_for_bit(tmp_path):
     run = CliRunner().invoke(app, ["data", "import", *map(str, files), "--out", str(tmp_path / "ray.h5"), "--ray"])
     assert run.exit_code == 0, run.output
     assert run.stdout.splitlines() == [line.replace("local.h5", "ray.h5") for line in local.lines()]
-    with h5py.File(tmp_path / "local.h5") as a, h5py.File(tmp_path / "ray.h5") as b:
+    assert_same_store(tmp_path / "local.h5", tmp_path / "ray.h5")
+
+
+def test_worker_processes_stage_the_files_and_the_store_is_the_same_bit_for_bit(tmp_path):
+    """`fox data import --workers 3`: each file staged in a spawned process, as a Ray task would; the same store."""
+    files, _, _ = day_files(tmp_path, 2 * CHUNK_ROWS + 5000, 20_001)
+    local = import_market(files, tmp_path / "local.h5", workers=1)
+    run = CliRunner().invoke(app, ["data", "import", *map(str, files), "--out", str(tmp_path / "pool.h5"),
+                                   "--workers", "3"])
+    assert run.exit_code == 0, run.output
+    assert run.stdout.splitlines() == [line.replace("local.h5", "pool.h5") for line in local.lines()]
+    assert_same_store(tmp_path / "local.h5", tmp_path / "pool.h5")
+    with pytest.raises(ConfigError, match="--workers sets the processes"):
+        import_market(files, tmp_path / "both.h5", ray=True, workers=2)
+
+
+def assert_same_store(first: Path, second: Path) -> None:
+    """The same attributes, groups, datasets (dtype, shape, chunks, filters) and bytes."""
+    with h5py.File(first) as a, h5py.File(second) as b:
         assert dict(a.attrs) == dict(b.attrs)
         names = _names(a)
         assert names == _names(b) and len(names) == 23  # 3 schemas, 3 day groups, 17 columns
