@@ -123,35 +123,38 @@ class FeatureCache:
         `unchecked`: days not yet validated (`MarketSelection.unchecked`): each is read in full once, cached features
         or not, which validates it (InputError as `fox data inspect` words it), and its validated-day record is
         written. `workers`: `market.read_workers` (market/day_workers.py); where it comes to 2 or more, processes
-        build the missing days after the first into the cache (`build_into_cache`) while this one builds the first
-        (compiling the feature functions into numba's cache once, before any worker calls them), then hands the days
-        out in order; the features are the same bit for bit."""
-        if self.folder is None:
-            for day in days:
-                yield day, self._build(store, day)
-            return
+        build the missing days after the first (`build_day`) while this one builds the first (compiling the feature
+        functions into numba's cache once, before any worker calls them), and this one caches and hands out the days
+        in order; the features are the same bit for bit."""
         pending = set(unchecked)
-        digests = list(digests) or [store.day_digest(day) for day in days]
-        missing = [k for k, day in enumerate(days) if not self.path(day, digests[k]).is_file()]
+        if self.folder is not None:
+            digests = list(digests) or [store.day_digest(day) for day in days]
+            missing = [k for k, day in enumerate(days) if not self.path(day, digests[k]).is_file()]
+        else:
+            missing = list(range(len(days)))
         pool = start_pool(min(read_workers(workers, len(missing), "market.read_workers"), len(missing) - 1))
-        ahead: dict[str, Future[str]] = {}
+        ahead: dict[str, Future[tuple[DayFeatures | None] | None]] = {}
         try:
             for k, day in enumerate(days):
-                digest = digests[k]
-                status = outcome(ahead.pop(day), FAILED) if day in ahead else None
-                part = self.load(day, digest) if status != EMPTY else None
-                if part is None and status != EMPTY:
-                    part = self._build(store, day)  # a worker's failure is raised here, by this process's own read
-                    if part is not None:
+                digest = digests[k] if self.folder is not None else ""
+                done = outcome(ahead.pop(day), None) if day in ahead else None
+                if done is not None:  # built and validated by a worker's read
+                    part, fresh = done[0], True
+                else:
+                    part = self.load(day, digest) if self.folder is not None else None
+                    fresh = part is None
+                    if fresh:  # a worker's failure is raised here, by this process's own read
+                        part = self._build(store, day)
+                        if pool is not None and not ahead:
+                            ahead = {days[j]: pool.submit(build_day, store.path, days[j], self.instrument, self.config,
+                                                          self.session) for j in missing if j > k}
+                    elif day in pending:
+                        check_stored_day(store, day, READ_ROWS)  # validation: the day's one full read in this run
+                if self.folder is not None:
+                    if fresh and part is not None:
                         self.save(day, digest, part)
-                    if pool is not None and not ahead:
-                        ahead = {days[j]: pool.submit(build_into_cache, store.path, days[j], digests[j], self.folder,
-                                                      self.instrument, self.config, self.session)
-                                 for j in missing if j > k}
-                elif day in pending and status is None:
-                    check_stored_day(store, day, READ_ROWS)  # validation: the day's one full read in this run
-                if day in pending:
-                    mark_validated(self.folder, day, digest, self.instrument)
+                    if day in pending:
+                        mark_validated(self.folder, day, digest, self.instrument)
                 yield day, part
         finally:
             if pool is not None:
@@ -162,24 +165,16 @@ class FeatureCache:
         return stored_day_features(store, day, self.instrument, self.config, self.session)
 
 
-SAVED, EMPTY, FAILED = "saved", "empty", "failed"
-"""What `build_into_cache` did with its day: features cached; no bar in the session (validated, nothing to cache);
-or it failed (the day is built again by the process handing the days out, whose error names file, field and row)."""
-
-def build_into_cache(path: Path, day: str, digest: str, folder: Path, instrument: Instrument, config: FeatureConfig,
-                     session: str) -> str:
-    """Build `day` of the store at `path` and cache its features (a worker of `FeatureCache.parts`); SAVED, EMPTY
-    or FAILED."""
-    cache = FeatureCache(folder, instrument, config, session)
+def build_day(path: Path, day: str, instrument: Instrument, config: FeatureConfig,
+              session: str) -> tuple[DayFeatures | None] | None:
+    """`(features,)` of `day` of the store at `path`, read and validated (a worker of `FeatureCache.parts`; None
+    inside for a day without a bar in the session); None where it fails: the caller reads the day again, and its
+    error names file, group, field and row."""
     try:
         with MarketStore(path) as store:
-            part = cache._build(store, day)
-    except Exception:  # noqa: BLE001 - the day is read again by the caller, whose error is the one the user sees
-        return FAILED
-    if part is None:
-        return EMPTY
-    cache.save(day, digest, part)
-    return SAVED
+            return (stored_day_features(store, day, instrument, config, session),)
+    except Exception:  # noqa: BLE001
+        return None
 
 
 def _check(arrays: dict[str, np.ndarray], meta: object, digest: str, key: str, width: int) -> str:

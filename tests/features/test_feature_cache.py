@@ -242,7 +242,7 @@ def four_days(four_day_market, tmp_path):
 
 def test_worker_processes_build_the_missing_days_with_the_same_bits(four_days, book_reads):
     """Two workers: this process reads only the first day (the workers' reads happen in theirs), every day is cached
-    and recorded as validated, and the features are `build_features`' bit for bit."""
+    and recorded as validated, and the features are `build_features`' bit for bit, with the cache off too."""
     cfg = config(four_days, read_workers=2)
     want = expected(four_days, cfg)
     book_reads.clear()
@@ -255,6 +255,8 @@ def test_worker_processes_build_the_missing_days_with_the_same_bits(four_days, b
     warm = select_market(cfg.market, defer=True)
     assert warm.unchecked == () and book_reads == []
     assert_identical(load_features(cfg, warm), want) and book_reads == []
+    off = config(four_days, cache="off", read_workers=2)  # no cache: the workers' features come back to this process
+    assert_identical(load(off), want) and book_reads == [want.days[0]]
 
 
 def test_a_day_no_worker_can_build_is_refused_with_this_process_s_error(four_days, book_reads):
@@ -268,4 +270,4 @@ def test_a_day_no_worker_can_build_is_refused_with_this_process_s_error(four_day
         load_features(cfg, select_market(cfg.market, defer=True))
     assert book_reads == [days[0], days[2]]  # the first day here, then the failed one read again here
     folder = four_days.with_name(four_days.name + CACHE_SUFFIX)
-    assert sorted(p.name.split(".")[0] for p in folder.glob(f"*{SUFFIX}")) == [days[0], days[1], days[3]]
+    assert sorted(p.name.split(".")[0] for p in folder.glob(f"*{SUFFIX}")) == [days[0], days[1]]  # those handed out

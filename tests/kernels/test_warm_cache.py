@@ -38,9 +38,9 @@ def test_every_registered_kernel_is_loaded():
     assert {"fox_numba.device.elementwise.fill_f32", "fox_numba.kernels.optim.polyak_update"} <= set(kernels)
 
 
-WORKER = """import pathlib, sys
+WORKER = """import os, pathlib, sys
 names = sys.argv[2:]
-pathlib.Path(sys.argv[1], f"{len(list(pathlib.Path(sys.argv[1]).iterdir()))}.txt").write_text(" ".join(names))
+pathlib.Path(sys.argv[1], f"{os.getpid()}.txt").write_text(" ".join(names))  # one file a share, whatever the timing
 if "fox_numba.device.elementwise.fill_f32" in names:
     print("compiling fill_f32 failed")
     sys.exit(5)
@@ -51,13 +51,13 @@ def test_warm_runs_every_share_and_reports_a_failed_one(tmp_path, monkeypatch):
     script, seen = tmp_path / "worker.py", tmp_path / "seen"
     script.write_text(WORKER)
     seen.mkdir()
+    kernels = warm_cache.load_all_kernels()  # imported before SIMULATOR is patched, which the kernels' modules read
     monkeypatch.setattr(runtime, "SIMULATOR", False)
     (tmp_path / "kernels-x").mkdir()
     monkeypatch.setattr(warm_cache, "cache_folder", lambda: tmp_path / "kernels-x")
     monkeypatch.setattr(warm_cache, "marker", lambda folder: folder / "warmed-sm90")
     monkeypatch.setattr(warm_cache, "WORKER", (sys.executable, str(script), str(seen)))
     done = warm_cache.warm(3)
-    kernels = warm_cache.load_all_kernels()
     shares = [p.read_text().split() for p in sorted(seen.iterdir())]
     assert len(shares) == done.workers == 3 and sorted(sum(shares, [])) == sorted(kernels)
     assert (done.kernels, done.signatures, done.folder) == (len(kernels), sum(kernels.values()), tmp_path / "kernels-x")
