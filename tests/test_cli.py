@@ -238,3 +238,43 @@ def test_the_cli_starts_without_numba():
     code = "import sys, fox_numba.cli; print(sorted(m for m in sys.modules if m.split('.')[0] == 'numba'))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_train_waits_for_a_cold_cache_fill_before_its_first_kernel(monkeypatch, four_day_store):
+    """`fox train` enters the kernel-cache fill (kernels/warm_cache.py Prewarm) before it reads its market and leaves
+    it, after `ready`, before the training (the first kernel launch) starts."""
+    from fox_numba.errors import FoxError
+    from fox_numba.kernels import warm_cache
+    from fox_numba.walkforward import driver
+
+    events = []
+
+    class Recorder:
+        def __init__(self, log):
+            pass
+
+        def __enter__(self):
+            events.append("fill")
+            return self
+
+        def ready(self):
+            events.append("ready")
+
+        def __exit__(self, *exc):
+            events.append("left")
+
+    def features(*args, **kwargs):
+        events.append("market")
+        return load_features(*args, **kwargs)
+
+    def stop(*args, **kwargs):
+        events.append("training")
+        raise FoxError("stopped before the first kernel")
+
+    load_features = driver.load_features
+    monkeypatch.setattr(warm_cache, "Prewarm", Recorder)
+    monkeypatch.setattr(driver, "load_features", features)
+    monkeypatch.setattr(driver, "train_run", stop)
+    run = CliRunner().invoke(app, ["train", "--preset", "smoke", "--store", str(four_day_store)])
+    assert run.exit_code != 0 and "stopped before the first kernel" in str(run.exception)
+    assert events == ["fill", "market", "ready", "left", "training"]
