@@ -3,8 +3,10 @@
     python3 tools/speed_set.py --out OUT --suffix h200 [--pytest] [--warm] [--cprofile] [--scratch /tmp/fox_speed_set]
         [--dry-run]
 
-In order, each a child process as a user runs it, with the kernel cache (FOX_KERNEL_CACHE) in SCRATCH, emptied first:
-1. `fox train` on the default preset with the cache empty (cold), then again (warm): OUT/train_{cold,warm}_SUFFIX.txt
+In order, each a child process as a user runs it, with the kernel cache (FOX_KERNEL_CACHE) and, but for the test
+suite, the default market's build (FOX_DATA_DIR) in SCRATCH, emptied first, so the cold run is a fresh machine's first:
+1. `fox train` on the default preset with the cache empty (cold: the market built, its features, the kernels
+   compiled), then again (warm): OUT/train_{cold,warm}_SUFFIX.txt
    hold the run's last lines, its wall and its peak RSS (os.wait4), and whether the two runs' checkpoints hold the
    same arrays (`checkpoints_equal`), and the size of each run folder (`run_folder_bytes`);
 2. tools/bench_learner.py, the default step (the crossed mean head, mirror) and the 2 x 256 trunk, tf32; then eight
@@ -162,6 +164,8 @@ def main(argv: list[str] | None = None) -> int:
         log = args.out / (f"pytest_full_gpu_{args.suffix}.txt" if name == "pytest" else f"{name}_{args.suffix}.txt")
         env = {**os.environ, "FOX_KERNEL_CACHE": str(cache_for(name, args.scratch.resolve())),
                "NUMBA_ENABLE_CUDASIM": "0"}
+        if name != "pytest":  # the tests build their own markets
+            env["FOX_DATA_DIR"] = str(args.scratch.resolve() / "data")
         done[name] = {"argv": step, **run_step(step, log, env)}
         print(name, {k: v for k, v in done[name].items() if k != "argv"}, flush=True)
     equal = same_arrays(checkpoint_arrays(args.scratch / "cold"), checkpoint_arrays(args.scratch / "warm"))
