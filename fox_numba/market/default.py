@@ -11,6 +11,7 @@ digests existed (its days would be read whole for their digests on every run).
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 from collections.abc import Callable
@@ -24,6 +25,8 @@ from fox_numba.market.synthetic_definition import SynthDefinition, load_definiti
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFINITION_PATH = REPO_ROOT / "data" / "default_market.toml"
 STORE_NAME = "default_market.h5"
+BUILD_LOCK = ".lock"
+"""Suffix of the file beside the store whose exclusive lock the building process holds."""
 DATA_DIR_ENV = "FOX_DATA_DIR"
 
 
@@ -59,10 +62,22 @@ def built_hash(store: Path) -> str | None:
 
 
 def ensure_default_store(progress: Callable[[str], None] | None = None) -> Path:
-    """The default market's store: reused when built from the current definition, else (re)built."""
+    """The default market's store: reused when built from the current definition, else (re)built. One process builds
+    at a time (an exclusive lock on BUILD_LOCK beside the store): runs started together on a fresh checkout wait for
+    the first one's build and reuse it, instead of writing the same files at once."""
     definition: SynthDefinition = load_definition(default_definition_path())
     store = default_store_path()
-    if built_hash(store) != definition.digest():
-        build_store(definition, store, progress)
+    if built_hash(store) == definition.digest():
+        return store
+    store.parent.mkdir(parents=True, exist_ok=True)
+    with open(store.with_name(store.name + BUILD_LOCK), "a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if progress is not None:
+                progress("waiting for another process building the default market")
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        if built_hash(store) != definition.digest():
+            build_store(definition, store, progress)
     return store
 

@@ -8,9 +8,11 @@ property gives.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -441,3 +443,32 @@ def test_fox_data_synth_writes_a_store_and_prints_a_summary(tmp_path):
     assert int(lines["book"].split()[-1].replace(",", "")) > 1000
     assert lines["oracle"].startswith("Sharpe ")
     assert os.path.basename(out) in lines["store"]
+
+
+def test_a_run_waits_for_another_building_the_default_store_and_reuses_its_build(tmp_path, monkeypatch):
+    """Runs started together on a fresh checkout: the one that finds the build lock held waits, then finds the store
+    built and builds nothing."""
+    spec = write_definition(tmp_path / "market.toml", **{"days = 120": "days = 1"})
+    monkeypatch.setattr(default, "DEFINITION_PATH", spec)
+    monkeypatch.setenv(default.DATA_DIR_ENV, str(tmp_path / "cache"))
+    store = default.default_store_path()
+    store.parent.mkdir(parents=True)
+    other = open(store.with_name(store.name + default.BUILD_LOCK), "a")  # another open file: flock as another process
+    fcntl.flock(other, fcntl.LOCK_EX)
+    builds, said = [], []
+
+    def build(definition, out, progress=None):
+        builds.append(out)
+        return build_store(definition, out, progress)
+
+    def other_builds_then_releases():
+        build_store(load_definition(spec), store)
+        other.close()
+
+    monkeypatch.setattr(default, "build_store", build)
+    worker = threading.Timer(0.3, other_builds_then_releases)
+    worker.start()
+    assert default.ensure_default_store(said.append) == store
+    worker.join()
+    assert builds == [] and said == ["waiting for another process building the default market"]
+    assert default.built_hash(store) == load_definition(spec).digest()
